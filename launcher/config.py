@@ -1,0 +1,336 @@
+"""The typed configuration schema, composition, and the semantic `validate` step.
+
+Hydra composes `conf/train.yaml` from its groups on top of `TrainConfig`, so a wrong key or
+type is rejected while composing. `validate` then rejects combinations that are each valid
+alone but impossible together (a batch that does not divide, a file that is not there),
+naming the key path. Both raise `ConfigError`, whose message is the one line a user sees.
+"""
+
+from __future__ import annotations
+
+import difflib
+import glob
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+CONFIG_MODULE = "launcher.conf"
+CONFIG_NAME = "train"
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+DATA_SOURCES = ("stdlib", "text_files", "wikitext2", "memmap", "synthetic")
+DEVICES = ("auto", "cpu", "cuda")
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, worded as the single line the user will see."""
+
+
+@dataclass
+class RunConfig:
+    root: str = "runs"
+    id: str | None = None
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    n_layer: int = MISSING
+    n_head: int = MISSING
+    n_embd: int = MISSING
+    n_positions: int = 1024
+    vocab_size: int | None = None
+    vocab_multiple: int = 64
+    dropout: float = 0.0
+    init_from: str | None = None
+
+
+@dataclass
+class DataConfig:
+    source: str = "stdlib"
+    paths: list[str] = field(default_factory=list)
+    val_paths: list[str] = field(default_factory=list)
+    max_bytes: int | None = None
+    hf_path: str = "Salesforce/wikitext"
+    hf_name: str | None = "wikitext-2-raw-v1"
+    dtype: str = "uint16"
+    vocab_size: int | None = None
+    tokenizer: str = "auto"
+    bpe_vocab_size: int = 8192
+    val_fraction: float = 0.05
+    cache_dir: str = "~/.cache/launcher"
+    shard_tokens: int = 100_000_000
+    num_workers: int = 2
+    pin_memory: bool = True
+    persistent_workers: bool = True
+    prefetch_factor: int = 2
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 200
+    global_batch_size: int = 16
+    micro_batch_size: int = 4
+    seq_len: int = 128
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    precision: str = "fp32"
+    compile: str = "off"
+    grad_checkpointing: bool = False
+    seed: int = 1337
+    device: str = "auto"
+    log_interval: int = 10
+    eval_interval: int = 100
+    eval_batches: int = 4
+    checkpoint_interval: int = 100
+    keep_checkpoints: int = 2
+
+
+@dataclass
+class StrategyConfig:
+    name: str = "ddp"
+    bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = True
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+    broadcast_buffers: bool = True
+    comm_hook: str = "none"
+    zero_stage: int = 0
+
+
+@dataclass
+class DistConfig:
+    backend: str = "auto"
+    timeout_s: int = 900
+
+
+@dataclass
+class NcclConfig:
+    name: str = "default"
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ProfilerConfig:
+    name: str = "off"
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"
+    mode: str = "disabled"
+
+
+@dataclass
+class ClusterConfig:
+    name: str = "local"
+    nodes: int = 1
+    gpus_per_node: int = 0
+
+
+@dataclass
+class TrainConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    resume: str = "auto"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    nccl: NcclConfig = field(default_factory=NcclConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+
+def register_schema() -> None:
+    """Register `TrainConfig` so `train.yaml` can name it first in its defaults list."""
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+register_schema()
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    """Compose the training config as `launcher.train` would, raising `ConfigError`.
+
+    Used by the front doors that do not run under `@hydra.main` (doctor, submit) and by
+    `launcher.train` to check the overrides before Hydra starts any job.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+            return hydra_compose(config_name=CONFIG_NAME, overrides=overrides)
+    except Exception as exc:  # noqa: BLE001 - every composition failure becomes one line
+        raise ConfigError(describe_compose_error(exc)) from exc
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def describe_compose_error(exc: BaseException) -> str:
+    """Turn Hydra's and OmegaConf's multi-line errors into one line naming key and fix."""
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import (
+        ConfigAttributeError,
+        ConfigKeyError,
+        OmegaConfBaseException,
+        ValidationError,
+    )
+
+    chain: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and cur not in chain:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    for err in chain:
+        if isinstance(err, MissingConfigException):
+            group = (err.missing_cfg_file or "").split("/")[0]
+            options = ", ".join(sorted(err.options or []))
+            wanted = (err.missing_cfg_file or "").split("/")[-1]
+            if options:
+                return f"{group}={wanted}: no such option; choose one of: {options}"
+            return f"{err.missing_cfg_file}: config not found"
+    for err in chain:
+        if isinstance(err, (ConfigKeyError, ConfigAttributeError)):
+            key = err.full_key or getattr(err, "key", "?")
+            parent, _, leaf = str(key).rpartition(".")
+            hint = _closest_keys(leaf, parent)
+            return f"{key}: unknown key{hint}; check the spelling, or see docs/configuration.md"
+        if isinstance(err, ValidationError):
+            key = err.full_key or "?"
+            first = str(err.msg).splitlines()[0]
+            return f"{key}: {first}; give a value of the right type"
+        if isinstance(err, OmegaConfBaseException) and getattr(err, "full_key", None):
+            return f"{err.full_key}: {str(err.msg).splitlines()[0]}"
+    text = " ".join(str(exc).split())
+    return f"bad override: {text}"
+
+
+def _closest_keys(leaf: str, parent: str) -> str:
+    node: Any = OmegaConf.structured(TrainConfig)
+    for part in [p for p in parent.split(".") if p]:
+        node = node.get(part) if isinstance(node, DictConfig) else None
+    if not isinstance(node, DictConfig):
+        return ""
+    close = difflib.get_close_matches(leaf, list(node.keys()), n=3)
+    return f" (did you mean {', '.join(f'{parent}.{c}' if parent else c for c in close)}?)" if close else ""
+
+
+def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
+    value = OmegaConf.select(cfg, key)
+    if value not in allowed:
+        raise ConfigError(f"{key}={value}: not one of {', '.join(allowed)}")
+
+
+def normalize(cfg: DictConfig) -> None:
+    """Fold YAML's boolean spellings of `trainer.compile` (off/on/true/false) into modes."""
+    mode = str(cfg.trainer.compile).lower()
+    cfg.trainer.compile = {"false": "off", "none": "off", "true": "default", "on": "default"}.get(
+        mode, mode
+    )
+
+
+def validate(cfg: DictConfig, world_size: int) -> None:
+    """Reject impossible combinations before any process group or worker starts."""
+    normalize(cfg)
+    t, d, m = cfg.trainer, cfg.data, cfg.model
+    _choice(cfg, "trainer.precision", PRECISIONS)
+    _choice(cfg, "trainer.compile", COMPILE_MODES)
+    _choice(cfg, "trainer.device", DEVICES)
+    _choice(cfg, "dist.backend", BACKENDS)
+    _choice(cfg, "data.source", DATA_SOURCES)
+    for key in ("max_steps", "global_batch_size", "micro_batch_size", "seq_len"):
+        if t[key] < 1:
+            raise ConfigError(f"trainer.{key}={t[key]}: must be at least 1")
+    for key in ("log_interval", "eval_interval", "checkpoint_interval", "keep_checkpoints"):
+        if t[key] < 1:
+            raise ConfigError(f"trainer.{key}={t[key]}: must be at least 1")
+    per_step = t.micro_batch_size * world_size
+    if t.global_batch_size % per_step:
+        raise ConfigError(
+            f"trainer.global_batch_size={t.global_batch_size} is not divisible by "
+            f"trainer.micro_batch_size={t.micro_batch_size} x world size {world_size} = "
+            f"{per_step}; choose a global batch that is a multiple of {per_step}"
+        )
+    if t.seq_len > m.n_positions:
+        raise ConfigError(
+            f"trainer.seq_len={t.seq_len} exceeds model.n_positions={m.n_positions}; "
+            f"shorten the sequence or raise model.n_positions"
+        )
+    if m.n_embd % m.n_head:
+        raise ConfigError(f"model.n_embd={m.n_embd} is not divisible by model.n_head={m.n_head}")
+    if not 0.0 <= t.min_lr_ratio <= 1.0:
+        raise ConfigError(f"trainer.min_lr_ratio={t.min_lr_ratio}: must be within [0, 1]")
+    if t.warmup_steps < 0 or t.grad_clip < 0 or t.lr <= 0:
+        raise ConfigError("trainer.lr must be > 0, trainer.warmup_steps and grad_clip >= 0")
+    if d.num_workers < 0:
+        raise ConfigError(f"data.num_workers={d.num_workers}: must be 0 or more")
+    if d.num_workers == 0 and d.persistent_workers:
+        raise ConfigError(
+            "data.persistent_workers=true needs data.num_workers>0; "
+            "set data.persistent_workers=false or add workers"
+        )
+    if d.prefetch_factor < 1:
+        raise ConfigError(f"data.prefetch_factor={d.prefetch_factor}: must be at least 1")
+    if not 0.0 < d.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction={d.val_fraction}: must be within (0, 1)")
+    _validate_data_files(d)
+    if cfg.strategy.bucket_cap_mb <= 0:
+        raise ConfigError(
+            f"strategy.bucket_cap_mb={cfg.strategy.bucket_cap_mb}: must be a positive size in MB"
+        )
+    _validate_resume(cfg)
+
+
+def _validate_data_files(d: DictConfig) -> None:
+    if d.source == "text_files":
+        if not d.paths:
+            raise ConfigError("data.paths is empty; give text file globs, e.g. data.paths=[a/*.txt]")
+        for pattern in d.paths:
+            if not glob.glob(os.path.expanduser(pattern), recursive=True):
+                raise ConfigError(f"data.paths: no file matches {pattern!r}; fix the glob or path")
+    if d.source == "memmap":
+        if not d.paths:
+            raise ConfigError("data.paths is empty; give pre-tokenized .bin files")
+        for path in list(d.paths) + list(d.val_paths):
+            if not Path(os.path.expanduser(path)).is_file():
+                raise ConfigError(f"data.paths: {path} does not exist; give pre-tokenized files")
+        if d.vocab_size is None:
+            raise ConfigError("data.vocab_size is not set; memmap data needs its vocabulary size")
+    if d.source == "memmap" or d.source == "synthetic":
+        _dtype_ok(d)
+    if d.source == "synthetic" and d.vocab_size is None:
+        raise ConfigError("data.vocab_size is not set; synthetic data needs a vocabulary size")
+
+
+def _dtype_ok(d: DictConfig) -> None:
+    if d.dtype not in ("uint16", "uint32"):
+        raise ConfigError(f"data.dtype={d.dtype}: not one of uint16, uint32")
+
+
+def _validate_resume(cfg: DictConfig) -> None:
+    from launcher.checkpoint import find_resumable
+
+    if cfg.resume in ("auto", "never"):
+        return
+    path = Path(os.path.expanduser(cfg.resume))
+    if find_resumable(path) is None:
+        raise ConfigError(
+            f"resume={cfg.resume}: no complete checkpoint there; give a run directory, "
+            f"its checkpoints/ folder or a step_<n> folder, or use resume=auto"
+        )
