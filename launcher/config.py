@@ -81,6 +81,7 @@ class TrainerConfig:
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 20
+    lr_decay_steps: int | None = None
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -228,7 +229,11 @@ def _closest_keys(leaf: str, parent: str) -> str:
     if not isinstance(node, DictConfig):
         return ""
     close = difflib.get_close_matches(leaf, list(node.keys()), n=3)
-    return f" (did you mean {', '.join(f'{parent}.{c}' if parent else c for c in close)}?)" if close else ""
+    return (
+        f" (did you mean {', '.join(f'{parent}.{c}' if parent else c for c in close)}?)"
+        if close
+        else ""
+    )
 
 
 def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
@@ -248,6 +253,7 @@ def normalize(cfg: DictConfig) -> None:
 def validate(cfg: DictConfig, world_size: int) -> None:
     """Reject impossible combinations before any process group or worker starts."""
     normalize(cfg)
+    _reject_unknown_keys(cfg, OmegaConf.structured(TrainConfig), "")
     t, d, m = cfg.trainer, cfg.data, cfg.model
     _choice(cfg, "trainer.precision", PRECISIONS)
     _choice(cfg, "trainer.compile", COMPILE_MODES)
@@ -297,10 +303,28 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     _validate_resume(cfg)
 
 
+def _reject_unknown_keys(node: DictConfig, schema: DictConfig, prefix: str) -> None:
+    """Catch keys added with Hydra's `+key=value`, which composition lets through."""
+    for key in node:
+        path = f"{prefix}{key}"
+        if key not in schema.keys():
+            hint = _closest_keys(str(key), prefix.rstrip("."))
+            raise ConfigError(f"{path}: unknown key{hint}; see docs/configuration.md")
+        child, child_schema = node._get_node(key), schema._get_node(key)
+        if (
+            isinstance(child, DictConfig)
+            and isinstance(child_schema, DictConfig)
+            and child_schema.keys()
+        ):
+            _reject_unknown_keys(child, child_schema, f"{path}.")
+
+
 def _validate_data_files(d: DictConfig) -> None:
     if d.source == "text_files":
         if not d.paths:
-            raise ConfigError("data.paths is empty; give text file globs, e.g. data.paths=[a/*.txt]")
+            raise ConfigError(
+                "data.paths is empty; give text file globs, e.g. data.paths=[a/*.txt]"
+            )
         for pattern in d.paths:
             if not glob.glob(os.path.expanduser(pattern), recursive=True):
                 raise ConfigError(f"data.paths: no file matches {pattern!r}; fix the glob or path")

@@ -1,0 +1,59 @@
+"""The one interface the training loop talks to, whatever engine does the work.
+
+The loop never touches DDP (or, later, DeepSpeed) directly: it asks the strategy for the
+module to call, a context for each micro-step, and to run backward and the optimizer step.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from launcher.runtime import Runtime
+
+
+class Strategy(ABC):
+    """Wraps a model and its optimizer for one way of data-parallel training."""
+
+    module: torch.nn.Module  # what the loop calls forward on
+
+    @abstractmethod
+    def micro_step(self, is_last: bool) -> AbstractContextManager:
+        """Context for one micro-step; gradients are only synchronised on the last one."""
+
+    @abstractmethod
+    def autocast(self) -> AbstractContextManager:
+        """Context for the forward pass in the configured precision."""
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of an already accumulation-scaled loss."""
+
+    @abstractmethod
+    def step(self, lr: float) -> torch.Tensor:
+        """Clip, step the optimizer at `lr`, zero grads; return the pre-clip grad norm."""
+
+    @abstractmethod
+    def save(self, folder: Path, rank: int) -> None:
+        """Write this rank's share of the model/optimizer state into `folder`."""
+
+    @abstractmethod
+    def load(self, folder: Path) -> None:
+        """Restore model/optimizer state written by `save`."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Drop engine objects before the process group goes away."""
+
+
+def build_strategy(cfg: DictConfig, rt: Runtime, model: torch.nn.Module) -> Strategy:
+    """The strategy named by `strategy.name`, set up around `model`."""
+    if cfg.strategy.name == "ddp":
+        from launcher.strategy.ddp import DDPStrategy
+
+        return DDPStrategy(cfg, rt, model)
+    raise ValueError(f"strategy.name={cfg.strategy.name}: unknown strategy; use ddp")

@@ -1,0 +1,138 @@
+"""The training and evaluation batch order, defined by index arithmetic on the step.
+
+The global index stream is the concatenation over epochs e = 0, 1, ... of a permutation of
+all window indices drawn from a generator seeded by (seed, e). Global batch s is the slice
+stream[s * global_batch : (s + 1) * global_batch]; rank r reads the r-th contiguous part of
+it, cut into micro-batches in order. So the data position is the step: ranks never overlap,
+world sizes 1 and 2 train on the same sequences per step, and a resumed run reads exactly
+what an uninterrupted one would, without replaying the stream to get there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+
+class StepBatchSampler(Sampler[list[int]]):
+    """Yields this rank's micro-batches of window indices, step after step, forever."""
+
+    def __init__(
+        self,
+        num_windows: int,
+        *,
+        global_batch: int,
+        micro_batch: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        start_step: int,
+    ):
+        if num_windows < 1:
+            raise ValueError("the training split has no window; it needs seq_len + 1 tokens")
+        if global_batch % (micro_batch * world_size):
+            raise ValueError(
+                f"global batch {global_batch} is not a multiple of micro batch {micro_batch} "
+                f"x world size {world_size}"
+            )
+        self.num_windows = num_windows
+        self.global_batch = global_batch
+        self.micro_batch = micro_batch
+        self.per_rank = global_batch // world_size
+        self.rank = rank
+        self.seed = seed
+        self.start_step = start_step
+        self._epoch = -1
+        self._perm = torch.empty(0, dtype=torch.int64)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        step = self.start_step
+        while True:
+            first = step * self.global_batch + self.rank * self.per_rank
+            part = self.positions(first, self.per_rank)
+            for m in range(0, self.per_rank, self.micro_batch):
+                yield part[m : m + self.micro_batch]
+            step += 1
+
+    def positions(self, first: int, count: int) -> list[int]:
+        """Window indices at stream positions [first, first + count), across epoch ends."""
+        out: list[int] = []
+        pos = first
+        while len(out) < count:
+            epoch, offset = divmod(pos, self.num_windows)
+            take = min(count - len(out), self.num_windows - offset)
+            out.extend(self._permutation(epoch)[offset : offset + take].tolist())
+            pos += take
+        return out
+
+    def _permutation(self, epoch: int) -> Tensor:
+        if epoch != self._epoch:
+            state = np.random.SeedSequence([self.seed % 2**64, epoch]).generate_state(1, np.uint64)
+            gen = torch.Generator().manual_seed(int(state[0]))
+            self._perm = torch.randperm(self.num_windows, generator=gen)
+            self._epoch = epoch
+        return self._perm
+
+
+def build_train_loader(
+    windows: Dataset,
+    *,
+    global_batch: int,
+    micro_batch: int,
+    rank: int,
+    world_size: int,
+    seed: int,
+    start_step: int,
+    num_workers: int,
+    pin_memory: bool,
+    persistent_workers: bool,
+    prefetch_factor: int,
+) -> DataLoader:
+    """An endless loader of (x, y) micro-batches [micro_batch, seq_len] in step order."""
+    sampler = StepBatchSampler(
+        len(windows),
+        global_batch=global_batch,
+        micro_batch=micro_batch,
+        rank=rank,
+        world_size=world_size,
+        seed=seed,
+        start_step=start_step,
+    )
+    worker_opts = (
+        {"persistent_workers": persistent_workers, "prefetch_factor": prefetch_factor}
+        if num_workers > 0
+        else {}
+    )
+    return DataLoader(
+        windows,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        **worker_opts,
+    )
+
+
+def build_eval_batches(
+    windows: Dataset, *, micro_batch: int, num_batches: int, rank: int, world_size: int
+) -> list[tuple[Tensor, Tensor]]:
+    """A fixed held-out set: the first num_batches * micro_batch * world_size windows.
+
+    Indices wrap around a split smaller than that; rank r takes its contiguous part, so the
+    ranks' losses average to the loss over the same set at any world size.
+    """
+    if len(windows) == 0:
+        raise ValueError("the validation split has no window; it needs seq_len + 1 tokens")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world size {world_size}")
+    per_rank = num_batches * micro_batch
+    first = rank * per_rank
+    indices = [(first + i) % len(windows) for i in range(per_rank)]
+    batches = []
+    for m in range(0, per_rank, micro_batch):
+        pairs = [windows[i] for i in indices[m : m + micro_batch]]
+        batches.append((torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])))
+    return batches

@@ -1,0 +1,86 @@
+"""Facts about the machine a run happened on: versions, devices, topology, NCCL_* and shm.
+
+Written to env.json by rank 0 and printed by `launcher.doctor`, so that a slow or failed run
+can be explained later from its run directory alone.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+
+import torch
+
+from launcher.data.shm import shm_available_bytes
+
+PACKAGES = (
+    "torch",
+    "transformers",
+    "hydra-core",
+    "tokenizers",
+    "tiktoken",
+    "numpy",
+    "deepspeed",
+    "wandb",
+)
+
+
+def package_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": sys.version.split()[0]}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    out["cuda"] = torch.version.cuda
+    nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
+    out["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl
+    return out
+
+
+def devices() -> list[dict]:
+    if not torch.cuda.is_available():
+        return []
+    found = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        found.append({"index": i, "name": p.name, "memory_gb": round(p.total_memory / 1e9, 1)})
+    return found
+
+
+def gpu_topology() -> str | None:
+    """`nvidia-smi topo -m`: which GPUs talk over NVLink, PCIe switches or the CPU."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def shm_facts(need_bytes: int) -> dict:
+    avail = shm_available_bytes()
+    size, free = avail if avail else (None, None)
+    return {"path": "/dev/shm", "size_bytes": size, "free_bytes": free, "need_bytes": need_bytes}
+
+
+def collect(need_shm_bytes: int) -> dict:
+    """Everything env.json records, for this process's machine."""
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "versions": package_versions(),
+        "devices": devices(),
+        "nccl_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
+        "gpu_topology": gpu_topology(),
+        "shm": shm_facts(need_shm_bytes),
+    }

@@ -1,0 +1,295 @@
+"""The one training loop, whatever the strategy: accumulate, step, measure, log, checkpoint.
+
+Nothing here waits for the device except at log, eval and checkpoint steps: losses and
+the non-finite flag accumulate as device tensors, and step times as events (see metrics).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+
+from launcher import checkpoint
+from launcher.data import TokenData, build_eval_batches, build_train_loader
+from launcher.metrics import Interval, StepTimer, aggregate, local_vector
+from launcher.model import mfu
+from launcher.preemption import StopVote
+from launcher.runtime import Runtime
+from launcher.sinks import Sink
+from launcher.strategy import Strategy
+
+log = logging.getLogger("launcher")
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or infinite; the run stops without saving a checkpoint."""
+
+
+class Stopped(Exception):
+    """A stop was requested (SIGTERM); the checkpoint of `step` is complete."""
+
+    def __init__(self, step: int):
+        super().__init__(f"stopped on request after step {step}")
+        self.step = step
+
+
+def lr_at(step: int, tcfg: DictConfig) -> float:
+    """Linear warm-up to trainer.lr, then cosine decay to lr * min_lr_ratio at
+    trainer.lr_decay_steps (default: max_steps), flat after it."""
+    if step < tcfg.warmup_steps:
+        return tcfg.lr * (step + 1) / tcfg.warmup_steps
+    decay_steps = tcfg.lr_decay_steps or tcfg.max_steps
+    span = max(decay_steps - tcfg.warmup_steps, 1)
+    progress = min((step - tcfg.warmup_steps) / span, 1.0)
+    min_lr = tcfg.lr * tcfg.min_lr_ratio
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (tcfg.lr - min_lr)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+
+
+class TrainLoop:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        rt: Runtime,
+        strategy: Strategy,
+        data: TokenData,
+        sinks: list[Sink],
+        flops_per_token: float,
+        peak_flops: float | None,
+    ):
+        self.cfg, self.t, self.rt = cfg, cfg.trainer, rt
+        self.strategy = strategy
+        self.data = data
+        self.sinks = sinks
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops
+        self.accum = self.t.global_batch_size // (self.t.micro_batch_size * rt.world_size)
+        self.tokens_per_step = self.t.global_batch_size * self.t.seq_len
+        self.records: list[dict] = []
+        self.ckpt = checkpoint.CheckpointWriter(
+            rt.run_dir / "checkpoints",
+            is_main=rt.is_main,
+            barrier=rt.barrier,
+            keep=self.t.keep_checkpoints,
+        )
+        self.stop = StopVote(rt.control_group)
+
+    # -- checkpoints -------------------------------------------------------------------
+    def restore(self, folder: Path) -> int:
+        """Load model, optimizer, scaler and RNG state; return the step to continue from."""
+        self.strategy.load(folder)
+        rng_file = folder / f"rng_rank{self.rt.rank}.pt"
+        if rng_file.exists():
+            state = torch.load(rng_file, weights_only=False)
+            torch.set_rng_state(state["torch"])
+            random.setstate(state["python"])
+            np.random.set_state(state["numpy"])
+            if state.get("cuda") is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state(state["cuda"], self.rt.device)
+        else:
+            log.warning(
+                "%s has no RNG state for rank %d (world size changed?)", folder, self.rt.rank
+            )
+        return checkpoint.step_of(folder)
+
+    def _write_checkpoint(self, folder: Path) -> None:
+        self.strategy.save(folder, self.rt.rank)
+        cuda = torch.cuda.get_rng_state(self.rt.device) if self.rt.device.type == "cuda" else None
+        torch.save(
+            {
+                "torch": torch.get_rng_state(),
+                "cuda": cuda,
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+            },
+            folder / f"rng_rank{self.rt.rank}.pt",
+        )
+
+    def save(self, step: int) -> None:
+        self._check_finite(step)
+        self.ckpt.save(
+            step,
+            self._write_checkpoint,
+            {"world_size": self.rt.world_size, "tokens": step * self.tokens_per_step},
+        )
+
+    def _check_finite(self, step: int) -> None:
+        """Collective check, so that every rank refuses together."""
+        bad = self.interval.nonfinite
+        flags = self.rt.all_gather_floats([float(bad.item()) if bad is not None else 0.0])
+        ranks = [r for r, (flag,) in enumerate(flags) if flag]
+        if ranks:
+            self._nonfinite(step, ranks)
+
+    def _nonfinite(self, step: int, ranks: list[int]):
+        latest = checkpoint.find_resumable(self.rt.run_dir)
+        kept = f"the last good checkpoint {latest} is kept" if latest else "no checkpoint was saved"
+        raise NonFiniteLoss(
+            f"non-finite loss by step {step} on rank(s) {ranks}: the run stopped and {kept}; "
+            f"lower trainer.lr, keep trainer.grad_clip > 0, or use trainer.precision=bf16 over fp16"
+        )
+
+    # -- the loop ----------------------------------------------------------------------
+    def run(self, start_step: int) -> dict:
+        t, rt = self.t, self.rt
+        loader = build_train_loader(
+            self.data.train,
+            global_batch=t.global_batch_size,
+            micro_batch=t.micro_batch_size,
+            rank=rt.rank,
+            world_size=rt.world_size,
+            seed=t.seed,
+            start_step=start_step,
+            num_workers=self.cfg.data.num_workers,
+            pin_memory=self.cfg.data.pin_memory and rt.device.type == "cuda",
+            persistent_workers=self.cfg.data.persistent_workers,
+            prefetch_factor=self.cfg.data.prefetch_factor,
+        )
+        batches = iter(loader)
+        timer = StepTimer(rt.device)
+        self.interval = Interval()
+        self.start_time = time.perf_counter()
+        self.start_step = start_step
+        module = self.strategy.module
+        module.train()
+        step = start_step
+        try:
+            while step < t.max_steps:
+                lr = lr_at(step, t)
+                timer.start()
+                for micro in range(self.accum):
+                    waited = time.perf_counter()
+                    x, y = next(batches)
+                    self.interval.data_wait_s += time.perf_counter() - waited
+                    x = x.to(rt.device, non_blocking=True)
+                    y = y.to(rt.device, non_blocking=True)
+                    with self.strategy.micro_step(micro == self.accum - 1):
+                        with self.strategy.autocast():
+                            loss = lm_loss(module(input_ids=x).logits, y)
+                        self.strategy.backward(loss / self.accum)
+                    self.interval.add_loss(loss / self.accum)
+                self.interval.grad_norm = self.strategy.step(lr)
+                timer.stop()
+                self.interval.steps += 1
+                step += 1
+                self._after_step(step, lr, timer)
+        finally:
+            self.stop.drain()
+            del batches, loader
+        return self.summary("completed", step)
+
+    def _after_step(self, step: int, lr: float, timer: StepTimer) -> None:
+        t = self.t
+        last = step == t.max_steps
+        record: dict = {}
+        if step % t.log_interval == 0 or last:
+            record.update(self._log_metrics(step, lr, timer))
+        if step % t.eval_interval == 0 or last:
+            record.update(self._evaluate(step))
+        if record:
+            self.records.append(record)
+            for sink in self.sinks:
+                sink.log(record)
+        if not last and self.stop.poll():
+            self.save(step)
+            raise Stopped(step)
+        if step % t.checkpoint_interval == 0 or last:
+            self.save(step)
+
+    def _log_metrics(self, step: int, lr: float, timer: StepTimer) -> dict:
+        times = timer.drain()
+        agg = aggregate(
+            self.rt.all_gather_floats(local_vector(self.interval, times, self.rt.device))
+        )
+        if agg.nonfinite_ranks:
+            self._nonfinite(step, agg.nonfinite_ranks)
+        n = self.interval.steps
+        tokens_per_s = self.tokens_per_step * n / agg.slowest_interval_s
+        self.interval = Interval()
+        return {
+            "step": step,
+            "loss": agg.loss,
+            "lr": lr,
+            "tokens": step * self.tokens_per_step,
+            "tokens_per_s": tokens_per_s,
+            "mfu": mfu(tokens_per_s, self.flops_per_token, self.peak_flops, self.rt.world_size),
+            "step_time_s/p50": agg.step_time_p50,
+            "step_time_s/p90": agg.step_time_p90,
+            "step_time_s/max": agg.step_time_max,
+            "step_time_s/slowest_rank": agg.slowest_rank,
+            "data_wait_s": agg.data_wait_s,
+            "data_wait_s/max": agg.data_wait_max_s,
+            "grad_norm": agg.grad_norm,
+            "mem/peak_gb": agg.mem_peak_gb,
+            "mem/host_peak_gb": agg.host_peak_gb,
+            "elapsed_s": time.perf_counter() - self.start_time,
+            "eta_s": (self.t.max_steps - step) * agg.step_time_p50,
+        }
+
+    @torch.no_grad()
+    def _evaluate(self, step: int) -> dict:
+        module = self.strategy.module
+        module.eval()
+        batches = build_eval_batches(
+            self.data.val,
+            micro_batch=self.t.micro_batch_size,
+            num_batches=self.t.eval_batches,
+            rank=self.rt.rank,
+            world_size=self.rt.world_size,
+        )
+        total = torch.zeros((), device=self.rt.device)
+        for x, y in batches:
+            x, y = x.to(self.rt.device), y.to(self.rt.device)
+            with self.strategy.autocast():
+                total += lm_loss(module(input_ids=x).logits, y)
+        module.train()
+        per_rank = self.rt.all_gather_floats([total.item() / len(batches)])
+        loss = sum(v for (v,) in per_rank) / len(per_rank)
+        return {"step": step, "eval/loss": loss, "eval/ppl": math.exp(min(loss, 50.0))}
+
+    # -- the end -----------------------------------------------------------------------
+    def summary(self, status: str, step: int) -> dict:
+        """End-of-run figures: medians over logged intervals (the first one, which holds
+        start-up and compilation, is left out when there are others)."""
+        logged = [r for r in self.records if "loss" in r]
+        steady = logged[1:] if len(logged) > 1 else logged
+        evals = [r for r in self.records if "eval/loss" in r]
+
+        def median(key):
+            values = [r[key] for r in steady if r.get(key) is not None]
+            return float(np.median(values)) if values else None
+
+        return {
+            "status": status,
+            "run_id": self.rt.run_id,
+            "world_size": self.rt.world_size,
+            "steps": step,
+            "resumed_from_step": self.start_step or None,
+            "tokens": step * self.tokens_per_step,
+            "loss": logged[-1]["loss"] if logged else None,
+            "eval/loss": evals[-1]["eval/loss"] if evals else None,
+            "eval/ppl": evals[-1]["eval/ppl"] if evals else None,
+            "tokens_per_s": median("tokens_per_s"),
+            "mfu": median("mfu"),
+            "step_time_s/p50": median("step_time_s/p50"),
+            "step_time_s/p90": median("step_time_s/p90"),
+            "step_time_s/max": max((r["step_time_s/max"] for r in steady), default=None),
+            "data_wait_s": median("data_wait_s"),
+            "mem/peak_gb": max(
+                (r["mem/peak_gb"] for r in steady if r["mem/peak_gb"]), default=None
+            ),
+            "mem/host_peak_gb": max((r["mem/host_peak_gb"] for r in steady), default=None),
+            "flops_per_token": self.flops_per_token,
+            "wall_time_s": time.perf_counter() - self.start_time,
+        }

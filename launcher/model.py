@@ -1,0 +1,123 @@
+"""GPT-2 (transformers' GPT2LMHeadModel), its FLOPs per token, and MFU against known peaks.
+
+MFU is only as honest as the peak it divides by, so the peak comes from a table of dense
+bf16 figures for GPUs we know, and is `None` (reported as null) for anything else, a CPU
+included: never a guessed figure.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+# Dense (non-sparse) bf16 tensor-core peaks in FLOP/s, matched against the device name.
+# Order matters: the first substring that matches wins ("H100 PCIe" before "H100").
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("GH200", 989e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("A10G", 70e12),
+    ("A10", 125e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+)
+
+
+def padded_vocab_size(vocab_size: int, multiple: int) -> int:
+    """Round the vocabulary up so the embedding and LM-head matmuls get tensor-core shapes."""
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+def build_model(
+    model_cfg: DictConfig,
+    vocab_size: int,
+    *,
+    eot_id: int | None = None,
+    grad_checkpointing: bool = False,
+) -> torch.nn.Module:
+    """GPT2LMHeadModel with SDPA attention, from the size's config or `model.init_from`.
+
+    Gradient checkpointing recomputes each block's activations in backward instead of
+    keeping them: about a third more compute for much less activation memory.
+    """
+    model = _gpt2(model_cfg, vocab_size, eot_id)
+    if grad_checkpointing:
+        # transformers 5 renamed the switch; 4.x only has the old name.
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable({"use_reentrant": False})
+    return model
+
+
+def _gpt2(model_cfg: DictConfig, vocab_size: int, eot_id: int | None) -> torch.nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    if model_cfg.init_from:
+        model = GPT2LMHeadModel.from_pretrained(model_cfg.init_from, attn_implementation="sdpa")
+        if model.config.vocab_size < vocab_size:
+            raise ValueError(
+                f"model.init_from={model_cfg.init_from} has a vocabulary of "
+                f"{model.config.vocab_size}, the data needs {vocab_size}"
+            )
+        return model
+    config = GPT2Config(
+        vocab_size=padded_vocab_size(vocab_size, model_cfg.vocab_multiple),
+        n_positions=model_cfg.n_positions,
+        n_embd=model_cfg.n_embd,
+        n_layer=model_cfg.n_layer,
+        n_head=model_cfg.n_head,
+        resid_pdrop=model_cfg.dropout,
+        embd_pdrop=model_cfg.dropout,
+        attn_pdrop=model_cfg.dropout,
+        use_cache=False,
+        bos_token_id=eot_id,
+        eos_token_id=eot_id,
+    )
+    config._attn_implementation = "sdpa"
+    return GPT2LMHeadModel(config)
+
+
+def count_params(model: torch.nn.Module, *, exclude_position_embeddings: bool = True) -> int:
+    """Parameters as nanoGPT counts them: tied weights once, position embeddings excluded."""
+    total = sum(p.numel() for p in model.parameters())
+    if exclude_position_embeddings:
+        total -= model.transformer.wpe.weight.numel()
+    return total
+
+
+def flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
+    """Training FLOPs per token by nanoGPT's formula (PaLM appendix B): 6N + 12*L*H*Q*T."""
+    cfg = model.config
+    n_params = count_params(model)
+    head_dim = cfg.n_embd // cfg.n_head
+    return 6 * n_params + 12 * cfg.n_layer * cfg.n_head * head_dim * seq_len
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """Dense bf16 peak of one device, or None where it is not known (CPUs included)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, peak in PEAK_BF16_FLOPS:
+        if key in name:
+            return peak
+    log.warning("no known bf16 peak for %r: MFU will be reported as null", name)
+    return None
+
+
+def mfu(
+    tokens_per_s: float, flops_per_tok: float, peak: float | None, world_size: int
+) -> float | None:
+    """Model FLOPs utilisation of the whole job: achieved FLOP/s over the sum of peaks."""
+    if peak is None or tokens_per_s <= 0:
+        return None
+    return tokens_per_s * flops_per_tok / (peak * world_size)

@@ -1,0 +1,210 @@
+"""Process-group lifecycle, device, run id and run directory, rank-aware logging, seeding.
+
+Everything that differs between "torchrun on a laptop", "srun on Slurm" and "a pod on
+Kubernetes" is read from the environment here, so nothing downstream has to know how the
+ranks were started.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gc
+import hashlib
+import logging
+import os
+import random
+import secrets
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+log = logging.getLogger("launcher")
+
+LOG_FORMAT = "%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"
+
+
+def env_world() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) as torchrun, srun wrappers or pods set them."""
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", 0)))
+    return rank, local, world
+
+
+@dataclass
+class Runtime:
+    """What every layer needs to know about this process and its place in the job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str | None
+    run_id: str = ""
+    run_dir: Path = field(default_factory=Path)
+    control_group: object | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+    def barrier(self) -> None:
+        """Wait for every rank (on the CPU control group: no device work involved)."""
+        if self.distributed:
+            dist.barrier(group=self.control_group)
+
+    def all_gather_floats(self, values: list[float]) -> list[list[float]]:
+        """One small all-gather of a float vector from every rank, on the CPU group."""
+        local = torch.tensor(values, dtype=torch.float64)
+        if not self.distributed:
+            return [local.tolist()]
+        out = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(out, local, group=self.control_group)
+        return [t.tolist() for t in out]
+
+    def broadcast_object(self, obj):
+        """Rank 0's value of `obj` on every rank."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.control_group)
+        return box[0]
+
+
+def start(cfg: DictConfig) -> Runtime:
+    """Join the job, pick the device, agree on the run directory, and set up logging."""
+    rank, local_rank, world = env_world()
+    _configure_console_logging(rank)
+    device = _pick_device(cfg.trainer.device, local_rank)
+    backend = None
+    if world > 1 or "MASTER_ADDR" in os.environ:
+        backend = _pick_backend(cfg.dist.backend, device)
+        apply_nccl_env(cfg)
+        dist.init_process_group(
+            backend=backend,
+            timeout=dt.timedelta(seconds=cfg.dist.timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+    rt = Runtime(rank, local_rank, world, device, backend)
+    if rt.distributed:
+        # Control traffic (barriers, metric gathers, stop votes) goes over gloo on the CPU
+        # so it never queues behind, or is timed with, gradient communication.
+        rt.control_group = dist.new_group(backend="gloo")
+    rt.run_id = rt.broadcast_object(choose_run_id(cfg) if rt.is_main else None)
+    rt.run_dir = Path(cfg.run.root).expanduser() / rt.run_id
+    if rt.is_main:
+        (rt.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    rt.barrier()
+    _add_file_logging(rt)
+    seed_everything(cfg.trainer.seed)
+    log.info(
+        "rank %d/%d (local %d) on %s, backend %s, run dir %s",
+        rank,
+        world,
+        local_rank,
+        device,
+        backend,
+        rt.run_dir,
+    )
+    return rt
+
+
+def shutdown(rt: Runtime) -> None:
+    """Leave the job cleanly.
+
+    Collects garbage first: a DDP reducer still alive while the process group is destroyed
+    can hang the exit on gloo (its destructor joins a gloo thread while holding the GIL).
+    """
+    gc.collect()
+    if rt.distributed:
+        dist.destroy_process_group()
+    logging.shutdown()
+
+
+def _pick_device(choice: str, local_rank: int) -> torch.device:
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu"
+        )
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def _pick_backend(choice: str, device: torch.device) -> str:
+    if choice != "auto":
+        return choice
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def apply_nccl_env(cfg: DictConfig) -> None:
+    """Export the `nccl` group's variables; NCCL reads them once, when it first starts."""
+    for name, value in (cfg.nccl.env or {}).items():
+        os.environ[str(name)] = str(value)
+
+
+def launch_key() -> str | None:
+    """An id that every rank of this launch shares and a restart of it keeps, if any."""
+    if os.environ.get("SLURM_JOB_ID"):
+        array = os.environ.get("SLURM_ARRAY_TASK_ID")
+        return f"slurm{os.environ['SLURM_JOB_ID']}" + (f"_{array}" if array else "")
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if elastic and elastic != "none":
+        return elastic
+    return None
+
+
+def choose_run_id(cfg: DictConfig) -> str:
+    """The run directory's name, decided on rank 0 and broadcast to the others.
+
+    `run.id` or `LAUNCHER_RUN_ID` win. Otherwise the name is `<time>-<key>`, where key is a
+    hash of the launch's shared id (torchrun's rendezvous id, Slurm's job id): a restarted
+    or requeued launch finds its earlier directory by that key and resumes in it.
+    """
+    if cfg.run.id:
+        return str(cfg.run.id)
+    if os.environ.get("LAUNCHER_RUN_ID"):
+        return os.environ["LAUNCHER_RUN_ID"]
+    key = launch_key()
+    suffix = hashlib.sha1(key.encode()).hexdigest()[:8] if key else secrets.token_hex(4)
+    root = Path(cfg.run.root).expanduser()
+    if key and root.is_dir():
+        earlier = sorted(p.name for p in root.glob(f"*-{suffix}") if p.is_dir())
+        if earlier:
+            return earlier[-1]
+    return f"{dt.datetime.now():%Y%m%d-%H%M%S}-{suffix}"
+
+
+def seed_everything(seed: int) -> None:
+    """Same seed on every rank: identical initial weights; data order has its own seed."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _configure_console_logging(rank: int) -> None:
+    root = logging.getLogger()
+    root.handlers.clear()
+    root.setLevel(logging.INFO)
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    console.setFormatter(logging.Formatter(LOG_FORMAT.format(rank=rank), "%H:%M:%S"))
+    root.addHandler(console)
+    logging.captureWarnings(True)
+
+
+def _add_file_logging(rt: Runtime) -> None:
+    handler = logging.FileHandler(rt.run_dir / "logs" / f"rank{rt.rank}.log")
+    handler.setFormatter(logging.Formatter(LOG_FORMAT.format(rank=rt.rank)))
+    logging.getLogger().addHandler(handler)

@@ -1,0 +1,119 @@
+"""Where rank 0 sends each interval's metrics: metrics.jsonl (always) and the console.
+
+Every sink receives the same dict with the same `/`-grouped names, so the file, the
+console and (later) W&B can never disagree about a figure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+
+log = logging.getLogger("launcher")
+
+
+def _clean(value):
+    """JSON has no NaN/inf: such figures are written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class Sink:
+    def log(self, record: dict) -> None: ...
+
+    def close(self, summary: dict) -> None: ...
+
+
+class JsonlSink(Sink):
+    """One JSON object per line, flushed at once so a crash loses nothing already logged."""
+
+    def __init__(self, path: Path, resume_step: int | None):
+        self.path = path
+        if resume_step is not None:
+            self._truncate_after(resume_step)
+        self.file = open(path, "a")  # noqa: SIM115 - held open for the whole run
+
+    def _truncate_after(self, step: int) -> None:
+        """Drop records of steps that a restart is about to redo, so each step appears once."""
+        if not self.path.exists():
+            return
+        kept = [
+            ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step
+        ]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(ln + "\n" for ln in kept))
+        tmp.replace(self.path)
+
+    def log(self, record: dict) -> None:
+        self.file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        self.file.flush()
+
+    def close(self, summary: dict) -> None:
+        self.file.close()
+
+
+def _fmt_eta(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def progress_line(record: dict, max_steps: int) -> str:
+    """The plain progress line: step, loss, tokens/s, step time, ETA (and eval when present)."""
+    parts = [f"step {record['step']}/{max_steps}"]
+    if "loss" in record:
+        parts.append(f"loss {record['loss']:.4f}")
+        parts.append(f"tok/s {record['tokens_per_s']:,.0f}")
+        parts.append(f"step {record['step_time_s/p50'] * 1000:.1f} ms")
+        if record.get("mfu") is not None:
+            parts.append(f"mfu {record['mfu'] * 100:.1f}%")
+        parts.append(f"eta {_fmt_eta(record['eta_s'])}")
+    if "eval/loss" in record:
+        parts.append(f"eval loss {record['eval/loss']:.4f} ppl {record['eval/ppl']:.1f}")
+    return " | ".join(parts)
+
+
+class ConsoleSink(Sink):
+    """A progress bar on a terminal; plain lines when output goes to a file or a pipe."""
+
+    def __init__(self, max_steps: int, start_step: int, stream=None):
+        self.max_steps = max_steps
+        self.stream = stream or sys.stderr
+        self.bar = None
+        if self.stream.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=max_steps, initial=start_step, file=self.stream, dynamic_ncols=True
+            )
+
+    def log(self, record: dict) -> None:
+        line = progress_line(record, self.max_steps)
+        if self.bar is None:
+            log.info(line)
+            return
+        self.bar.update(record["step"] - self.bar.n)
+        if "loss" in record:
+            self.bar.set_postfix_str(line.split(" | ", 1)[1], refresh=True)
+
+    def close(self, summary: dict) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        log.info("summary: %s", summary_line(summary))
+
+
+def summary_line(summary: dict) -> str:
+    keys = ("status", "steps", "loss", "eval/loss", "tokens_per_s", "step_time_s/p50", "mfu")
+    return ", ".join(f"{k}={_short(summary.get(k))}" for k in keys)
+
+
+def _short(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

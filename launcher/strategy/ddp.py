@@ -1,0 +1,111 @@
+"""DistributedDataParallel: every rank holds the whole model; gradients are all-reduced.
+
+With one process and no process group (`python -m launcher.train`) the model is used
+unwrapped, so the same loop runs everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+from torch.nn.parallel import DistributedDataParallel
+
+from launcher.runtime import Runtime
+from launcher.strategy import Strategy
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def build_optimizer(model: torch.nn.Module, tcfg: DictConfig, device: torch.device):
+    """AdamW with weight decay on matrices only (biases and LayerNorm gains are not decayed)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": tcfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        groups,
+        lr=tcfg.lr,
+        betas=(tcfg.beta1, tcfg.beta2),
+        fused=device.type == "cuda",
+    )
+
+
+class DDPStrategy(Strategy):
+    def __init__(self, cfg: DictConfig, rt: Runtime, model: torch.nn.Module):
+        t, s = cfg.trainer, cfg.strategy
+        self.device = rt.device
+        self.precision = t.precision
+        self.grad_clip = t.grad_clip
+        self.raw_model = model.to(rt.device)
+        self.optimizer = build_optimizer(self.raw_model, t, rt.device)
+        self.scaler = torch.amp.GradScaler(rt.device.type, enabled=t.precision == "fp16")
+        module: torch.nn.Module = self.raw_model
+        if t.compile != "off":
+            module = torch.compile(module, mode=None if t.compile == "default" else t.compile)
+        self.ddp: DistributedDataParallel | None = None
+        if rt.distributed:
+            # Only a non-default buffer setting is passed: newer torch deprecates the name.
+            buffers = {} if s.broadcast_buffers else {"broadcast_buffers": False}
+            self.ddp = DistributedDataParallel(
+                module,
+                device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
+                bucket_cap_mb=s.bucket_cap_mb,
+                gradient_as_bucket_view=s.gradient_as_bucket_view,
+                static_graph=s.static_graph,
+                find_unused_parameters=s.find_unused_parameters,
+                **buffers,
+            )
+            module = self.ddp
+        self.module = module
+
+    def micro_step(self, is_last: bool):
+        if self.ddp is None or is_last:
+            return contextlib.nullcontext()
+        return self.ddp.no_sync()
+
+    def autocast(self):
+        dtype = AUTOCAST_DTYPES.get(self.precision)
+        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss).backward()
+
+    def step(self, lr: float) -> torch.Tensor:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.scaler.unscale_(self.optimizer)
+        params = self.raw_model.parameters()
+        if self.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def save(self, folder: Path, rank: int) -> None:
+        if rank != 0:  # DDP keeps every rank's model and optimizer identical
+            return
+        torch.save(self.raw_model.state_dict(), folder / "model.pt")
+        torch.save(
+            {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict()},
+            folder / "optimizer.pt",
+        )
+
+    def load(self, folder: Path) -> None:
+        state = torch.load(folder / "model.pt", map_location=self.device, weights_only=True)
+        self.raw_model.load_state_dict(state)
+        opt = torch.load(folder / "optimizer.pt", map_location=self.device, weights_only=True)
+        self.optimizer.load_state_dict(opt["optimizer"])
+        self.scaler.load_state_dict(opt["scaler"])
+
+    def close(self) -> None:
+        self.ddp = None
+        self.module = self.raw_model

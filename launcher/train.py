@@ -1,0 +1,187 @@
+"""`torchrun -m launcher.train [overrides]`: compose, validate, run. Nothing else.
+
+Hydra's own error output spans several lines; so before Hydra starts, the overrides are
+composed and checked once here, and a problem becomes one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+import hydra
+from hydra._internal.utils import get_args_parser
+from omegaconf import DictConfig, OmegaConf
+
+from launcher import checkpoint, envinfo
+from launcher.config import ConfigError, compose
+from launcher.data import prepare_data
+from launcher.loop import NonFiniteLoss, Stopped, TrainLoop
+from launcher.model import build_model, count_params, flops_per_token, peak_flops
+from launcher.preemption import EXIT_STOPPED
+from launcher.preflight import preflight, shm_need
+from launcher.runtime import Runtime, env_world, shutdown, start
+from launcher.sinks import ConsoleSink, JsonlSink
+from launcher.strategy import build_strategy
+
+log = logging.getLogger("launcher")
+
+EXIT_BAD_INPUT = 2
+EXIT_NONFINITE = 3
+SECRET_WORDS = ("key", "token", "secret", "password")
+
+
+def ranks_per_node() -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", env_world()[2]))
+
+
+def fail_bad_input(exc: ConfigError) -> None:
+    """One line on rank 0 (every rank finds the same problem), exit code 2 everywhere."""
+    if env_world()[0] == 0:
+        print(f"error: {exc}", file=sys.stderr)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def check_or_exit(cfg: DictConfig) -> None:
+    try:
+        preflight(cfg, env_world()[2], ranks_per_node())
+    except ConfigError as exc:
+        fail_bad_input(exc)
+
+
+def redacted(cfg: DictConfig) -> dict:
+    """The resolved config with values of secret-looking keys masked."""
+
+    def mask(node):
+        if isinstance(node, dict):
+            return {
+                k: "***" if any(w in str(k).lower() for w in SECRET_WORDS) and v else mask(v)
+                for k, v in node.items()
+            }
+        if isinstance(node, list):
+            return [mask(v) for v in node]
+        return node
+
+    return mask(OmegaConf.to_container(cfg, resolve=True))
+
+
+def write_run_files(cfg: DictConfig, rt: Runtime) -> None:
+    (rt.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(redacted(cfg))))
+    env = envinfo.collect(shm_need(cfg))
+    env.update(world_size=rt.world_size, backend=rt.backend, run_id=rt.run_id)
+    (rt.run_dir / "env.json").write_text(json.dumps(env, indent=1))
+
+
+def resume_candidates(cfg: DictConfig, rt: Runtime) -> list:
+    if cfg.resume == "never":
+        if checkpoint.candidates(rt.run_dir):
+            raise ConfigError(
+                f"resume=never but {rt.run_dir} already holds checkpoints; use resume=auto "
+                f"to continue, or a new run.id to start fresh"
+            )
+        return []
+    if cfg.resume == "auto":
+        return checkpoint.candidates(rt.run_dir)
+    return checkpoint.candidates(os.path.expanduser(cfg.resume))
+
+
+def restore(loop: TrainLoop, rt: Runtime, folders: list) -> int:
+    """Load the newest readable checkpoint; every rank must land on the same step."""
+    step = 0
+    for folder in folders:
+        try:
+            step = loop.restore(folder)
+            break
+        except Exception as exc:  # noqa: BLE001 - any unreadable file means: try the previous one
+            log.warning(
+                "checkpoint %s is unreadable (%s); falling back to the previous one", folder, exc
+            )
+    steps = {int(s) for (s,) in rt.all_gather_floats([step])}
+    if len(steps) != 1:
+        raise RuntimeError(f"ranks restored different checkpoints (steps {sorted(steps)})")
+    if step:
+        log.info("resumed from step %d", step)
+    return step
+
+
+def run(cfg: DictConfig) -> int:
+    """Train once with a composed config; returns the process exit code."""
+    check_or_exit(cfg)
+    rt = start(cfg)
+    strategy = loop = None
+    sinks = []
+    summary: dict = {}
+    code = 0
+    try:
+        if rt.is_main:
+            write_run_files(cfg, rt)
+        folders = resume_candidates(cfg, rt)
+        t = cfg.trainer
+        data = prepare_data(
+            cfg.data, seq_len=t.seq_len, seed=t.seed, is_builder=rt.local_rank == 0, wait=rt.barrier
+        )
+        log.info("data: %s", data.description)
+        model = build_model(
+            cfg.model, data.vocab_size, eot_id=data.eot_id, grad_checkpointing=t.grad_checkpointing
+        )
+        fpt = flops_per_token(model, t.seq_len)
+        log.info(
+            "model %s: %.2fM parameters, %.3g FLOPs/token",
+            cfg.model.name,
+            count_params(model) / 1e6,
+            fpt,
+        )
+        strategy = build_strategy(cfg, rt, model)
+        loop = TrainLoop(cfg, rt, strategy, data, sinks, fpt, peak_flops(rt.device))
+        start_step = restore(loop, rt, folders)
+        if rt.is_main:
+            sinks += [
+                JsonlSink(rt.run_dir / "metrics.jsonl", start_step),
+                ConsoleSink(t.max_steps, start_step),
+            ]
+        summary = loop.run(start_step)
+    except ConfigError as exc:
+        log.error("error: %s", exc)
+        code = EXIT_BAD_INPUT
+    except Stopped as stop:
+        summary = loop.summary("stopped", stop.step)
+        code = EXIT_STOPPED
+    except NonFiniteLoss as exc:
+        log.error("%s", exc)
+        summary = loop.summary("failed: non-finite loss", 0)
+        code = EXIT_NONFINITE
+    finally:
+        for sink in sinks:
+            sink.close(summary)
+        if rt.is_main and summary:
+            (rt.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        if strategy is not None:
+            strategy.close()
+        del strategy, loop
+        shutdown(rt)
+    return code
+
+
+@hydra.main(config_path="pkg://launcher.conf", config_name="train", version_base="1.3")
+def _hydra_entry(cfg: DictConfig) -> None:
+    code = run(cfg)
+    if code:
+        sys.exit(code)
+
+
+def main() -> None:
+    """Check the overrides, then hand over to Hydra (which also handles --help and -m)."""
+    args = get_args_parser().parse_args(sys.argv[1:])
+    if not (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion):
+        try:
+            check = compose(args.overrides)
+        except ConfigError as exc:
+            fail_bad_input(exc)
+        check_or_exit(check)
+    _hydra_entry()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""End-to-end launches of the trainer: the run directory, its metrics, and correctness.
+
+Every launch is a real `torchrun` (or `python -m launcher.train`) on CPU with gloo.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from launch import FAST, explain, losses, metrics, python_train, summary, torchrun
+
+CONTRACT_METRICS = {
+    "step",
+    "loss",
+    "lr",
+    "tokens",
+    "tokens_per_s",
+    "mfu",
+    "step_time_s/p50",
+    "step_time_s/p90",
+    "step_time_s/max",
+    "step_time_s/slowest_rank",
+    "data_wait_s",
+    "mem/peak_gb",
+}
+
+
+def only_run(root):
+    runs = [p for p in root.iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+@pytest.fixture(scope="module")
+def ws2_run(tmp_path_factory):
+    """24 steps on 2 ranks: the reference for the world-size and resume comparisons."""
+    root = tmp_path_factory.mktemp("ws2")
+    proc = torchrun(
+        [*FAST, f"run.root={root}", "trainer.max_steps=24", "trainer.checkpoint_interval=12"]
+    )
+    assert proc.returncode == 0, explain(proc)
+    return only_run(root), proc
+
+
+def test_run_directory_layout_and_metrics(ws2_run):
+    run_dir, proc = ws2_run
+    for name in (
+        "config.yaml",
+        "env.json",
+        "metrics.jsonl",
+        "summary.json",
+        "logs/rank0.log",
+        "logs/rank1.log",
+    ):
+        assert (run_dir / name).is_file(), name
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000024"
+    records = [r for r in metrics(run_dir) if "loss" in r]
+    assert [r["step"] for r in records] == list(range(1, 25))
+    for r in records:
+        assert r.keys() >= CONTRACT_METRICS
+        assert r["mfu"] is None and r["mem/peak_gb"] is None  # a CPU has no known peak
+        assert r["step_time_s/p50"] <= r["step_time_s/p90"] <= r["step_time_s/max"]
+        assert r["step_time_s/slowest_rank"] in (0, 1)
+        assert r["tokens"] == r["step"] * 8 * 64
+        # log_interval=1: one step per interval, so tokens/s is tokens per step over the
+        # slowest rank's step time, which is the max over ranks of that one step.
+        assert r["tokens_per_s"] == pytest.approx(8 * 64 / r["step_time_s/max"], rel=1e-9)
+    evals = [r for r in metrics(run_dir) if "eval/loss" in r]
+    assert [r["step"] for r in evals] == [6, 12, 18, 24]
+    s = summary(run_dir)
+    assert s["status"] == "completed" and s["steps"] == 24 and s["world_size"] == 2
+    assert s["loss"] == records[-1]["loss"]
+    assert s["eval/ppl"] == pytest.approx(2.718281828 ** s["eval/loss"], rel=1e-6)
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert cfg["trainer"]["max_steps"] == 24 and cfg["model"]["name"] == "gpt2-tiny"
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["world_size"] == 2 and env["backend"] == "gloo"
+    assert env["versions"]["torch"] and env["shm"]["need_bytes"] == 0
+    # Progress on rank 0 only, as plain lines (stderr is not a terminal here), and a summary.
+    assert "step 24/24 | loss" in proc.stderr and "summary: status=completed" in proc.stderr
+    assert "[rank 1] INFO" not in proc.stderr
+    assert "rank 1/2" in (run_dir / "logs" / "rank1.log").read_text()
+
+
+def test_world_size_1_and_2_give_the_same_losses(ws2_run, tmp_path):
+    run_dir, _ = ws2_run
+    proc = python_train(
+        [*FAST, f"run.root={tmp_path}", "trainer.max_steps=24", "trainer.checkpoint_interval=12"]
+    )
+    assert proc.returncode == 0, explain(proc)
+    one, two = losses(only_run(tmp_path)), losses(run_dir)
+    assert one.keys() == two.keys()
+    for step in one:
+        assert one[step] == pytest.approx(two[step], rel=1e-5), step
+
+
+def test_resume_continues_exactly(ws2_run, tmp_path):
+    """12 steps, then a second launch that resumes to 24: bit-identical to 24 straight.
+
+    Both legs keep the 24-step LR schedule (trainer.lr_decay_steps), as a run cut short by
+    a time limit would.
+    """
+    run_dir, _ = ws2_run
+    common = [*FAST, f"run.root={tmp_path}", "run.id=resumed", "trainer.lr_decay_steps=24"]
+    first = torchrun([*common, "trainer.max_steps=12"])
+    assert first.returncode == 0, explain(first)
+    second = torchrun([*common, "trainer.max_steps=24"])
+    assert second.returncode == 0, explain(second)
+    assert "resumed from step 12" in second.stderr
+    resumed, reference = losses(tmp_path / "resumed"), losses(run_dir)
+    assert sorted(resumed) == list(range(1, 25))
+    assert summary(tmp_path / "resumed")["resumed_from_step"] == 12
+    assert resumed == reference  # fp32 on CPU: exactly equal, every step
+
+
+def test_single_process_without_torchrun(tmp_path):
+    proc = python_train([*FAST, f"run.root={tmp_path}", "trainer.max_steps=3"])
+    assert proc.returncode == 0, explain(proc)
+    s = summary(only_run(tmp_path))
+    assert s["world_size"] == 1 and s["steps"] == 3
