@@ -32,6 +32,10 @@ log = logging.getLogger("launcher")
 class NonFiniteLoss(RuntimeError):
     """The loss became NaN or infinite; the run stops without saving a checkpoint."""
 
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
 
 class Stopped(Exception):
     """A stop was requested (SIGTERM); the checkpoint of `step` is complete."""
@@ -137,7 +141,8 @@ class TrainLoop:
         kept = f"the last good checkpoint {latest} is kept" if latest else "no checkpoint was saved"
         raise NonFiniteLoss(
             f"non-finite loss by step {step} on rank(s) {ranks}: the run stopped and {kept}; "
-            f"lower trainer.lr, keep trainer.grad_clip > 0, or use trainer.precision=bf16 over fp16"
+            f"lower trainer.lr, keep trainer.grad_clip > 0, or use trainer.precision=bf16 over fp16",
+            step,
         )
 
     # -- the loop ----------------------------------------------------------------------

@@ -89,11 +89,7 @@ def start(cfg: DictConfig) -> Runtime:
     if world > 1 or "MASTER_ADDR" in os.environ:
         backend = _pick_backend(cfg.dist.backend, device)
         apply_nccl_env(cfg)
-        dist.init_process_group(
-            backend=backend,
-            timeout=dt.timedelta(seconds=cfg.dist.timeout_s),
-            device_id=device if device.type == "cuda" else None,
-        )
+        _init_process_group(backend, dt.timedelta(seconds=cfg.dist.timeout_s), device)
     rt = Runtime(rank, local_rank, world, device, backend)
     if rt.distributed:
         # Control traffic (barriers, metric gathers, stop votes) goes over gloo on the CPU
@@ -107,15 +103,37 @@ def start(cfg: DictConfig) -> Runtime:
     _add_file_logging(rt)
     seed_everything(cfg.trainer.seed)
     log.info(
-        "rank %d/%d (local %d) on %s, backend %s, run dir %s",
+        "rank %d/%d (local %d, pid %d) on %s, backend %s, run dir %s",
         rank,
         world,
         local_rank,
+        os.getpid(),
         device,
         backend,
         rt.run_dir,
     )
     return rt
+
+
+def _init_process_group(backend: str, timeout: dt.timedelta, device: torch.device) -> None:
+    """init_process_group from the env:// variables, on a store private to this attempt.
+
+    torchrun shares its rendezvous store with the workers, and the keys a failed attempt
+    wrote survive into the next one: a restarted gloo group could read a dead peer's
+    address and fail to connect. Prefixing the store with torchrun's restart count keeps
+    each attempt's keys apart. (Across nodes that count is per agent; multi-node
+    launches therefore run torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.)
+    """
+    store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(
+        backend=backend,
+        store=dist.PrefixStore(f"launcher/attempt{attempt}", store),
+        rank=rank,
+        world_size=world,
+        timeout=timeout,
+        device_id=device if device.type == "cuda" else None,
+    )
 
 
 def shutdown(rt: Runtime) -> None:

@@ -149,9 +149,13 @@ def run(cfg: DictConfig) -> int:
         summary = loop.summary("stopped", stop.step)
         code = EXIT_STOPPED
     except NonFiniteLoss as exc:
-        log.error("%s", exc)
-        summary = loop.summary("failed: non-finite loss", 0)
+        (log.error if rt.is_main else log.info)("%s", exc)  # every rank stops; one says why
+        summary = loop.summary("failed: non-finite loss", exc.step)
         code = EXIT_NONFINITE
+    except Exception as exc:
+        summary = {"status": f"failed: {type(exc).__name__}: {exc}", "run_id": rt.run_id}
+        code = 1
+        raise
     finally:
         for sink in sinks:
             sink.close(summary)
@@ -160,6 +164,7 @@ def run(cfg: DictConfig) -> int:
         if strategy is not None:
             strategy.close()
         del strategy, loop
+        log.info("exiting with code %d", code)
         shutdown(rt)
     return code
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import pickle
 import random
 from pathlib import Path
 
@@ -201,6 +202,10 @@ def test_split_tail_keeps_a_window_over_short_shards():
     train, val = split_tail(segments, 0.01, 65)
     assert [s.tokens for s in val] == [65, 5] and [s.tokens for s in train] == [935]
     assert len(TokenWindows(val, 64)) == 1
+    train, val = split_tail([Segment("a", "uint16", 0, 1000)] * 2, 0.5, 65)
+    assert [s.tokens for s in val] == [1000] and [s.tokens for s in train] == [1000]
+    train, val = split_tail([Segment("a", "uint16", 0, 40)] * 3, 0.1, 65)
+    assert train == [] and sum(s.tokens for s in val) == 120
 
 
 def test_synthetic_is_deterministic_without_files():
@@ -305,9 +310,11 @@ def test_tiktoken_file_drives_the_cache(tmp_path, bpe_files):
     assert len(data.val) >= 1 and len(data.train) > len(data.val)
 
 
-def test_missing_tokenizer_path_is_named(tmp_path):
-    with pytest.raises(ValueError, match="data.tokenizer="):
-        resolve_tokenizer(str(tmp_path / "nope.tiktoken"), bpe=lambda: pytest.fail("no bpe"))
+def test_unusable_tokenizer_paths_are_named(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{}")
+    for spec in (tmp_path / "nope.tiktoken", tmp_path / "tokenizer.json", tmp_path / "nope"):
+        with pytest.raises(ValueError, match="data.tokenizer="):
+            resolve_tokenizer(str(spec), bpe=lambda: pytest.fail("no bpe"))
 
 
 def test_auto_ignores_a_tiktoken_that_is_not_gpt2(tmp_path, bpe_files):
@@ -400,6 +407,8 @@ def test_epochs_roll_over_as_fresh_permutations(tmp_path):
 def test_workers_yield_the_same_batches(tmp_path):
     windows = arange_windows(tmp_path, 37, 8)
     plain = take_steps(loader(windows), 6, 4)
+    copy = pickle.loads(pickle.dumps(windows))  # what a spawned worker receives
+    assert copy._maps == {} and torch.equal(copy[5][0], windows[5][0])
     workers = take_steps(loader(windows, num_workers=2), 6, 4)
     for s in range(6):
         assert torch.equal(step_x(plain[s]), step_x(workers[s]))

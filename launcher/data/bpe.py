@@ -16,7 +16,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from launcher.data.cache import fingerprint, publish_file
+from launcher.data.cache import fingerprint, publish_dir
 from launcher.data.tokenizer import EOT, Tokenizer, from_tokenizers
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,8 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> HFTokenizer:
 def bpe_tokenizer(source, *, vocab_size: int, cache_root: Path, may_train: bool) -> Tokenizer:
     """The cached BPE for `source`, trained first if missing and `may_train`."""
     key = fingerprint({"source": source.identity, "vocab_size": vocab_size})
-    path = cache_root / f"bpe-{key}.json"
+    folder = cache_root / f"bpe-{key}"
+    path = folder / "tokenizer.json"
     if not path.is_file():
         if not may_train:
             raise FileNotFoundError(
@@ -52,15 +53,12 @@ def bpe_tokenizer(source, *, vocab_size: int, cache_root: Path, may_train: bool)
                 f"did not write it to data.cache_dir"
             )
         started = time.perf_counter()
-        tok = train_bpe(
-            (text for split, text in source.documents() if split == "train"), vocab_size
-        )
-        publish_file(path, lambda tmp: tok.save(str(tmp)))
-        log.info(
-            "trained a %d-token byte-level BPE in %.1f s: %s",
-            vocab_size,
-            time.perf_counter() - started,
-            path,
-        )
+        texts = (text for split, text in source.documents() if split == "train")
+        tok = train_bpe(texts, vocab_size)
+        # First publisher wins, and every process loads the published file, so all ranks
+        # encode with the same merges even if two nodes trained at once.
+        publish_dir(folder, lambda tmp: tok.save(str(tmp / path.name)))
+        elapsed = time.perf_counter() - started
+        log.info("trained a %d-token byte-level BPE in %.1f s: %s", vocab_size, elapsed, path)
     backend = HFTokenizer.from_file(str(path))
-    return from_tokenizers(backend, f"bpe {vocab_size} ({path.name})", backend.token_to_id(EOT))
+    return from_tokenizers(backend, f"bpe {vocab_size} ({folder.name})", backend.token_to_id(EOT))

@@ -4,7 +4,7 @@ Every cache entry is named by a hash of everything that decides its content, so 
 source or tokenizer lands in a new entry instead of silently reusing an old one. An entry
 is built in a uniquely named temporary folder and renamed into place: a reader sees a
 complete entry or none, and two builders sharing a filesystem (one per node) both finish,
-the later one discarding its own identical copy.
+the later one discarding its own copy so that everyone reads the first.
 """
 
 from __future__ import annotations
@@ -56,14 +56,3 @@ def publish_dir(final: Path, build: Callable[[Path], None]) -> bool:
         return True
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def publish_file(final: Path, write: Callable[[Path], None]) -> None:
-    """Write `final` through `write(tmp)` and rename it into place (last writer wins)."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_name(final)
-    try:
-        write(tmp)
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)

@@ -50,9 +50,10 @@ def resolve_tokenizer(spec: str, *, bpe: Callable[[], Tokenizer]) -> Tokenizer:
         return gpt2_folder_tokenizer(path)
     if os.path.isfile(path) and path.endswith(".tiktoken"):
         return tiktoken_file_tokenizer(path)
-    if spec.endswith(".tiktoken") or spec.startswith(("/", "./", "../", "~")):
+    if os.path.exists(path) or path.endswith(".tiktoken") or spec.startswith(("/", ".", "~")):
         raise ValueError(
-            f"data.tokenizer={spec}: no such .tiktoken file or folder with vocab.json + merges.txt"
+            f"data.tokenizer={spec}: not an existing .tiktoken file nor a folder holding "
+            f"vocab.json + merges.txt"
         )
     return hub_tokenizer(spec)
 

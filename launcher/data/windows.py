@@ -57,18 +57,19 @@ def split_tail(
     total = sum(s.tokens for s in segments)
     take = max(math.ceil(total * fraction), min_tokens)
     train, val = list(segments), []
-    has_window = False
-    while train and (take > 0 or not has_window):
+    taken, has_window = 0, False
+    while train and (taken < take or not has_window):
         last = train.pop()
-        n = min(last.tokens, take)
-        if not has_window and last.tokens >= min_tokens:
-            n = max(n, min_tokens)  # a tail split over short shards must still hold a window
+        n = min(last.tokens, max(take - taken, 0))
+        if not has_window:
+            # A tail over short shards must still hold one whole window in one segment.
+            n = max(n, min(last.tokens, min_tokens))
         has_window = has_window or n >= min_tokens
         cut = last.stop - n
         val.insert(0, Segment(last.path, last.dtype, cut, last.stop))
         if cut > last.start:
             train.append(Segment(last.path, last.dtype, last.start, cut))
-        take -= n
+        taken += n
     return train, val
 
 
