@@ -307,7 +307,7 @@ def _reject_unknown_keys(node: DictConfig, schema: DictConfig, prefix: str) -> N
     """Catch keys added with Hydra's `+key=value`, which composition lets through."""
     for key in node:
         path = f"{prefix}{key}"
-        if key not in schema.keys():
+        if key not in set(schema.keys()):  # `in` is False for MISSING values
             hint = _closest_keys(str(key), prefix.rstrip("."))
             raise ConfigError(f"{path}: unknown key{hint}; see docs/configuration.md")
         child, child_schema = node._get_node(key), schema._get_node(key)

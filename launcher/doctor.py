@@ -67,7 +67,8 @@ def _print_report(facts: dict, cfg) -> None:
         print("topology\n" + facts["gpu_topology"])
     shm = facts["shm"]
     print(
-        f"/dev/shm    size {_gib(shm['size_bytes'])}, free {_gib(shm['free_bytes'])}; this config needs "
+        f"/dev/shm    size {_gib(shm['size_bytes'])}, free {_gib(shm['free_bytes'])}; "
+        f"this config needs "
         f"{_gib(shm['need_bytes'])} ({cfg.data.num_workers} workers x prefetch "
         f"{cfg.data.prefetch_factor} x {ranks_per_node()} ranks on this node)"
     )

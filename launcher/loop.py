@@ -141,7 +141,8 @@ class TrainLoop:
         kept = f"the last good checkpoint {latest} is kept" if latest else "no checkpoint was saved"
         raise NonFiniteLoss(
             f"non-finite loss by step {step} on rank(s) {ranks}: the run stopped and {kept}; "
-            f"lower trainer.lr, keep trainer.grad_clip > 0, or use trainer.precision=bf16 over fp16",
+            "lower trainer.lr, keep trainer.grad_clip > 0, or use trainer.precision=bf16 "
+            "rather than fp16",
             step,
         )
 

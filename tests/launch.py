@@ -90,4 +90,5 @@ def summary(run_dir: Path) -> dict:
 
 
 def explain(proc: subprocess.CompletedProcess) -> str:
-    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+    out, err = proc.stdout[-4000:], proc.stderr[-6000:]
+    return f"exit {proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}"
