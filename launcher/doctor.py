@@ -11,6 +11,7 @@ import sys
 
 from launcher import envinfo
 from launcher.config import ConfigError, compose
+from launcher.data.shm import human_bytes
 from launcher.preflight import preflight, shm_need
 from launcher.runtime import env_world
 from launcher.train import ranks_per_node
@@ -21,8 +22,8 @@ Report versions, devices, GPU topology and /dev/shm against the shared memory th
 config's DataLoader workers need; exit 1 on a blocking problem, 2 on a bad override."""
 
 
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.2f} GiB"
+def _size(n: int | None) -> str:
+    return "?" if n is None else human_bytes(n)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,9 +68,9 @@ def _print_report(facts: dict, cfg) -> None:
         print("topology\n" + facts["gpu_topology"])
     shm = facts["shm"]
     print(
-        f"/dev/shm    size {_gib(shm['size_bytes'])}, free {_gib(shm['free_bytes'])}; "
+        f"/dev/shm    size {_size(shm['size_bytes'])}, free {_size(shm['free_bytes'])}; "
         f"this config needs "
-        f"{_gib(shm['need_bytes'])} ({cfg.data.num_workers} workers x prefetch "
+        f"{_size(shm['need_bytes'])} ({cfg.data.num_workers} workers x prefetch "
         f"{cfg.data.prefetch_factor} x {ranks_per_node()} ranks on this node)"
     )
     if facts["nccl_env"]:

@@ -48,6 +48,7 @@ class Runtime:
     run_id: str = ""
     run_dir: Path = field(default_factory=Path)
     control_group: object | None = None
+    log_file: logging.Handler | None = None
 
     @property
     def is_main(self) -> bool:
@@ -100,7 +101,7 @@ def start(cfg: DictConfig) -> Runtime:
     if rt.is_main:
         (rt.run_dir / "logs").mkdir(parents=True, exist_ok=True)
     rt.barrier()
-    _add_file_logging(rt)
+    rt.log_file = _add_file_logging(rt)
     seed_everything(cfg.trainer.seed)
     log.info(
         "rank %d/%d (local %d, pid %d) on %s, backend %s, run dir %s",
@@ -145,7 +146,9 @@ def shutdown(rt: Runtime) -> None:
     gc.collect()
     if rt.distributed:
         dist.destroy_process_group()
-    logging.shutdown()
+    if rt.log_file is not None:
+        logging.getLogger().removeHandler(rt.log_file)
+        rt.log_file.close()
 
 
 def _pick_device(choice: str, local_rank: int) -> torch.device:
@@ -222,7 +225,8 @@ def _configure_console_logging(rank: int) -> None:
     logging.captureWarnings(True)
 
 
-def _add_file_logging(rt: Runtime) -> None:
+def _add_file_logging(rt: Runtime) -> logging.Handler:
     handler = logging.FileHandler(rt.run_dir / "logs" / f"rank{rt.rank}.log")
     handler.setFormatter(logging.Formatter(LOG_FORMAT.format(rank=rt.rank)))
     logging.getLogger().addHandler(handler)
+    return handler

@@ -119,9 +119,16 @@ def run(cfg: DictConfig) -> int:
             write_run_files(cfg, rt)
         folders = resume_candidates(cfg, rt)
         t = cfg.trainer
-        data = prepare_data(
-            cfg.data, seq_len=t.seq_len, seed=t.seed, is_builder=rt.local_rank == 0, wait=rt.barrier
-        )
+        try:
+            data = prepare_data(
+                cfg.data,
+                seq_len=t.seq_len,
+                seed=t.seed,
+                is_builder=rt.local_rank == 0,
+                wait=rt.barrier,
+            )
+        except (ValueError, FileNotFoundError) as exc:  # worded for the user by launcher.data
+            raise ConfigError(str(exc)) from exc
         log.info("data: %s", data.description)
         model = build_model(
             cfg.model, data.vocab_size, eot_id=data.eot_id, grad_checkpointing=t.grad_checkpointing
@@ -143,7 +150,7 @@ def run(cfg: DictConfig) -> int:
             ]
         summary = loop.run(start_step)
     except ConfigError as exc:
-        log.error("error: %s", exc)
+        (log.error if rt.is_main else log.info)("error: %s", exc)
         code = EXIT_BAD_INPUT
     except Stopped as stop:
         summary = loop.summary("stopped", stop.step)

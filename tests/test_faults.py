@@ -108,6 +108,8 @@ def test_killed_worker_restarts_and_resumes(reference, tmp_path):
     assert "resumed from step" in log  # the restarted group found the same run directory
     assert summary(run_dir)["steps"] == 60
     assert losses(run_dir) == reference  # every logged step, including the redone ones
+    kept = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
+    assert kept == ["step_00000040", "step_00000060"]  # trainer.keep_checkpoints=2
 
 
 def test_sigterm_checkpoints_then_resume_finishes(reference, tmp_path):

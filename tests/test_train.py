@@ -120,3 +120,42 @@ def test_single_process_without_torchrun(tmp_path):
     assert proc.returncode == 0, explain(proc)
     s = summary(only_run(tmp_path))
     assert s["world_size"] == 1 and s["steps"] == 3
+
+
+def test_progress_bar_on_a_terminal(tmp_path):
+    """With stderr on a terminal, rank 0 draws a progress bar instead of plain lines."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    from launch import base_env
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # 40x160
+    cmd = [
+        sys.executable,
+        "-m",
+        "launcher.train",
+        *FAST,
+        f"run.root={tmp_path}",
+        "trainer.max_steps=4",
+    ]
+    proc = subprocess.Popen(cmd, env=base_env(), stdin=follower, stdout=follower, stderr=follower)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=120) == 0
+    screen = b"".join(chunks).decode(errors="replace")
+    assert "4/4 [" in screen and "loss" in screen  # tqdm's "n/total [elapsed<eta, ...]"
+    assert "INFO launcher: step 4/4 |" not in screen
