@@ -26,6 +26,8 @@ COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 DATA_SOURCES = ("stdlib", "text_files", "wikitext2", "memmap", "synthetic")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
+STRATEGIES = ("ddp",)
+COMM_HOOKS = ("none",)
 
 
 class ConfigError(ValueError):
@@ -260,6 +262,8 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     _choice(cfg, "trainer.device", DEVICES)
     _choice(cfg, "dist.backend", BACKENDS)
     _choice(cfg, "data.source", DATA_SOURCES)
+    _choice(cfg, "strategy.name", STRATEGIES)
+    _choice(cfg, "strategy.comm_hook", COMM_HOOKS)
     for key in ("max_steps", "global_batch_size", "micro_batch_size", "seq_len"):
         if t[key] < 1:
             raise ConfigError(f"trainer.{key}={t[key]}: must be at least 1")

@@ -6,6 +6,7 @@ the non-finite flag accumulate as device tensors, and step times as events (see 
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import random
@@ -169,6 +170,10 @@ class TrainLoop:
         self.start_step = start_step
         module = self.strategy.module
         module.train()
+        # Everything built so far (configs, model, tokenizer, imports) lives for the whole run:
+        # moving it out of the collector's reach keeps full collections during training cheap.
+        gc.collect()
+        gc.freeze()
         step = start_step
         try:
             while step < t.max_steps:
@@ -192,6 +197,7 @@ class TrainLoop:
                 self._after_step(step, lr, timer)
         finally:
             self.stop.drain()
+            gc.unfreeze()
             del batches, loader
         return self.summary("completed", step)
 

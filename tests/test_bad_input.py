@@ -41,6 +41,7 @@ CASES = [
     ),
     (["strategy.bucket_cap_mb=-1"], "strategy.bucket_cap_mb=-1.0: must be a positive size"),
     (["data.num_workers=0"], "data.persistent_workers=true needs data.num_workers>0"),
+    (["strategy.comm_hook=powersgd"], "strategy.comm_hook=powersgd: not one of none"),
 ]
 
 
