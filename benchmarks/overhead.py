@@ -67,7 +67,7 @@ def run_bare(overrides: list[str]) -> None:
     )
     seed_everything(t.seed)
     model = build_model(cfg.model, data.vocab_size, eot_id=data.eot_id)
-    optimizer = build_optimizer(model, t, torch.device("cpu"))
+    optimizer = build_optimizer(model, t)
     accum = t.global_batch_size // t.micro_batch_size
     sampler = StepBatchSampler(
         len(data.train),

@@ -77,7 +77,7 @@ class DataConfig:
 @dataclass
 class TrainerConfig:
     max_steps: int = 200
-    global_batch_size: int = 16
+    global_batch_size: int | None = 16
     micro_batch_size: int = 4
     seq_len: int = 128
     lr: float = 1e-3
@@ -88,6 +88,7 @@ class TrainerConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
+    fused_adamw: bool = True
     precision: str = "fp32"
     compile: str = "off"
     grad_checkpointing: bool = False
@@ -244,17 +245,23 @@ def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value}: not one of {', '.join(allowed)}")
 
 
-def normalize(cfg: DictConfig) -> None:
-    """Fold YAML's boolean spellings of `trainer.compile` (off/on/true/false) into modes."""
+def normalize(cfg: DictConfig, world_size: int) -> None:
+    """Resolve the values that have a spelled-out default.
+
+    YAML's boolean spellings of `trainer.compile` (off/on/true/false) become modes, and a
+    null `trainer.global_batch_size` becomes one micro-batch per rank (no accumulation).
+    """
     mode = str(cfg.trainer.compile).lower()
     cfg.trainer.compile = {"false": "off", "none": "off", "true": "default", "on": "default"}.get(
         mode, mode
     )
+    if cfg.trainer.global_batch_size is None and isinstance(cfg.trainer.micro_batch_size, int):
+        cfg.trainer.global_batch_size = cfg.trainer.micro_batch_size * world_size
 
 
 def validate(cfg: DictConfig, world_size: int) -> None:
     """Reject impossible combinations before any process group or worker starts."""
-    normalize(cfg)
+    normalize(cfg, world_size)
     _reject_unknown_keys(cfg, OmegaConf.structured(TrainConfig), "")
     t, d, m = cfg.trainer, cfg.data, cfg.model
     _choice(cfg, "trainer.precision", PRECISIONS)
@@ -267,9 +274,12 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     for key in ("max_steps", "global_batch_size", "micro_batch_size", "seq_len"):
         if t[key] < 1:
             raise ConfigError(f"trainer.{key}={t[key]}: must be at least 1")
-    for key in ("log_interval", "eval_interval", "checkpoint_interval", "keep_checkpoints"):
+    for key in ("log_interval", "keep_checkpoints"):
         if t[key] < 1:
             raise ConfigError(f"trainer.{key}={t[key]}: must be at least 1")
+    for key in ("eval_interval", "checkpoint_interval"):
+        if t[key] < 0:
+            raise ConfigError(f"trainer.{key}={t[key]}: must be 0 (never) or more")
     per_step = t.micro_batch_size * world_size
     if t.global_batch_size % per_step:
         raise ConfigError(

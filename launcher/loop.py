@@ -170,6 +170,8 @@ class TrainLoop:
         self.start_step = start_step
         module = self.strategy.module
         module.train()
+        if rt.device.type == "cuda":  # mem/peak_gb is this run's peak, not the process's
+            torch.cuda.reset_peak_memory_stats(rt.device)
         # Everything built so far (configs, model, tokenizer, imports) lives for the whole run:
         # moving it out of the collector's reach keeps full collections during training cheap.
         gc.collect()
@@ -207,7 +209,7 @@ class TrainLoop:
         record: dict = {}
         if step % t.log_interval == 0 or last:
             record.update(self._log_metrics(step, lr, timer))
-        if step % t.eval_interval == 0 or last:
+        if t.eval_interval and (step % t.eval_interval == 0 or last):
             record.update(self._evaluate(step))
         if record:
             self.records.append(record)
@@ -216,7 +218,7 @@ class TrainLoop:
         if not last and self.stop.poll():
             self.save(step)
             raise Stopped(step)
-        if step % t.checkpoint_interval == 0 or last:
+        if t.checkpoint_interval and (step % t.checkpoint_interval == 0 or last):
             self.save(step)
 
     def _log_metrics(self, step: int, lr: float, timer: StepTimer) -> dict:

@@ -6,10 +6,11 @@ import os
 import sys
 
 import pytest
-from launch import FAST, torchrun
 
 from launcher.data.shm import shm_available_bytes
 from launcher.train import main
+
+from launch import FAST, torchrun
 
 
 def run_main(monkeypatch, capsys, args: list[str]) -> tuple[int, str]:

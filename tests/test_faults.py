@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+
 from launch import FAST, LAUNCH_TIMEOUT, base_env, explain, losses, summary, torchrun
 
 # Long enough (60 steps) that a test can act between the step-20 checkpoint and the end.

@@ -12,8 +12,16 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 
 @needs_gpu
 def test_single_gpu_run_reports_memory_and_bf16(tmp_path):
-    proc = python_train([*FAST, f"run.root={tmp_path}", "run.id=gpu", "trainer.precision=bf16",
-                         "data.num_workers=2", "data.persistent_workers=true"])
+    proc = python_train(
+        [
+            *FAST,
+            f"run.root={tmp_path}",
+            "run.id=gpu",
+            "trainer.precision=bf16",
+            "data.num_workers=2",
+            "data.persistent_workers=true",
+        ]
+    )
     assert proc.returncode == 0, explain(proc)
     records = [r for r in metrics(tmp_path / "gpu") if "loss" in r]
     assert all(r["mem/peak_gb"] > 0 for r in records)

@@ -6,10 +6,11 @@ import math
 
 import pytest
 import torch
-from launch import FAST, explain, losses, python_train, summary
 
 from launcher.config import compose
 from launcher.model import build_model
+
+from launch import FAST, explain, losses, python_train, summary
 
 SHORT = [*FAST, "trainer.max_steps=4", "trainer.eval_interval=4", "trainer.checkpoint_interval=2"]
 

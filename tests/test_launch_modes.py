@@ -8,9 +8,9 @@ import subprocess
 import sys
 import time
 
-from launch import FAST, LAUNCH_TIMEOUT, base_env, free_port, losses, summary
-
 from launcher.data.shm import shm_available_bytes
+
+from launch import FAST, LAUNCH_TIMEOUT, base_env, free_port, losses, summary
 
 
 def start_rank(rank: int, port: int, overrides: list[str], log, **env) -> subprocess.Popen:

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import yaml
+
 from launch import FAST, explain, losses, metrics, python_train, summary, torchrun
 
 CONTRACT_METRICS = {

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The GPU check: the throughput experiment and the optimisation ladder, end to end, on a
+# fresh GPU machine whose image has torch and transformers but no internet, Hydra or W&B.
+#
+#   here:   bash benchmarks/fetch_wheels.sh     # once: Hydra/OmegaConf wheels into .whl/
+#   there:  bash benchmarks/gpu_check.sh [OUT]  # about 6 minutes on one H200
+#
+# Writes doctor.txt, throughput.log, the run directory, ladder.json and ladder.log into OUT
+# (default: $OUT, else ./gpu-check) and prints a short table last.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-${OUT:-gpu-check}}
+mkdir -p "$out"
+if ! python3 -c "import hydra, omegaconf" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --target /tmp/launcher-site .whl/*.whl
+    export PYTHONPATH=/tmp/launcher-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+
+python3 -m launcher.doctor | tee "$out/doctor.txt"
+timeout 240 python3 -m launcher.train +exp=throughput run.root="$out/runs" run.id=throughput \
+    2>&1 | tee "$out/throughput.log"
+timeout 330 python3 benchmarks/ladder.py --max-micro-batch 64 --out "$out/ladder.json" \
+    2>&1 | tee "$out/ladder.log"
+
+python3 - "$out" <<'PY'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+s = json.loads((out / "runs" / "throughput" / "summary.json").read_text())
+mfu = "n/a" if s["mfu"] is None else f"{s['mfu'] * 100:.1f}%"
+print(f"\n+exp=throughput: {s['tokens_per_s']:,.0f} tokens/s, MFU {mfu}, "
+      f"step {s['step_time_s/p50'] * 1e3:.1f} ms, peak {s['mem/peak_gb']} GB")
+ladder = json.loads((out / "ladder.json").read_text())
+print(f"ladder on {ladder['device']}:")
+for r in ladder["rows"]:
+    mfu = "n/a" if r["mfu"] is None else f"{r['mfu'] * 100:.1f}%"
+    print(f"  {r['rung']}. {r['change']:<46} micro {r['micro_batch_size']:>3}  "
+          f"{r['tokens_per_s']:>12,.0f} tok/s  MFU {mfu:>6}  {r['speedup']:.2f}x")
+PY

@@ -1,0 +1,80 @@
+"""The throughput experiment and the optimisation ladder, run on the CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch import base_env, explain, metrics, python_train, summary
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "model=gpt2-tiny",
+    "trainer.seq_len=64",
+    "data.vocab_size=512",
+    "trainer.compile=off",
+    "trainer.precision=fp32",
+    "data.num_workers=0",
+    "data.persistent_workers=false",
+]
+
+
+def test_throughput_experiment_reports_consistent_figures(tmp_path):
+    proc = python_train(
+        [
+            "+exp=throughput",
+            *TINY,
+            "trainer.micro_batch_size=4",
+            "trainer.max_steps=8",
+            "trainer.log_interval=1",
+            f"run.root={tmp_path}",
+            "run.id=tp",
+        ]
+    )
+    assert proc.returncode == 0, explain(proc)
+    run_dir = tmp_path / "tp"
+    records = [r for r in metrics(run_dir) if "loss" in r]
+    assert [r["step"] for r in records] == list(range(1, 9))
+    for r in records:  # one rank, one step per interval: tokens/s is tokens per step / step time
+        assert r["tokens_per_s"] == pytest.approx(4 * 64 / r["step_time_s/p50"], rel=1e-9)
+        assert r["mfu"] is None
+    s = summary(run_dir)  # medians over the 7 steady steps (odd: the same middle step)
+    assert s["tokens_per_s"] == pytest.approx(4 * 64 / s["step_time_s/p50"], rel=1e-9)
+    assert not (run_dir / "checkpoints").exists()  # the experiment turns checkpoints off
+    assert "eval/loss" not in json.dumps(records)
+
+
+def test_ladder_runs_every_rung(tmp_path):
+    out = tmp_path / "ladder.json"
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "ladder.py"),
+        "--steps",
+        "4",
+        "--max-micro-batch",
+        "8",
+        "--out",
+        str(out),
+        "trainer.seq_len=64",
+        "data.vocab_size=512",
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=900, env=base_env(), cwd=tmp_path
+    )
+    assert proc.returncode == 0, explain(proc)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["rung"] for r in rows] == [1, 2, 3, 4, 5]
+    assert rows[0]["speedup"] == 1.0
+    for r in rows:
+        assert r["mfu"] is None and r["tokens_per_s"] > 0
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / rows[0]["tokens_per_s"])
+        # Medians over the 3 steady steps: the same middle step for both figures.
+        assert r["tokens_per_s"] == pytest.approx(
+            r["tokens_per_step"] / r["step_time_s/p50"], rel=1e-9
+        )
+    assert rows[4]["micro_batch_size"] in (4, 8)
+    assert "| 5 | + fused AdamW, best micro-batch |" in proc.stdout
