@@ -255,10 +255,12 @@ class TrainLoop:
     def _evaluate(self, step: int) -> dict:
         module = self.strategy.module
         module.eval()
+        # eval_batches global batches of held-out windows, split over the ranks: the same
+        # sequences whatever the world size, so eval losses compare across runs.
         batches = build_eval_batches(
             self.data.val,
             micro_batch=self.t.micro_batch_size,
-            num_batches=self.t.eval_batches,
+            num_batches=self.t.eval_batches * self.accum,
             rank=self.rt.rank,
             world_size=self.rt.world_size,
         )

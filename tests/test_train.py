@@ -95,6 +95,14 @@ def test_world_size_1_and_2_give_the_same_losses(ws2_run, tmp_path):
     assert one.keys() == two.keys()
     for step in one:
         assert one[step] == pytest.approx(two[step], rel=1e-5), step
+    # The eval set is the same sequences too, whatever the world size.
+    evals = [
+        {r["step"]: r["eval/loss"] for r in metrics(d) if "eval/loss" in r}
+        for d in (only_run(tmp_path), run_dir)
+    ]
+    assert evals[0].keys() == evals[1].keys() == {6, 12, 18, 24}
+    for step in evals[0]:
+        assert evals[0][step] == pytest.approx(evals[1][step], rel=1e-5), step
 
 
 def test_resume_continues_exactly(ws2_run, tmp_path):
