@@ -3,13 +3,15 @@
 # fresh GPU machine whose image has torch and transformers but no internet, Hydra or W&B.
 #
 #   here:   bash benchmarks/fetch_wheels.sh     # once: Hydra/OmegaConf wheels into .whl/
-#   there:  bash benchmarks/gpu_check.sh [OUT]  # about 6 minutes on one H200
+#   there:  bash benchmarks/gpu_check.sh [OUT [overrides...]]  # about 6 minutes on one H200
 #
 # Writes doctor.txt, throughput.log, the run directory, ladder.json and ladder.log into OUT
-# (default: $OUT, else ./gpu-check) and prints a short table last.
+# (default: $OUT, else ./gpu-check) and prints a short table last. Overrides after OUT go to
+# both the experiment and the ladder (the tests use them to run this script on a CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-gpu-check}}
+shift $(($# > 0 ? 1 : 0))
 mkdir -p "$out"
 if ! python3 -c "import hydra, omegaconf" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
@@ -19,9 +21,10 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
 python3 -m launcher.doctor | tee "$out/doctor.txt"
-timeout 240 python3 -m launcher.train +exp=throughput run.root="$out/runs" run.id=throughput \
+set -o pipefail
+timeout 240 python3 -m launcher.train +exp=throughput run.root="$out/runs" run.id=throughput "$@" \
     2>&1 | tee "$out/throughput.log"
-timeout 330 python3 benchmarks/ladder.py --max-micro-batch 64 --out "$out/ladder.json" \
+timeout 330 python3 benchmarks/ladder.py --max-micro-batch 64 --out "$out/ladder.json" "$@" \
     2>&1 | tee "$out/ladder.log"
 
 python3 - "$out" <<'PY'
@@ -30,8 +33,9 @@ from pathlib import Path
 out = Path(sys.argv[1])
 s = json.loads((out / "runs" / "throughput" / "summary.json").read_text())
 mfu = "n/a" if s["mfu"] is None else f"{s['mfu'] * 100:.1f}%"
+peak = "n/a" if s["mem/peak_gb"] is None else f"{s['mem/peak_gb']:.1f} GB"
 print(f"\n+exp=throughput: {s['tokens_per_s']:,.0f} tokens/s, MFU {mfu}, "
-      f"step {s['step_time_s/p50'] * 1e3:.1f} ms, peak {s['mem/peak_gb']} GB")
+      f"step {s['step_time_s/p50'] * 1e3:.1f} ms, peak {peak}")
 ladder = json.loads((out / "ladder.json").read_text())
 print(f"ladder on {ladder['device']}:")
 for r in ladder["rows"]:

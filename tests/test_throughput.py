@@ -78,3 +78,37 @@ def test_ladder_runs_every_rung(tmp_path):
         )
     assert rows[4]["micro_batch_size"] in (4, 8)
     assert "| 5 | + fused AdamW, best micro-batch |" in proc.stdout
+
+
+def test_gpu_check_script_end_to_end_on_cpu(tmp_path):
+    """The script a GPU machine runs, with overrides that make it CPU-sized."""
+    tiny = [
+        "model=gpt2-tiny",
+        "trainer.seq_len=64",
+        "data.vocab_size=512",
+        "trainer.micro_batch_size=2",
+        "trainer.compile=off",
+        "trainer.precision=fp32",
+        "trainer.max_steps=4",
+        "data.num_workers=0",
+        "data.persistent_workers=false",
+    ]
+    proc = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), str(tmp_path), *tiny],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=base_env(),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, explain(proc)
+    for name in (
+        "doctor.txt",
+        "throughput.log",
+        "ladder.json",
+        "ladder.log",
+        "runs/throughput/summary.json",
+    ):
+        assert (tmp_path / name).is_file(), name
+    last = proc.stdout.strip().splitlines()
+    assert last[-6].startswith("ladder on CPU") and last[-1].lstrip().startswith("5. + fused AdamW")
