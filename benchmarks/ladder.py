@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from launcher.config import compose
-from launcher.train import run
+from launcher.job import run
 
 GPU_BASE = ["model=gpt2", "data=synthetic", "trainer.seq_len=1024", "trainer.micro_batch_size=16"]
 CPU_BASE = [

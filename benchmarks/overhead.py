@@ -31,11 +31,11 @@ import torch
 from launcher.config import compose
 from launcher.data import prepare_data
 from launcher.data.loader import StepBatchSampler
+from launcher.job import run
 from launcher.loop import lm_loss, lr_at
 from launcher.model import build_model
 from launcher.runtime import seed_everything
 from launcher.strategy.ddp import build_optimizer
-from launcher.train import run
 
 BUDGET = 0.03  # the trainer may be at most 3% slower per step than the bare loop
 SHORT, LONG = 20, 100

@@ -13,8 +13,7 @@ from launcher import envinfo
 from launcher.config import ConfigError, compose
 from launcher.data.shm import human_bytes
 from launcher.preflight import preflight, shm_need
-from launcher.runtime import env_world
-from launcher.train import ranks_per_node
+from launcher.runtime import env_world, ranks_per_node
 
 USAGE = """usage: python -m launcher.doctor [--json] [overrides...]
 

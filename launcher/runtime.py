@@ -36,6 +36,11 @@ def env_world() -> tuple[int, int, int]:
     return rank, local, world
 
 
+def ranks_per_node() -> int:
+    """Processes on this node: what /dev/shm is shared between."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", env_world()[2]))
+
+
 @dataclass
 class Runtime:
     """What every layer needs to know about this process and its place in the job."""

@@ -1,0 +1,171 @@
+"""One training job from a composed config, and the exit code it ends with.
+
+Checks the config against this machine, joins the job, writes the run directory's files,
+builds data, model and strategy, resumes, runs the loop, and always leaves summary.json and
+a clean process-group teardown behind, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher import checkpoint, envinfo
+from launcher.config import ConfigError
+from launcher.data import prepare_data
+from launcher.loop import NonFiniteLoss, Stopped, TrainLoop
+from launcher.model import build_model, count_params, flops_per_token, peak_flops
+from launcher.preemption import EXIT_STOPPED
+from launcher.preflight import preflight, shm_need
+from launcher.runtime import Runtime, env_world, ranks_per_node, shutdown, start
+from launcher.sinks import ConsoleSink, JsonlSink
+from launcher.strategy import build_strategy
+
+log = logging.getLogger("launcher")
+
+EXIT_BAD_INPUT = 2
+EXIT_NONFINITE = 3
+SECRET_WORDS = ("key", "token", "secret", "password")
+
+
+def fail_bad_input(exc: ConfigError) -> None:
+    """One line on rank 0 (every rank finds the same problem), exit code 2 everywhere."""
+    if env_world()[0] == 0:
+        print(f"error: {exc}", file=sys.stderr)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def check_or_exit(cfg: DictConfig) -> None:
+    try:
+        preflight(cfg, env_world()[2], ranks_per_node())
+    except ConfigError as exc:
+        fail_bad_input(exc)
+
+
+def redacted(cfg: DictConfig) -> dict:
+    """The resolved config with values of secret-looking keys masked."""
+
+    def mask(node):
+        if isinstance(node, dict):
+            return {
+                k: "***" if any(w in str(k).lower() for w in SECRET_WORDS) and v else mask(v)
+                for k, v in node.items()
+            }
+        if isinstance(node, list):
+            return [mask(v) for v in node]
+        return node
+
+    return mask(OmegaConf.to_container(cfg, resolve=True))
+
+
+def write_run_files(cfg: DictConfig, rt: Runtime) -> None:
+    (rt.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(redacted(cfg))))
+    env = envinfo.collect(shm_need(cfg))
+    env.update(world_size=rt.world_size, backend=rt.backend, run_id=rt.run_id)
+    (rt.run_dir / "env.json").write_text(json.dumps(env, indent=1))
+
+
+def resume_candidates(cfg: DictConfig, rt: Runtime) -> list:
+    if cfg.resume == "never":
+        if checkpoint.candidates(rt.run_dir):
+            raise ConfigError(
+                f"resume=never but {rt.run_dir} already holds checkpoints; use resume=auto "
+                f"to continue, or a new run.id to start fresh"
+            )
+        return []
+    if cfg.resume == "auto":
+        return checkpoint.candidates(rt.run_dir)
+    return checkpoint.candidates(os.path.expanduser(cfg.resume))
+
+
+def restore(loop: TrainLoop, rt: Runtime, folders: list) -> int:
+    """Load the newest readable checkpoint; every rank must land on the same step."""
+    step = 0
+    for folder in folders:
+        try:
+            step = loop.restore(folder)
+            break
+        except Exception as exc:  # noqa: BLE001 - any unreadable file means: try the previous one
+            log.warning(
+                "checkpoint %s is unreadable (%s); falling back to the previous one", folder, exc
+            )
+    steps = {int(s) for (s,) in rt.all_gather_floats([step])}
+    if len(steps) != 1:
+        raise RuntimeError(f"ranks restored different checkpoints (steps {sorted(steps)})")
+    if step:
+        log.info("resumed from step %d", step)
+    return step
+
+
+def run(cfg: DictConfig) -> int:
+    """Train once with a composed config; returns the process exit code."""
+    check_or_exit(cfg)
+    rt = start(cfg)
+    strategy = loop = None
+    sinks = []
+    summary: dict = {}
+    code = 0
+    try:
+        if rt.is_main:
+            write_run_files(cfg, rt)
+        folders = resume_candidates(cfg, rt)
+        t = cfg.trainer
+        try:
+            data = prepare_data(
+                cfg.data,
+                seq_len=t.seq_len,
+                seed=t.seed,
+                is_builder=rt.local_rank == 0,
+                wait=rt.barrier,
+            )
+        except (ValueError, FileNotFoundError) as exc:  # worded for the user by launcher.data
+            raise ConfigError(str(exc)) from exc
+        log.info("data: %s", data.description)
+        model = build_model(
+            cfg.model, data.vocab_size, eot_id=data.eot_id, grad_checkpointing=t.grad_checkpointing
+        )
+        fpt = flops_per_token(model, t.seq_len)
+        log.info(
+            "model %s: %.2fM parameters, %.3g FLOPs/token",
+            cfg.model.name,
+            count_params(model) / 1e6,
+            fpt,
+        )
+        strategy = build_strategy(cfg, rt, model)
+        loop = TrainLoop(cfg, rt, strategy, data, sinks, fpt, peak_flops(rt.device))
+        start_step = restore(loop, rt, folders)
+        if rt.is_main:
+            sinks += [
+                JsonlSink(rt.run_dir / "metrics.jsonl", start_step),
+                ConsoleSink(t.max_steps, start_step),
+            ]
+        summary = loop.run(start_step)
+    except ConfigError as exc:
+        (log.error if rt.is_main else log.info)("error: %s", exc)
+        code = EXIT_BAD_INPUT
+    except Stopped as stop:
+        summary = loop.summary("stopped", stop.step)
+        code = EXIT_STOPPED
+    except NonFiniteLoss as exc:
+        (log.error if rt.is_main else log.info)("%s", exc)  # every rank stops; one says why
+        summary = loop.summary("failed: non-finite loss", exc.step)
+        code = EXIT_NONFINITE
+    except Exception as exc:
+        summary = {"status": f"failed: {type(exc).__name__}: {exc}", "run_id": rt.run_id}
+        code = 1
+        raise
+    finally:
+        for sink in sinks:
+            sink.close(summary)
+        if rt.is_main and summary:
+            (rt.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        if strategy is not None:
+            strategy.close()
+        del strategy, loop
+        log.info("exiting with code %d", code)
+        shutdown(rt)
+    return code
