@@ -18,6 +18,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from launcher.nccl_vars import NcclEnv
+
 CONFIG_MODULE = "launcher.conf"
 CONFIG_NAME = "train"
 
@@ -27,7 +29,7 @@ DATA_SOURCES = ("stdlib", "text_files", "wikitext2", "memmap", "synthetic")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 STRATEGIES = ("ddp",)
-COMM_HOOKS = ("none",)
+COMM_HOOKS = ("none", "fp16", "bf16")
 
 
 class ConfigError(ValueError):
@@ -122,7 +124,7 @@ class DistConfig:
 @dataclass
 class NcclConfig:
     name: str = "default"
-    env: dict[str, str] = field(default_factory=dict)
+    env: NcclEnv = field(default_factory=NcclEnv)
 
 
 @dataclass

@@ -89,6 +89,7 @@ class TrainLoop:
             keep=self.t.keep_checkpoints,
         )
         self.stop = StopVote(rt.control_group)
+        self.replicas_in_sync: bool | None = None
 
     # -- checkpoints -------------------------------------------------------------------
     def restore(self, folder: Path) -> int:
@@ -197,6 +198,7 @@ class TrainLoop:
                 self.interval.steps += 1
                 step += 1
                 self._after_step(step, lr, timer)
+            self.replicas_in_sync = self._replicas_agree()
         finally:
             self.stop.drain()
             gc.unfreeze()
@@ -247,9 +249,21 @@ class TrainLoop:
             "grad_norm": agg.grad_norm,
             "mem/peak_gb": agg.mem_peak_gb,
             "mem/host_peak_gb": agg.host_peak_gb,
+            "comm/buckets": self.strategy.comm_buckets(),
             "elapsed_s": time.perf_counter() - self.start_time,
             "eta_s": (self.t.max_steps - step) * agg.step_time_p50,
         }
+
+    def _replicas_agree(self) -> bool | None:
+        """Whether every rank ended with bit-identical parameters (a DDP invariant that a
+        broken comm hook or a rank-local update would violate)."""
+        mine = self.strategy.replica_fingerprint()
+        if mine is None:
+            return None
+        agree = all(theirs == mine for theirs in self.rt.all_gather_floats(mine))
+        if not agree:
+            log.error("model replicas differ across ranks at the end of training")
+        return agree
 
     @torch.no_grad()
     def _evaluate(self, step: int) -> dict:
@@ -306,6 +320,8 @@ class TrainLoop:
                 (r["mem/peak_gb"] for r in steady if r["mem/peak_gb"]), default=None
             ),
             "mem/host_peak_gb": max((r["mem/host_peak_gb"] for r in steady), default=None),
+            "comm/buckets": logged[-1]["comm/buckets"] if logged else None,
+            "replicas_in_sync": self.replicas_in_sync,
             "flops_per_token": self.flops_per_token,
             "wall_time_s": time.perf_counter() - self.start_time,
         }

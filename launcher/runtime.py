@@ -176,8 +176,9 @@ def _pick_backend(choice: str, device: torch.device) -> str:
 
 def apply_nccl_env(cfg: DictConfig) -> None:
     """Export the `nccl` group's variables; NCCL reads them once, when it first starts."""
-    for name, value in (cfg.nccl.env or {}).items():
-        os.environ[str(name)] = str(value)
+    for name, value in cfg.nccl.env.items():
+        if value is not None:
+            os.environ[name] = str(value)
 
 
 def launch_key() -> str | None:

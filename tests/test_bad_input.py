@@ -42,7 +42,15 @@ CASES = [
     ),
     (["strategy.bucket_cap_mb=-1"], "strategy.bucket_cap_mb=-1.0: must be a positive size"),
     (["data.num_workers=0"], "data.persistent_workers=true needs data.num_workers>0"),
-    (["strategy.comm_hook=powersgd"], "strategy.comm_hook=powersgd: not one of none"),
+    (["strategy.comm_hook=powersgd"], "strategy.comm_hook=powersgd: not one of none, fp16, bf16"),
+    (
+        ["nccl.env.NCCL_ALOG=Ring"],
+        "nccl.env.NCCL_ALOG: unknown key (did you mean nccl.env.NCCL_ALGO",
+    ),
+    (
+        ["nccl=nvlnk"],
+        "nccl=nvlnk: no such option; choose one of: debug, default, ethernet, infiniband, nvlink",
+    ),
 ]
 
 

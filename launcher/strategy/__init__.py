@@ -45,6 +45,15 @@ class Strategy(ABC):
     def load(self, folder: Path) -> None:
         """Restore model/optimizer state written by `save`."""
 
+    def replica_fingerprint(self) -> list[float] | None:
+        """Numbers equal on every rank exactly when the model replicas are identical
+        (None where the engine shards parameters and ranks hold different parts)."""
+        return None
+
+    def comm_buckets(self) -> int | None:
+        """Gradient buckets communicated per step, where the engine has such a notion."""
+        return None
+
     @abstractmethod
     def close(self) -> None:
         """Drop engine objects before the process group goes away."""

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 
 from launcher.runtime import Runtime
-from launcher.strategy import Strategy
+from launcher.strategy import Strategy, comm_hooks
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -65,6 +65,7 @@ class DDPStrategy(Strategy):
                 find_unused_parameters=s.find_unused_parameters,
                 **buffers,
             )
+            comm_hooks.register(self.ddp, s.comm_hook)
             module = self.ddp
         self.module = module
 
@@ -93,6 +94,19 @@ class DDPStrategy(Strategy):
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
+
+    @torch.no_grad()
+    def replica_fingerprint(self) -> list[float]:
+        params = [p.detach().double() for p in self.raw_model.parameters()]
+        return [sum(p.sum().item() for p in params), sum(p.square().sum().item() for p in params)]
+
+    def comm_buckets(self) -> int | None:
+        """How many gradient buckets DDP all-reduces per step (set by bucket_cap_mb)."""
+        if self.ddp is None:
+            return None
+        info = self.ddp._get_ddp_logging_data()  # buckets are rebuilt after the first step
+        sizes = str(info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes", ""))
+        return len([s for s in sizes.split(",") if s.strip()]) or None
 
     def save(self, folder: Path, rank: int) -> None:
         if rank != 0:  # DDP keeps every rank's model and optimizer identical

@@ -1,0 +1,44 @@
+"""DDP communication knobs on 2 gloo ranks: hooks, buckets, replicas in sync, NCCL settings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launch import FAST, explain, losses, summary, torchrun
+
+RUN = [*FAST, "trainer.max_steps=8"]
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plain")
+    proc = torchrun([*RUN, f"run.root={root}", "run.id=none"])
+    assert proc.returncode == 0, explain(proc)
+    return root / "none"
+
+
+def test_default_buckets_and_replicas(plain):
+    s = summary(plain)
+    assert s["replicas_in_sync"] is True
+    assert s["comm/buckets"] == 1  # 0.13M parameters (0.5 MB) fit one 25 MB bucket
+
+
+@pytest.mark.parametrize("hook", ["fp16", "bf16"])
+def test_compression_hook_trains_and_keeps_replicas_identical(plain, tmp_path, hook):
+    extra = [f"strategy.comm_hook={hook}", "strategy.bucket_cap_mb=0.05"]
+    if hook == "fp16":  # one launch also carries an NCCL preset and a single override
+        extra += ["nccl=ethernet", "nccl.env.NCCL_SOCKET_NTHREADS=8"]
+    proc = torchrun([*RUN, f"run.root={tmp_path}", "run.id=h", *extra])
+    assert proc.returncode == 0, explain(proc)
+    s = summary(tmp_path / "h")
+    assert s["replicas_in_sync"] is True
+    assert s["comm/buckets"] > 1  # 0.05 MB buckets split the gradients
+    reference = losses(plain)
+    for step, loss in losses(tmp_path / "h").items():  # compressed, not changed in kind
+        assert loss == pytest.approx(reference[step], rel=2e-3), step
+    if hook == "fp16":
+        env = json.loads((tmp_path / "h" / "env.json").read_text())["nccl_env"]
+        assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_SOCKET_NTHREADS"] == "8"
+        assert env["NCCL_SOCKET_IFNAME"] == "^lo,docker"
