@@ -90,12 +90,12 @@ def start(cfg: DictConfig) -> Runtime:
     """Join the job, pick the device, agree on the run directory, and set up logging."""
     rank, local_rank, world = env_world()
     _configure_console_logging(rank)
-    device = _pick_device(cfg.trainer.device, local_rank)
+    device = pick_device(cfg.trainer.device, local_rank)
     backend = None
     if world > 1 or "MASTER_ADDR" in os.environ:
-        backend = _pick_backend(cfg.dist.backend, device)
+        backend = pick_backend(cfg.dist.backend, device)
         apply_nccl_env(cfg)
-        _init_process_group(backend, dt.timedelta(seconds=cfg.dist.timeout_s), device)
+        init_process_group(backend, dt.timedelta(seconds=cfg.dist.timeout_s), device)
     rt = Runtime(rank, local_rank, world, device, backend)
     if rt.distributed:
         # Control traffic (barriers, metric gathers, stop votes) goes over gloo on the CPU
@@ -121,7 +121,7 @@ def start(cfg: DictConfig) -> Runtime:
     return rt
 
 
-def _init_process_group(backend: str, timeout: dt.timedelta, device: torch.device) -> None:
+def init_process_group(backend: str, timeout: dt.timedelta, device: torch.device) -> None:
     """init_process_group from the env:// variables, on a store private to this attempt.
 
     torchrun shares its rendezvous store with the workers, and the keys a failed attempt
@@ -156,7 +156,7 @@ def shutdown(rt: Runtime) -> None:
         rt.log_file.close()
 
 
-def _pick_device(choice: str, local_rank: int) -> torch.device:
+def pick_device(choice: str, local_rank: int) -> torch.device:
     if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
@@ -168,7 +168,7 @@ def _pick_device(choice: str, local_rank: int) -> torch.device:
     return device
 
 
-def _pick_backend(choice: str, device: torch.device) -> str:
+def pick_backend(choice: str, device: torch.device) -> str:
     if choice != "auto":
         return choice
     return "nccl" if device.type == "cuda" else "gloo"

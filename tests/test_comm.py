@@ -42,3 +42,41 @@ def test_compression_hook_trains_and_keeps_replicas_identical(plain, tmp_path, h
         env = json.loads((tmp_path / "h" / "env.json").read_text())["nccl_env"]
         assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_SOCKET_NTHREADS"] == "8"
         assert env["NCCL_SOCKET_IFNAME"] == "^lo,docker"
+
+
+def test_commbench_reports_nccl_tests_figures(tmp_path):
+    import subprocess
+    import sys
+
+    from launch import base_env
+
+    out = tmp_path / "cb.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "launcher.commbench",
+        "--min-bytes",
+        "1K",
+        "--max-bytes",
+        "64K",
+        "--iters",
+        "3",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=base_env())
+    assert proc.returncode == 0, explain(proc)
+    report = json.loads(out.read_text())
+    assert report["world_size"] == 2
+    rows = report["rows"]
+    assert [(r["dtype"], r["bytes"]) for r in rows] == [
+        (d, b) for d in ("fp32", "bf16") for b in (1024, 4096, 16384, 65536)
+    ]
+    for r in rows:
+        assert r["algbw_gbps"] == pytest.approx(r["bytes"] / (r["time_us"] / 1e6) / 1e9)
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * (2 - 1) / 2)
+    assert "busbw (GB/s)" in proc.stdout
