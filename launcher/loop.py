@@ -190,9 +190,9 @@ class TrainLoop:
                     y = y.to(rt.device, non_blocking=True)
                     with self.strategy.micro_step(micro == self.accum - 1):
                         with self.strategy.autocast():
-                            loss = lm_loss(module(input_ids=x).logits, y)
-                        self.strategy.backward(loss / self.accum)
-                    self.interval.add_loss(loss / self.accum)
+                            loss = lm_loss(module(input_ids=x).logits, y) / self.accum
+                        self.strategy.backward(loss)
+                    self.interval.add_loss(loss)
                 self.interval.grad_norm = self.strategy.step(lr)
                 timer.stop()
                 self.interval.steps += 1
