@@ -43,6 +43,23 @@ def base_env(**extra: str) -> dict:
     return env
 
 
+def torchrun_cmd(
+    args: list[str], *, nproc: int = 2, extra_args=(), module: str = "launcher.train"
+) -> list[str]:
+    """`torchrun --standalone --nproc_per_node=N [extra] -m MODULE args...`."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        *extra_args,
+        "-m",
+        module,
+        *args,
+    ]
+
+
 def torchrun(
     overrides: list[str],
     *,
@@ -52,17 +69,7 @@ def torchrun(
     timeout: int = LAUNCH_TIMEOUT,
     cwd: Path | None = None,
 ) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        *extra_args,
-        "-m",
-        "launcher.train",
-        *overrides,
-    ]
+    cmd = torchrun_cmd(overrides, nproc=nproc, extra_args=extra_args)
     return subprocess.run(
         cmd, env=env or base_env(), capture_output=True, text=True, timeout=timeout, cwd=cwd
     )

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
-from launch import FAST, explain, losses, summary, torchrun
+from launch import FAST, base_env, explain, losses, summary, torchrun, torchrun_cmd
 
 RUN = [*FAST, "trainer.max_steps=8"]
 
@@ -45,29 +46,9 @@ def test_compression_hook_trains_and_keeps_replicas_identical(plain, tmp_path, h
 
 
 def test_commbench_reports_nccl_tests_figures(tmp_path):
-    import subprocess
-    import sys
-
-    from launch import base_env
-
     out = tmp_path / "cb.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "launcher.commbench",
-        "--min-bytes",
-        "1K",
-        "--max-bytes",
-        "64K",
-        "--iters",
-        "3",
-        "--out",
-        str(out),
-    ]
+    args = ["--min-bytes", "1K", "--max-bytes", "64K", "--iters", "3", "--out", str(out)]
+    cmd = torchrun_cmd(args, module="launcher.commbench")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=base_env())
     assert proc.returncode == 0, explain(proc)
     report = json.loads(out.read_text())

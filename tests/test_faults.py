@@ -15,7 +15,16 @@ import time
 
 import pytest
 
-from launch import FAST, LAUNCH_TIMEOUT, base_env, explain, losses, summary, torchrun
+from launch import (
+    FAST,
+    LAUNCH_TIMEOUT,
+    base_env,
+    explain,
+    losses,
+    summary,
+    torchrun,
+    torchrun_cmd,
+)
 
 # Long enough (60 steps) that a test can act between the step-20 checkpoint and the end.
 LONG = [
@@ -43,18 +52,7 @@ def start(cmd: list[str], output) -> subprocess.Popen:
 
 
 def start_torchrun(overrides, output, *extra_args) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        *extra_args,
-        "-m",
-        "launcher.train",
-        *overrides,
-    ]
-    return start(cmd, output)
+    return start(torchrun_cmd(overrides, extra_args=extra_args), output)
 
 
 def wait_for(predicate, proc: subprocess.Popen, timeout: float = 180) -> None:
