@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.runtime import env_world, init_process_group, pick_backend, pick_device
+from launcher.strategy.comm_timing import bus_bandwidth
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
@@ -43,11 +44,6 @@ def message_sizes(low: int, high: int, factor: int) -> list[int]:
         sizes.append(size)
         size *= factor
     return sizes
-
-
-def bus_bandwidth(algbw: float, world: int) -> float:
-    """nccl-tests' all-reduce bus bandwidth: what each link of a ring carries."""
-    return algbw * 2 * (world - 1) / world
 
 
 def time_allreduce(tensor: torch.Tensor, warmup: int, iters: int) -> float:

@@ -112,6 +112,7 @@ class StrategyConfig:
     find_unused_parameters: bool = False
     broadcast_buffers: bool = True
     comm_hook: str = "none"
+    time_comm: bool = True
     zero_stage: int = 0
 
 

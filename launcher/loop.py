@@ -30,6 +30,16 @@ from launcher.strategy import Strategy
 log = logging.getLogger("launcher")
 
 
+# Communication figures summary.json holds (medians over the steady intervals).
+SUMMARY_COMM_KEYS = (
+    "comm/allreduce_s",
+    "comm/exposed_s",
+    "comm/bytes",
+    "comm/busbw_gbps",
+    "comm/overhead_frac",
+)
+
+
 class NonFiniteLoss(RuntimeError):
     """The loss became NaN or infinite; the run stops without saving a checkpoint."""
 
@@ -185,7 +195,7 @@ class TrainLoop:
                 for micro in range(self.accum):
                     waited = time.perf_counter()
                     x, y = next(batches)
-                    self.interval.data_wait_s += time.perf_counter() - waited
+                    self.interval.add_data_wait(time.perf_counter() - waited)
                     x = x.to(rt.device, non_blocking=True)
                     y = y.to(rt.device, non_blocking=True)
                     with self.strategy.micro_step(micro == self.accum - 1):
@@ -195,7 +205,7 @@ class TrainLoop:
                     self.interval.add_loss(loss)
                 self.interval.grad_norm = self.strategy.step(lr)
                 timer.stop()
-                self.interval.steps += 1
+                self.interval.end_step()
                 step += 1
                 self._after_step(step, lr, timer)
             self.replicas_in_sync = self._replicas_agree()
@@ -224,10 +234,10 @@ class TrainLoop:
             self.save(step)
 
     def _log_metrics(self, step: int, lr: float, timer: StepTimer) -> dict:
-        times = timer.drain()
-        agg = aggregate(
-            self.rt.all_gather_floats(local_vector(self.interval, times, self.rt.device))
+        vector = local_vector(
+            self.interval, timer.drain(), self.strategy.drain_comm(), self.rt.device
         )
+        agg = aggregate(self.rt.all_gather_floats(vector), self.rt.world_size)
         if agg.nonfinite_ranks:
             self._nonfinite(step, agg.nonfinite_ranks)
         n = self.interval.steps
@@ -240,15 +250,7 @@ class TrainLoop:
             "tokens": step * self.tokens_per_step,
             "tokens_per_s": tokens_per_s,
             "mfu": mfu(tokens_per_s, self.flops_per_token, self.peak_flops, self.rt.world_size),
-            "step_time_s/p50": agg.step_time_p50,
-            "step_time_s/p90": agg.step_time_p90,
-            "step_time_s/max": agg.step_time_max,
-            "step_time_s/slowest_rank": agg.slowest_rank,
-            "data_wait_s": agg.data_wait_s,
-            "data_wait_s/max": agg.data_wait_max_s,
-            "grad_norm": agg.grad_norm,
-            "mem/peak_gb": agg.mem_peak_gb,
-            "mem/host_peak_gb": agg.host_peak_gb,
+            **agg.figures,
             "comm/buckets": self.strategy.comm_buckets(),
             "elapsed_s": time.perf_counter() - self.start_time,
             "eta_s": (self.t.max_steps - step) * agg.step_time_p50,
@@ -316,6 +318,7 @@ class TrainLoop:
             "step_time_s/p90": median("step_time_s/p90"),
             "step_time_s/max": max((r["step_time_s/max"] for r in steady), default=None),
             "data_wait_s": median("data_wait_s"),
+            **{key: median(key) for key in SUMMARY_COMM_KEYS},
             "mem/peak_gb": max(
                 (r["mem/peak_gb"] for r in steady if r["mem/peak_gb"]), default=None
             ),

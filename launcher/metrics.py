@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from launcher.strategy.comm_timing import StepComm, bus_bandwidth
+
 
 class StepTimer:
     """Collects per-step durations; `drain()` returns them in seconds (syncing only then)."""
@@ -55,11 +57,14 @@ class Interval:
     """One rank's running figures since the last log step."""
 
     steps: int = 0
-    data_wait_s: float = 0.0
+    data_waits: list[float] = field(default_factory=list)  # seconds, one per step
     loss_sum: torch.Tensor | None = None
     nonfinite: torch.Tensor | None = None
     grad_norm: torch.Tensor | None = None
-    step_times: list[float] = field(default_factory=list)
+    _waited: float = 0.0
+
+    def add_data_wait(self, seconds: float) -> None:
+        self._waited += seconds
 
     def add_loss(self, loss: torch.Tensor) -> None:
         """Accumulate on the device; nothing here waits for the device."""
@@ -67,6 +72,11 @@ class Interval:
         bad = ~torch.isfinite(loss)
         self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
         self.nonfinite = bad if self.nonfinite is None else self.nonfinite | bad
+
+    def end_step(self) -> None:
+        self.steps += 1
+        self.data_waits.append(self._waited)
+        self._waited = 0.0
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -90,68 +100,121 @@ def device_peak_gb(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 1e9
 
 
-# Position of each scalar in the gathered vector; step times follow them.
-_FIELDS = ("loss", "nonfinite", "data_wait_s", "grad_norm", "mem_gb", "host_gb")
+# Position of each scalar in the gathered vector; the per-step series follow them.
+_FIELDS = ("loss", "nonfinite", "grad_norm", "mem_gb", "host_gb")
+_SERIES = ("step_time_s", "data_wait_s", "comm/allreduce_s", "comm/exposed_s", "comm/bytes")
 
 
-def local_vector(interval: Interval, step_times: list[float], device: torch.device) -> list[float]:
-    """Flatten this rank's interval into the vector every rank contributes to the gather."""
-    n = max(interval.steps, 1)
-    loss = interval.loss_sum.item() / n if interval.loss_sum is not None else math.nan
+def local_vector(
+    interval: Interval,
+    step_times: list[float],
+    comm: list[StepComm] | None,
+    device: torch.device,
+) -> list[float]:
+    """Flatten this rank's interval into the vector every rank contributes to the gather:
+    the scalars, then one value per step for each of `_SERIES` (NaN where not measured)."""
+    n = len(step_times)
+    loss = interval.loss_sum.item() / max(n, 1) if interval.loss_sum is not None else math.nan
     bad = float(interval.nonfinite.item()) if interval.nonfinite is not None else 0.0
     norm = interval.grad_norm.item() if interval.grad_norm is not None else math.nan
     mem = device_peak_gb(device)
+    if comm is None or len(comm) != n:
+        comm = [StepComm(math.nan, math.nan, math.nan)] * n
     return [
         loss,
         bad,
-        interval.data_wait_s / n,
         norm,
         -1.0 if mem is None else mem,
         host_peak_rss_gb(),
         *step_times,
+        *interval.data_waits,
+        *(c.allreduce_s for c in comm),
+        *(c.exposed_s for c in comm),
+        *(float(c.bytes) for c in comm),
     ]
 
 
 @dataclass
 class Aggregate:
-    """The job-wide figures of one interval, the same on every rank."""
+    """The job-wide figures of one interval, the same on every rank.
+
+    `figures` holds the metric names of metrics.jsonl: p50/p90/max over every (rank, step)
+    sample for step time, data wait and communication, means as the bare names of data wait
+    and communication, and the derived bandwidth and overhead fraction.
+    """
 
     loss: float
     nonfinite_ranks: list[int]
-    step_time_p50: float
-    step_time_p90: float
-    step_time_max: float
-    slowest_rank: int
     slowest_interval_s: float
-    data_wait_s: float
-    data_wait_max_s: float
-    grad_norm: float
-    mem_peak_gb: float | None
-    host_peak_gb: float
+    step_time_p50: float
+    figures: dict
 
 
-def aggregate(gathered: list[list[float]]) -> Aggregate:
-    """p50/p90/max over every (rank, step) sample, the slowest rank, means over ranks."""
+def _spread(name: str, values: list[float], mean_as_bare: bool) -> dict:
+    if not values:
+        return {}
+    out = {
+        f"{name}/p50": percentile(values, 50),
+        f"{name}/p90": percentile(values, 90),
+        f"{name}/max": max(values),
+    }
+    if mean_as_bare:
+        out[name] = sum(values) / len(values)
+    return out
+
+
+def aggregate(gathered: list[list[float]], world_size: int) -> Aggregate:
+    """Merge every rank's vector: spreads over all samples, the slowest rank, comm rates."""
     k = len(_FIELDS)
     per_rank = [dict(zip(_FIELDS, row[:k], strict=True)) for row in gathered]
-    times = [row[k:] for row in gathered]
-    all_times = [t for row in times for t in row]
-    totals = [sum(row) for row in times]
+    n = (len(gathered[0]) - k) // len(_SERIES)
+    series = {
+        name: [row[k + i * n : k + (i + 1) * n] for row in gathered]
+        for i, name in enumerate(_SERIES)
+    }
+
+    def samples(name: str) -> list[float]:
+        return [v for row in series[name] for v in row if math.isfinite(v)]
+
+    totals = [sum(row) for row in series["step_time_s"]]
     slowest = max(range(len(totals)), key=totals.__getitem__)
     mems = [r["mem_gb"] for r in per_rank if r["mem_gb"] >= 0]
+    figures = {
+        **_spread("step_time_s", samples("step_time_s"), mean_as_bare=False),
+        "step_time_s/slowest_rank": slowest,
+        **_spread("data_wait_s", samples("data_wait_s"), mean_as_bare=True),
+        "grad_norm": per_rank[0]["grad_norm"],
+        "mem/peak_gb": max(mems) if mems else None,
+        "mem/host_peak_gb": max(r["host_gb"] for r in per_rank),
+    }
+    figures.update(_comm_figures(samples, world_size))
     return Aggregate(
         loss=sum(r["loss"] for r in per_rank) / len(per_rank),
         nonfinite_ranks=[
             i for i, r in enumerate(per_rank) if r["nonfinite"] or not math.isfinite(r["loss"])
         ],
-        step_time_p50=percentile(all_times, 50),
-        step_time_p90=percentile(all_times, 90),
-        step_time_max=max(all_times) if all_times else math.nan,
-        slowest_rank=slowest,
         slowest_interval_s=totals[slowest],
-        data_wait_s=sum(r["data_wait_s"] for r in per_rank) / len(per_rank),
-        data_wait_max_s=max(r["data_wait_s"] for r in per_rank),
-        grad_norm=per_rank[0]["grad_norm"],
-        mem_peak_gb=max(mems) if mems else None,
-        host_peak_gb=max(r["host_gb"] for r in per_rank),
+        step_time_p50=figures.get("step_time_s/p50", math.nan),
+        figures=figures,
     )
+
+
+def _comm_figures(samples, world_size: int) -> dict:
+    """Communication figures, or nothing when no rank measured any."""
+    allreduce, exposed, nbytes = (
+        samples("comm/allreduce_s"),
+        samples("comm/exposed_s"),
+        samples("comm/bytes"),
+    )
+    if not allreduce:
+        return {}
+    busy = sum(allreduce)
+    return {
+        **_spread("comm/allreduce_s", allreduce, mean_as_bare=True),
+        **_spread("comm/exposed_s", exposed, mean_as_bare=True),
+        "comm/bytes": sum(nbytes) / len(nbytes),
+        "comm/busbw_gbps": (
+            bus_bandwidth(sum(nbytes) / busy / 1e9, world_size) if busy > 0 else None
+        ),
+        "comm/overhead_frac": sum(exposed) / sum(samples("step_time_s")),
+    }

@@ -7,7 +7,9 @@ import subprocess
 
 import pytest
 
-from launch import FAST, base_env, explain, losses, summary, torchrun, torchrun_cmd
+from launcher.strategy.comm_timing import step_figures, union_length
+
+from launch import FAST, base_env, explain, losses, metrics, summary, torchrun, torchrun_cmd
 
 RUN = [*FAST, "trainer.max_steps=8"]
 
@@ -26,6 +28,30 @@ def test_default_buckets_and_replicas(plain):
     assert s["comm/buckets"] == 1  # 0.13M parameters (0.5 MB) fit one 25 MB bucket
 
 
+def test_union_and_exposed_from_bucket_timestamps():
+    assert union_length([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0), (5.5, 5.8)]) == 4.0
+    # three buckets: the last becomes ready at t=9 (end of backward), all done at t=12
+    step = step_figures([(1.0, 4.0, 100), (3.0, 7.0, 100), (9.0, 12.0, 50)])
+    assert (step.allreduce_s, step.exposed_s, step.bytes) == (9.0, 3.0, 250)
+    # fully hidden: everything done before the last bucket is ready... and its own time
+    assert step_figures([(0.0, 1.0, 8), (2.0, 2.5, 8)]).exposed_s == 0.5
+    assert step_figures([]).allreduce_s == 0.0
+
+
+def check_comm_figures(records: list[dict], wire_itemsize: int, world: int = 2) -> None:
+    """exposed <= all-reduce <= step time, bandwidth and overhead derived consistently."""
+    logged = [r for r in records if "loss" in r]
+    assert logged
+    for r in logged:
+        assert 0 <= r["comm/exposed_s"] <= r["comm/allreduce_s"]
+        assert r["comm/exposed_s/max"] <= r["comm/allreduce_s/max"] <= r["step_time_s/max"]
+        assert r["comm/allreduce_s/p50"] <= r["comm/allreduce_s/p90"] <= r["comm/allreduce_s/max"]
+        assert 0 <= r["comm/overhead_frac"] < 1
+        assert r["comm/bytes"] % wire_itemsize == 0 and r["comm/bytes"] > 0
+        algbw = r["comm/bytes"] / r["comm/allreduce_s"] / 1e9
+        assert r["comm/busbw_gbps"] == pytest.approx(algbw * 2 * (world - 1) / world)
+
+
 @pytest.mark.parametrize("hook", ["fp16", "bf16"])
 def test_compression_hook_trains_and_keeps_replicas_identical(plain, tmp_path, hook):
     extra = [f"strategy.comm_hook={hook}", "strategy.bucket_cap_mb=0.05"]
@@ -36,6 +62,9 @@ def test_compression_hook_trains_and_keeps_replicas_identical(plain, tmp_path, h
     s = summary(tmp_path / "h")
     assert s["replicas_in_sync"] is True
     assert s["comm/buckets"] > 1  # 0.05 MB buckets split the gradients
+    check_comm_figures(metrics(tmp_path / "h"), wire_itemsize=2)
+    # the hook sends 16-bit values: exactly half the bytes of the fp32 all-reduce
+    assert s["comm/bytes"] * 2 == summary(plain)["comm/bytes"]
     reference = losses(plain)
     for step, loss in losses(tmp_path / "h").items():  # compressed, not changed in kind
         assert loss == pytest.approx(reference[step], rel=2e-3), step
@@ -43,6 +72,26 @@ def test_compression_hook_trains_and_keeps_replicas_identical(plain, tmp_path, h
         env = json.loads((tmp_path / "h" / "env.json").read_text())["nccl_env"]
         assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_SOCKET_NTHREADS"] == "8"
         assert env["NCCL_SOCKET_IFNAME"] == "^lo,docker"
+
+
+def test_plain_allreduce_comm_figures(plain):
+    check_comm_figures(metrics(plain), wire_itemsize=4)
+
+
+def test_untimed_comm_reports_no_comm_figures(tmp_path):
+    proc = torchrun(
+        [
+            *RUN,
+            "trainer.max_steps=2",
+            f"run.root={tmp_path}",
+            "run.id=u",
+            "strategy.time_comm=false",
+        ]
+    )
+    assert proc.returncode == 0, explain(proc)
+    for r in metrics(tmp_path / "u"):
+        assert not any(k.startswith("comm/") and k != "comm/buckets" for k in r), r
+    assert summary(tmp_path / "u")["comm/exposed_s"] is None
 
 
 def test_commbench_reports_nccl_tests_figures(tmp_path):

@@ -14,6 +14,7 @@ import torch
 from omegaconf import DictConfig
 
 from launcher.runtime import Runtime
+from launcher.strategy.comm_timing import StepComm
 
 
 class Strategy(ABC):
@@ -48,6 +49,11 @@ class Strategy(ABC):
     def replica_fingerprint(self) -> list[float] | None:
         """Numbers equal on every rank exactly when the model replicas are identical
         (None where the engine shards parameters and ranks hold different parts)."""
+        return None
+
+    def drain_comm(self) -> list[StepComm] | None:
+        """Each step's gradient-communication figures since the last call, oldest first
+        (None where nothing is timed: one process, or `strategy.time_comm=false`)."""
         return None
 
     def comm_buckets(self) -> int | None:

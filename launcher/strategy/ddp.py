@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from launcher.runtime import Runtime
 from launcher.strategy import Strategy, comm_hooks
+from launcher.strategy.comm_timing import CommTimer, StepComm
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -53,6 +54,7 @@ class DDPStrategy(Strategy):
         if t.compile != "off":
             module = torch.compile(module, mode=None if t.compile == "default" else t.compile)
         self.ddp: DistributedDataParallel | None = None
+        self.comm_timer: CommTimer | None = None
         if rt.distributed:
             # Only a non-default buffer setting is passed: newer torch deprecates the name.
             buffers = {} if s.broadcast_buffers else {"broadcast_buffers": False}
@@ -65,7 +67,9 @@ class DDPStrategy(Strategy):
                 find_unused_parameters=s.find_unused_parameters,
                 **buffers,
             )
-            comm_hooks.register(self.ddp, s.comm_hook)
+            if s.time_comm:
+                self.comm_timer = CommTimer(rt.device, comm_hooks.wire_bytes(s.comm_hook))
+            comm_hooks.register(self.ddp, s.comm_hook, self.comm_timer)
             module = self.ddp
         self.module = module
 
@@ -93,7 +97,12 @@ class DDPStrategy(Strategy):
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.comm_timer is not None:
+            self.comm_timer.end_step()
         return norm
+
+    def drain_comm(self) -> list[StepComm] | None:
+        return self.comm_timer.drain() if self.comm_timer is not None else None
 
     @torch.no_grad()
     def replica_fingerprint(self) -> list[float]:
