@@ -169,20 +169,30 @@ def register_schema() -> None:
 register_schema()
 
 
-def compose(overrides: list[str]) -> DictConfig:
+def compose(overrides: list[str], sweep: bool = False) -> DictConfig:
     """Compose the training config as `launcher.train` would, raising `ConfigError`.
 
     Used by the front doors that do not run under `@hydra.main` (doctor, submit) and by
-    `launcher.train` to check the overrides before Hydra starts any job.
+    `launcher.train` to check the overrides before Hydra starts any job. `sweep=True`
+    composes as Hydra's multirun does (sweep values such as `key=a,b` are accepted) and
+    keeps the `hydra` node, whose `mode` and `sweeper.params` say what a sweep will run.
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
 
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-            return hydra_compose(config_name=CONFIG_NAME, overrides=overrides)
+            if not sweep:
+                return hydra_compose(config_name=CONFIG_NAME, overrides=overrides)
+            return GlobalHydra.instance().hydra.compose_config(
+                config_name=CONFIG_NAME,
+                overrides=overrides,
+                run_mode=RunMode.MULTIRUN,
+                validate_sweep_overrides=False,
+            )
     except Exception as exc:  # noqa: BLE001 - every composition failure becomes one line
         raise ConfigError(describe_compose_error(exc)) from exc
     finally:

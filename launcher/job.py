@@ -21,7 +21,7 @@ from launcher.loop import NonFiniteLoss, Stopped, TrainLoop
 from launcher.model import build_model, count_params, flops_per_token, peak_flops
 from launcher.preemption import EXIT_STOPPED
 from launcher.preflight import preflight, shm_need
-from launcher.runtime import Runtime, env_world, ranks_per_node, shutdown, start
+from launcher.runtime import Runtime, end_job, env_world, ranks_per_node, start
 from launcher.sinks import ConsoleSink, JsonlSink
 from launcher.strategy import build_strategy
 
@@ -101,14 +101,31 @@ def restore(loop: TrainLoop, rt: Runtime, folders: list) -> int:
     return step
 
 
-def run(cfg: DictConfig) -> int:
-    """Train once with a composed config; returns the process exit code."""
-    check_or_exit(cfg)
-    rt = start(cfg)
+def already_completed(rt: Runtime) -> bool:
+    """Whether this run directory holds a completed run (rank 0 decides for all)."""
+    done = False
+    if rt.is_main:
+        path = rt.run_dir / "summary.json"
+        done = path.is_file() and json.loads(path.read_text()).get("status") == "completed"
+    return rt.broadcast_object(done)
+
+
+def run(cfg: DictConfig, point: str | None = None) -> int:
+    """Train once with a composed config; returns the process exit code.
+
+    `point` names a sweep point (see launcher.sweep): the run goes to
+    `<sweep_id>/<point>/`, and a point a requeued sweep already completed is not redone.
+    """
+    check_or_exit(cfg)  # normalizes too; train.py has already checked every point
+    rt = start(cfg, point)
     strategy = loop = None
     sinks = []
     summary: dict = {}
     code = 0
+    if point is not None and cfg.resume == "auto" and already_completed(rt):
+        log.info("sweep point %s already completed in %s; not run again", point, rt.run_dir)
+        end_job(rt)
+        return 0
     try:
         if rt.is_main:
             write_run_files(cfg, rt)
@@ -166,6 +183,6 @@ def run(cfg: DictConfig) -> int:
         if strategy is not None:
             strategy.close()
         del strategy, loop
-        log.info("exiting with code %d", code)
-        shutdown(rt)
+        log.info("run %s ended with code %d", rt.run_id, code)
+        end_job(rt)
     return code

@@ -86,22 +86,45 @@ class Runtime:
         return box[0]
 
 
-def start(cfg: DictConfig) -> Runtime:
-    """Join the job, pick the device, agree on the run directory, and set up logging."""
+@dataclass
+class _Launch:
+    """What outlives one job of this process: the process group is created by the first
+    job and reused by the next ones of a sweep (torch allows one default group per
+    process), together with its control group and the sweep's id."""
+
+    backend: str | None = None
+    control_group: object | None = None
+    sweep_id: str | None = None
+
+
+_launch = _Launch()
+
+
+def start(cfg: DictConfig, point: str | None = None) -> Runtime:
+    """Join the job, pick the device, agree on the run directory, and set up logging.
+
+    `point` names a sweep point: its run directory is `<sweep_id>/<point>`, the sweep id
+    being chosen once, by the first point, as a run id would be.
+    """
     rank, local_rank, world = env_world()
     _configure_console_logging(rank)
     device = pick_device(cfg.trainer.device, local_rank)
-    backend = None
-    if world > 1 or "MASTER_ADDR" in os.environ:
-        backend = pick_backend(cfg.dist.backend, device)
+    if (world > 1 or "MASTER_ADDR" in os.environ) and not dist.is_initialized():
+        _launch.backend = pick_backend(cfg.dist.backend, device)
         apply_nccl_env(cfg)
-        init_process_group(backend, dt.timedelta(seconds=cfg.dist.timeout_s), device)
-    rt = Runtime(rank, local_rank, world, device, backend)
-    if rt.distributed:
+        init_process_group(_launch.backend, dt.timedelta(seconds=cfg.dist.timeout_s), device)
         # Control traffic (barriers, metric gathers, stop votes) goes over gloo on the CPU
         # so it never queues behind, or is timed with, gradient communication.
-        rt.control_group = dist.new_group(backend="gloo")
-    rt.run_id = rt.broadcast_object(choose_run_id(cfg) if rt.is_main else None)
+        _launch.control_group = dist.new_group(backend="gloo")
+        log.info("process group created: %s, %d ranks", _launch.backend, world)
+    rt = Runtime(rank, local_rank, world, device, _launch.backend)
+    rt.control_group = _launch.control_group
+    if point is None:
+        rt.run_id = rt.broadcast_object(choose_run_id(cfg) if rt.is_main else None)
+    else:
+        if _launch.sweep_id is None:
+            _launch.sweep_id = rt.broadcast_object(choose_run_id(cfg) if rt.is_main else None)
+        rt.run_id = f"{_launch.sweep_id}/{point}"
     rt.run_dir = Path(cfg.run.root).expanduser() / rt.run_id
     if rt.is_main:
         (rt.run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -115,7 +138,7 @@ def start(cfg: DictConfig) -> Runtime:
         local_rank,
         os.getpid(),
         device,
-        backend,
+        rt.backend,
         rt.run_dir,
     )
     return rt
@@ -142,18 +165,33 @@ def init_process_group(backend: str, timeout: dt.timedelta, device: torch.device
     )
 
 
-def shutdown(rt: Runtime) -> None:
-    """Leave the job cleanly.
+def sweep_id() -> str | None:
+    """The id of the sweep this process is running, if it is running one."""
+    return _launch.sweep_id
 
-    Collects garbage first: a DDP reducer still alive while the process group is destroyed
-    can hang the exit on gloo (its destructor joins a gloo thread while holding the GIL).
+
+def end_job(rt: Runtime) -> None:
+    """Close this job's log file; the process group stays for the next job of a sweep.
+
+    Collects garbage first, so that the job's DDP reducer is gone before anything else
+    happens to the group (see `teardown`).
     """
     gc.collect()
-    if rt.distributed:
-        dist.destroy_process_group()
     if rt.log_file is not None:
         logging.getLogger().removeHandler(rt.log_file)
         rt.log_file.close()
+
+
+def teardown() -> None:
+    """Leave the process group, once, after the last job of the process.
+
+    A DDP reducer still alive while the process group is destroyed can hang the exit on
+    gloo (its destructor joins a gloo thread while holding the GIL): collect first.
+    """
+    gc.collect()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _launch.backend = _launch.control_group = _launch.sweep_id = None
 
 
 def pick_device(choice: str, local_rank: int) -> torch.device:

@@ -1,38 +1,107 @@
 """`torchrun -m launcher.train [overrides]`: compose, validate, run. Nothing else.
 
 Hydra's own error output spans several lines; so before Hydra starts, the overrides are
-composed and checked once here, and a problem becomes one line and exit code 2.
+composed and checked once here, for every point of a sweep, and a problem becomes one line
+and exit code 2. A sweep (`+exp=bucket_sweep`, `-m key=a,b`) runs its points one after
+another in this process, on one process group, then rank 0 writes the sweep summary.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
+from pathlib import Path
 
 import hydra
 from hydra._internal.utils import get_args_parser
-from omegaconf import DictConfig
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
 
+from launcher import runtime, sweep
 from launcher.config import ConfigError, compose
 from launcher.job import check_or_exit, fail_bad_input, run
+from launcher.preemption import EXIT_STOPPED
+
+log = logging.getLogger("launcher")
+
+
+class _Launch:
+    """This process's jobs: the keys a sweep varies, each job's exit code, and the sweep
+    points run so far (label, run directory)."""
+
+    swept_keys: list[str] = []
+    codes: list[int] = []
+    points: list[tuple[str, Path]] = []
 
 
 @hydra.main(config_path="pkg://launcher.conf", config_name="train", version_base="1.3")
 def _hydra_entry(cfg: DictConfig) -> None:
-    code = run(cfg)
-    if code:
-        sys.exit(code)
+    hc = HydraConfig.get()
+    point = None
+    if hc.mode == RunMode.MULTIRUN:
+        if EXIT_STOPPED in _Launch.codes:  # a stop request ends the sweep; a requeue resumes it
+            return
+        point = sweep.point_label(list(hc.overrides.task), _Launch.swept_keys)
+    try:
+        code = run(cfg, point)
+    except Exception:
+        # The ranks may disagree about where they are: end the process (torchrun then
+        # stops the others) rather than start the next sweep point out of step.
+        log.exception("the run failed")
+        raise SystemExit(1) from None
+    _Launch.codes.append(code)
+    if point is not None:
+        _Launch.points.append((point, Path(cfg.run.root).expanduser() / runtime.sweep_id() / point))
+
+
+def check_points(overrides: list[str], multirun: bool) -> sweep.Plan:
+    """Compose and validate every point before anything starts (one line and exit 2)."""
+    try:
+        plan = sweep.plan(overrides, multirun, compose(overrides, sweep=True).hydra)
+        configs = [compose(p) for p in plan.points]
+    except ConfigError as exc:
+        fail_bad_input(exc)
+    for cfg in configs:
+        check_or_exit(cfg)
+    for group in ("nccl", "dist"):  # read once, when the process group is created
+        if len({repr(OmegaConf.to_container(c[group])) for c in configs}) > 1:
+            fail_bad_input(
+                ConfigError(
+                    f"{group}.* differs between sweep points, but it takes effect only when "
+                    "the process group is created, once per launch: run one launch per "
+                    "setting and compare them with python -m launcher.sweep "
+                    "(see docs/sweeps.md)"
+                )
+            )
+    return plan
+
+
+def write_sweep_summary() -> None:
+    if runtime.env_world()[0] != 0 or not _Launch.points:
+        return
+    labels, dirs = zip(*_Launch.points, strict=True)
+    out = dirs[0].parent
+    rows, paths = sweep.summarize(list(dirs), out, title=f"sweep {out.name}")
+    log.info("sweep summary:\n%s", sweep.markdown_table(rows, f"sweep {out.name}"))
+    for path in paths:
+        log.info("wrote %s", path)
 
 
 def main() -> None:
-    """Check the overrides, then hand over to Hydra (which also handles --help and -m)."""
+    """Check the overrides, hand over to Hydra (which also handles --help and -m), then
+    summarise a sweep and leave the process group."""
     args = get_args_parser().parse_args(sys.argv[1:])
     if not (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion):
-        try:
-            check = compose(args.overrides)
-        except ConfigError as exc:
-            fail_bad_input(exc)
-        check_or_exit(check)
-    _hydra_entry()
+        _Launch.swept_keys = check_points(args.overrides, args.multirun).swept_keys
+    try:
+        _hydra_entry()
+        write_sweep_summary()
+    finally:
+        runtime.teardown()
+    code = next((c for c in _Launch.codes if c), 0)
+    if code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":
