@@ -30,6 +30,7 @@ DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 STRATEGIES = ("ddp",)
 COMM_HOOKS = ("none", "fp16", "bf16")
+PROFILERS = ("off", "steps", "full")
 
 
 class ConfigError(ValueError):
@@ -131,6 +132,15 @@ class NcclConfig:
 @dataclass
 class ProfilerConfig:
     name: str = "off"
+    ranks: list[int] = field(default_factory=list)  # empty: every rank
+    skip_first: int = 10
+    wait: int = 0
+    warmup: int = 2
+    active: int = 3
+    repeat: int = 1
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
 
 
 @dataclass
@@ -284,6 +294,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     _choice(cfg, "data.source", DATA_SOURCES)
     _choice(cfg, "strategy.name", STRATEGIES)
     _choice(cfg, "strategy.comm_hook", COMM_HOOKS)
+    _choice(cfg, "profiler.name", PROFILERS)
     for key in ("max_steps", "global_batch_size", "micro_batch_size", "seq_len"):
         if t[key] < 1:
             raise ConfigError(f"trainer.{key}={t[key]}: must be at least 1")
@@ -327,7 +338,22 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         raise ConfigError(
             f"strategy.bucket_cap_mb={cfg.strategy.bucket_cap_mb}: must be a positive size in MB"
         )
+    _validate_profiler(cfg.profiler, world_size)
     _validate_resume(cfg)
+
+
+def _validate_profiler(p: DictConfig, world_size: int) -> None:
+    for key in ("skip_first", "wait", "warmup", "repeat"):
+        if p[key] < 0:
+            raise ConfigError(f"profiler.{key}={p[key]}: must be 0 or more")
+    if p.active < 1:
+        raise ConfigError(f"profiler.active={p.active}: must be at least 1 (steps recorded)")
+    outside = [r for r in p.ranks if not 0 <= r < world_size]
+    if outside:
+        raise ConfigError(
+            f"profiler.ranks={list(p.ranks)}: rank(s) {outside} do not exist in a job of "
+            f"{world_size} rank(s); give ranks 0..{world_size - 1} or [] for all"
+        )
 
 
 def _reject_unknown_keys(node: DictConfig, schema: DictConfig, prefix: str) -> None:

@@ -6,6 +6,7 @@ the non-finite flag accumulate as device tensors, and step times as events (see 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import math
@@ -23,6 +24,7 @@ from launcher.data import TokenData, build_eval_batches, build_train_loader
 from launcher.metrics import Interval, StepTimer, aggregate, local_vector
 from launcher.model import mfu
 from launcher.preemption import StopVote
+from launcher.profiling import build_profiler, step_region
 from launcher.runtime import Runtime
 from launcher.sinks import Sink
 from launcher.strategy import Strategy
@@ -179,8 +181,7 @@ class TrainLoop:
         self.interval = Interval()
         self.start_time = time.perf_counter()
         self.start_step = start_step
-        module = self.strategy.module
-        module.train()
+        self.strategy.module.train()
         if rt.device.type == "cuda":  # mem/peak_gb is this run's peak, not the process's
             torch.cuda.reset_peak_memory_stats(rt.device)
         # Everything built so far (configs, model, tokenizer, imports) lives for the whole run:
@@ -188,32 +189,41 @@ class TrainLoop:
         gc.collect()
         gc.freeze()
         step = start_step
+        profiler = build_profiler(self.cfg.profiler, rt)
         try:
-            while step < t.max_steps:
-                lr = lr_at(step, t)
-                timer.start()
-                for micro in range(self.accum):
-                    waited = time.perf_counter()
-                    x, y = next(batches)
-                    self.interval.add_data_wait(time.perf_counter() - waited)
-                    x = x.to(rt.device, non_blocking=True)
-                    y = y.to(rt.device, non_blocking=True)
-                    with self.strategy.micro_step(micro == self.accum - 1):
-                        with self.strategy.autocast():
-                            loss = lm_loss(module(input_ids=x).logits, y) / self.accum
-                        self.strategy.backward(loss)
-                    self.interval.add_loss(loss)
-                self.interval.grad_norm = self.strategy.step(lr)
-                timer.stop()
-                self.interval.end_step()
-                step += 1
-                self._after_step(step, lr, timer)
+            with profiler or contextlib.nullcontext():
+                while step < t.max_steps:
+                    with step_region(profiler, step + 1):
+                        self._train_step(step, batches, timer)
+                    step += 1
+                    if profiler is not None:
+                        profiler.step()
+                    self._after_step(step, lr_at(step - 1, t), timer)
             self.replicas_in_sync = self._replicas_agree()
         finally:
             self.stop.drain()
             gc.unfreeze()
             del batches, loader
         return self.summary("completed", step)
+
+    def _train_step(self, step: int, batches, timer: StepTimer) -> None:
+        """One optimizer step: accumulate over micro-batches, then step at this step's lr."""
+        rt, module = self.rt, self.strategy.module
+        timer.start()
+        for micro in range(self.accum):
+            waited = time.perf_counter()
+            x, y = next(batches)
+            self.interval.add_data_wait(time.perf_counter() - waited)
+            x = x.to(rt.device, non_blocking=True)
+            y = y.to(rt.device, non_blocking=True)
+            with self.strategy.micro_step(micro == self.accum - 1):
+                with self.strategy.autocast():
+                    loss = lm_loss(module(input_ids=x).logits, y) / self.accum
+                self.strategy.backward(loss)
+            self.interval.add_loss(loss)
+        self.interval.grad_norm = self.strategy.step(lr_at(step, self.t))
+        timer.stop()
+        self.interval.end_step()
 
     def _after_step(self, step: int, lr: float, timer: StepTimer) -> None:
         t = self.t

@@ -2,10 +2,11 @@
 stop: every rank checkpoints at the same step boundary, then exits with EXIT_STOPPED.
 
 Ranks receive the signal at slightly different moments, possibly in different steps, so
-they vote: at each step boundary every rank starts a non-blocking MAX all-reduce of its
-flag on the CPU control group, and reads the previous boundary's result. The vote costs one
-tiny collective per step whose latency hides behind a whole step of compute, and all ranks
-see the same answer at the same step.
+they vote: at each step boundary every rank starts a non-blocking all-gather of its flag on
+the CPU control group, and reads the previous boundary's result (stop if any rank asked).
+The vote costs one tiny collective per step whose latency hides behind a whole step of
+compute, and all ranks see the same answer at the same step. It is an all-gather, not an
+all-reduce, so that in a profiler trace every all-reduce is gradient communication.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class StopVote:
     def __init__(self, group=None, signals: tuple[int, ...] = (signal.SIGTERM,)):
         self.group = group
         self.requested = False
-        self._pending: tuple[object, torch.Tensor] | None = None
+        self._pending: tuple[object, list[torch.Tensor]] | None = None
         for sig in signals:
             signal.signal(sig, self._on_signal)
 
@@ -45,17 +46,18 @@ class StopVote:
             return self.requested
         decided = self._collect()
         flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32)
-        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
-        self._pending = (work, flag)
+        flags = [torch.empty_like(flag) for _ in range(dist.get_world_size(self.group))]
+        work = dist.all_gather(flags, flag, group=self.group, async_op=True)
+        self._pending = (work, flags)
         return decided
 
     def _collect(self) -> bool:
         if self._pending is None:
             return False
-        work, flag = self._pending
+        work, flags = self._pending
         self._pending = None
         work.wait()
-        return bool(flag.item())
+        return any(bool(f.item()) for f in flags)
 
     def drain(self) -> None:
         """Finish the vote in flight so no collective is pending at teardown."""

@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from launcher.strategy.comm_timing import step_figures, union_length
+from launcher.intervals import overlap_length, union_length
+from launcher.strategy.comm_timing import step_figures
 
 from launch import FAST, base_env, explain, losses, metrics, summary, torchrun, torchrun_cmd
 
@@ -30,6 +31,7 @@ def test_default_buckets_and_replicas(plain):
 
 def test_union_and_exposed_from_bucket_timestamps():
     assert union_length([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0), (5.5, 5.8)]) == 4.0
+    assert overlap_length([(0.0, 4.0), (6.0, 8.0)], [(3.0, 7.0), (1.0, 2.0)]) == 3.0
     # three buckets: the last becomes ready at t=9 (end of backward), all done at t=12
     step = step_figures([(1.0, 4.0, 100), (3.0, 7.0, 100), (9.0, 12.0, 50)])
     assert (step.allreduce_s, step.exposed_s, step.bytes) == (9.0, 3.0, 250)

@@ -125,7 +125,7 @@ def test_sigterm_checkpoints_then_resume_finishes(reference, tmp_path):
     assert 20 <= stop_step < 60
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{stop_step:08d}"
     for rank in (0, 1):
-        assert "exiting with code 143" in (run_dir / "logs" / f"rank{rank}.log").read_text()
+        assert "ended with code 143" in (run_dir / "logs" / f"rank{rank}.log").read_text()
     again = torchrun(args)
     assert again.returncode == 0, explain(again)
     assert f"resumed from step {stop_step}" in again.stderr

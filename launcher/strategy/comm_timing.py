@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from launcher.intervals import union_length
+
 
 @dataclass
 class StepComm:
@@ -36,17 +38,6 @@ class StepComm:
     allreduce_s: float
     exposed_s: float
     bytes: int
-
-
-def union_length(intervals: list[tuple[float, float]]) -> float:
-    """Total length covered by possibly overlapping intervals."""
-    total, end = 0.0, float("-inf")
-    for lo, hi in sorted(intervals):
-        if hi <= end:
-            continue
-        total += hi - max(lo, end)
-        end = hi
-    return total
 
 
 def step_figures(buckets: list[tuple[float, float, int]]) -> StepComm:

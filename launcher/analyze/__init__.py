@@ -1,0 +1,1 @@
+"""Reading the per-rank profiler traces a run wrote (never imports torch.distributed)."""

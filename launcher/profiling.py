@@ -1,0 +1,57 @@
+"""Per-rank torch.profiler: which ranks, which steps, and where each rank's traces go.
+
+Each profiled rank writes only into `runs/<id>/traces/rank<r>/`, one
+`*.pt.trace.json` per recorded cycle, the Chrome trace format that TensorBoard's profiler
+plugin, Perfetto and `launcher.analyze` read. Each training step is a `launcher/step <n>`
+region in the trace (n counted as in metrics.jsonl: the step's number once completed), so
+a trace says which steps it holds even after a resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from omegaconf import DictConfig
+from torch import profiler as tp
+
+from launcher.runtime import Runtime
+
+
+def trace_dir(rt: Runtime):
+    return rt.run_dir / "traces" / f"rank{rt.rank}"
+
+
+def build_profiler(pcfg: DictConfig, rt: Runtime) -> tp.profile | None:
+    """A started-on-enter profiler for this rank, or None when it is not profiled."""
+    if pcfg.name == "off" or (pcfg.ranks and rt.rank not in pcfg.ranks):
+        return None
+    activities = [tp.ProfilerActivity.CPU]
+    if rt.device.type == "cuda":
+        activities.append(tp.ProfilerActivity.CUDA)
+    folder = trace_dir(rt)
+    folder.mkdir(parents=True, exist_ok=True)
+    prof = tp.profile(
+        activities=activities,
+        schedule=tp.schedule(
+            skip_first=pcfg.skip_first,
+            wait=pcfg.wait,
+            warmup=pcfg.warmup,
+            active=pcfg.active,
+            repeat=pcfg.repeat,
+        ),
+        on_trace_ready=tp.tensorboard_trace_handler(str(folder), worker_name=f"rank{rt.rank}"),
+        record_shapes=pcfg.record_shapes,
+        profile_memory=pcfg.profile_memory,
+        with_stack=pcfg.with_stack,
+    )
+    return prof
+
+
+STEP_REGION = "launcher/step "
+
+
+def step_region(prof: tp.profile | None, step: int):
+    """Marks training step `step` in the trace (nothing when this rank is not profiled)."""
+    if prof is None:
+        return contextlib.nullcontext()
+    return tp.record_function(f"{STEP_REGION}{step}")
