@@ -19,6 +19,8 @@ if ! python3 -c "import hydra, omegaconf" 2>/dev/null; then
     export PYTHONPATH=/tmp/launcher-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# Not installed there: conf/ ships as the package launcher.conf only through pip.
+python3 -c "import launcher.conf" 2>/dev/null || ln -sfn ../conf launcher/conf
 
 python3 -m launcher.doctor | tee "$out/doctor.txt"
 set -o pipefail

@@ -213,8 +213,10 @@ def _comm_figures(samples, world_size: int) -> dict:
         **_spread("comm/allreduce_s", allreduce, mean_as_bare=True),
         **_spread("comm/exposed_s", exposed, mean_as_bare=True),
         "comm/bytes": sum(nbytes) / len(nbytes),
-        "comm/busbw_gbps": (
-            bus_bandwidth(sum(nbytes) / busy / 1e9, world_size) if busy > 0 else None
+        "comm/busbw_gbps": (  # one rank sends nothing over a bus
+            bus_bandwidth(sum(nbytes) / busy / 1e9, world_size)
+            if busy > 0 and world_size > 1
+            else None
         ),
         "comm/overhead_frac": sum(exposed) / sum(samples("step_time_s")),
     }

@@ -1,48 +1,54 @@
 """DDP gradient-communication hooks: `strategy.comm_hook` = none, fp16 or bf16.
 
-fp16/bf16 halve the bytes each all-reduce sends: the bucket is cast, all-reduced and cast
-back (and divided by the world size). Every rank applies the same reduced gradient, so the
-replicas stay identical; the trainer checks that at the end of a run.
+All three are one all-reduce of the bucket's gradients divided by the world size; fp16 and
+bf16 send the bucket cast to 16 bits (half the bytes on the wire) and cast the sum back
+into the bucket. Every rank applies the same reduced gradient, so the replicas stay
+identical; the trainer checks that at the end of a run. These are PyTorch's
+`allreduce_hook`, `fp16_compress_hook` and `bf16_compress_hook`, written out for two reasons:
 
-With `strategy.time_comm` (the default) the hook is wrapped by a `CommTimer`; for `none`
-that means PyTorch's Python all-reduce hook replaces DDP's built-in C++ one, which does the
-same all-reduce (benchmarks/comm_timing_cost.py measures what the wrapping costs).
+- the communication timer (CommTimer) records a bucket's *done* moment inside the hook's
+  one completion callback; wrapping PyTorch's hooks would chain a second callback per
+  bucket, which cost up to 2.5% of a GPT-2 step on an H200 (benchmarks/comm_timing_cost.py);
+- DDP refuses PyTorch's bf16 hook *by its function name* without CUDA and NCCL >= 2.10,
+  although the computation runs on gloo too: this one lets CPU jobs (and the tests) use it.
+
+With `strategy.time_comm=false` and `none`, no hook is registered: DDP's built-in C++
+all-reduce runs, and no communication figures are recorded.
 """
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from launcher.strategy.comm_timing import CommTimer
 
-
-def bf16_compress(process_group, bucket):
-    """PyTorch's bf16 compression hook under another name.
-
-    DDP refuses the stock hook *by its function name* unless CUDA and NCCL >= 2.10 are
-    present, although the hook itself runs on gloo too; delegating from a function with
-    another name lets CPU jobs (and the tests) use bf16 compression.
-    """
-    return default_hooks.bf16_compress_hook(process_group, bucket)
+WIRE_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-HOOKS = {
-    "none": default_hooks.allreduce_hook,
-    "fp16": default_hooks.fp16_compress_hook,
-    "bf16": bf16_compress,
-}
-WIRE_ITEMSIZE = {"fp16": 2, "bf16": 2}  # compressed hooks send 16-bit values
+def make_hook(wire_dtype: torch.dtype | None, timer: CommTimer | None):
+    """An all-reduce hook sending `wire_dtype` (None: the bucket's own), timed by `timer`."""
 
-
-def wire_bytes(hook: str):
-    """Bytes the named hook sends for one bucket."""
-
-    def count(bucket) -> int:
+    def allreduce_hook(process_group, bucket):
+        group = process_group if process_group is not None else dist.group.WORLD
         buffer = bucket.buffer()
-        return buffer.numel() * WIRE_ITEMSIZE.get(hook, buffer.element_size())
+        wire = buffer if wire_dtype is None else buffer.to(wire_dtype)
+        mark_done = timer.bucket_ready(wire.numel() * wire.element_size()) if timer else None
+        wire.div_(dist.get_world_size(group))
+        fut = dist.all_reduce(wire, group=group, async_op=True).get_future()
 
-    return count
+        def finish(fut):
+            reduced = fut.value()[0]
+            if wire_dtype is not None:
+                buffer.copy_(reduced)
+            if mark_done is not None:
+                mark_done()  # on GPU: ordered after the reduced bucket is in place
+            return buffer
+
+        return fut.then(finish)
+
+    allreduce_hook.__name__ = f"allreduce_{wire_dtype or 'native'}_hook".replace("torch.", "")
+    return allreduce_hook
 
 
 def register(ddp, hook: str, timer: CommTimer | None) -> None:
@@ -50,7 +56,5 @@ def register(ddp, hook: str, timer: CommTimer | None) -> None:
 
     Untimed `none` leaves DDP's own built-in all-reduce in place.
     """
-    if timer is not None:
-        ddp.register_comm_hook(dist.group.WORLD, timer.wrap(HOOKS[hook]))
-    elif hook != "none":
-        ddp.register_comm_hook(dist.group.WORLD, HOOKS[hook])
+    if timer is not None or hook != "none":
+        ddp.register_comm_hook(dist.group.WORLD, make_hook(WIRE_DTYPES[hook], timer))

@@ -23,7 +23,6 @@ the stream (GPU) or in time (CPU), never a host-side wait.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -50,41 +49,35 @@ def step_figures(buckets: list[tuple[float, float, int]]) -> StepComm:
 
 
 class CommTimer:
-    """Wraps a comm hook; collects each bucket's (ready, done, bytes) per step.
+    """Collects each bucket's (ready, done, bytes) per step, for the comm hooks to fill.
 
-    `wire_bytes(bucket)` says how many bytes the wrapped hook sends for a bucket. Call
-    `end_step()` after every optimizer step (steps without communication, such as a
-    single-process run, record zeros) and `drain()` at a log step.
+    A hook calls `bucket_ready(nbytes)` when DDP hands it a bucket and calls the function
+    it returns once the bucket is reduced. Call `end_step()` after every optimizer step
+    and `drain()` at a log step. CUDA events are pooled: a step records two per bucket,
+    and creating them anew every step would cost more than recording them.
     """
 
-    def __init__(self, device: torch.device, wire_bytes: Callable[[object], int]):
+    def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.wire_bytes = wire_bytes
         self._current: list = []
         self._steps: list[list] = []
+        self._pool: list = []
 
     def _now(self):
         if not self.cuda:
             return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
+        event = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
         event.record()
         return event
 
-    def wrap(self, hook: Callable) -> Callable:
-        """The same hook, with its bucket's ready and done moments recorded."""
+    def bucket_ready(self, nbytes: int):
+        entry = [self._now(), None, nbytes]
+        self._current.append(entry)
 
-        def timed_hook(state, bucket):
-            entry = [self._now(), None, self.wire_bytes(bucket)]
-            self._current.append(entry)
+        def done() -> None:
+            entry[1] = self._now()
 
-            def done(fut):
-                entry[1] = self._now()  # on GPU: ordered after the reduced bucket is ready
-                return fut.value()
-
-            return hook(state, bucket).then(done)
-
-        timed_hook.__name__ = f"timed_{getattr(hook, '__name__', 'hook')}"
-        return timed_hook
+        return done
 
     def end_step(self) -> None:
         self._steps.append(self._current)
@@ -101,9 +94,11 @@ class CommTimer:
         origin = buckets[0][0]
         for _, done, _ in buckets:
             done.synchronize()
-        return [
+        resolved = [
             (origin.elapsed_time(r) / 1e3, origin.elapsed_time(d) / 1e3, n) for r, d, n in buckets
         ]
+        self._pool.extend(e for r, d, _ in buckets for e in (r, d))
+        return resolved
 
 
 def bus_bandwidth(algbw: float, world: int) -> float:

@@ -68,7 +68,7 @@ class DDPStrategy(Strategy):
                 **buffers,
             )
             if s.time_comm:
-                self.comm_timer = CommTimer(rt.device, comm_hooks.wire_bytes(s.comm_hook))
+                self.comm_timer = CommTimer(rt.device)
             comm_hooks.register(self.ddp, s.comm_hook, self.comm_timer)
             module = self.ddp
         self.module = module
