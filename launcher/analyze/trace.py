@@ -2,9 +2,10 @@
 communication spans and computation spans, on CPU/gloo and CUDA/NCCL traces alike.
 
 - Steps are the trainer's `launcher/step <n>` regions (see launcher.profiling).
-- Communication is every `gloo:all_reduce` on gloo's worker threads (CPU) or every NCCL
-  kernel (GPU). The trainer's own control traffic uses all-gathers on a separate gloo group,
-  so all-reduces are gradient communication.
+- Communication is every `gloo:all_reduce` on gloo's worker threads (CPU), or on a GPU
+  every NCCL kernel and every other GPU activity launched from inside an NCCL call (with
+  one rank NCCL's all-reduce is a device-to-device copy). The trainer's own control traffic
+  uses all-gathers on a separate gloo group, so all-reduces are gradient communication.
 - Computation is, on a GPU trace, every other kernel; on a CPU-only trace, every operator
   on the threads that are not gloo's, apart from the operators that only hand work to the
   communication backend.
@@ -23,7 +24,10 @@ from pathlib import Path
 
 STEP = re.compile(r"^launcher/step (\d+)$")
 COMM_LAUNCH_OPS = ("c10d::", "record_param_comms", "nccl:", "gloo:")
+NCCL_CALLS = ("nccl:", "record_param_comms")
 GPU_KERNEL_CATS = ("kernel",)
+GPU_ACTIVITY_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 
 
 def is_nccl_kernel(name: str) -> bool:
@@ -62,7 +66,9 @@ class RankTrace:
         regions = [
             Step(int(m.group(1)), e["ts"], e["ts"] + e["dur"])
             for e in self.events
-            if e.get("ph") == "X" and (m := STEP.match(str(e.get("name", ""))))
+            if e.get("ph") == "X"
+            and e.get("cat") == "user_annotation"  # the CPU region, not its GPU mirror
+            and (m := STEP.match(str(e.get("name", ""))))
         ]
         regions.sort(key=lambda s: s.start)
         if self.has_gpu:
@@ -95,19 +101,29 @@ class RankTrace:
 
     def _fill_gpu(self, steps: list[Step]) -> None:
         launches = {
-            e["args"]["correlation"]: e["ts"]
+            e["args"]["correlation"]: (e["ts"], e.get("tid"))
             for e in self.events
-            if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+            if e.get("cat") in ("cuda_runtime", "cuda_driver")
+            and "correlation" in e.get("args", {})
         }
+        nccl_calls: dict = {}
         for e in self.events:
-            if e.get("cat") not in GPU_KERNEL_CATS or e.get("ph") != "X":
+            if e.get("ph") == "X" and str(e.get("name", "")).startswith(NCCL_CALLS):
+                nccl_calls.setdefault(e.get("tid"), []).append((e["ts"], e["ts"] + e["dur"]))
+        for e in self.events:
+            if e.get("cat") not in GPU_ACTIVITY_CATS or e.get("ph") != "X":
                 continue
-            launched = launches.get(e.get("args", {}).get("correlation"))
-            step = _containing(steps, launched) if launched is not None else None
+            launch = launches.get(e.get("args", {}).get("correlation"))
+            step = _containing(steps, launch[0]) if launch is not None else None
             if step is None:
                 continue
             span = (e["ts"], e["ts"] + e["dur"])
-            (step.comm if is_nccl_kernel(str(e.get("name", ""))) else step.compute).append(span)
+            name = str(e.get("name", ""))
+            from_nccl = any(lo <= launch[0] <= hi for lo, hi in nccl_calls.get(launch[1], ()))
+            if is_nccl_kernel(name) or from_nccl:
+                step.comm.append(span)
+            elif e.get("cat") in GPU_KERNEL_CATS:
+                step.compute.append(span)
 
 
 def _containing(steps: list[Step], ts: float) -> Step | None:
