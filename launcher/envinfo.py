@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -37,10 +38,34 @@ def package_versions() -> dict[str, str | None]:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             out[name] = None
-    out["cuda"] = torch.version.cuda
-    nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
-    out["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl
+    out["cuda"] = torch.version.cuda  # the CUDA runtime torch was built with
+    out["nccl"] = nccl_version()
+    out.update(driver_versions())
     return out
+
+
+def nccl_version() -> str | None:
+    """The NCCL library torch loaded (asked at run time, so an NCCL swapped in through
+    LD_LIBRARY_PATH or a newer nvidia-nccl wheel shows), e.g. "2.21.5"."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        found = torch.cuda.nccl.version()
+    except (AttributeError, RuntimeError):  # a build without NCCL (ROCm's RCCL, Windows)
+        return None
+    return ".".join(map(str, found)) if isinstance(found, tuple) else str(found)
+
+
+def driver_versions() -> dict[str, str | None]:
+    """The NVIDIA driver and the newest CUDA it supports, from nvidia-smi's banner: a CUDA
+    runtime newer than the driver's CUDA is a classic reason for a GPU to be invisible."""
+    found: dict[str, str | None] = {"nvidia_driver": None, "cuda_driver": None}
+    banner = _nvidia_smi([])
+    if banner:
+        for key, label in (("nvidia_driver", "Driver Version"), ("cuda_driver", "CUDA Version")):
+            m = re.search(label + r":\s*([0-9.]+)", banner)
+            found[key] = m[1] if m else None
+    return found
 
 
 def devices() -> list[dict]:
@@ -55,12 +80,15 @@ def devices() -> list[dict]:
 
 def gpu_topology() -> str | None:
     """`nvidia-smi topo -m`: which GPUs talk over NVLink, PCIe switches or the CPU."""
+    return _nvidia_smi(["topo", "-m"])
+
+
+def _nvidia_smi(args: list[str]) -> str | None:
+    """nvidia-smi's output, or None where it is missing or fails."""
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        done = subprocess.run(
-            ["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20
-        )
+        done = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout if done.returncode == 0 else None

@@ -14,7 +14,7 @@ import sys
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher import checkpoint, envinfo
+from launcher import checkpoint, envinfo, nccl_log
 from launcher.config import ConfigError
 from launcher.data import prepare_data
 from launcher.loop import NonFiniteLoss, Stopped, TrainLoop
@@ -119,7 +119,7 @@ def run(cfg: DictConfig, point: str | None = None) -> int:
     check_or_exit(cfg)  # normalizes too; train.py has already checked every point
     rt = start(cfg, point)
     strategy = loop = None
-    sinks = []
+    sinks = nccl_log.transport_recorders(rt)  # before rank 0's sinks: env.json, then metrics
     summary: dict = {}
     code = 0
     if point is not None and cfg.resume == "auto" and already_completed(rt):

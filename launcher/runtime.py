@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
+from launcher import nccl_log
+
 log = logging.getLogger("launcher")
 
 LOG_FORMAT = "%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"
@@ -112,6 +114,7 @@ def start(cfg: DictConfig, point: str | None = None) -> Runtime:
     if (world > 1 or "MASTER_ADDR" in os.environ) and not dist.is_initialized():
         _launch.backend = pick_backend(cfg.dist.backend, device)
         apply_nccl_env(cfg)
+        nccl_log.stage_debug_file(cfg.run.root, _launch.backend, rank)
         init_process_group(_launch.backend, dt.timedelta(seconds=cfg.dist.timeout_s), device)
         # Control traffic (barriers, metric gathers, stop votes) goes over gloo on the CPU
         # so it never queues behind, or is timed with, gradient communication.
@@ -129,6 +132,7 @@ def start(cfg: DictConfig, point: str | None = None) -> Runtime:
     if rt.is_main:
         (rt.run_dir / "logs").mkdir(parents=True, exist_ok=True)
     rt.barrier()
+    nccl_log.adopt_debug_file(rt.run_dir)
     rt.log_file = _add_file_logging(rt)
     seed_everything(cfg.trainer.seed)
     log.info(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -36,3 +38,24 @@ def test_two_gpus_over_nccl(tmp_path):
     proc = torchrun([*FAST, f"run.root={tmp_path}", "run.id=nccl"])
     assert proc.returncode == 0, explain(proc)
     assert "backend nccl" in proc.stderr
+
+
+@needs_gpu
+def test_nccl_debug_records_the_transport(tmp_path):
+    """nccl=debug on NCCL: each rank's NCCL log lands in logs/ and env.json says what NCCL
+    used. One GPU: its one rank has no peer, hence no channel; two: P2P, NVLS or SHM."""
+    nproc = min(torch.cuda.device_count(), 2)
+    overrides = [*FAST, "trainer.max_steps=2", "nccl=debug", f"run.root={tmp_path}", "run.id=n"]
+    proc = torchrun(overrides, nproc=nproc)
+    assert proc.returncode == 0, explain(proc)
+    env = json.loads((tmp_path / "n" / "env.json").read_text())
+    record = env["nccl_transport"]
+    assert [e["rank"] for e in record["ranks"]] == list(range(nproc))
+    for entry in record["ranks"]:
+        assert (tmp_path / "n" / entry["log"]).is_file()
+        assert entry["nranks"] == nproc and entry["communicators"] >= 1
+    assert record["ranks"][0]["version"].startswith(env["versions"]["nccl"])
+    assert env["nccl_env"]["NCCL_DEBUG_FILE"].startswith(str(tmp_path / "n" / "logs"))
+    assert not (tmp_path / ".nccl-logs").exists()
+    if nproc > 1:
+        assert record["job"]["kinds"] and set(record["job"]["kinds"]) <= {"P2P", "SHM", "NVLS"}

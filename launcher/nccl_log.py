@@ -1,0 +1,391 @@
+"""Which transport NCCL chose, read from NCCL's own INFO log, and recorded in env.json.
+
+With `NCCL_DEBUG=INFO` (the `nccl=debug` preset) NCCL logs, per process, its version, the
+network it uses and one line per channel connection saying how it reaches the peer:
+
+    host:1234:1290 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read
+    host:1234:1290 [0] NCCL INFO Channel 02/0 : 2[0] -> 0[0] [receive] via NET/IB/0/GDRDMA
+
+How the launcher gets each rank's log (the run directory is only known once the process
+group exists, and PyTorch creates the NCCL communicator inside `init_process_group` when it
+is given a device, which opens NCCL's log file):
+
+1. `stage_debug_file`, before the process group: unless the user chose `NCCL_DEBUG_FILE`,
+   point it at `<run.root>/.nccl-logs/nccl.rank<r>.<host>.<pid>.log` (same file system as
+   the run directory);
+2. `adopt_debug_file`, once the run directory exists: rename that file into
+   `<run_dir>/logs/` (NCCL's open file follows the rename) and point the variable there;
+3. `TransportRecorder`, a sink on every rank: at the first logged interval (communicators
+   connect lazily, at their first collective, so only after a training step is the log
+   complete) each rank parses its own log, and rank 0 gathers the summaries into
+   env.json's `nccl_transport`.
+
+`parse_nccl_log` is pure and also reads a user's captured stdout:
+`python -m launcher.nccl_log FILE...` prints the summary of each process found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import re
+import socket
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from launcher.sinks import Sink
+
+if TYPE_CHECKING:
+    from launcher.runtime import Runtime
+
+log = logging.getLogger("launcher")
+
+STAGING_DIR = ".nccl-logs"
+LOGGING_LEVELS = ("INFO", "TRACE")  # the levels that print channel connections
+
+# `host:pid:tid [dev] NCCL INFO <message>`; anything before it (timestamps, torchrun's
+# `[default0]:` prefixes) is ignored.
+_LINE = re.compile(r"(?:(?P<host>[^\s:]+):(?P<pid>\d+):\d+ \[\d+\] )?NCCL INFO (?P<msg>.*)$")
+_VERSION = re.compile(r"NCCL version (\S+)")
+_NETWORK = re.compile(r"Using network (.+?)\s*$")
+# `comm 0x.. rank 0 nRanks 16 nNodes 2 localRanks 8 localRank 0 MNNVL 0` (2.19+) and the
+# `ncclCommInitRank comm 0x.. rank 0 nranks 8 cudaDev 0 ...` lines of every version.
+_COMM = re.compile(r"comm (0x[0-9a-fA-F]+) rank \d+ n[Rr]anks (\d+)(?: nNodes (\d+))?")
+_MNNVL = re.compile(r"localRank \d+ MNNVL (\d+)")
+# `Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read`, `Channel 00 : 7[ca000] -> 6[c7000] via
+# SHM/direct/direct` (busId in older versions, no /connIndex for SHM), `... [send] via
+# NET/IB/0/GDRDMA`, and NCCL < 2.7's `Ring 00 : ...`.
+_CHANNEL = re.compile(
+    r"(?:Channel|Ring) (?P<channel>\d+)(?:/\d+)? : \d+\[[^\]]*\] -> \d+\[[^\]]*\]"
+    r"(?: \[(?:send|receive)\])? via (?P<transport>.+?)\s*$"
+)
+# `CollNet 00/0 : 0 [send] via COLLNET/SHARP/0/GDRDMA` (`Coll 00 : ...` before 2.12)
+_COLLNET = re.compile(
+    r"Coll(?:Net)? (?P<channel>\d+)(?:/\d+)? : \d+ \[(?:send|receive)\] via (?P<transport>.+?)\s*$"
+)
+_NVLS_SUPPORT = re.compile(r"NVLS multicast support is (not )?available")
+# NVLS buffers set up (`NVLS comm 0x.. headRank ..`) or NVLS trees connected across nodes.
+_NVLS_USED = re.compile(r"NVLS comm 0x[0-9a-fA-F]+ headRank|Connected NVLS")
+_COLLNET_USED = re.compile(r"Connected [Cc]oll[Nn]et")
+
+KIND_NAMES = {"P2P": "P2P", "SHM": "SHM", "NET": "NET", "COLLNET": "CollNet"}
+
+
+def parse_nccl_log(text: str) -> dict:
+    """Summarise the transports NCCL's INFO lines in `text` report.
+
+    Returns `version` (e.g. "2.21.5+cuda12.4"), `network` (the net plugin NCCL uses between
+    nodes: "IB", "Socket", "IBext_v8", "AWS Libfabric", ...), `transports` (for each
+    transport as NCCL names it, e.g. "P2P/CUMEM/read" or "NET/IB/0/GDRDMA", the number of
+    channels with at least one connection over it), `kinds` (P2P, SHM, NET, CollNet, NVLS),
+    `gdr` (whether network connections use GPUDirect RDMA; None without any), `nvls` (NVLink
+    SHARP buffers were set up), `nvls_available`, `collnet`, `nodes`, `nranks`, `mnnvl` and
+    `communicators` (how many communicators the text describes). Values the text does not
+    show are None. Lines of several processes are summarised together; see
+    `split_by_process`.
+    """
+    version = network = nvls_available = nodes = nranks = mnnvl = None
+    nvls = collnet = False
+    channels: dict[str, set[int]] = defaultdict(set)
+    comms: set[str] = set()
+    for line in text.splitlines():
+        found = _LINE.search(line)
+        if not found:
+            continue
+        msg = found["msg"]
+        if m := _CHANNEL.match(msg) or _COLLNET.match(msg):
+            channels[m["transport"]].add(int(m["channel"]))
+        elif m := _VERSION.match(msg):
+            version = m[1]
+        elif m := _NETWORK.match(msg):
+            network = m[1]
+        elif m := _COMM.search(msg):
+            comms.add(m[1])
+            nranks = max(nranks or 0, int(m[2]))
+            if m[3] is not None:
+                nodes = max(nodes or 0, int(m[3]))
+            if mm := _MNNVL.search(msg):
+                mnnvl = bool(int(mm[1])) or bool(mnnvl)
+        elif m := _NVLS_SUPPORT.match(msg):
+            nvls_available = m[1] is None or bool(nvls_available)
+        elif _NVLS_USED.match(msg):
+            nvls = True
+        elif _COLLNET_USED.search(msg):
+            collnet = True
+    transports = {name: len(chans) for name, chans in sorted(channels.items())}
+    kinds = {KIND_NAMES.get(name.split("/")[0].upper(), name.split("/")[0]) for name in transports}
+    if nvls:
+        kinds.add("NVLS")
+    if collnet:
+        kinds.add("CollNet")
+    networked = [t for t in transports if t.upper().startswith(("NET/", "COLLNET/"))]
+    if network is None and networked:
+        network = networked[0].split("/")[1]
+    return {
+        "version": version,
+        "network": network,
+        "transports": transports,
+        "kinds": sorted(kinds),
+        "gdr": any("/GDRDMA" in t for t in networked) if networked else None,
+        "nvls": nvls,
+        "nvls_available": nvls_available,
+        "collnet": collnet,
+        "nodes": nodes,
+        "nranks": nranks,
+        "mnnvl": mnnvl,
+        "communicators": len(comms),
+    }
+
+
+def split_by_process(text: str) -> dict[str, str]:
+    """NCCL lines grouped by their `host:pid` prefix (a torchrun stdout mixes every rank's)."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for line in text.splitlines():
+        found = _LINE.search(line)
+        if found:
+            key = f"{found['host']}:{found['pid']}" if found["host"] else "?"
+            groups[key].append(line)
+    return {key: "\n".join(lines) for key, lines in groups.items()}
+
+
+def merge(entries: list[dict]) -> dict:
+    """One job-wide view of per-rank summaries: what any rank used, and every version seen."""
+    found = [e for e in entries if e.get("log")]
+    versions = sorted({e["version"] for e in found if e.get("version")})
+    networks = sorted({e["network"] for e in found if e.get("network")})
+    gdr = [e["gdr"] for e in found if e.get("gdr") is not None]
+    return {
+        "ranks_with_log": len(found),
+        "version": versions[0] if len(versions) == 1 else (versions or None),
+        "kinds": sorted({k for e in found for k in e["kinds"]}),
+        "network": networks[0] if len(networks) == 1 else (networks or None),
+        "gdr": all(gdr) if gdr else None,
+        "nvls": any(e["nvls"] for e in found),
+        "collnet": any(e["collnet"] for e in found),
+        "nodes": max((e["nodes"] for e in found if e.get("nodes")), default=None),
+    }
+
+
+# -- getting each rank's log ------------------------------------------------------------
+
+
+@dataclass
+class _Capture:
+    path: Path  # where this process's NCCL writes its log
+    offset: int  # bytes already there when this job's process group was created
+
+
+_capture: _Capture | None = None  # per process, like NCCL's own log file
+
+
+def _short_host() -> str:
+    """The host name as NCCL writes it in %h: up to the first dot, '%' and '/' as '-'."""
+    return socket.gethostname().split(".")[0].replace("%", "-").replace("/", "-")
+
+
+def expand_debug_file(pattern: str) -> Path:
+    """NCCL_DEBUG_FILE with NCCL's %h (host), %p (pid) and %% expanded, as NCCL opens it."""
+    expanded = re.sub(
+        r"%([hp%])",
+        lambda m: {"h": _short_host(), "p": str(os.getpid()), "%": "%"}[m[1]],
+        pattern,
+    )
+    return Path(expanded)
+
+
+def _literal(path: Path) -> str:
+    """`path` as an NCCL_DEBUG_FILE value that NCCL expands to exactly this path."""
+    return str(path).replace("%", "%%")
+
+
+def logs_to_file(backend: str | None) -> bool:
+    """Whether this process's NCCL will write an INFO log the launcher can read."""
+    level = os.environ.get("NCCL_DEBUG", "").strip().upper()
+    return backend == "nccl" and level in LOGGING_LEVELS
+
+
+def stage_debug_file(run_root: str, backend: str | None, rank: int) -> None:
+    """Before the process group exists: give NCCL's INFO log a file of this process's own.
+
+    A user's NCCL_DEBUG_FILE is kept. The process group, and so this, comes once per
+    process (a sweep's points share it); should a process create another one, NCCL keeps
+    appending to the file it opened first, and only the lines after its present size are
+    the new group's.
+    """
+    global _capture
+    earlier, _capture = _capture, None
+    if not logs_to_file(backend):
+        return
+    if not os.environ.get("NCCL_DEBUG_FILE"):
+        staging = Path(run_root).expanduser().resolve() / STAGING_DIR
+        staging.mkdir(parents=True, exist_ok=True)
+        name = f"nccl.rank{rank}.{_short_host()}.{os.getpid()}.log"
+        os.environ["NCCL_DEBUG_FILE"] = _literal(staging / name)
+    path = expand_debug_file(os.environ["NCCL_DEBUG_FILE"]).absolute()
+    # NCCL opens (and truncates) its file once per process: only a file an earlier job of
+    # this process already logged to holds lines that are not this job's.
+    still_open = earlier is not None and earlier.path == path and path.exists()
+    _capture = _Capture(path, path.stat().st_size if still_open else 0)
+
+
+def adopt_debug_file(run_dir: Path) -> Path | None:
+    """Once the run directory exists: move a staged NCCL log into `<run_dir>/logs/`.
+
+    NCCL keeps writing to the renamed file. If NCCL has not opened it yet, pointing the
+    variable at the final place is enough (NCCL reads it when it first logs).
+    """
+    if _capture is None:
+        return None
+    staged = _capture.path
+    if staged.parent.name == STAGING_DIR:
+        final = (run_dir / "logs" / staged.name).absolute()
+        try:
+            if staged.exists():
+                staged.replace(final)
+        except OSError as exc:  # e.g. a run directory on another file system
+            log.warning("NCCL's log stays at %s: moving it to %s failed: %s", staged, final, exc)
+            return staged
+        os.environ["NCCL_DEBUG_FILE"] = _literal(final)
+        _capture.path = final
+        with contextlib.suppress(OSError):  # the last rank to move its log removes the folder
+            staged.parent.rmdir()
+    log.info("NCCL's INFO log goes to %s (one file per rank)", _capture.path)
+    return _capture.path
+
+
+def read_own_log() -> str | None:
+    """What this process's NCCL has logged since this job's process group was created."""
+    if _capture is None or not _capture.path.exists():
+        return None
+    with open(_capture.path, "rb") as f:
+        f.seek(_capture.offset)
+        return f.read().decode("utf-8", errors="replace")
+
+
+class TransportRecorder(Sink):
+    """At the first logged interval, every rank parses its NCCL log; rank 0 writes them all
+    to env.json as `nccl_transport`: `ranks` (one summary per rank, with `rank`, `host` and
+    `log`, the log's path relative to the run directory) and `job` (see `merge`).
+
+    The gather is a collective on the CPU control group: it relies on the loop calling its
+    sinks on every rank at the same steps, which it does (rank 0 merely has more sinks).
+    """
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+        self.done = False
+
+    def log(self, record: dict) -> None:
+        if self.done:
+            return
+        self.done = True
+        from launcher.envinfo import nccl_version  # torch: only where training runs
+
+        entry = {
+            "rank": self.rt.rank,
+            "host": socket.gethostname(),
+            "nccl_library": nccl_version(),  # only rank 0's log names the version
+            "log": None,
+        }
+        try:
+            text = read_own_log()
+            if text is not None:
+                path = _capture.path.resolve()
+                run_dir = self.rt.run_dir.resolve()
+                entry["log"] = str(
+                    path.relative_to(run_dir) if path.is_relative_to(run_dir) else path
+                )
+                entry.update(parse_nccl_log(text))
+        except OSError as exc:  # every rank must still reach the gather
+            entry["error"] = f"reading NCCL's log failed: {exc}"
+        entries = gather_objects(self.rt, entry)
+        if self.rt.is_main:
+            write_transport(self.rt.run_dir, entries)
+
+
+def gather_objects(rt: Runtime, obj) -> list:
+    """Every rank's small picklable `obj`, in rank order, on every rank (CPU group)."""
+    if not rt.distributed:
+        return [obj]
+    import torch.distributed as dist
+
+    out = [None] * rt.world_size
+    dist.all_gather_object(out, obj, group=rt.control_group)
+    return out
+
+
+def write_transport(run_dir: Path, entries: list[dict]) -> None:
+    """Add `nccl_transport` to the run's env.json (written whole, then renamed)."""
+    path = run_dir / "env.json"
+    env = json.loads(path.read_text()) if path.exists() else {}
+    env["nccl_transport"] = {"job": merge(entries), "ranks": entries}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(env, indent=1))
+    tmp.replace(path)
+
+
+def transport_recorders(rt: Runtime) -> list[Sink]:
+    """The recorder when this job's NCCL writes a log the launcher reads, else nothing."""
+    return [TransportRecorder(rt)] if _capture is not None and rt.backend == "nccl" else []
+
+
+# -- python -m launcher.nccl_log FILE... --------------------------------------------------
+
+
+def describe(name: str, summary: dict) -> str:
+    """A few lines for a person: version, nodes, network, then each transport."""
+    version = summary["version"] or "(version: only rank 0 logs it)"
+    head = [f"NCCL {version}"]
+    if summary["nodes"]:
+        head.append(f"{summary['nodes']} node(s)")
+    if summary["network"]:
+        gdr = {True: ", GPUDirect RDMA", False: ", no GPUDirect RDMA"}.get(summary["gdr"], "")
+        unused = "" if summary["gdr"] is not None else " (no connection uses it)"
+        head.append(f"network {summary['network']}{gdr}{unused}")
+    lines = [f"{name}: " + ", ".join(head)]
+    lines += [f"  {t:<28} {n} channel(s)" for t, n in summary["transports"].items()]
+    if summary["nvls"]:
+        lines.append("  NVLS (NVLink SHARP) set up")
+    if summary["collnet"]:
+        lines.append("  CollNet connected")
+    if not summary["transports"] and not summary["nvls"]:
+        lines.append("  no channel connections in this log (one rank, or no collective yet)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher.nccl_log",
+        description="Summarise the transports in NCCL_DEBUG=INFO logs (NCCL_DEBUG_FILE "
+        "files or captured stdout), one summary per process found.",
+    )
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    args = parser.parse_args(argv)
+    out = {}
+    for file in args.files:
+        if not file.is_file():
+            print(f"error: {file}: no such file", file=sys.stderr)
+            return 2
+        processes = split_by_process(file.read_text(errors="replace"))
+        if not processes:
+            print(f"error: {file}: no NCCL INFO lines (NCCL_DEBUG=INFO?)", file=sys.stderr)
+            return 2
+        for proc, text in processes.items():
+            name = str(file) if len(processes) == 1 else f"{file} [{proc}]"
+            out[name] = parse_nccl_log(text)
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        print("\n".join(describe(name, summary) for name, summary in out.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
