@@ -44,6 +44,7 @@ class DDPStrategy(Strategy):
     def __init__(self, cfg: DictConfig, rt: Runtime, model: torch.nn.Module):
         t, s = cfg.trainer, cfg.strategy
         self.device = rt.device
+        self.rank = rt.rank
         self.precision = t.precision
         self.grad_clip = t.grad_clip
         self.raw_model = model.to(rt.device)
@@ -53,6 +54,7 @@ class DDPStrategy(Strategy):
         if t.compile != "off":
             module = torch.compile(module, mode=None if t.compile == "default" else t.compile)
         self.ddp: DistributedDataParallel | None = None
+        self.comm_state = None  # the comm hook's state (PowerSGD's goes into checkpoints)
         if rt.distributed:
             # Only a non-default buffer setting is passed: newer torch deprecates the name.
             buffers = {} if s.broadcast_buffers else {"broadcast_buffers": False}
@@ -65,7 +67,7 @@ class DDPStrategy(Strategy):
                 find_unused_parameters=s.find_unused_parameters,
                 **buffers,
             )
-            comm_hooks.register(self.ddp, s.comm_hook)
+            self.comm_state = comm_hooks.register(self.ddp, s)
             module = self.ddp
         self.module = module
 
@@ -109,6 +111,7 @@ class DDPStrategy(Strategy):
         return len([s for s in sizes.split(",") if s.strip()]) or None
 
     def save(self, folder: Path, rank: int) -> None:
+        comm_hooks.save_state(self.comm_state, folder, rank)  # per rank (PowerSGD's memory)
         if rank != 0:  # DDP keeps every rank's model and optimizer identical
             return
         torch.save(self.raw_model.state_dict(), folder / "model.pt")
@@ -123,6 +126,7 @@ class DDPStrategy(Strategy):
         opt = torch.load(folder / "optimizer.pt", map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(opt["optimizer"])
         self.scaler.load_state_dict(opt["scaler"])
+        comm_hooks.load_state(self.comm_state, folder, self.rank, self.device)
 
     def close(self) -> None:
         self.ddp = None
