@@ -29,7 +29,7 @@ DATA_SOURCES = ("stdlib", "text_files", "wikitext2", "memmap", "synthetic")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 STRATEGIES = ("ddp",)
-COMM_HOOKS = ("none", "fp16", "bf16")
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 PROFILERS = ("off", "steps", "full")
 
 
@@ -114,6 +114,9 @@ class StrategyConfig:
     broadcast_buffers: bool = True
     comm_hook: str = "none"
     time_comm: bool = True
+    powersgd_rank: int = 4
+    powersgd_warmup_steps: int | None = None  # null: trainer.warmup_steps
+    powersgd_min_compression_rate: float = 2.0
     zero_stage: int = 0
 
 
@@ -280,6 +283,8 @@ def normalize(cfg: DictConfig, world_size: int) -> None:
     )
     if cfg.trainer.global_batch_size is None and isinstance(cfg.trainer.micro_batch_size, int):
         cfg.trainer.global_batch_size = cfg.trainer.micro_batch_size * world_size
+    if cfg.strategy.get("powersgd_warmup_steps", 0) is None:
+        cfg.strategy.powersgd_warmup_steps = cfg.trainer.warmup_steps
 
 
 def validate(cfg: DictConfig, world_size: int) -> None:
@@ -339,6 +344,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             f"strategy.bucket_cap_mb={cfg.strategy.bucket_cap_mb}: must be a positive size in MB"
         )
     _validate_profiler(cfg.profiler, world_size)
+    _validate_powersgd(cfg)
     _validate_resume(cfg)
 
 
@@ -353,6 +359,30 @@ def _validate_profiler(p: DictConfig, world_size: int) -> None:
         raise ConfigError(
             f"profiler.ranks={list(p.ranks)}: rank(s) {outside} do not exist in a job of "
             f"{world_size} rank(s); give ranks 0..{world_size - 1} or [] for all"
+        )
+
+
+def _validate_powersgd(cfg: DictConfig) -> None:
+    s = cfg.strategy
+    if s.powersgd_rank < 1:
+        raise ConfigError(
+            f"strategy.powersgd_rank={s.powersgd_rank}: must be at least 1 "
+            "(the rank of each gradient matrix's approximation; 1-4 is usual)"
+        )
+    if s.powersgd_warmup_steps < 0:
+        raise ConfigError(
+            f"strategy.powersgd_warmup_steps={s.powersgd_warmup_steps}: must be 0 or more "
+            "(steps of plain all-reduce before PowerSGD starts)"
+        )
+    if s.powersgd_min_compression_rate < 1:
+        raise ConfigError(
+            f"strategy.powersgd_min_compression_rate={s.powersgd_min_compression_rate}: must be "
+            "at least 1 (a matrix is compressed only if its factors are this many times smaller)"
+        )
+    if s.comm_hook == "powersgd" and cfg.trainer.precision == "fp16":
+        raise ConfigError(
+            "strategy.comm_hook=powersgd does not work with trainer.precision=fp16: its error "
+            "feedback would keep loss-scaled (and overflowed) gradients; use bf16 or fp32"
         )
 
 

@@ -42,7 +42,20 @@ CASES = [
     ),
     (["strategy.bucket_cap_mb=-1"], "strategy.bucket_cap_mb=-1.0: must be a positive size"),
     (["data.num_workers=0"], "data.persistent_workers=true needs data.num_workers>0"),
-    (["strategy.comm_hook=powersgd"], "strategy.comm_hook=powersgd: not one of none, fp16, bf16"),
+    (
+        ["strategy.comm_hook=powersgd2"],
+        "strategy.comm_hook=powersgd2: not one of none, fp16, bf16, powersgd",
+    ),
+    (["strategy.powersgd_rank=0"], "strategy.powersgd_rank=0: must be at least 1"),
+    (["strategy.powersgd_warmup_steps=-1"], "strategy.powersgd_warmup_steps=-1: must be 0 or more"),
+    (
+        ["strategy.powersgd_min_compression_rate=0.5"],
+        "strategy.powersgd_min_compression_rate=0.5: must be at least 1",
+    ),
+    (
+        ["strategy.comm_hook=powersgd", "trainer.precision=fp16"],
+        "strategy.comm_hook=powersgd does not work with trainer.precision=fp16",
+    ),
     (
         ["nccl.env.NCCL_ALOG=Ring"],
         "nccl.env.NCCL_ALOG: unknown key (did you mean nccl.env.NCCL_ALGO",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 
 import pytest
@@ -94,6 +95,61 @@ def test_untimed_comm_reports_no_comm_figures(tmp_path):
     for r in metrics(tmp_path / "u"):
         assert not any(k.startswith("comm/") and k != "comm/buckets" for k in r), r
     assert summary(tmp_path / "u")["comm/exposed_s"] is None
+
+
+# PowerSGD: the first 8 steps keep the plain run's LR schedule (lr_decay_steps=8), so the
+# losses compare; warm-up (trainer.warmup_steps=3) makes steps 1-3 plain all-reduce.
+POWERSGD = [
+    *FAST,
+    "strategy.comm_hook=powersgd",
+    "trainer.lr_decay_steps=8",
+    "trainer.checkpoint_interval=6",
+]
+
+
+@pytest.fixture(scope="module")
+def powersgd_small_buckets(tmp_path_factory):
+    """12 steps straight with 0.05 MB buckets: the layout on which PyTorch's hook hung."""
+    root = tmp_path_factory.mktemp("powersgd")
+    proc = torchrun([*POWERSGD, f"run.root={root}", "run.id=p", "strategy.bucket_cap_mb=0.05"])
+    assert proc.returncode == 0, explain(proc)
+    return root / "p"
+
+
+def test_powersgd_small_buckets_trains_and_keeps_replicas_identical(plain, powersgd_small_buckets):
+    s = summary(powersgd_small_buckets)
+    assert s["status"] == "completed" and s["replicas_in_sync"] is True
+    assert s["comm/buckets"] > 1
+    got, reference = losses(powersgd_small_buckets), losses(plain)
+    assert sorted(got) == list(range(1, 13)) and all(math.isfinite(v) for v in got.values())
+    for step in (1, 2, 3, 4):  # updates 0-2 were plain all-reduces: the same losses
+        assert got[step] == pytest.approx(reference[step], rel=1e-5), step
+    for step in range(5, 9):  # compressed from then on: changed, but not in kind
+        assert got[step] != reference[step]
+        assert got[step] == pytest.approx(reference[step], rel=5e-3), step
+    meta = json.loads((powersgd_small_buckets / "checkpoints/step_00000012/meta.json").read_text())
+    for rank in (0, 1):  # each rank's error feedback is part of the sealed checkpoint
+        assert meta["files"][f"powersgd_rank{rank}.pt"] > 0
+    records = metrics(powersgd_small_buckets)
+    check_comm_figures(records, wire_itemsize=4)
+    full = summary(plain)["comm/bytes"]
+    sent = {r["step"]: r["comm/bytes"] for r in records if "loss" in r}
+    assert sent[1] == full and sent[5] < full / 2  # warm-up all-reduces, then the factors
+
+
+def test_powersgd_resume_with_default_buckets_is_exact(powersgd_small_buckets, tmp_path):
+    """6 steps, then a resumed launch to 12, both with one 25 MB bucket: bit-identical to
+    12 straight with 0.05 MB buckets. PowerSGD's memory is kept per parameter, so neither
+    the bucket size nor DDP's rebuild of buckets after a restart changes the arithmetic."""
+    common = [*POWERSGD, f"run.root={tmp_path}", "run.id=r"]
+    first = torchrun([*common, "trainer.max_steps=6"])
+    assert first.returncode == 0, explain(first)
+    second = torchrun([*common, "trainer.max_steps=12"])
+    assert second.returncode == 0, explain(second)
+    assert "resumed from step 6" in second.stderr
+    s = summary(tmp_path / "r")
+    assert s["replicas_in_sync"] is True and s["comm/buckets"] == 1
+    assert losses(tmp_path / "r") == losses(powersgd_small_buckets)  # every step, exactly
 
 
 def test_commbench_reports_nccl_tests_figures(tmp_path):

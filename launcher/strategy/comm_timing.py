@@ -51,10 +51,11 @@ def step_figures(buckets: list[tuple[float, float, int]]) -> StepComm:
 class CommTimer:
     """Collects each bucket's (ready, done, bytes) per step, for the comm hooks to fill.
 
-    A hook calls `bucket_ready(nbytes)` when DDP hands it a bucket and calls the function
-    it returns once the bucket is reduced. Call `end_step()` after every optimizer step
-    and `drain()` at a log step. CUDA events are pooled: a step records two per bucket,
-    and creating them anew every step would cost more than recording them.
+    A hook calls `bucket_ready()` when DDP hands it a bucket and calls the function it
+    returns, with the bytes it sent, once the bucket is reduced. Call `end_step()` after
+    every optimizer step and `drain()` at a log step. CUDA events are pooled: a step
+    records two per bucket, and creating them anew every step would cost more than
+    recording them.
     """
 
     def __init__(self, device: torch.device):
@@ -70,12 +71,13 @@ class CommTimer:
         event.record()
         return event
 
-    def bucket_ready(self, nbytes: int):
-        entry = [self._now(), None, nbytes]
+    def bucket_ready(self):
+        entry = [self._now(), None, 0]
         self._current.append(entry)
 
-        def done() -> None:
+        def done(nbytes: int) -> None:
             entry[1] = self._now()
+            entry[2] = nbytes
 
         return done
 

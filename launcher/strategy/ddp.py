@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 
 from launcher.runtime import Runtime
-from launcher.strategy import Strategy, comm_hooks
+from launcher.strategy import Strategy, comm_hooks, powersgd
 from launcher.strategy.comm_timing import CommTimer, StepComm
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -45,6 +45,7 @@ class DDPStrategy(Strategy):
     def __init__(self, cfg: DictConfig, rt: Runtime, model: torch.nn.Module):
         t, s = cfg.trainer, cfg.strategy
         self.device = rt.device
+        self.rank = rt.rank
         self.precision = t.precision
         self.grad_clip = t.grad_clip
         self.raw_model = model.to(rt.device)
@@ -55,6 +56,7 @@ class DDPStrategy(Strategy):
             module = torch.compile(module, mode=None if t.compile == "default" else t.compile)
         self.ddp: DistributedDataParallel | None = None
         self.comm_timer: CommTimer | None = None
+        self.comm_state = None  # the comm hook's state (PowerSGD's goes into checkpoints)
         if rt.distributed:
             # Only a non-default buffer setting is passed: newer torch deprecates the name.
             buffers = {} if s.broadcast_buffers else {"broadcast_buffers": False}
@@ -69,7 +71,7 @@ class DDPStrategy(Strategy):
             )
             if s.time_comm:
                 self.comm_timer = CommTimer(rt.device)
-            comm_hooks.register(self.ddp, s.comm_hook, self.comm_timer)
+            self.comm_state = comm_hooks.register(self.ddp, s, self.comm_timer)
             module = self.ddp
         self.module = module
 
@@ -118,6 +120,7 @@ class DDPStrategy(Strategy):
         return len([s for s in sizes.split(",") if s.strip()]) or None
 
     def save(self, folder: Path, rank: int) -> None:
+        powersgd.save_state(self.comm_state, folder, rank)  # per rank (PowerSGD's memory)
         if rank != 0:  # DDP keeps every rank's model and optimizer identical
             return
         torch.save(self.raw_model.state_dict(), folder / "model.pt")
@@ -132,6 +135,7 @@ class DDPStrategy(Strategy):
         opt = torch.load(folder / "optimizer.pt", map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(opt["optimizer"])
         self.scaler.load_state_dict(opt["scaler"])
+        powersgd.load_state(self.comm_state, folder, self.rank, self.device)
 
     def close(self) -> None:
         self.ddp = None
