@@ -70,7 +70,17 @@ def progress_line(record: dict, max_steps: int) -> str:
     if "loss" in record:
         parts.append(f"loss {record['loss']:.4f}")
         parts.append(f"tok/s {record['tokens_per_s']:,.0f}")
-        parts.append(f"step {record['step_time_s/p50'] * 1000:.1f} ms")
+        parts.append(
+            f"step {record['step_time_s/p50'] * 1000:.1f} ms "
+            f"(p90 {record['step_time_s/p90'] * 1000:.1f}, slowest rank "
+            f"{record['step_time_s/slowest_rank']})"
+        )
+        if record.get("comm/allreduce_s") is not None:
+            parts.append(
+                f"comm {record['comm/allreduce_s'] * 1000:.1f} ms, exposed "
+                f"{record['comm/exposed_s'] * 1000:.1f} ms "
+                f"({record['comm/overhead_frac'] * 100:.1f}%)"
+            )
         if record.get("mfu") is not None:
             parts.append(f"mfu {record['mfu'] * 100:.1f}%")
         parts.append(f"eta {_fmt_eta(record['eta_s'])}")
