@@ -30,6 +30,7 @@ DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 STRATEGIES = ("ddp",)
 COMM_HOOKS = ("none", "fp16", "bf16")
+LOGGER_MODES = ("online", "offline", "disabled")
 
 
 class ConfigError(ValueError):
@@ -134,8 +135,16 @@ class ProfilerConfig:
 
 @dataclass
 class LoggerConfig:
-    name: str = "none"
+    """Weights & Biases (see docs/wandb.md); `logger=none` keeps the mode disabled. The API
+    key is never a config key: wandb reads WANDB_API_KEY from the environment."""
+
     mode: str = "disabled"
+    project: str = "launcher"
+    entity: str | None = None
+    tags: list[str] = field(default_factory=list)
+    group: str | None = None
+    name: str | None = None  # the W&B run's name; null: the run id
+    dir: str | None = None  # W&B files go to <dir>/wandb/; null: the run directory
 
 
 @dataclass
@@ -273,6 +282,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     _choice(cfg, "data.source", DATA_SOURCES)
     _choice(cfg, "strategy.name", STRATEGIES)
     _choice(cfg, "strategy.comm_hook", COMM_HOOKS)
+    _choice(cfg, "logger.mode", LOGGER_MODES)
     for key in ("max_steps", "global_batch_size", "micro_batch_size", "seq_len"):
         if t[key] < 1:
             raise ConfigError(f"trainer.{key}={t[key]}: must be at least 1")
