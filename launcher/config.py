@@ -23,6 +23,7 @@ from launcher.nccl_vars import NcclEnv
 CONFIG_MODULE = "launcher.conf"
 CONFIG_NAME = "train"
 
+LOGGER_MODES = ("online", "offline", "disabled")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 DATA_SOURCES = ("stdlib", "text_files", "wikitext2", "memmap", "synthetic")
@@ -30,7 +31,6 @@ DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 STRATEGIES = ("ddp",)
 COMM_HOOKS = ("none", "fp16", "bf16")
-LOGGER_MODES = ("online", "offline", "disabled")
 
 
 class ConfigError(ValueError):
@@ -275,6 +275,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     normalize(cfg, world_size)
     _reject_unknown_keys(cfg, OmegaConf.structured(TrainConfig), "")
     t, d, m = cfg.trainer, cfg.data, cfg.model
+    _choice(cfg, "logger.mode", LOGGER_MODES)
     _choice(cfg, "trainer.precision", PRECISIONS)
     _choice(cfg, "trainer.compile", COMPILE_MODES)
     _choice(cfg, "trainer.device", DEVICES)
@@ -282,7 +283,6 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     _choice(cfg, "data.source", DATA_SOURCES)
     _choice(cfg, "strategy.name", STRATEGIES)
     _choice(cfg, "strategy.comm_hook", COMM_HOOKS)
-    _choice(cfg, "logger.mode", LOGGER_MODES)
     for key in ("max_steps", "global_batch_size", "micro_batch_size", "seq_len"):
         if t[key] < 1:
             raise ConfigError(f"trainer.{key}={t[key]}: must be at least 1")

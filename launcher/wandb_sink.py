@@ -19,7 +19,6 @@ from launcher.sinks import Sink, _clean
 
 log = logging.getLogger("launcher")
 
-MODES = ("online", "offline", "disabled")
 _ID_MAX = 64
 _NOT_ID_CHAR = re.compile(r"[^A-Za-z0-9_-]")
 
