@@ -23,6 +23,7 @@ from launcher.nccl_vars import NcclEnv
 CONFIG_MODULE = "launcher.conf"
 CONFIG_NAME = "train"
 
+LOGGER_MODES = ("online", "offline", "disabled")
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 DATA_SOURCES = ("stdlib", "text_files", "wikitext2", "memmap", "synthetic")
@@ -148,8 +149,16 @@ class ProfilerConfig:
 
 @dataclass
 class LoggerConfig:
-    name: str = "none"
+    """Weights & Biases (see docs/wandb.md); `logger=none` keeps the mode disabled. The API
+    key is never a config key: wandb reads WANDB_API_KEY from the environment."""
+
     mode: str = "disabled"
+    project: str = "launcher"
+    entity: str | None = None
+    tags: list[str] = field(default_factory=list)
+    group: str | None = None
+    name: str | None = None  # the W&B run's name; null: the run id
+    dir: str | None = None  # W&B files go to <dir>/wandb/; null: the run directory
 
 
 @dataclass
@@ -292,6 +301,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     normalize(cfg, world_size)
     _reject_unknown_keys(cfg, OmegaConf.structured(TrainConfig), "")
     t, d, m = cfg.trainer, cfg.data, cfg.model
+    _choice(cfg, "logger.mode", LOGGER_MODES)
     _choice(cfg, "trainer.precision", PRECISIONS)
     _choice(cfg, "trainer.compile", COMPILE_MODES)
     _choice(cfg, "trainer.device", DEVICES)

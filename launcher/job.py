@@ -24,6 +24,7 @@ from launcher.preflight import preflight, shm_need
 from launcher.runtime import Runtime, end_job, env_world, ranks_per_node, start
 from launcher.sinks import ConsoleSink, JsonlSink
 from launcher.strategy import build_strategy
+from launcher.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
 
 log = logging.getLogger("launcher")
 
@@ -67,6 +68,19 @@ def write_run_files(cfg: DictConfig, rt: Runtime) -> None:
     env = envinfo.collect(shm_need(cfg))
     env.update(world_size=rt.world_size, backend=rt.backend, run_id=rt.run_id)
     (rt.run_dir / "env.json").write_text(json.dumps(env, indent=1))
+
+
+def wandb_sink(cfg: DictConfig, rt: Runtime) -> WandbSink:
+    """The run's one W&B run (rank 0 only): config is the redacted config plus env.json."""
+    env = json.loads((rt.run_dir / "env.json").read_text())
+    return WandbSink(
+        cfg.logger,
+        run_dir=rt.run_dir,
+        run_id=rt.run_id,
+        config={**redacted(cfg), "env": env},
+        group=cfg.logger.group,
+        name=cfg.logger.name or rt.run_id,
+    )
 
 
 def resume_candidates(cfg: DictConfig, rt: Runtime) -> list:
@@ -160,6 +174,8 @@ def run(cfg: DictConfig, point: str | None = None) -> int:
                 JsonlSink(rt.run_dir / "metrics.jsonl", start_step),
                 ConsoleSink(t.max_steps, start_step),
             ]
+            if wandb_enabled(cfg.logger):
+                sinks.append(wandb_sink(cfg, rt))
         summary = loop.run(start_step)
     except ConfigError as exc:
         (log.error if rt.is_main else log.info)("error: %s", exc)

@@ -1,7 +1,8 @@
 """Where rank 0 sends each interval's metrics: metrics.jsonl (always) and the console.
 
 Every sink receives the same dict with the same `/`-grouped names, so the file, the
-console and (later) W&B can never disagree about a figure.
+console and W&B (`launcher.wandb_sink`, with `logger=wandb`) can never disagree about a
+figure.
 """
 
 from __future__ import annotations

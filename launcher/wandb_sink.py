@@ -1,0 +1,167 @@
+"""Weights & Biases: one W&B run per training run (rank 0 only), and one per sweep summary.
+
+`wandb` is imported inside the functions that use it, never at module level, so a run with
+`logger.mode=disabled` (the default, `logger=none`) does not import it. Its files go into
+the run directory (`runs/<run_id>/wandb/`) unless `logger.dir` says otherwise. The API key
+is read by wandb itself from `WANDB_API_KEY` (or `wandb login`); the launcher never holds
+it, so it cannot reach config.yaml, env.json, the logs or the W&B config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from launcher.sinks import Sink, _clean
+
+log = logging.getLogger("launcher")
+
+_ID_MAX = 64
+_NOT_ID_CHAR = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def wandb_enabled(logger_cfg) -> bool:
+    """Whether this config asks for a W&B run (`logger=none` keeps the mode disabled)."""
+    return logger_cfg.mode != "disabled"
+
+
+def wandb_run_id(run_id: str) -> str:
+    """The W&B run id of a run directory: derived from the run id alone, so every restart
+    or requeue of the same run directory continues the same W&B run.
+
+    A run id that is already a short, plain W&B id is used as it is; any other (a sweep
+    point's `<sweep_id>/<point>`, a long or unusual name) becomes a readable slug plus a
+    hash of the whole id, so two different run ids never share a W&B run.
+    """
+    if len(run_id) <= _ID_MAX and not _NOT_ID_CHAR.search(run_id):
+        return run_id
+    digest = hashlib.sha1(run_id.encode()).hexdigest()[:8]
+    slug = _NOT_ID_CHAR.sub("-", run_id).strip("-")[: _ID_MAX - len(digest) - 1]
+    return f"{slug}-{digest}" if slug else digest
+
+
+def _settings(wandb):
+    """Console capture off: every rank's output is already in logs/rank<r>.log, and
+    wrapping rank 0's stderr would also change what the progress bar sees. System
+    metrics (CPU, GPU utilisation and memory) stay on; WANDB_X_DISABLE_STATS=true in the
+    environment turns them off."""
+    return wandb.Settings(console="off")
+
+
+def _init(wandb, logger_cfg, directory: Path, **kwargs):
+    directory.mkdir(parents=True, exist_ok=True)
+    return wandb.init(
+        project=logger_cfg.project,
+        entity=logger_cfg.entity,
+        mode=logger_cfg.mode,
+        dir=str(directory),
+        tags=list(logger_cfg.tags or []),
+        settings=_settings(wandb),
+        **kwargs,
+    )
+
+
+class WandbSink(Sink):
+    """Sends rank 0's records to one W&B run: the same names and values as metrics.jsonl,
+    at W&B step = the record's `step`; the end-of-run summary goes to the run summary."""
+
+    def __init__(
+        self,
+        logger_cfg,
+        *,
+        run_dir: Path,
+        run_id: str,
+        config: Mapping,
+        group: str | None = None,
+        name: str | None = None,
+    ):
+        import wandb
+
+        directory = Path(logger_cfg.dir).expanduser() if logger_cfg.dir else Path(run_dir)
+        self.run = _init(
+            wandb,
+            logger_cfg,
+            directory,
+            id=wandb_run_id(run_id),
+            resume="allow",
+            name=name or run_id,
+            group=group,
+            job_type="train",
+            config=dict(config),
+        )
+        log.info("W&B run %s (%s) in %s/wandb/", self.run.id, logger_cfg.mode, directory.as_posix())
+
+    def log(self, record: dict) -> None:
+        # commit=True writes the row now: W&B otherwise holds a step's row until the next
+        # step arrives, and the last row would land after (and overwrite) the summary.
+        self.run.log({k: _clean(v) for k, v in record.items()}, step=record["step"], commit=True)
+
+    def close(self, summary: dict) -> None:
+        """Summary into the run summary; a failed run finishes with exit code 1 (W&B shows
+        it failed), a stopped (preempted) one is marked preempting, to be resumed.
+
+        A W&B failure here is logged, not raised: summary.json and the process group's
+        teardown, which come after the sinks close, matter more than the W&B copy.
+        """
+        status = str(summary.get("status", ""))
+        try:
+            self.run.summary.update({k: _clean(v) for k, v in summary.items()})
+            if status == "stopped":
+                self.run.mark_preempting()
+            self.run.finish(exit_code=0 if status in ("completed", "stopped") else 1)
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            log.warning("W&B: could not finish run %s: %s", self.run.id, exc)
+
+
+def log_sweep_summary(
+    logger_cfg, run_root_dir, sweep_id: str, rows: list[dict], png_path=None
+) -> str | None:
+    """One short W&B run (job_type `sweep_summary`, grouped with the sweep's points by
+    `group=sweep_id`) holding the sweep's table as `sweep_summary` and its plot as
+    `sweep_plot`. Returns the W&B run id, or None when W&B is disabled.
+
+    `run_root_dir` is `run.root`: the files go to `<run_root_dir>/<sweep_id>/wandb/`, next
+    to sweep_summary.{csv,md,png}, unless `logger.dir` is set. The id is derived from the
+    sweep id, so a requeued sweep that writes its summary again reuses the same W&B run.
+    """
+    if not wandb_enabled(logger_cfg):
+        return None
+    import wandb
+
+    directory = (
+        Path(logger_cfg.dir).expanduser() if logger_cfg.dir else Path(run_root_dir) / sweep_id
+    )
+    columns: list[str] = []
+    for row in rows:
+        columns += [c for c in row if c not in columns]
+    table = wandb.Table(
+        columns=columns,
+        data=[[_clean(row.get(c)) for c in columns] for row in rows],
+        allow_mixed_types=True,
+    )
+    run = _init(
+        wandb,
+        logger_cfg,
+        directory,
+        id=wandb_run_id(f"{sweep_id}-sweep_summary"),
+        resume="allow",
+        name=f"{sweep_id} summary",
+        group=sweep_id,
+        job_type="sweep_summary",
+        config={"sweep_id": sweep_id, "points": len(rows)},
+    )
+    try:
+        logged = {"sweep_summary": table}
+        if png_path is not None and Path(png_path).is_file():
+            logged["sweep_plot"] = wandb.Image(str(png_path))
+        elif png_path is not None:
+            log.warning("sweep plot %s not found; the W&B summary has the table only", png_path)
+        run.log(logged)
+    except BaseException:
+        run.finish(exit_code=1)
+        raise
+    run.finish()
+    return run.id
