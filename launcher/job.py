@@ -21,7 +21,7 @@ from launcher.loop import NonFiniteLoss, Stopped, TrainLoop
 from launcher.model import build_model, count_params, flops_per_token, peak_flops
 from launcher.preemption import EXIT_STOPPED
 from launcher.preflight import preflight, shm_need
-from launcher.runtime import Runtime, end_job, env_world, ranks_per_node, start
+from launcher.runtime import Runtime, end_job, env_world, ranks_per_node, start, sweep_id
 from launcher.sinks import ConsoleSink, JsonlSink
 from launcher.strategy import build_strategy
 from launcher.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
@@ -70,16 +70,18 @@ def write_run_files(cfg: DictConfig, rt: Runtime) -> None:
     (rt.run_dir / "env.json").write_text(json.dumps(env, indent=1))
 
 
-def wandb_sink(cfg: DictConfig, rt: Runtime) -> WandbSink:
-    """The run's one W&B run (rank 0 only): config is the redacted config plus env.json."""
+def wandb_sink(cfg: DictConfig, rt: Runtime, point: str | None) -> WandbSink:
+    """The run's one W&B run (rank 0 only): config is the redacted config plus env.json.
+
+    A sweep point's run is named by its point and grouped under the sweep's id."""
     env = json.loads((rt.run_dir / "env.json").read_text())
     return WandbSink(
         cfg.logger,
         run_dir=rt.run_dir,
         run_id=rt.run_id,
         config={**redacted(cfg), "env": env},
-        group=cfg.logger.group,
-        name=cfg.logger.name or rt.run_id,
+        group=cfg.logger.group or (sweep_id() if point else None),
+        name=cfg.logger.name or point or rt.run_id,
     )
 
 
@@ -175,7 +177,7 @@ def run(cfg: DictConfig, point: str | None = None) -> int:
                 ConsoleSink(t.max_steps, start_step),
             ]
             if wandb_enabled(cfg.logger):
-                sinks.append(wandb_sink(cfg, rt))
+                sinks.append(wandb_sink(cfg, rt, point))
         summary = loop.run(start_step)
     except ConfigError as exc:
         (log.error if rt.is_main else log.info)("error: %s", exc)

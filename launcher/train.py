@@ -22,6 +22,7 @@ from launcher import runtime, sweep
 from launcher.config import ConfigError, compose
 from launcher.job import check_or_exit, fail_bad_input, run
 from launcher.preemption import EXIT_STOPPED
+from launcher.wandb_sink import log_sweep_summary  # imports wandb only when enabled
 
 log = logging.getLogger("launcher")
 
@@ -33,6 +34,7 @@ class _Launch:
     swept_keys: list[str] = []
     codes: list[int] = []
     points: list[tuple[str, Path]] = []
+    cfg: DictConfig | None = None  # the last point's, for where the summary goes
 
 
 @hydra.main(config_path="pkg://launcher.conf", config_name="train", version_base="1.3")
@@ -51,6 +53,7 @@ def _hydra_entry(cfg: DictConfig) -> None:
         log.exception("the run failed")
         raise SystemExit(1) from None
     _Launch.codes.append(code)
+    _Launch.cfg = cfg
     if point is not None:
         _Launch.points.append((point, Path(cfg.run.root).expanduser() / runtime.sweep_id() / point))
 
@@ -80,12 +83,15 @@ def check_points(overrides: list[str], multirun: bool) -> sweep.Plan:
 def write_sweep_summary() -> None:
     if runtime.env_world()[0] != 0 or not _Launch.points:
         return
-    labels, dirs = zip(*_Launch.points, strict=True)
-    out = dirs[0].parent
-    rows, paths = sweep.summarize(list(dirs), out, title=f"sweep {out.name}")
-    log.info("sweep summary:\n%s", sweep.markdown_table(rows, f"sweep {out.name}"))
+    dirs = [run_dir for _, run_dir in _Launch.points]
+    sweep_id = runtime.sweep_id()
+    title = f"sweep {sweep_id}"
+    rows, paths = sweep.summarize(dirs, dirs[0].parent, title=title)
+    log.info("sweep summary:\n%s", sweep.markdown_table(rows, title))
     for path in paths:
         log.info("wrote %s", path)
+    root = Path(_Launch.cfg.run.root).expanduser()
+    log_sweep_summary(_Launch.cfg.logger, root, sweep_id, rows, paths[-1])
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from test_wandb import inspect_summary, private_wandb_env, records
 
 from launcher.sweep import point_label
 
@@ -61,9 +62,22 @@ def test_requeued_sweep_skips_completed_points(bucket_sweep, tmp_path):
 
 
 def test_comm_hook_sweep_reports_loss_difference_from_none(tmp_path):
+    """Also logged to W&B offline: one run per point, named by it, grouped by the sweep,
+    and one more run of the group holding the summary table."""
     args = [*SWEEP, "+exp=comm_hook_sweep", f"run.root={tmp_path}", "run.id=hooks"]
-    proc = torchrun([*args, "strategy.comm_hook=none,bf16", "strategy.bucket_cap_mb=0.05"])
+    args += ["logger=wandb", "logger.mode=offline"]
+    env = base_env(**private_wandb_env(tmp_path))
+    proc = torchrun([*args, "strategy.comm_hook=none,bf16", "strategy.bucket_cap_mb=0.05"], env=env)
     assert proc.returncode == 0, explain(proc)
+    groups = {}
+    for found in tmp_path.rglob("offline-run-*"):
+        run = next(r["run"] for r in records(found, tmp_path) if r["type"] == "run")
+        groups[inspect_summary(found, tmp_path)["name"]] = run["run_group"]
+    assert groups == {
+        "comm_hook=none": "hooks",
+        "comm_hook=bf16": "hooks",
+        "hooks summary": "hooks",
+    }
     rows = {r["point"]: r for r in read_csv(tmp_path / "hooks" / "sweep_summary.csv")}
     assert set(rows) == {"comm_hook=none", "comm_hook=bf16"}
     assert float(rows["comm_hook=none"]["loss_diff_vs_none"]) == 0.0
