@@ -13,14 +13,7 @@ cd "$(dirname "$0")/.."
 out=${1:-${OUT:-gpu-check}}
 shift $(($# > 0 ? 1 : 0))
 mkdir -p "$out"
-if ! python3 -c "import hydra, omegaconf" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-        --target /tmp/launcher-site .whl/*.whl
-    export PYTHONPATH=/tmp/launcher-site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-# Not installed there: conf/ ships as the package launcher.conf only through pip.
-python3 -c "import launcher.conf" 2>/dev/null || ln -sfn ../conf launcher/conf
+source benchmarks/device_env.sh
 
 python3 -m launcher.doctor | tee "$out/doctor.txt"
 set -o pipefail

@@ -13,14 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-gpu-comm-check}}
 mkdir -p "$out"
-if ! python3 -c "import hydra, omegaconf" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-        --target /tmp/launcher-site .whl/*.whl
-    export PYTHONPATH=/tmp/launcher-site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-# Not installed there: conf/ ships as the package launcher.conf only through pip.
-python3 -c "import launcher.conf" 2>/dev/null || ln -sfn ../conf launcher/conf
+source benchmarks/device_env.sh
 RUN1=(python3 -m torch.distributed.run --standalone --nproc_per_node=1)
 GPT2=(model=gpt2 data=synthetic data.vocab_size=50257 trainer.precision=bf16
       trainer.seq_len=1024 trainer.micro_batch_size=16 data.num_workers=2)
