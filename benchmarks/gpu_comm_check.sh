@@ -31,15 +31,15 @@ timeout 200 "${RUN1[@]}" -m launcher.train "${GPT2[@]}" run.root="$out/runs" run
 python3 - "$out" <<'PY' 2>&1 | tee "$out/compare.txt"
 import json, sys
 from pathlib import Path
-from launcher.analyze.comm import comm_by_step
+from launcher.analyze.breakdown import run_breakdown
 from launcher.analyze.trace import load, rank_trace_files
 run = Path(sys.argv[1]) / "runs" / "prof"
 live = {json.loads(l)["step"]: json.loads(l) for l in (run / "metrics.jsonl").open()}
 print("buckets", live[max(live)].get("comm/buckets"))
-for r in comm_by_step(run):
+for r in run_breakdown(run):
     m = live[r.step]
-    print(f"step {r.step}: trace {r.collectives} nccl kernels, comm {r.comm_s*1e3:.3f} ms, "
-          f"exposed {r.exposed_s*1e3:.3f} ms | live allreduce {m['comm/allreduce_s']*1e3:.3f} ms, "
+    print(f"step {r.step}: trace {r.collectives}, comm {r.comm_s*1e3:.3f} ms, "
+          f"exposed {r.exposed_comm_s*1e3:.3f} ms | live allreduce {m['comm/allreduce_s']*1e3:.3f} ms, "
           f"exposed {m['comm/exposed_s']*1e3:.3f} ms, step {m['step_time_s/p50']*1e3:.1f} ms")
 trace = load(rank_trace_files(run)[0][0])
 names = {}

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from launcher.analyze.comm import comm_by_step
-from launcher.analyze.trace import load, rank_trace_files
+from launcher.analyze.advice import advise
+from launcher.analyze.breakdown import run_breakdown
+from launcher.analyze.trace import LOOP_READ, load, rank_trace_files
 
-from launch import FAST, explain, metrics, summary, torchrun
+from launch import FAST, base_env, explain, metrics, summary, torchrun
 
 PROFILED = [5, 6, 7]
 
@@ -48,16 +51,16 @@ def test_each_rank_writes_only_its_own_traces(profiled_run):
 def test_trace_all_reduces_follow_buckets(profiled_run):
     buckets = summary(profiled_run)["comm/buckets"]
     assert buckets > 1
-    for row in comm_by_step(profiled_run):
-        assert row.collectives == buckets, row
+    for row in run_breakdown(profiled_run):
+        assert row.collectives["all_reduce"][0] == buckets, row
 
 
 def test_live_exposed_comm_agrees_with_the_trace(profiled_run):
     """The trainer's comm/exposed_s (timed around the hook) and the trace's communication
     not overlapped by computation, over the same steps, within 20%."""
     live = {r["step"]: r for r in metrics(profiled_run) if "loss" in r}
-    rows = comm_by_step(profiled_run)
-    traced = sum(r.exposed_s for r in rows) / 2  # mean over the 2 ranks, summed over steps
+    rows = run_breakdown(profiled_run)
+    traced = sum(r.exposed_comm_s for r in rows) / 2  # mean over the 2 ranks, summed over steps
     measured = sum(live[s]["comm/exposed_s"] for s in PROFILED)
     assert traced == pytest.approx(measured, rel=0.2), (traced, measured)
     print(json.dumps({"exposed_s": {"trace": traced, "live": measured}}))
@@ -131,14 +134,116 @@ def test_cuda_trace_exposed_communication_and_overlap(tmp_path):
             ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 250.0, 450.0),
         ],
     )
-    (row,) = comm_by_step(run)
-    assert (row.rank, row.step, row.collectives) == (0, 3, 1)
-    assert row.comm_s == pytest.approx(200e-6)
-    assert row.exposed_s == pytest.approx(100e-6)
+    (row,) = run_breakdown(run)
+    assert (row.rank, row.step, row.gpu) == (0, 3, True)
+    assert row.collectives == {"AllReduce": (1, pytest.approx(200e-6))}
+    assert row.comm_s == pytest.approx(200e-6) and row.compute_s == pytest.approx(250e-6)
+    assert row.exposed_comm_s == pytest.approx(100e-6)
+    assert row.idle_s == 0.0  # 100-450 always ran a kernel (the NCCL one covers 300-350)
     assert row.overlap_ratio == pytest.approx(0.5)
 
 
 def test_cuda_trace_counts_gpu_work_launched_by_nccl_as_communication(tmp_path):
     run = cuda_trace(tmp_path, [("gemm", 0.0, 10.0), ("memcpy-from-nccl", 20.0, 30.0)])
-    (row,) = comm_by_step(run)
-    assert row.comm_s == pytest.approx(10e-6) and row.exposed_s == pytest.approx(10e-6)
+    (row,) = run_breakdown(run)
+    assert row.comm_s == pytest.approx(10e-6) and row.exposed_comm_s == pytest.approx(10e-6)
+
+
+def test_analyze_writes_report_and_merged_trace(profiled_run):
+    cmd = [sys.executable, "-m", "launcher.analyze", str(profiled_run)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=base_env())
+    assert proc.returncode == 0, explain(proc)
+    report = json.loads((profiled_run / "analysis" / "report.json").read_text())
+    buckets = summary(profiled_run)["comm/buckets"]
+    assert (report["device"], report["ranks"], report["steps"]) == ("cpu", [0, 1], PROFILED)
+    assert len(report["per_step"]) == 6
+    for row in report["per_step"]:
+        assert row["collectives"]["all_reduce"][0] == buckets
+        assert row["exposed_comm_s"] <= row["comm_s"] < row["step_s"]
+        parts = row["compute_s"] + row["data_wait_s"] + row["idle_s"]
+        assert parts <= row["step_s"] * 1.0001 and row["idle_s"] >= 0
+    assert [s["step"] for s in report["stragglers"]] == PROFILED
+    for s in report["stragglers"]:
+        assert sum(s["waited_for"].values()) == buckets  # one verdict per all-reduce
+    assert "## Advice" in (profiled_run / "analysis" / "report.md").read_text()
+    merged = json.loads((profiled_run / "analysis" / "merged_trace.json").read_text())
+    lanes = {e["pid"] for e in merged["traceEvents"] if e.get("ph") == "X"}
+    assert lanes == {0, 1}
+
+
+def test_analyze_refuses_a_directory_without_traces(tmp_path):
+    cmd = [sys.executable, "-m", "launcher.analyze", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=base_env())
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "profiler=steps" in proc.stderr
+
+
+def cpu_trace(tmp_path, events):
+    """A hand-written CPU trace of one step (0-1000 us) on the training thread."""
+    base = [
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "launcher/step 9",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0.0,
+            "dur": 1000.0,
+        },
+    ]
+    base += [
+        {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+        for cat, name, ts, dur in events
+    ]
+    folder = tmp_path / "traces" / "rank0"
+    folder.mkdir(parents=True)
+    (folder / "rank0.1.pt.trace.json").write_text(json.dumps({"traceEvents": base}))
+    return tmp_path
+
+
+def findings(run_dir):
+    return {a.finding: a for a in advise(run_breakdown(run_dir))}
+
+
+def test_advice_names_a_data_loading_stall(tmp_path):
+    run = cpu_trace(
+        tmp_path,
+        [
+            (
+                "user_annotation",
+                "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__",
+                0.0,
+                400.0,
+            ),
+            ("cpu_op", "aten::linear", 400.0, 600.0),
+        ],
+    )
+    found = findings(run)
+    assert list(found) == ["the step waits for data"]
+    assert "data.num_workers" in found["the step waits for data"].knobs
+    assert "0.4 ms per step" in found["the step waits for data"].evidence
+
+
+def test_advice_names_a_per_step_item(tmp_path):
+    run = cpu_trace(
+        tmp_path,
+        [
+            ("cpu_op", "aten::linear", 0.0, 900.0),
+            ("cpu_op", "aten::is_nonzero", 900.0, 10.0),  # the model's own read: not advised
+            ("cpu_op", "aten::_local_scalar_dense", 901.0, 5.0),
+            ("cpu_op", "aten::item", 950.0, 10.0),  # the loop's .item()
+            ("cpu_op", "aten::_local_scalar_dense", 951.0, 8.0),
+        ],
+    )
+    found = findings(run)
+    assert list(found) == ["synchronisations inside the step"]
+    evidence = found["synchronisations inside the step"].evidence
+    assert "scalar read in the training loop (.item())` x1.0" in evidence
+    assert "is_nonzero" not in evidence
+    (row,) = run_breakdown(run)
+    assert row.syncs == {"scalar read in aten::is_nonzero": 1, LOOP_READ: 1}
+
+
+def test_no_advice_without_evidence(tmp_path):
+    run = cpu_trace(tmp_path, [("cpu_op", "aten::linear", 0.0, 990.0)])
+    assert findings(run) == {}

@@ -9,6 +9,10 @@ communication spans and computation spans, on CPU/gloo and CUDA/NCCL traces alik
 - Computation is, on a GPU trace, every other kernel; on a CPU-only trace, every operator
   on the threads that are not gloo's, apart from the operators that only hand work to the
   communication backend.
+- Data wait is the DataLoader's `enumerate(DataLoader)#...__next__` region on the CPU;
+  host-to-device copies are `Memcpy HtoD` activities; synchronisations are scalar reads
+  (`aten::_local_scalar_dense`, what `.item()`, `float()` and `bool()` of a tensor run)
+  and CUDA's stream, device and event synchronise calls.
 
 On a GPU a kernel belongs to the step whose region contains the CPU call that launched it
 (matched by correlation id), since kernels run after their launch.
@@ -23,6 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 STEP = re.compile(r"^launcher/step (\d+)$")
+DATA_WAIT = "enumerate(DataLoader)"
+SYNC_OPS = ("aten::_local_scalar_dense",)
+LOOP_READ = "scalar read in the training loop (.item())"
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 COMM_LAUNCH_OPS = ("c10d::", "record_param_comms", "nccl:", "gloo:")
 NCCL_CALLS = ("nccl:", "record_param_comms")
 GPU_KERNEL_CATS = ("kernel",)
@@ -30,17 +39,27 @@ GPU_ACTIVITY_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 
 
-def is_nccl_kernel(name: str) -> bool:
-    return name.startswith(("ncclKernel", "ncclDevKernel"))
+Span = tuple[float, float]
 
 
 @dataclass
 class Step:
+    """One training step of one rank: its spans by kind, in the trace's microseconds."""
+
     number: int
-    start: float  # microseconds, the trace's clock
+    start: float
     end: float
-    comm: list[tuple[float, float]] = field(default_factory=list)
-    compute: list[tuple[float, float]] = field(default_factory=list)
+    comm: list[Span] = field(default_factory=list)  # gradient communication
+    compute: list[Span] = field(default_factory=list)
+    collectives: dict[str, list[Span]] = field(default_factory=dict)  # every collective
+    data_wait: list[Span] = field(default_factory=list)
+    h2d: list[Span] = field(default_factory=list)
+    h2d_pageable: int = 0
+    syncs: dict[str, list[Span]] = field(default_factory=dict)
+    ops: dict[str, list[float]] = field(default_factory=dict)  # name -> durations (us)
+
+    def add_op(self, name: str, dur: float) -> None:
+        self.ops.setdefault(name, []).append(dur)
 
 
 @dataclass
@@ -63,67 +82,100 @@ class RankTrace:
 
     def steps(self) -> list[Step]:
         """Training steps in this trace, with their communication and computation spans."""
-        regions = [
-            Step(int(m.group(1)), e["ts"], e["ts"] + e["dur"])
+        regions = [  # the CPU region (_is_step), not its GPU mirror
+            Step(int(STEP.match(e["name"]).group(1)), e["ts"], e["ts"] + e["dur"])
             for e in self.events
-            if e.get("ph") == "X"
-            and e.get("cat") == "user_annotation"  # the CPU region, not its GPU mirror
-            and (m := STEP.match(str(e.get("name", ""))))
+            if _is_step(e)
         ]
         regions.sort(key=lambda s: s.start)
-        if self.has_gpu:
+        gpu = self.has_gpu
+        self._fill_host(regions, cpu_compute=not gpu)
+        if gpu:
             self._fill_gpu(regions)
-        else:
-            self._fill_cpu(regions)
         return regions
 
-    def _fill_cpu(self, steps: list[Step]) -> None:
-        names = self.thread_names()
-        gloo = {key for key, name in names.items() if "gloo" in name}
-        for e in self.events:
-            if e.get("ph") != "X":
+    def _fill_host(self, steps: list[Step], cpu_compute: bool) -> None:
+        """CPU-side events: gloo collectives, data wait, synchronisations, top-level
+        operators and, on a CPU-only trace, computation.
+
+        Every scalar read goes through `aten::_local_scalar_dense`; it is named by the
+        top-level operator it ran inside (`scalar read in aten::is_nonzero`), or
+        `LOOP_READ` when the training loop itself read a scalar (`.item()`, `float(t)`).
+        """
+        gloo = {key for key, name in self.thread_names().items() if "gloo" in name}
+        main = {(e.get("pid"), e.get("tid")) for e in self.events if _is_step(e)}
+        top: dict = {}  # thread -> (name, end) of the top-level operator running there
+        for e in sorted(self.events, key=lambda e: e.get("ts", 0)):
+            if e.get("ph") != "X" or e.get("cat") in GPU_ACTIVITY_CATS:
                 continue
             span = (e["ts"], e["ts"] + e["dur"])
-            name = str(e.get("name", ""))
-            if name == "gloo:all_reduce":
-                kind = "comm"
-            elif (
-                e.get("cat") == "cpu_op"
-                and (e.get("pid"), e.get("tid")) not in gloo
-                and not name.startswith(COMM_LAUNCH_OPS)
-            ):
-                kind = "compute"
-            else:
-                continue
             step = _containing(steps, span[0])
-            if step is not None:
-                getattr(step, kind).append(span)
+            if step is None:
+                continue
+            name, cat, thread = str(e.get("name", "")), e.get("cat"), (e.get("pid"), e.get("tid"))
+            if name.startswith("gloo:"):
+                step.collectives.setdefault(name.removeprefix("gloo:"), []).append(span)
+                if name == "gloo:all_reduce":
+                    step.comm.append(span)
+            elif name.startswith(DATA_WAIT) and thread in main:
+                step.data_wait.append(span)
+            elif cat in LAUNCH_CATS and name.startswith(SYNC_CALLS):
+                step.syncs.setdefault(name, []).append(span)
+            elif cat == "cpu_op" and thread not in gloo:
+                parent, parent_end = top.get(thread, ("", 0.0))
+                nested = span[0] < parent_end
+                if not nested and thread in main:
+                    top[thread] = (name, span[1])
+                    step.add_op(name, e["dur"])
+                if name.startswith(SYNC_OPS):
+                    inside = nested and parent != "aten::item"
+                    label = f"scalar read in {parent}" if inside else LOOP_READ
+                    step.syncs.setdefault(label, []).append(span)
+                if cpu_compute and not name.startswith(COMM_LAUNCH_OPS):
+                    step.compute.append(span)
 
     def _fill_gpu(self, steps: list[Step]) -> None:
+        """GPU activities, each in the step whose region holds the call that launched it."""
         launches = {
             e["args"]["correlation"]: (e["ts"], e.get("tid"))
             for e in self.events
-            if e.get("cat") in ("cuda_runtime", "cuda_driver")
-            and "correlation" in e.get("args", {})
+            if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})
         }
         nccl_calls: dict = {}
         for e in self.events:
             if e.get("ph") == "X" and str(e.get("name", "")).startswith(NCCL_CALLS):
                 nccl_calls.setdefault(e.get("tid"), []).append((e["ts"], e["ts"] + e["dur"]))
         for e in self.events:
-            if e.get("cat") not in GPU_ACTIVITY_CATS or e.get("ph") != "X":
+            if e.get("ph") != "X" or e.get("cat") not in GPU_ACTIVITY_CATS:
                 continue
             launch = launches.get(e.get("args", {}).get("correlation"))
             step = _containing(steps, launch[0]) if launch is not None else None
             if step is None:
                 continue
-            span = (e["ts"], e["ts"] + e["dur"])
-            name = str(e.get("name", ""))
             from_nccl = any(lo <= launch[0] <= hi for lo, hi in nccl_calls.get(launch[1], ()))
-            if is_nccl_kernel(name) or from_nccl:
-                step.comm.append(span)
-            elif e.get("cat") in GPU_KERNEL_CATS:
-                step.compute.append(span)
+            span = (e["ts"], e["ts"] + e["dur"])
+            _place_gpu_activity(step, str(e.get("name", "")), e.get("cat"), span, from_nccl)
+
+
+def _place_gpu_activity(step: Step, name: str, cat: str, span: Span, from_nccl: bool) -> None:
+    match = NCCL_KERNEL.match(name)
+    if match or from_nccl:
+        step.comm.append(span)
+        step.collectives.setdefault(match.group(1) if match else "nccl", []).append(span)
+    elif cat == "gpu_memcpy" and "HtoD" in name:
+        step.h2d.append(span)
+        step.h2d_pageable += "Pageable" in name
+    elif cat in GPU_KERNEL_CATS:
+        step.compute.append(span)
+        step.add_op(name, span[1] - span[0])
+
+
+def _is_step(e: dict) -> bool:
+    return (
+        e.get("ph") == "X"
+        and e.get("cat") == "user_annotation"
+        and STEP.match(str(e.get("name", ""))) is not None
+    )
 
 
 def _containing(steps: list[Step], ts: float) -> Step | None:

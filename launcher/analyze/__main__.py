@@ -1,0 +1,47 @@
+"""`python -m launcher.analyze RUN_DIR [RUN_DIR...]`: analyse the per-rank traces of a run
+(or of every point of a sweep directory) and write analysis/report.{md,json} and a
+merged trace into each run directory."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from launcher.analyze.report import analyze, markdown, write
+
+
+def run_dirs(path: Path) -> list[Path]:
+    """The run directory itself, or the points of a sweep directory."""
+    if (path / "traces").is_dir():
+        return [path]
+    return sorted(p for p in path.iterdir() if (p / "traces").is_dir()) if path.is_dir() else []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launcher.analyze", description=__doc__)
+    parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories")
+    args = parser.parse_args(argv)
+    for path in args.paths:
+        found = run_dirs(path)
+        if not found:
+            print(
+                f"error: {path}: no traces/rank*/ here or in its sweep points; "
+                "run with profiler=steps first",
+                file=sys.stderr,
+            )
+            return 2
+        for run_dir in found:
+            try:
+                report = analyze(run_dir)
+            except FileNotFoundError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            print(markdown(report))
+            for written in write(run_dir, report):
+                print(f"wrote {written}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
