@@ -140,6 +140,10 @@ def test_cuda_trace_exposed_communication_and_overlap(tmp_path):
     assert row.comm_s == pytest.approx(200e-6) and row.compute_s == pytest.approx(250e-6)
     assert row.exposed_comm_s == pytest.approx(100e-6)
     assert row.idle_s == 0.0  # 100-450 always ran a kernel (the NCCL one covers 300-350)
+    (exposed,) = advise([row])
+    assert "strategy.bucket_cap_mb" in exposed.knobs and "waited for" not in exposed.evidence
+    (exposed,) = advise([row], waited_for={0: 1, 1: 9})  # 9 of 10 all-reduces: a straggler
+    assert "9 of 10 all-reduces waited for rank 1" in exposed.evidence
     assert row.overlap_ratio == pytest.approx(0.5)
 
 

@@ -22,7 +22,10 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def advise(rows: list[StepBreakdown]) -> list[Advice]:
+def advise(rows: list[StepBreakdown], waited_for: dict[int, int] | None = None) -> list[Advice]:
+    """Findings over every profiled (rank, step). `waited_for` counts, per rank, the
+    all-reduces that waited for it (report.stragglers): exposed communication that is
+    mostly waiting for one rank is a straggler, not a network, problem."""
     if not rows:
         return []
     step = _mean([r.step_s for r in rows])
@@ -46,6 +49,15 @@ def advise(rows: list[StepBreakdown]) -> list[Advice]:
         counts = sorted(
             {r.collectives.get("all_reduce", r.collectives.get("AllReduce", (0,)))[0] for r in rows}
         )
+        waits = waited_for or {}
+        total = sum(waits.values())
+        late = max(waits, key=waits.get) if total else None
+        straggler = (
+            f"; {waits[late]} of {total} all-reduces waited for rank {late}, so part of "
+            f"this is waiting for a slower rank, not communication"
+            if total and waits[late] > 0.75 * total
+            else ""
+        )
         out.append(
             Advice(
                 "gradient communication is exposed (not hidden behind compute)",
@@ -54,7 +66,8 @@ def advise(rows: list[StepBreakdown]) -> list[Advice]:
                 "(docs/communication.md#tuning-guide)",
                 f"{exposed * 1e3:.1f} ms per step of communication with no computation "
                 f"running ({exposed / step:.0%} of the step); overlap ratio "
-                f"{_mean(ratios):.2f}; {'/'.join(map(str, counts))} all-reduce(s) per step",
+                f"{_mean(ratios):.2f}; {'/'.join(map(str, counts))} all-reduce(s) per step"
+                f"{straggler}",
             )
         )
     pageable = sum(r.h2d_pageable for r in rows)

@@ -72,6 +72,11 @@ def analyze(run_dir: Path) -> dict:
             f"{run_dir}: no profiled steps in traces/rank*/; run with profiler=steps"
         )
     offsets = clock_offsets(rows)
+    late = stragglers(rows, offsets)
+    waited: dict[int, int] = {}
+    for s in late:
+        for rank, count in s["waited_for"].items():
+            waited[rank] = waited.get(rank, 0) + count
     out = run_dir / "analysis"
     out.mkdir(exist_ok=True)
     merged = write_merged_trace(run_dir, offsets, out / "merged_trace.json")
@@ -92,9 +97,9 @@ def analyze(run_dir: Path) -> dict:
             }
             for rank in sorted({r.rank for r in rows})
         },
-        "stragglers": stragglers(rows, offsets),
+        "stragglers": late,
         "top_ops": top_ops(rows),
-        "advice": [asdict(a) for a in advise(rows)],
+        "advice": [asdict(a) for a in advise(rows, waited)],
         "clock_offsets_us": offsets,
         "merged_trace": str(merged.relative_to(run_dir)),
     }
