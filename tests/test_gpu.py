@@ -59,3 +59,17 @@ def test_nccl_debug_records_the_transport(tmp_path):
     assert not (tmp_path / ".nccl-logs").exists()
     if nproc > 1:
         assert record["job"]["kinds"] and set(record["job"]["kinds"]) <= {"P2P", "SHM", "NVLS"}
+
+
+@needs_gpu
+def test_comm_figures_on_nccl(tmp_path):
+    """CUDA-event timing of the comm hook on NCCL: figures present and consistent, the bus
+    bandwidth null with one rank, a number with two."""
+    nproc = min(torch.cuda.device_count(), 2)
+    overrides = [*FAST, "strategy.bucket_cap_mb=0.05", f"run.root={tmp_path}", "run.id=c"]
+    proc = torchrun(overrides, nproc=nproc)
+    assert proc.returncode == 0, explain(proc)
+    for r in (r for r in metrics(tmp_path / "c") if "loss" in r):
+        assert 0 <= r["comm/exposed_s"] <= r["comm/allreduce_s"] <= r["step_time_s/max"]
+        assert r["comm/bytes"] > 0
+        assert (r["comm/busbw_gbps"] is None) == (nproc == 1)
