@@ -28,12 +28,12 @@ log = logging.getLogger("launcher")
 
 
 class _Launch:
-    """This process's jobs: the keys a sweep varies, each job's exit code, and the sweep
-    points run so far (label, run directory)."""
+    """This process's jobs: the keys a sweep varies, each job's exit code, and the run
+    directories of the sweep points run so far."""
 
     swept_keys: list[str] = []
     codes: list[int] = []
-    points: list[tuple[str, Path]] = []
+    points: list[Path] = []
     cfg: DictConfig | None = None  # the last point's, for where the summary goes
 
 
@@ -55,7 +55,7 @@ def _hydra_entry(cfg: DictConfig) -> None:
     _Launch.codes.append(code)
     _Launch.cfg = cfg
     if point is not None:
-        _Launch.points.append((point, Path(cfg.run.root).expanduser() / runtime.sweep_id() / point))
+        _Launch.points.append(Path(cfg.run.root).expanduser() / runtime.sweep_id() / point)
 
 
 def check_points(overrides: list[str], multirun: bool) -> sweep.Plan:
@@ -83,7 +83,7 @@ def check_points(overrides: list[str], multirun: bool) -> sweep.Plan:
 def write_sweep_summary() -> None:
     if runtime.env_world()[0] != 0 or not _Launch.points:
         return
-    dirs = [run_dir for _, run_dir in _Launch.points]
+    dirs = _Launch.points
     sweep_id = runtime.sweep_id()
     title = f"sweep {sweep_id}"
     rows, paths = sweep.summarize(dirs, dirs[0].parent, title=title)
