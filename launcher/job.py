@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import time
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -29,14 +30,23 @@ from launcher.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
 log = logging.getLogger("launcher")
 
 EXIT_BAD_INPUT = 2
+BAD_INPUT_LINGER_S = 20.0
 EXIT_NONFINITE = 3
 SECRET_WORDS = ("key", "token", "secret", "password")
 
 
 def fail_bad_input(exc: ConfigError) -> None:
-    """One line on rank 0 (every rank finds the same problem), exit code 2 everywhere."""
-    if env_world()[0] == 0:
+    """One line on rank 0 (every rank finds the same problem), exit code 2 everywhere.
+
+    The other ranks linger before exiting: torchrun stops every rank as soon as one exits,
+    and a rank that got there first would otherwise take rank 0 down before it printed.
+    Rank 0's own exit ends the others' wait.
+    """
+    rank = env_world()[0]
+    if rank == 0:
         print(f"error: {exc}", file=sys.stderr)
+    else:
+        time.sleep(BAD_INPUT_LINGER_S)
     sys.exit(EXIT_BAD_INPUT)
 
 

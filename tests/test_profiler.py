@@ -14,7 +14,7 @@ from launcher.analyze.trace import LOOP_READ, load, rank_trace_files
 
 from launch import FAST, base_env, explain, metrics, summary, torchrun
 
-PROFILED = [5, 6, 7]
+PROFILED = [5, 6, 7, 8, 9]  # five steps: the comparison averages over them
 
 
 @pytest.fixture(scope="module")
@@ -22,14 +22,14 @@ def profiled_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("prof")
     overrides = [
         *FAST,
-        "trainer.max_steps=8",
+        "trainer.max_steps=10",
         "trainer.eval_interval=0",
         "trainer.checkpoint_interval=0",
         "strategy.bucket_cap_mb=0.05",
         "profiler=steps",
         "profiler.skip_first=3",
         "profiler.warmup=1",
-        "profiler.active=3",
+        "profiler.active=5",
         f"run.root={root}",
         "run.id=p",
     ]
@@ -160,7 +160,7 @@ def test_analyze_writes_report_and_merged_trace(profiled_run):
     report = json.loads((profiled_run / "analysis" / "report.json").read_text())
     buckets = summary(profiled_run)["comm/buckets"]
     assert (report["device"], report["ranks"], report["steps"]) == ("cpu", [0, 1], PROFILED)
-    assert len(report["per_step"]) == 6
+    assert len(report["per_step"]) == 2 * len(PROFILED)
     for row in report["per_step"]:
         assert row["collectives"]["all_reduce"][0] == buckets
         assert row["exposed_comm_s"] <= row["comm_s"] < row["step_s"]
