@@ -12,30 +12,34 @@ from launcher.analyze.advice import advise
 from launcher.analyze.breakdown import run_breakdown
 from launcher.analyze.trace import LOOP_READ, load, rank_trace_files
 
-from launch import FAST, base_env, explain, metrics, summary, torchrun
+from launch import FAST, base_env, explain, losses, metrics, summary, torchrun
 
 PROFILED = [5, 6, 7, 8, 9]  # five steps: the comparison averages over them
+
+
+RUN = [
+    *FAST,
+    "trainer.max_steps=10",
+    "trainer.eval_interval=0",
+    "trainer.checkpoint_interval=0",
+    "strategy.bucket_cap_mb=0.05",
+]
+PROFILE = ["profiler=steps", "profiler.skip_first=3", "profiler.warmup=1", "profiler.active=5"]
 
 
 @pytest.fixture(scope="module")
 def profiled_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("prof")
-    overrides = [
-        *FAST,
-        "trainer.max_steps=10",
-        "trainer.eval_interval=0",
-        "trainer.checkpoint_interval=0",
-        "strategy.bucket_cap_mb=0.05",
-        "profiler=steps",
-        "profiler.skip_first=3",
-        "profiler.warmup=1",
-        "profiler.active=5",
-        f"run.root={root}",
-        "run.id=p",
-    ]
-    proc = torchrun(overrides)
+    proc = torchrun([*RUN, *PROFILE, f"run.root={root}", "run.id=p"])
     assert proc.returncode == 0, explain(proc)
     return root / "p"
+
+
+def test_profiling_changes_no_result(profiled_run, tmp_path):
+    proc = torchrun([*RUN, f"run.root={tmp_path}", "run.id=plain"])
+    assert proc.returncode == 0, explain(proc)
+    assert losses(profiled_run) == losses(tmp_path / "plain")  # every step, exactly
+    assert not (tmp_path / "plain" / "traces").exists()
 
 
 def test_each_rank_writes_only_its_own_traces(profiled_run):
