@@ -16,15 +16,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import logging
 import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
-
-log = logging.getLogger("launcher")
 
 # Summary columns after the point's label and varied keys: (column, summary.json key).
 FIGURES = (
