@@ -162,10 +162,32 @@ class LoggerConfig:
 
 
 @dataclass
+class SlurmConfig:
+    """sbatch settings (cluster=slurm); see docs/slurm.md."""
+
+
+@dataclass
+class K8sConfig:
+    """Kubernetes manifest settings (cluster=k8s); see docs/kubernetes.md."""
+
+
+@dataclass
 class ClusterConfig:
+    """Where the job runs. `local` is torchrun on this machine; `slurm` and `k8s` are what
+    `python -m launcher.submit` renders (docs/slurm.md, docs/kubernetes.md)."""
+
     name: str = "local"
     nodes: int = 1
-    gpus_per_node: int = 0
+    gpus_per_node: int = 0  # 0: a CPU-only job (gloo)
+    procs_per_node: int | None = None  # null: gpus_per_node, or 1 without GPUs
+    job_name: str = "launcher"
+    time_limit: str | None = None  # [D-]HH:MM:SS; null: the cluster's default
+    rdzv_port: int = 29500  # c10d rendezvous on the first node
+    workdir: str | None = None  # where the job starts (the checkout); null: submit's cwd
+    setup: list[str] = field(default_factory=list)  # shell lines run before torchrun
+    env: dict[str, str] = field(default_factory=dict)  # extra environment variables
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    k8s: K8sConfig = field(default_factory=K8sConfig)
 
 
 @dataclass

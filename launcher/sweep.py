@@ -23,6 +23,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from launcher.config import ConfigError
+
 # Summary columns after the point's label and varied keys: (column, summary.json key).
 FIGURES = (
     ("step_time_p50_s", "step_time_s/p50"),
@@ -61,6 +63,21 @@ def plan(overrides: list[str], multirun: bool, hydra_cfg) -> Plan:
     parsed = OverridesParser.create().parse_overrides([*params, *overrides])
     swept = [o.get_key_element() for o in parsed if o.is_sweep_override()]
     return Plan(BasicSweeper.split_arguments(parsed, None)[0], swept)
+
+
+def check_launch_wide(configs: list) -> None:
+    """Raise ConfigError if sweep points differ in what a launch reads only once.
+
+    `nccl.*` and `dist.*` take effect when the process group is created, by the first point.
+    """
+    for group in ("nccl", "dist"):
+        if len({repr(OmegaConf.to_container(c[group])) for c in configs}) > 1:
+            raise ConfigError(
+                f"{group}.* differs between sweep points, but it takes effect only when "
+                "the process group is created, once per launch: run one launch per "
+                "setting and compare them with python -m launcher.sweep "
+                "(see docs/sweeps.md)"
+            )
 
 
 def point_label(job_overrides: list[str], swept_keys: list[str]) -> str:

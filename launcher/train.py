@@ -16,7 +16,7 @@ import hydra
 from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from launcher import runtime, sweep
 from launcher.config import ConfigError, compose
@@ -67,16 +67,10 @@ def check_points(overrides: list[str], multirun: bool) -> sweep.Plan:
         fail_bad_input(exc)
     for cfg in configs:
         check_or_exit(cfg)
-    for group in ("nccl", "dist"):  # read once, when the process group is created
-        if len({repr(OmegaConf.to_container(c[group])) for c in configs}) > 1:
-            fail_bad_input(
-                ConfigError(
-                    f"{group}.* differs between sweep points, but it takes effect only when "
-                    "the process group is created, once per launch: run one launch per "
-                    "setting and compare them with python -m launcher.sweep "
-                    "(see docs/sweeps.md)"
-                )
-            )
+    try:
+        sweep.check_launch_wide(configs)
+    except ConfigError as exc:
+        fail_bad_input(exc)
     return plan
 
 

@@ -1,0 +1,58 @@
+"""`python -m launcher.submit {slurm,k8s} [--dry-run] [overrides...]`.
+
+Each target is a module with `render(job) -> {file name: text}` (which also checks what it
+rendered, raising ConfigError) and `submit(job, paths) -> str` (hands the files to the
+cluster and returns what identifies the job there). The files go into the run directory's
+submit/ folder and their paths are printed, one per line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from launcher.config import ConfigError
+from launcher.submit.job import prepare
+
+TARGETS = {"slurm": "launcher.submit.slurm", "k8s": "launcher.submit.k8s"}
+
+USAGE = """usage: python -m launcher.submit {slurm,k8s} [--dry-run] [overrides...]
+
+Render the training experiment (the same overrides launcher.train takes, sweeps included)
+as a cluster job: an sbatch script (slurm) or an Indexed Job and its Service (k8s). The
+files go to <run.root>/<run.id>/submit/; without --dry-run they are submitted (sbatch,
+kubectl apply). Cluster settings are the cluster.* keys: docs/slurm.md, docs/kubernetes.md."""
+
+EXIT_BAD_INPUT = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help") or "--help" in argv:
+        print(USAGE)
+        return 0 if argv else EXIT_BAD_INPUT
+    target, rest = argv[0], argv[1:]
+    if target not in TARGETS:
+        print(
+            f"error: unknown target {target!r}; use one of: {', '.join(TARGETS)}", file=sys.stderr
+        )
+        return EXIT_BAD_INPUT
+    dry_run = "--dry-run" in rest
+    overrides = [a for a in rest if a != "--dry-run"]
+    renderer = importlib.import_module(TARGETS[target])
+    try:
+        job = prepare(target, overrides)
+        files = renderer.render(job)
+        paths = job.write(files)
+        for path in paths:
+            print(path)
+        if not dry_run:
+            print(renderer.submit(job, paths))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""What every cluster renderer needs: the checked experiment, its run directory, and the
+torchrun command each node runs.
+
+The job's ranks rendezvous through c10d on the first node; the run id is fixed here, at
+submit time, and passed to every rank as `run.id`, so all nodes, and a restarted or
+requeued job, write into the same run directory and `resume=auto` finds its checkpoints.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import secrets
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from launcher import sweep
+from launcher.config import ConfigError, compose, validate
+
+SUBMIT_DIR = "submit"
+
+
+@dataclass
+class SubmitJob:
+    """One experiment (a single run or a sweep) as a multi-node job."""
+
+    target: str  # slurm or k8s
+    cfg: DictConfig  # the first point's composed config (cluster.* is the same for all)
+    overrides: list[str]  # as the user gave them; the trainer composes them again
+    run_id: str
+    run_root: Path  # absolute: every node must see it at the same path
+    workdir: Path
+
+    @property
+    def cluster(self) -> DictConfig:
+        return self.cfg.cluster
+
+    @property
+    def nodes(self) -> int:
+        return int(self.cluster.nodes)
+
+    @property
+    def procs_per_node(self) -> int:
+        return procs_per_node(self.cluster)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run_root / self.run_id
+
+    @property
+    def submit_dir(self) -> Path:
+        return self.run_dir / SUBMIT_DIR
+
+    def train_overrides(self) -> list[str]:
+        """The trainer's overrides: the user's, with the run directory pinned."""
+        return [*self.overrides, f"run.root={self.run_root}", f"run.id={self.run_id}"]
+
+    def torchrun_argv(self, endpoint: str, node_rank: str | None = None) -> list[str]:
+        """One node's torchrun: all nodes rendezvous at `endpoint` (host:port of node 0)."""
+        rank = [f"--node-rank={node_rank}"] if node_rank is not None else []
+        return [
+            "torchrun",
+            f"--nnodes={self.nodes}",
+            f"--nproc-per-node={self.procs_per_node}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={self.run_id}",
+            *rank,
+            "-m",
+            "launcher.train",
+            *self.train_overrides(),
+        ]
+
+    def env(self) -> dict[str, str]:
+        """Variables every node exports: the `nccl` group's, then `cluster.env`.
+
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE: each node's torchrun agent counts its own
+        restarts, so workers must not share the rendezvous store (see runtime).
+        """
+        env = {name: str(v) for name, v in self.cfg.nccl.env.items() if v is not None}
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        env.update({str(k): str(v) for k, v in self.cluster.env.items()})
+        return env
+
+    def shell_command(self, endpoint: str, node_rank: str | None = None) -> str:
+        """`torchrun_argv` quoted for a shell; `endpoint` and `node_rank` may hold `$VARS`."""
+        argv = self.torchrun_argv("@ENDPOINT@", "@RANK@" if node_rank is not None else None)
+        text = " ".join(shlex.quote(a) for a in argv)
+        text = text.replace("@ENDPOINT@", endpoint)
+        return text.replace("@RANK@", node_rank) if node_rank is not None else text
+
+    def write(self, files: dict[str, str]) -> list[Path]:
+        """Write the rendered files into the run directory's submit/ folder."""
+        self.submit_dir.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for name, text in files.items():
+            path = self.submit_dir / name
+            path.write_text(text)
+            paths.append(path)
+        return paths
+
+
+def procs_per_node(cluster: DictConfig) -> int:
+    """Processes per node: `cluster.procs_per_node`, else one per GPU, else one."""
+    if cluster.procs_per_node is not None:
+        return int(cluster.procs_per_node)
+    return int(cluster.gpus_per_node) or 1
+
+
+def prepare(target: str, overrides: list[str]) -> SubmitJob:
+    """Compose and check the experiment as the cluster job will run it; raise ConfigError.
+
+    Every sweep point is validated at the job's world size (nodes x processes per node), so
+    a batch that does not divide over the ranks fails here, not on the cluster.
+    """
+    if not any(o.split("=", 1)[0].lstrip("+") == "cluster" for o in overrides):
+        overrides = [f"cluster={target}", *overrides]
+    multirun = compose(overrides, sweep=True)
+    plan = sweep.plan(overrides, False, multirun.hydra)
+    configs = [compose(point) for point in plan.points]
+    cfg = configs[0]
+    if cfg.cluster.name != target:
+        raise ConfigError(
+            f"cluster={cfg.cluster.name} does not match `submit {target}`; use cluster={target}"
+        )
+    _check_shape(cfg.cluster)
+    world = cfg.cluster.nodes * procs_per_node(cfg.cluster)
+    for point in configs:
+        try:
+            validate(point, world)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"{exc} (world size {world} = cluster.nodes={cfg.cluster.nodes} x "
+                f"{procs_per_node(cfg.cluster)} processes per node)"
+            ) from None
+    sweep.check_launch_wide(configs)
+    workdir = Path(cfg.cluster.workdir or os.getcwd()).expanduser()
+    root = Path(cfg.run.root).expanduser()
+    root = root if root.is_absolute() else workdir / root
+    _check_writable(root)
+    run_id = (
+        str(cfg.run.id)
+        if cfg.run.id
+        else f"{dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(4)}"
+    )
+    return SubmitJob(target, cfg, list(overrides), run_id, root, workdir)
+
+
+def _check_shape(cluster: DictConfig) -> None:
+    for key in ("nodes",):
+        if cluster[key] < 1:
+            raise ConfigError(f"cluster.{key}={cluster[key]}: must be at least 1")
+    if cluster.gpus_per_node < 0:
+        raise ConfigError(f"cluster.gpus_per_node={cluster.gpus_per_node}: must be 0 or more")
+    if cluster.procs_per_node is not None and cluster.procs_per_node < 1:
+        raise ConfigError(f"cluster.procs_per_node={cluster.procs_per_node}: must be at least 1")
+    if cluster.gpus_per_node and procs_per_node(cluster) != cluster.gpus_per_node:
+        raise ConfigError(
+            f"cluster.procs_per_node={cluster.procs_per_node} differs from "
+            f"cluster.gpus_per_node={cluster.gpus_per_node}: each process drives one GPU; "
+            "leave procs_per_node=null"
+        )
+
+
+def _check_writable(root: Path) -> None:
+    """The run root (or the folder it will be made in) must be writable from here."""
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"run.root={root}: {existing} is not a writable directory; give run.root a path "
+            "on the file system all nodes share (e.g. run.root=/shared/$USER/runs)"
+        )
