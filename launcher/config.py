@@ -145,6 +145,7 @@ class ProfilerConfig:
     record_shapes: bool = False
     profile_memory: bool = False
     with_stack: bool = False
+    memory_snapshot: bool = False  # GPU: allocation history and a snapshot per trace
 
 
 @dataclass

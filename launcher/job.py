@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from launcher import checkpoint, envinfo, nccl_log
 from launcher.config import ConfigError
 from launcher.data import prepare_data
-from launcher.loop import NonFiniteLoss, Stopped, TrainLoop
+from launcher.loop import NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
 from launcher.model import build_model, count_params, flops_per_token, peak_flops
 from launcher.preemption import EXIT_STOPPED
 from launcher.preflight import preflight, shm_need
@@ -32,6 +32,7 @@ log = logging.getLogger("launcher")
 EXIT_BAD_INPUT = 2
 BAD_INPUT_LINGER_S = 20.0
 EXIT_NONFINITE = 3
+EXIT_OOM = 4
 SECRET_WORDS = ("key", "token", "secret", "password")
 
 
@@ -199,6 +200,10 @@ def run(cfg: DictConfig, point: str | None = None) -> int:
         (log.error if rt.is_main else log.info)("%s", exc)  # every rank stops; one says why
         summary = loop.summary("failed: non-finite loss", exc.step)
         code = EXIT_NONFINITE
+    except OutOfMemory as exc:  # only the ranks that ran out say so, each with its snapshot
+        log.error("error: %s", exc)
+        summary = loop.summary("failed: out of memory", exc.step)
+        code = EXIT_OOM
     except Exception as exc:
         summary = {"status": f"failed: {type(exc).__name__}: {exc}", "run_id": rt.run_id}
         code = 1

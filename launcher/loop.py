@@ -19,12 +19,12 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from launcher import checkpoint
+from launcher import checkpoint, memory_snapshot
 from launcher.data import TokenData, build_eval_batches, build_train_loader
 from launcher.metrics import Interval, StepTimer, aggregate, local_vector
 from launcher.model import mfu
 from launcher.preemption import StopVote
-from launcher.profiling import build_profiler, step_region
+from launcher.profiling import build_profiler, step_region, trace_dir
 from launcher.runtime import Runtime
 from launcher.sinks import Sink
 from launcher.strategy import Strategy
@@ -44,6 +44,14 @@ SUMMARY_COMM_KEYS = (
 
 class NonFiniteLoss(RuntimeError):
     """The loss became NaN or infinite; the run stops without saving a checkpoint."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
+class OutOfMemory(RuntimeError):
+    """The device ran out of memory; the message names the snapshot written for it."""
 
     def __init__(self, message: str, step: int):
         super().__init__(message)
@@ -182,7 +190,8 @@ class TrainLoop:
         self.start_time = time.perf_counter()
         self.start_step = start_step
         self.strategy.module.train()
-        if rt.device.type == "cuda":  # mem/peak_gb is this run's peak, not the process's
+        on_gpu = rt.device.type == "cuda"
+        if on_gpu:  # mem/peak_gb is this run's peak, not the process's
             torch.cuda.reset_peak_memory_stats(rt.device)
         # Everything built so far (configs, model, tokenizer, imports) lives for the whole run:
         # moving it out of the collector's reach keeps full collections during training cheap.
@@ -200,11 +209,32 @@ class TrainLoop:
                         profiler.step()
                     self._after_step(step, lr_at(step - 1, t), timer)
             self.replicas_in_sync = self._replicas_agree()
+        except torch.OutOfMemoryError as exc:
+            raise self._out_of_memory(exc, step + 1) from None
         finally:
+            if profiler is not None and self.cfg.profiler.memory_snapshot and on_gpu:
+                memory_snapshot.stop_history()
             self.stop.drain()
             gc.unfreeze()
             del batches, loader
         return self.summary("completed", step)
+
+    def _out_of_memory(self, exc: torch.OutOfMemoryError, step: int) -> OutOfMemory:
+        """Write a memory snapshot of the full device, then the one line that says where."""
+        path = memory_snapshot.dump(trace_dir(self.rt) / f"oom_memory_snapshot.step{step}.pickle")
+        where = (
+            f"memory snapshot: {path} (open at https://pytorch.org/memory_viz)"
+            if path
+            else ("no memory snapshot could be written")
+        )
+        first = str(exc).splitlines()[0] if str(exc) else "out of memory"
+        return OutOfMemory(
+            f"CUDA out of memory on rank {self.rt.rank} in step {step} ({first}); {where}; "
+            "lower the memory per step: trainer.grad_checkpointing=true, or a smaller "
+            "trainer.micro_batch_size (trainer.global_batch_size stays: accumulation makes "
+            "up the rest)",
+            step,
+        )
 
     def _train_step(self, step: int, batches, timer: StepTimer) -> None:
         """One optimizer step: accumulate over micro-batches, then step at this step's lr."""

@@ -4,7 +4,8 @@ Each profiled rank writes only into `runs/<id>/traces/rank<r>/`, one
 `*.pt.trace.json` per recorded cycle, the Chrome trace format that TensorBoard's profiler
 plugin, Perfetto and `launcher.analyze` read. Each training step is a `launcher/step <n>`
 region in the trace (n counted as in metrics.jsonl: the step's number once completed), so
-a trace says which steps it holds even after a resume.
+a trace says which steps it holds even after a resume. With `profiler.memory_snapshot`
+on a GPU, the rank also writes `memory_snapshot.step<n>.pickle` there (launcher.memory_snapshot).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 from omegaconf import DictConfig
 from torch import profiler as tp
 
+from launcher import memory_snapshot
 from launcher.runtime import Runtime
 
 
@@ -30,6 +32,15 @@ def build_profiler(pcfg: DictConfig, rt: Runtime) -> tp.profile | None:
         activities.append(tp.ProfilerActivity.CUDA)
     folder = trace_dir(rt)
     folder.mkdir(parents=True, exist_ok=True)
+    write_trace = tp.tensorboard_trace_handler(str(folder), worker_name=f"rank{rt.rank}")
+    on_trace_ready = write_trace
+    if pcfg.memory_snapshot and rt.device.type == "cuda":
+        memory_snapshot.start_history()
+
+        def on_trace_ready(prof: tp.profile) -> None:
+            write_trace(prof)
+            memory_snapshot.dump(folder / f"memory_snapshot.step{prof.step_num}.pickle")
+
     prof = tp.profile(
         activities=activities,
         schedule=tp.schedule(
@@ -39,7 +50,7 @@ def build_profiler(pcfg: DictConfig, rt: Runtime) -> tp.profile | None:
             active=pcfg.active,
             repeat=pcfg.repeat,
         ),
-        on_trace_ready=tp.tensorboard_trace_handler(str(folder), worker_name=f"rank{rt.rank}"),
+        on_trace_ready=on_trace_ready,
         record_shapes=pcfg.record_shapes,
         profile_memory=pcfg.profile_memory,
         with_stack=pcfg.with_stack,

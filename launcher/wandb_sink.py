@@ -165,3 +165,41 @@ def log_sweep_summary(
         raise
     run.finish()
     return run.id
+
+
+def add_to_run(
+    logger_cfg,
+    run_dir: Path,
+    run_id: str,
+    tables: Mapping[str, tuple[list[str], list[list]]],
+    artifact: tuple[str, str, list[Path]],
+) -> str | None:
+    """Add tables and an artifact to a finished run's W&B run (resumed by its id), as
+    `launcher.analyze` does with its report. `tables` maps a key to (columns, rows);
+    `artifact` is (name, type, files). Returns the W&B run id, or None when disabled."""
+    if not wandb_enabled(logger_cfg):
+        return None
+    import wandb
+
+    directory = Path(logger_cfg.dir).expanduser() if logger_cfg.dir else Path(run_dir)
+    run = _init(wandb, logger_cfg, directory, id=wandb_run_id(run_id), resume="allow")
+    try:
+        logged = {
+            key: wandb.Table(
+                columns=columns,
+                data=[[_clean(v) for v in row] for row in rows],
+                allow_mixed_types=True,
+            )
+            for key, (columns, rows) in tables.items()
+        }
+        run.log(logged, commit=True)
+        name, kind, files = artifact
+        art = wandb.Artifact(name, type=kind)
+        for path in files:
+            art.add_file(str(path))
+        run.log_artifact(art)
+    except BaseException:
+        run.finish(exit_code=1)
+        raise
+    run.finish()
+    return run.id

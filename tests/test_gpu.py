@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -73,3 +74,50 @@ def test_comm_figures_on_nccl(tmp_path):
         assert 0 <= r["comm/exposed_s"] <= r["comm/allreduce_s"] <= r["step_time_s/max"]
         assert r["comm/bytes"] > 0
         assert (r["comm/busbw_gbps"] is None) == (nproc == 1)
+
+
+@needs_gpu
+def test_profiler_full_writes_a_memory_snapshot_and_the_analyser_reads_cuda_traces(tmp_path):
+    """profiler=full on a GPU: a CUDA trace the analyser breaks down into kernels, and an
+    allocation-history snapshot next to it."""
+    import pickle
+    import subprocess
+    import sys
+
+    from launch import base_env
+
+    overrides = [*FAST, "trainer.max_steps=8", "profiler=full", "profiler.skip_first=3"]
+    proc = python_train([*overrides, f"run.root={tmp_path}", "run.id=full"])
+    assert proc.returncode == 0, explain(proc)
+    run = tmp_path / "full"
+    (snapshot,) = (run / "traces" / "rank0").glob("memory_snapshot.step*.pickle")
+    state = pickle.loads(snapshot.read_bytes())
+    assert state["segments"] and any(state["device_traces"])  # allocator state + history
+    cmd = [sys.executable, "-m", "launcher.analyze", str(run)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=base_env())
+    assert done.returncode == 0, explain(done)
+    report = json.loads((run / "analysis" / "report.json").read_text())
+    assert report["device"] == "gpu" and all(r["compute_s"] > 0 for r in report["per_step"])
+
+
+@needs_gpu
+def test_out_of_memory_writes_a_snapshot_named_in_the_error_line(tmp_path):
+    free, _ = torch.cuda.mem_get_info()
+    vocab, seq = 50257, 1024
+    micro = int(2 * free / (seq * vocab * 4)) + 1  # one micro-batch's fp32 logits: 2x free
+    overrides = [
+        *FAST,
+        "data=synthetic",
+        f"data.vocab_size={vocab}",
+        f"trainer.seq_len={seq}",
+        f"trainer.micro_batch_size={micro}",
+        f"trainer.global_batch_size={micro}",
+        f"run.root={tmp_path}",
+        "run.id=oom",
+    ]
+    proc = python_train(overrides)
+    assert proc.returncode == 4, explain(proc)  # EXIT_OOM
+    (line,) = [ln for ln in proc.stderr.splitlines() if "CUDA out of memory on rank 0" in ln]
+    path = Path(line.split("memory snapshot: ")[1].split(" (open at")[0])
+    assert path.parent == tmp_path / "oom" / "traces" / "rank0" and path.stat().st_size > 0
+    assert "trainer.grad_checkpointing=true" in line

@@ -10,9 +10,11 @@ import pytest
 
 from launcher.analyze.advice import advise
 from launcher.analyze.breakdown import run_breakdown
+from launcher.analyze.facts import RunFacts, read_facts
 from launcher.analyze.trace import LOOP_READ, load, rank_trace_files
 
 from launch import FAST, base_env, explain, losses, metrics, summary, torchrun
+from wandb_readback import private_wandb_env, records
 
 PROFILED = [5, 6, 7, 8, 9]  # five steps: the comparison averages over them
 
@@ -22,21 +24,33 @@ RUN = [
     "trainer.max_steps=10",
     "trainer.eval_interval=0",
     "trainer.checkpoint_interval=0",
-    "strategy.bucket_cap_mb=0.05",
 ]
 PROFILE = ["profiler=steps", "profiler.skip_first=3", "profiler.warmup=1", "profiler.active=5"]
+# One launch profiles two bucket sizes (gpt2-tiny: 8 buckets at 0.05 MB, 1 at 5 MB), with
+# W&B offline so the analysis can be read back from the run's W&B run.
+BUCKETS = ("0.05", "5")
+SMALL = f"bucket_cap_mb={BUCKETS[0]}"
 
 
 @pytest.fixture(scope="module")
-def profiled_run(tmp_path_factory):
+def profiled_sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("prof")
-    proc = torchrun([*RUN, *PROFILE, f"run.root={root}", "run.id=p"])
+    env = base_env(**private_wandb_env(root))
+    sweep = [f"strategy.bucket_cap_mb={','.join(BUCKETS)}", "logger=wandb", "logger.mode=offline"]
+    overrides = ["-m", *RUN, *PROFILE, *sweep, f"run.root={root}", "run.id=p"]
+    proc = torchrun(overrides, env=env)
     assert proc.returncode == 0, explain(proc)
     return root / "p"
 
 
+@pytest.fixture(scope="module")
+def profiled_run(profiled_sweep):
+    return profiled_sweep / SMALL
+
+
 def test_profiling_changes_no_result(profiled_run, tmp_path):
-    proc = torchrun([*RUN, f"run.root={tmp_path}", "run.id=plain"])
+    overrides = [*RUN, f"strategy.{SMALL}", f"run.root={tmp_path}", "run.id=plain"]
+    proc = torchrun(overrides)
     assert proc.returncode == 0, explain(proc)
     assert losses(profiled_run) == losses(tmp_path / "plain")  # every step, exactly
     assert not (tmp_path / "plain" / "traces").exists()
@@ -52,11 +66,16 @@ def test_each_rank_writes_only_its_own_traces(profiled_run):
         assert [s.number for s in trace.steps()] == PROFILED
 
 
-def test_trace_all_reduces_follow_buckets(profiled_run):
-    buckets = summary(profiled_run)["comm/buckets"]
-    assert buckets > 1
-    for row in run_breakdown(profiled_run):
-        assert row.collectives["all_reduce"][0] == buckets, row
+def test_trace_all_reduces_follow_bucket_cap_mb(profiled_sweep):
+    """The trace's all-reduces per step are DDP's buckets: 8 at 0.05 MB, 1 at 5 MB."""
+    counts = {}
+    for size in BUCKETS:
+        point = profiled_sweep / f"bucket_cap_mb={size}"
+        buckets = summary(point)["comm/buckets"]
+        found = {row.collectives["all_reduce"][0] for row in run_breakdown(point)}
+        assert found == {buckets}, (size, found, buckets)
+        counts[size] = buckets
+    assert counts[BUCKETS[0]] > counts[BUCKETS[1]] >= 1, counts
 
 
 def test_live_exposed_comm_agrees_with_the_trace(profiled_run):
@@ -70,9 +89,10 @@ def test_live_exposed_comm_agrees_with_the_trace(profiled_run):
     print(json.dumps({"exposed_s": {"trace": traced, "live": measured}}))
 
 
-def cuda_trace(tmp_path, kernels):
+def cuda_trace(tmp_path, kernels, calls=()):
     """A hand-written CUDA-style trace: one step region on the CPU, each kernel launched
-    inside it (correlated runtime events), kernels given as (name, start, end) in us."""
+    inside it (correlated runtime events), kernels given as (name, start, end) in us, and
+    other CUDA runtime calls in the step as (name, ts)."""
     events = [
         {
             "ph": "X",
@@ -120,6 +140,10 @@ def cuda_trace(tmp_path, kernels):
                 "args": {"correlation": i},
             }
         )
+    events += [
+        {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": 1.0}
+        for name, ts in calls
+    ]
     folder = tmp_path / "traces" / "rank0"
     folder.mkdir(parents=True)
     (folder / "rank0.1.pt.trace.json").write_text(
@@ -144,11 +168,82 @@ def test_cuda_trace_exposed_communication_and_overlap(tmp_path):
     assert row.comm_s == pytest.approx(200e-6) and row.compute_s == pytest.approx(250e-6)
     assert row.exposed_comm_s == pytest.approx(100e-6)
     assert row.idle_s == 0.0  # 100-450 always ran a kernel (the NCCL one covers 300-350)
-    (exposed,) = advise([row])
+    exposed = gpu_findings([row])[EXPOSED]
     assert "strategy.bucket_cap_mb" in exposed.knobs and "waited for" not in exposed.evidence
-    (exposed,) = advise([row], waited_for={0: 1, 1: 9})  # 9 of 10 all-reduces: a straggler
-    assert "9 of 10 all-reduces waited for rank 1" in exposed.evidence
+    exposed = {a.finding: a for a in advise([row], waited_for={0: 1, 1: 9})}[EXPOSED]
+    assert "9 of 10 all-reduces waited for rank 1" in exposed.evidence  # 9 of 10: a straggler
     assert row.overlap_ratio == pytest.approx(0.5)
+
+
+EXPOSED = "gradient communication is exposed (not hidden behind compute)"
+LAUNCH_BOUND = "many small kernels with the GPU idle between them (launch-bound)"
+FP32_MATMULS = "matrix multiplications run in fp32 (no bf16 tensor-core work)"
+MEMORY = "memory pressure"
+
+
+def gpu_findings(rows, facts=None):
+    return {a.finding: a for a in advise(rows, facts=facts)}
+
+
+def test_advice_names_small_kernels_and_launch_gaps(tmp_path):
+    # 40 kernels of 2 us, each 0.5 us after the last: the GPU idles a fifth of the step
+    kernels = [(f"elementwise_{i % 3}", 2.5 * i, 2.5 * i + 2.0) for i in range(40)]
+    rows = run_breakdown(cuda_trace(tmp_path, kernels))
+    found = gpu_findings(rows)
+    assert list(found) == [LAUNCH_BOUND]
+    assert "trainer.compile=default" in found[LAUNCH_BOUND].knobs
+    evidence = found[LAUNCH_BOUND].evidence
+    assert "40 kernels per step, median 2.0 us; the GPU idles 0.02 ms per step (20%" in evidence
+    compiled = gpu_findings(rows, RunFacts(compile="default"))[LAUNCH_BOUND]
+    assert "trainer.compile=reduce-overhead" in compiled.knobs  # CUDA graphs next
+    assert gpu_findings(rows, RunFacts(compile="reduce-overhead")) == {}
+
+
+def test_advice_names_fp32_matrix_work(tmp_path):
+    run = cuda_trace(
+        tmp_path, [("ampere_sgemm_128x64_tn", 0.0, 300.0), ("elementwise", 300.0, 350.0)]
+    )
+    rows = run_breakdown(run)
+    found = gpu_findings(rows, RunFacts(precision="fp32"))
+    assert list(found) == [FP32_MATMULS]
+    assert "trainer.precision=bf16" in found[FP32_MATMULS].knobs
+    evidence = found[FP32_MATMULS].evidence
+    assert "0.30 ms per step in matrix kernels (86% of GPU compute), 0% of it in bf16" in evidence
+    assert "`ampere_sgemm_128x64_tn`" in evidence
+    assert gpu_findings(rows, RunFacts(precision="bf16")) == {}
+
+
+def test_no_fp32_advice_when_matmuls_run_in_bf16(tmp_path):
+    kernels = [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", 0.0, 300.0),
+        ("elementwise", 300.0, 350.0),
+    ]
+    assert gpu_findings(run_breakdown(cuda_trace(tmp_path, kernels))) == {}
+
+
+def test_advice_names_memory_pressure(tmp_path):
+    run = cuda_trace(
+        tmp_path, [("elementwise", 0.0, 90.0)], calls=[("cudaFree", 20.0), ("cudaMalloc", 30.0)]
+    )
+    (row,) = run_breakdown(run)
+    assert row.device_allocs == {"cudaFree": 1, "cudaMalloc": 1}
+    facts = RunFacts(
+        peak_mem_gb=133.0, device_mem_gb=140.4, grad_checkpointing=False, micro_batch_size=16
+    )
+    found = gpu_findings([row], facts)
+    assert list(found) == [MEMORY]
+    assert "trainer.grad_checkpointing=true" in found[MEMORY].knobs
+    assert "trainer.micro_batch_size=8" in found[MEMORY].knobs
+    assert "peak 133.0 GB of the device's 140.4 GB (95%)" in found[MEMORY].evidence
+    assert "`cudaFree` x1.0" in found[MEMORY].evidence
+    roomy = cuda_trace(tmp_path / "roomy", [("elementwise", 0.0, 90.0)])
+    assert gpu_findings(run_breakdown(roomy), RunFacts(peak_mem_gb=60.0, device_mem_gb=140.4)) == {}
+
+
+def test_run_facts_come_from_the_run_directory(profiled_run):
+    facts = read_facts(profiled_run)
+    assert (facts.precision, facts.compile, facts.grad_checkpointing) == ("fp32", "off", False)
+    assert (facts.micro_batch_size, facts.device_mem_gb) == (2, None)
 
 
 def test_cuda_trace_counts_gpu_work_launched_by_nccl_as_communication(tmp_path):
@@ -157,26 +252,62 @@ def test_cuda_trace_counts_gpu_work_launched_by_nccl_as_communication(tmp_path):
     assert row.comm_s == pytest.approx(10e-6) and row.exposed_comm_s == pytest.approx(10e-6)
 
 
-def test_analyze_writes_report_and_merged_trace(profiled_run):
-    cmd = [sys.executable, "-m", "launcher.analyze", str(profiled_run)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=base_env())
+@pytest.fixture(scope="module")
+def analyzed(profiled_sweep, tmp_path_factory):
+    """`python -m launcher.analyze SWEEP_DIR`: every point's report, into W&B too."""
+    env = base_env(**private_wandb_env(profiled_sweep.parent))
+    cmd = [sys.executable, "-m", "launcher.analyze", str(profiled_sweep)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, explain(proc)
+    return proc
+
+
+def test_analyze_writes_report_and_merged_trace(analyzed, profiled_sweep):
+    for size in BUCKETS:
+        run = profiled_sweep / f"bucket_cap_mb={size}"
+        report = json.loads((run / "analysis" / "report.json").read_text())
+        buckets = summary(run)["comm/buckets"]
+        assert (report["device"], report["ranks"], report["steps"]) == ("cpu", [0, 1], PROFILED)
+        assert len(report["per_step"]) == 2 * len(PROFILED)
+        for row in report["per_step"]:
+            assert row["collectives"]["all_reduce"][0] == buckets
+            assert row["exposed_comm_s"] <= row["comm_s"] < row["step_s"]
+            parts = row["compute_s"] + row["data_wait_s"] + row["idle_s"]
+            assert parts <= row["step_s"] * 1.0001 and row["idle_s"] >= 0
+        assert [s["step"] for s in report["stragglers"]] == PROFILED
+        for s in report["stragglers"]:
+            assert sum(s["waited_for"].values()) == buckets  # one verdict per all-reduce
+        assert "## Advice" in (run / "analysis" / "report.md").read_text()
+        merged = json.loads((run / "analysis" / "merged_trace.json").read_text())
+        lanes = {e["pid"] for e in merged["traceEvents"] if e.get("ph") == "X"}
+        assert lanes == {0, 1}
+
+
+def test_analysis_goes_to_the_runs_wandb_run(analyzed, profiled_run, tmp_path):
+    """The report joins the training run's own W&B run: the breakdown as a table (one row
+    per rank and profiled step, the numbers of report.json) and an artifact holding the
+    report and the merged trace."""
     report = json.loads((profiled_run / "analysis" / "report.json").read_text())
-    buckets = summary(profiled_run)["comm/buckets"]
-    assert (report["device"], report["ranks"], report["steps"]) == ("cpu", [0, 1], PROFILED)
-    assert len(report["per_step"]) == 2 * len(PROFILED)
-    for row in report["per_step"]:
-        assert row["collectives"]["all_reduce"][0] == buckets
-        assert row["exposed_comm_s"] <= row["comm_s"] < row["step_s"]
-        parts = row["compute_s"] + row["data_wait_s"] + row["idle_s"]
-        assert parts <= row["step_s"] * 1.0001 and row["idle_s"] >= 0
-    assert [s["step"] for s in report["stragglers"]] == PROFILED
-    for s in report["stragglers"]:
-        assert sum(s["waited_for"].values()) == buckets  # one verdict per all-reduce
-    assert "## Advice" in (profiled_run / "analysis" / "report.md").read_text()
-    merged = json.loads((profiled_run / "analysis" / "merged_trace.json").read_text())
-    lanes = {e["pid"] for e in merged["traceEvents"] if e.get("ph") == "X"}
-    assert lanes == {0, 1}
+    train, analysis = sorted((profiled_run / "wandb").glob("offline-run-*"))  # by start time
+    recs = records(analysis, tmp_path)
+    (run,) = [r["run"] for r in recs if r["type"] == "run"]
+    assert (
+        run["run_id"]
+        == [r["run"] for r in records(train, tmp_path) if r["type"] == "run"][0]["run_id"]
+    )
+    (table_file,) = (analysis / "files" / "media" / "table" / "analysis").glob("breakdown_*.json")
+    table = json.loads(table_file.read_text())
+    assert table["columns"][:3] == ["rank", "step", "step_s"]
+    assert [row[:3] for row in table["data"]] == [
+        [r["rank"], r["step"], r["step_s"]] for r in report["per_step"]
+    ]
+    (artifact,) = [
+        r["artifact"]
+        for r in recs
+        if r["type"] == "artifact" and r["artifact"]["type"] == "trace-analysis"
+    ]
+    files = {c["path"] for c in artifact["manifest"]["contents"]}
+    assert files == {"report.json", "report.md", "merged_trace.json"}
 
 
 def test_analyze_refuses_a_directory_without_traces(tmp_path):

@@ -10,7 +10,6 @@ import hashlib
 import json
 import math
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from launcher.train import main
 from launcher.wandb_sink import WandbSink, log_sweep_summary, wandb_run_id
 
 from launch import FAST, base_env, explain, metrics, python_train, summary, torchrun
+from wandb_readback import history, inspect_summary, private_wandb_env, records
 
 pytest.importorskip("wandb", reason="wandb is in the test extra: pip install -e '.[test]'")
 
@@ -31,46 +31,10 @@ FAKE_KEY = "fakeWandbKey0123456789abcdefDONOTLEAK42x"  # 40 characters, like a r
 RUN_ID = "wb-offline"
 
 
-def private_wandb_env(tmp: Path) -> dict[str, str]:
-    """Where wandb writes outside the run directory, moved under `tmp` (docs/wandb.md)."""
-    return {
-        "XDG_CACHE_HOME": str(tmp / "cache"),  # wandb-core's core-debug-*.log
-        "WANDB_CACHE_DIR": str(tmp / "cache" / "wandb"),  # the system monitor's log
-        "WANDB_CONFIG_DIR": str(tmp / "wandb-config"),
-    }
-
-
 @pytest.fixture
 def private_wandb(tmp_path, monkeypatch):
     for name, value in private_wandb_env(tmp_path).items():
         monkeypatch.setenv(name, value)
-
-
-def wandb_cli(*args: str, tmp: Path) -> str:
-    """`wandb ...` from this environment; its own debug log goes to `tmp`, not $TMPDIR."""
-    exe = Path(sys.executable).with_name("wandb")
-    done = subprocess.run(
-        [str(exe), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=base_env(TMPDIR=str(tmp), WANDB_DIR=str(tmp)),
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-def records(run_path: Path, tmp: Path) -> list[dict]:
-    out = wandb_cli("leet", "inspect", "--json", str(run_path), tmp=tmp)
-    return [json.loads(line) for line in out.splitlines() if line.strip()]
-
-
-def inspect_summary(run_path: Path, tmp: Path) -> dict:
-    return json.loads(wandb_cli("leet", "inspect", "--summary", "--json", str(run_path), tmp=tmp))
-
-
-def history(run_path: Path, tmp: Path) -> list[dict]:
-    return [r["history"] for r in records(run_path, tmp) if r["type"] == "history"]
 
 
 def as_wandb_stores(node):

@@ -1,6 +1,7 @@
 """`python -m launcher.analyze RUN_DIR [RUN_DIR...]`: analyse the per-rank traces of a run
 (or of every point of a sweep directory) and write analysis/report.{md,json} and a
-merged trace into each run directory."""
+merged trace into each run directory. When the run logged to W&B, the report also goes to
+its W&B run as tables and an artifact (launcher.analyze.to_wandb)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 from launcher.analyze.report import analyze, markdown, write
+from launcher.analyze.to_wandb import log_report
 
 
 def run_dirs(path: Path) -> list[Path]:
@@ -21,6 +23,13 @@ def run_dirs(path: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.analyze", description=__doc__)
     parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories")
+    parser.add_argument(
+        "--no-wandb",
+        dest="wandb",
+        action="store_false",
+        help="do not add the report to the run's W&B run (default: add it when the run "
+        "logged to W&B)",
+    )
     args = parser.parse_args(argv)
     for path in args.paths:
         found = run_dirs(path)
@@ -38,8 +47,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
             print(markdown(report))
-            for written in write(run_dir, report):
-                print(f"wrote {written}")
+            written = write(run_dir, report)
+            for path in written:
+                print(f"wrote {path}")
+            if args.wandb:
+                merged = run_dir / report["merged_trace"]
+                wandb_id = log_report(run_dir, report, [*written, merged])
+                if wandb_id:
+                    print(f"logged the report to W&B run {wandb_id}")
     return 0
 
 

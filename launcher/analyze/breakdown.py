@@ -34,6 +34,7 @@ class StepBreakdown:
     syncs: dict[str, int]  # call name -> count
     sync_s: float
     idle_s: float
+    device_allocs: dict[str, int]  # cudaMalloc/cudaFree calls in the step
     collectives: dict[str, tuple[int, float]]  # name -> (count, seconds)
     comm_starts: list[float] = field(default_factory=list)  # gradient all-reduces, in order
     comm_ends: list[float] = field(default_factory=list)
@@ -67,6 +68,7 @@ def breakdown(step: Step, rank: int, gpu: bool) -> StepBreakdown:
         syncs={name: len(spans) for name, spans in step.syncs.items()},
         sync_s=union_length(sync_spans) * US,
         idle_s=max(idle, 0.0) * US,
+        device_allocs=dict(step.device_allocs),
         collectives={
             name: (len(spans), union_length(spans) * US)
             for name, spans in sorted(step.collectives.items())

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from launcher.analyze.advice import advise
 from launcher.analyze.breakdown import StepBreakdown, run_breakdown
+from launcher.analyze.facts import read_facts
 from launcher.analyze.merge import clock_offsets, write_merged_trace
 
 TOP = 10
@@ -99,7 +100,7 @@ def analyze(run_dir: Path) -> dict:
         },
         "stragglers": late,
         "top_ops": top_ops(rows),
-        "advice": [asdict(a) for a in advise(rows, waited)],
+        "advice": [asdict(a) for a in advise(rows, waited, read_facts(run_dir))],
         "clock_offsets_us": offsets,
         "merged_trace": str(merged.relative_to(run_dir)),
     }

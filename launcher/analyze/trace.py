@@ -12,7 +12,8 @@ communication spans and computation spans, on CPU/gloo and CUDA/NCCL traces alik
 - Data wait is the DataLoader's `enumerate(DataLoader)#...__next__` region on the CPU;
   host-to-device copies are `Memcpy HtoD` activities; synchronisations are scalar reads
   (`aten::_local_scalar_dense`, what `.item()`, `float()` and `bool()` of a tensor run)
-  and CUDA's stream, device and event synchronise calls.
+  and CUDA's stream, device and event synchronise calls; `cudaMalloc`/`cudaFree` calls
+  inside a step are the caching allocator running out of cached memory.
 
 On a GPU a kernel belongs to the step whose region contains the CPU call that launched it
 (matched by correlation id), since kernels run after their launch.
@@ -31,6 +32,9 @@ DATA_WAIT = "enumerate(DataLoader)"
 SYNC_OPS = ("aten::_local_scalar_dense",)
 LOOP_READ = "scalar read in the training loop (.item())"
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+# The caching allocator calls the driver only when its cache cannot serve a request; in a
+# steady step that means it is freeing cached blocks to retry an allocation: memory pressure.
+ALLOC_CALLS = ("cudaMalloc", "cudaFree")
 NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 COMM_LAUNCH_OPS = ("c10d::", "record_param_comms", "nccl:", "gloo:")
 NCCL_CALLS = ("nccl:", "record_param_comms")
@@ -56,6 +60,7 @@ class Step:
     h2d: list[Span] = field(default_factory=list)
     h2d_pageable: int = 0
     syncs: dict[str, list[Span]] = field(default_factory=dict)
+    device_allocs: dict[str, int] = field(default_factory=dict)  # cudaMalloc/cudaFree calls
     ops: dict[str, list[float]] = field(default_factory=dict)  # name -> durations (us)
 
     def add_op(self, name: str, dur: float) -> None:
@@ -121,12 +126,15 @@ class RankTrace:
                 step.data_wait.append(span)
             elif cat in LAUNCH_CATS and name.startswith(SYNC_CALLS):
                 step.syncs.setdefault(name, []).append(span)
+            elif cat in LAUNCH_CATS and name in ALLOC_CALLS:
+                step.device_allocs[name] = step.device_allocs.get(name, 0) + 1
             elif cat == "cpu_op" and thread not in gloo:
                 parent, parent_end = top.get(thread, ("", 0.0))
                 nested = span[0] < parent_end
                 if not nested and thread in main:
                     top[thread] = (name, span[1])
-                    step.add_op(name, e["dur"])
+                    if cpu_compute:  # on a GPU trace the operators that count are kernels
+                        step.add_op(name, e["dur"])
                 if name.startswith(SYNC_OPS):
                     inside = nested and parent != "aten::item"
                     label = f"scalar read in {parent}" if inside else LOOP_READ

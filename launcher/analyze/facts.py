@@ -1,0 +1,46 @@
+"""What the run directory says about a run besides its traces: the settings the advice
+must not recommend again (precision, compile, checkpointing) and the memory figures that
+show pressure (peak against the device's size). Every field may be unknown: the analyser
+also reads trace folders that were copied without the rest of the run directory."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+
+@dataclass
+class RunFacts:
+    precision: str | None = None
+    compile: str | None = None
+    grad_checkpointing: bool | None = None
+    micro_batch_size: int | None = None
+    global_batch_size: int | None = None
+    peak_mem_gb: float | None = None  # mem/peak_gb in summary.json: the device's peak
+    device_mem_gb: float | None = None  # the first GPU's size, from env.json
+
+
+def _read(path: Path, parse):
+    try:
+        return parse(path.read_text()) or {}
+    except (OSError, ValueError, yaml.YAMLError):
+        return {}
+
+
+def read_facts(run_dir: Path) -> RunFacts:
+    config = _read(run_dir / "config.yaml", yaml.safe_load)
+    trainer = config.get("trainer") or {}
+    summary = _read(run_dir / "summary.json", json.loads)
+    devices = _read(run_dir / "env.json", json.loads).get("devices") or [{}]
+    return RunFacts(
+        precision=trainer.get("precision"),
+        compile=None if "compile" not in trainer else str(trainer["compile"]),
+        grad_checkpointing=trainer.get("grad_checkpointing"),
+        micro_batch_size=trainer.get("micro_batch_size"),
+        global_batch_size=trainer.get("global_batch_size"),
+        peak_mem_gb=summary.get("mem/peak_gb"),
+        device_mem_gb=devices[0].get("memory_gb"),
+    )
