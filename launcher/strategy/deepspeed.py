@@ -173,7 +173,8 @@ class DeepSpeedStrategy(Strategy):
             raise RuntimeError(f"{folder} was not written by strategy=deepspeed")
         saved, now = json.loads(written.read_text()), self._identity()
         if saved != now:
-            diff = ", ".join(f"{k} {saved.get(k)} -> {v}" for k, v in now.items() if saved.get(k) != v)
+            changed = [k for k, v in now.items() if saved.get(k) != v]
+            diff = ", ".join(f"{k} {saved.get(k)} -> {now[k]}" for k in changed)
             raise RuntimeError(
                 f"{folder} was written with different settings ({diff}); DeepSpeed's shards "
                 "only load into the same ZeRO stage, world size and precision"

@@ -34,6 +34,7 @@ optimizer step count; those of evaluation, checkpointing and start-up are left o
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -197,10 +198,9 @@ class CollectiveTimer:
                 op.done = self.now()  # a blocking call: returned once complete (or, on a
                 self.block(op.issue, op.done)  # GPU, once the stream waits for it)
                 return work
-            try:
+            # Without a future for this work, `done` is taken when it is waited for.
+            with contextlib.suppress(Exception):
                 work.get_future().then(lambda _fut: setattr(op, "done", self.now()))
-            except Exception:  # noqa: BLE001 - no future for this work: time it at wait()
-                pass
             return _TimedWork(work, self, op)
 
         timed.__wrapped__ = original
