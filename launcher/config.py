@@ -431,12 +431,29 @@ def _validate_deepspeed(cfg: DictConfig, world_size: int) -> None:
             f"trainer.compile={t.compile} is not supported with strategy=deepspeed; "
             "use trainer.compile=off (or strategy=ddp to compile)"
         )
+    if t.precision == "fp16" and _fp16_refused_on_cpu(t.device):
+        raise ConfigError(
+            "trainer.precision=fp16 with strategy=deepspeed needs a GPU or a CPU with AVX-512 "
+            "FP16 (DeepSpeed refuses fp16 on this CPU); use trainer.precision=bf16 or fp32"
+        )
     from launcher.strategy.ds_config import DeepSpeedConfigError, build_ds_config
 
     try:
         build_ds_config(cfg, world_size)
     except DeepSpeedConfigError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def _fp16_refused_on_cpu(device: str) -> bool:
+    """Whether the run will be on a CPU whose oneDNN has no fp16: DeepSpeed's check."""
+    import torch
+
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return False
+    try:
+        return not torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    except (AttributeError, RuntimeError):
+        return True
 
 
 def _reject_unknown_keys(node: DictConfig, schema: DictConfig, prefix: str) -> None:

@@ -69,6 +69,8 @@ class DeepSpeedStrategy(Strategy):
         if not dist.is_initialized():  # one process (python -m launcher.train): a group of 1
             backend = "nccl" if rt.device.type == "cuda" else "gloo"
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+                os.environ.setdefault(name, value)  # DeepSpeed reads them, as torchrun sets them
         deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
         self.ds_config = build_ds_config(cfg, rt.world_size)
         optimizer = build_optimizer(model, t)
