@@ -29,7 +29,8 @@ COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 DATA_SOURCES = ("stdlib", "text_files", "wikitext2", "memmap", "synthetic")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
-STRATEGIES = ("ddp",)
+STRATEGIES = ("ddp", "deepspeed")
+OFFLOAD_DEVICES = ("none", "cpu")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 PROFILERS = ("off", "steps", "full")
 
@@ -118,7 +119,14 @@ class StrategyConfig:
     powersgd_rank: int = 4
     powersgd_warmup_steps: int | None = None  # null: trainer.warmup_steps
     powersgd_min_compression_rate: float = 2.0
+    # DeepSpeed (strategy=deepspeed; docs/deepspeed.md)
     zero_stage: int = 0
+    offload_optimizer: str = "none"  # none | cpu: optimizer states and step on the CPU
+    offload_param: str = "none"  # none | cpu: ZeRO-3 parameters live on the CPU
+    overlap_comm: bool | None = None  # null: DeepSpeed's default for the stage
+    reduce_bucket_size: int = 500_000_000  # elements per gradient reduction bucket
+    allgather_bucket_size: int = 500_000_000  # elements per parameter all-gather (ZeRO-1/2)
+    extra: dict[str, Any] = field(default_factory=dict)  # any other DeepSpeed config key
 
 
 @dataclass
@@ -378,6 +386,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         )
     _validate_profiler(cfg.profiler, world_size)
     _validate_powersgd(cfg)
+    _validate_deepspeed(cfg, world_size)
     _validate_resume(cfg)
 
 
@@ -417,6 +426,57 @@ def _validate_powersgd(cfg: DictConfig) -> None:
             "strategy.comm_hook=powersgd does not work with trainer.precision=fp16: its error "
             "feedback would keep loss-scaled (and overflowed) gradients; use bf16 or fp32"
         )
+
+
+def _validate_deepspeed(cfg: DictConfig, world_size: int) -> None:
+    """strategy=deepspeed: the stage, offload and `strategy.extra` against trainer.*."""
+    s, t = cfg.strategy, cfg.trainer
+    if s.name != "deepspeed":
+        return
+    if s.zero_stage not in (0, 1, 2, 3):
+        raise ConfigError(f"strategy.zero_stage={s.zero_stage}: not one of 0, 1, 2, 3")
+    _choice(cfg, "strategy.offload_optimizer", OFFLOAD_DEVICES)
+    _choice(cfg, "strategy.offload_param", OFFLOAD_DEVICES)
+    if s.offload_optimizer != "none" and s.zero_stage == 0:
+        raise ConfigError(
+            "strategy.offload_optimizer=cpu needs ZeRO: set strategy.zero_stage to 1, 2 or 3"
+        )
+    if s.offload_param != "none" and s.zero_stage != 3:
+        raise ConfigError(
+            f"strategy.offload_param={s.offload_param} needs strategy.zero_stage=3 (only ZeRO-3 "
+            f"partitions parameters; zero_stage is {s.zero_stage})"
+        )
+    for key in ("reduce_bucket_size", "allgather_bucket_size"):
+        if s[key] < 1:
+            raise ConfigError(f"strategy.{key}={s[key]}: must be at least 1 (elements)")
+    if t.compile != "off":
+        raise ConfigError(
+            f"trainer.compile={t.compile} is not supported with strategy=deepspeed; "
+            "use trainer.compile=off (or strategy=ddp to compile)"
+        )
+    if t.precision == "fp16" and _fp16_refused_on_cpu(t.device):
+        raise ConfigError(
+            "trainer.precision=fp16 with strategy=deepspeed needs a GPU or a CPU with AVX-512 "
+            "FP16 (DeepSpeed refuses fp16 on this CPU); use trainer.precision=bf16 or fp32"
+        )
+    from launcher.strategy.ds_config import DeepSpeedConfigError, build_ds_config
+
+    try:
+        build_ds_config(cfg, world_size)
+    except DeepSpeedConfigError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _fp16_refused_on_cpu(device: str) -> bool:
+    """Whether the run will be on a CPU whose oneDNN has no fp16: DeepSpeed's check."""
+    import torch
+
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return False
+    try:
+        return not torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    except (AttributeError, RuntimeError):
+        return True
 
 
 def _reject_unknown_keys(node: DictConfig, schema: DictConfig, prefix: str) -> None:

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from launcher import checkpoint, memory_snapshot
 from launcher.data import TokenData, build_eval_batches, build_train_loader
-from launcher.metrics import Interval, StepTimer, aggregate, local_vector
+from launcher.metrics import Interval, StepTimer, aggregate, local_vector, reset_host_peak
 from launcher.model import mfu
 from launcher.preemption import StopVote
 from launcher.profiling import build_profiler, step_region, trace_dir
@@ -193,6 +193,7 @@ class TrainLoop:
         on_gpu = rt.device.type == "cuda"
         if on_gpu:  # mem/peak_gb is this run's peak, not the process's
             torch.cuda.reset_peak_memory_stats(rt.device)
+        reset_host_peak()  # and so is mem/host_peak_gb, where Linux allows
         # Everything built so far (configs, model, tokenizer, imports) lives for the whole run:
         # moving it out of the collector's reach keeps full collections during training cheap.
         gc.collect()

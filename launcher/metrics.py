@@ -8,6 +8,7 @@ so decisions taken from it (stop on a non-finite loss) are the same everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import resource
 import time
@@ -90,8 +91,27 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def host_peak_rss_gb() -> float:
-    """This process's peak resident memory (Linux reports KiB)."""
+    """This process's peak resident memory since `reset_host_peak` (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+
+
+def reset_host_peak() -> bool:
+    """Restart the peak-RSS count from the current resident size, so that
+    mem/host_peak_gb is one run's peak, not the process's (a sweep runs its points in one
+    process). Linux resets it on writing 5 to /proc/self/clear_refs; freed heap is handed
+    back first. False where that is not possible: the figure is then the process's peak."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def device_peak_gb(device: torch.device) -> float | None:

@@ -35,6 +35,8 @@ FIGURES = (
     ("overhead_frac", "comm/overhead_frac"),
     ("busbw_gbps", "comm/busbw_gbps"),
     ("buckets", "comm/buckets"),
+    ("peak_mem_gb", "mem/peak_gb"),  # GPU memory, max over ranks (null on a CPU)
+    ("host_peak_gb", "mem/host_peak_gb"),  # peak resident memory, max over ranks
     ("final_loss", "loss"),
 )
 IGNORED_KEYS = ("run.id", "run.root", "resume")

@@ -1,6 +1,6 @@
 """The one interface the training loop talks to, whatever engine does the work.
 
-The loop never touches DDP (or, later, DeepSpeed) directly: it asks the strategy for the
+The loop never touches DDP or DeepSpeed directly: it asks the strategy for the
 module to call, a context for each micro-step, and to run backward and the optimizer step.
 """
 
@@ -71,4 +71,8 @@ def build_strategy(cfg: DictConfig, rt: Runtime, model: torch.nn.Module) -> Stra
         from launcher.strategy.ddp import DDPStrategy
 
         return DDPStrategy(cfg, rt, model)
-    raise ValueError(f"strategy.name={cfg.strategy.name}: unknown strategy; use ddp")
+    if cfg.strategy.name == "deepspeed":  # imports deepspeed: only when chosen
+        from launcher.strategy.deepspeed import DeepSpeedStrategy
+
+        return DeepSpeedStrategy(cfg, rt, model)
+    raise ValueError(f"strategy.name={cfg.strategy.name}: unknown strategy; use ddp or deepspeed")

@@ -1,0 +1,214 @@
+"""DeepSpeed: ZeRO stages 0-3, with optimizer (and, for ZeRO-3, parameter) offload to CPU.
+
+The engine stays behind the Strategy interface, so the one training loop drives it as it
+drives DDP: `micro_step` tells the engine whether this micro-batch ends the accumulation
+(ZeRO-2/3 reduce gradients every micro-step, ZeRO-0/1 at the boundary only), `backward`
+is the engine's (the loop already divides the loss by the accumulation steps), and `step`
+sets the step's LR and lets the engine clip, step and zero the gradients. The DeepSpeed
+config is built from the Hydra keys (launcher.strategy.ds_config) and written to the run
+directory as `ds_config.json`. `deepspeed` is imported here only, when chosen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from launcher.runtime import Runtime
+from launcher.strategy import Strategy
+from launcher.strategy.comm_timing import StepComm
+from launcher.strategy.ddp import build_optimizer
+from launcher.strategy.ds_comm import CollectiveTimer
+from launcher.strategy.ds_config import build_ds_config
+
+log = logging.getLogger("launcher")
+
+STRATEGY_FILE = "strategy.json"  # in each checkpoint: what wrote it
+RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
+
+
+def import_deepspeed(device: torch.device):
+    """Import deepspeed for `device`, without compiling anything.
+
+    DeepSpeed picks its accelerator when first imported (DS_ACCELERATOR wins over its
+    guess, so a CPU run on a GPU machine stays on the CPU). Its torch backend would build
+    a shared-memory all-reduce op with a C++ compiler at start-up; that op serves only
+    inference all-reduces, so it is marked incompatible: training needs no compiler.
+    """
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.type == "cuda" else "cpu")
+    import deepspeed
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    # ZeRO calls torch's all_gather_into_tensor and reduce_scatter_tensor, which torch 2.13
+    # deprecates (a warning per process and call site, not per step): noise in the logs.
+    warnings.filterwarnings(
+        "ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning
+    )
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    deepspeed.utils.logger.setLevel(logging.WARNING)
+    return deepspeed
+
+
+class DeepSpeedStrategy(Strategy):
+    def __init__(self, cfg: DictConfig, rt: Runtime, model: torch.nn.Module):
+        t, s = cfg.trainer, cfg.strategy
+        self.rt = rt
+        self.stage = int(s.zero_stage)
+        self.precision = t.precision
+        deepspeed = import_deepspeed(rt.device)
+        self._deepspeed = deepspeed
+        if not dist.is_initialized():  # one process (python -m launcher.train): a group of 1
+            backend = "nccl" if rt.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+                os.environ.setdefault(name, value)  # DeepSpeed reads them, as torchrun sets them
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
+        self.ds_config = build_ds_config(cfg, rt.world_size)
+        optimizer = build_optimizer(model, t)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model.to(rt.device), optimizer=optimizer, config=self.ds_config
+        )
+        self.module = self.engine
+        self.comm_timer: CollectiveTimer | None = None
+        if s.time_comm and rt.world_size > 1:
+            from deepspeed.comm import comm as ds_comm
+
+            self.comm_timer = CollectiveTimer(rt.device, rt.world_size)
+            self.comm_timer.install(ds_comm.cdb)
+        if rt.is_main:
+            used = dict(self.engine.config)  # the dict the engine parsed, batch keys resolved
+            used["train_batch_size"] = self.engine.train_batch_size()
+            used["train_micro_batch_size_per_gpu"] = self.engine.train_micro_batch_size_per_gpu()
+            used["gradient_accumulation_steps"] = self.engine.gradient_accumulation_steps()
+            (rt.run_dir / "ds_config.json").write_text(json.dumps(used, indent=1, default=str))
+        log.info(
+            "deepspeed %s: ZeRO-%d, %s, optimizer offload %s, parameter offload %s",
+            deepspeed.__version__,
+            self.stage,
+            self.precision,
+            s.offload_optimizer,
+            s.offload_param,
+        )
+
+    # -- the step ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def micro_step(self, is_last: bool):
+        if self.comm_timer is not None:
+            self.comm_timer.begin_step()
+        self.engine.set_gradient_accumulation_boundary(is_last)
+        yield
+
+    def autocast(self):
+        # The engine holds the model in bf16/fp16 itself (with fp32 master weights in the
+        # optimizer): DeepSpeed's mixed precision, not autocast.
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss, scale_wrt_gas=False)  # the loop has scaled it already
+
+    def step(self, lr: float) -> torch.Tensor:
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
+        own_norm = None
+        if self.stage == 0 and self.precision == "fp32":  # DeepSpeed does not report it here
+            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+            own_norm = torch.nn.utils.get_total_norm(grads)
+        self.engine.step()
+        if self.comm_timer is not None:
+            self.comm_timer.end_step()
+        norm = self.engine.get_global_grad_norm()
+        if norm is None:
+            norm = own_norm if own_norm is not None else float("nan")
+        return torch.as_tensor(norm, dtype=torch.float32).detach()
+
+    def drain_comm(self) -> list[StepComm] | None:
+        return self.comm_timer.drain() if self.comm_timer is not None else None
+
+    @torch.no_grad()
+    def replica_fingerprint(self) -> list[float]:
+        """Float64 sum and sum of squares of the whole model, gathered under ZeRO-3 (every
+        rank then holds the same full parameters only if their shards fit together)."""
+        params = list(self.engine.module.parameters())
+        gather = (
+            self._deepspeed.zero.GatheredParameters(params)
+            if self.stage == 3
+            else contextlib.nullcontext()
+        )
+        with gather:
+            full = [p.detach().double() for p in params]
+            return [sum(p.sum().item() for p in full), sum(p.square().sum().item() for p in full)]
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def _identity(self) -> dict:
+        return {
+            "strategy": "deepspeed",
+            "zero_stage": self.stage,
+            "world_size": self.rt.world_size,
+            "precision": self.precision,
+        }
+
+    def save(self, folder: Path, rank: int) -> None:
+        """DeepSpeed's own save into `folder` (the checkpoint writer's temporary folder):
+        every rank writes its shards, rank 0 the model states; no `latest` of DeepSpeed's
+        (the launcher's pointer moves once the folder is complete)."""
+        self.engine.save_checkpoint(str(folder.parent), tag=folder.name, save_latest=False)
+        if rank == 0:
+            (folder / STRATEGY_FILE).write_text(json.dumps(self._identity()))
+            # DeepSpeed copies its offline converters (zero_to_fp32.py: the shards to one
+            # fp32 state dict) beside the checkpoint folders: keep them with the checkpoint.
+            for script in RECOVERY_SCRIPTS:
+                if (folder.parent / script).is_file():
+                    os.replace(folder.parent / script, folder / script)
+
+    def load(self, folder: Path) -> None:
+        written = folder / STRATEGY_FILE
+        if not written.is_file():
+            raise RuntimeError(f"{folder} was not written by strategy=deepspeed")
+        saved, now = json.loads(written.read_text()), self._identity()
+        if saved != now:
+            changed = [k for k, v in now.items() if saved.get(k) != v]
+            diff = ", ".join(f"{k} {saved.get(k)} -> {now[k]}" for k in changed)
+            raise RuntimeError(
+                f"{folder} was written with different settings ({diff}); DeepSpeed's shards "
+                "only load into the same ZeRO stage, world size and precision"
+            )
+        if self.stage > 0:
+            shard = Path(self.engine._get_zero_ckpt_name(str(folder.parent), folder.name))
+            if not shard.is_file():
+                raise FileNotFoundError(f"{shard} is missing")
+        path, _ = self.engine.load_checkpoint(
+            str(folder.parent),
+            tag=folder.name,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=False,
+        )
+        if path is None:
+            raise RuntimeError(f"DeepSpeed could not load {folder}")
+
+    # -- the end -------------------------------------------------------------------------
+    def close(self) -> None:
+        if self.comm_timer is not None:
+            self.comm_timer.uninstall()
+            if self.rt.is_main and self.comm_timer.timed_steps:
+                figures = {
+                    "timed_steps": self.comm_timer.timed_steps,
+                    "rank": self.rt.rank,
+                    "per_kind": self.comm_timer.per_kind(),
+                }
+                (self.rt.run_dir / "comm_collectives.json").write_text(
+                    json.dumps(figures, indent=1)
+                )
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.destroy()
+        self.module = None
+        self.optimizer = None

@@ -1,0 +1,133 @@
+"""The DeepSpeed config of a run, built from the Hydra keys (no DeepSpeed import here).
+
+DeepSpeed reads one JSON-like dict. The launcher derives it from the same keys a DDP run
+uses (`trainer.*` for batch, accumulation, clipping and precision; `strategy.*` for the
+ZeRO stage and offload), then merges `strategy.extra` over it so that any other DeepSpeed
+setting can be passed through. A setting in `extra` that contradicts a launcher key is
+refused here, with one line naming both, before any process starts: the config validation
+(`launcher.config`) and the strategy call the same function.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+# Sections DeepSpeed would build its own optimizer or LR schedule from: the launcher passes
+# its AdamW (trainer.lr, betas, weight_decay) and sets the LR of every step itself.
+REFUSED_SECTIONS = {
+    "optimizer": "the optimizer is AdamW from trainer.lr/beta1/beta2/weight_decay",
+    "scheduler": "the LR schedule is trainer.warmup_steps/lr_decay_steps/min_lr_ratio",
+    "amp": "NVIDIA apex AMP is not supported; use trainer.precision=bf16 or fp16",
+}
+
+
+class DeepSpeedConfigError(ValueError):
+    """A contradiction between `strategy.extra` and the launcher's keys (one line)."""
+
+
+def derived_config(cfg: DictConfig, world_size: int) -> dict[str, Any]:
+    """What the launcher's own keys say, before `strategy.extra` is merged in."""
+    s, t = cfg.strategy, cfg.trainer
+    zero: dict[str, Any] = {
+        "stage": int(s.zero_stage),
+        "reduce_bucket_size": int(s.reduce_bucket_size),
+        "allgather_bucket_size": int(s.allgather_bucket_size),
+    }
+    if s.overlap_comm is not None:
+        zero["overlap_comm"] = bool(s.overlap_comm)
+    if s.offload_optimizer != "none":
+        zero["offload_optimizer"] = {"device": s.offload_optimizer}
+    if s.offload_param != "none":
+        zero["offload_param"] = {"device": s.offload_param}
+    accum = t.global_batch_size // (t.micro_batch_size * world_size)
+    return {
+        "train_batch_size": int(t.global_batch_size),
+        "train_micro_batch_size_per_gpu": int(t.micro_batch_size),
+        "gradient_accumulation_steps": int(accum),
+        "gradient_clipping": float(t.grad_clip),
+        "bf16": {"enabled": t.precision == "bf16"},
+        "fp16": {"enabled": t.precision == "fp16"},
+        "zero_optimization": zero,
+        # The client optimizer is torch's AdamW: allowed under ZeRO, and kept with CPU
+        # offload (DeepSpeed would otherwise insist on its compiled DeepSpeedCPUAdam).
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 2**31 - 1,  # the launcher prints progress
+        "wall_clock_breakdown": False,
+    }
+
+
+# (path in the DeepSpeed config, the launcher key that decides it)
+OWNED = (
+    (("train_batch_size",), "trainer.global_batch_size"),
+    (("train_micro_batch_size_per_gpu",), "trainer.micro_batch_size"),
+    (("gradient_accumulation_steps",), "trainer.global_batch_size / (micro_batch_size x ranks)"),
+    (("gradient_clipping",), "trainer.grad_clip"),
+    (("zero_optimization", "stage"), "strategy.zero_stage"),
+    (("zero_optimization", "offload_optimizer", "device"), "strategy.offload_optimizer"),
+    (("zero_optimization", "offload_param", "device"), "strategy.offload_param"),
+)
+
+
+def _get(tree: dict, path: tuple[str, ...]):
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            return None
+        tree = tree[key]
+    return tree
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _enabled(section) -> bool:
+    return isinstance(section, dict) and bool(section.get("enabled", False))
+
+
+def build_ds_config(cfg: DictConfig, world_size: int) -> dict[str, Any]:
+    """The DeepSpeed config this run uses; raises DeepSpeedConfigError on a contradiction."""
+    extra = OmegaConf.to_container(cfg.strategy.extra, resolve=True) or {}
+    for section, why in REFUSED_SECTIONS.items():
+        if section in extra:
+            raise DeepSpeedConfigError(
+                f"strategy.extra.{section} is not accepted: {why}; remove it"
+            )
+    base = derived_config(cfg, world_size)
+    for path, owner in OWNED:
+        given, derived = _get(extra, path), _get(base, path)
+        if given is None:
+            continue
+        stage_off = path[-1] == "device" and derived is None and given in ("none", None)
+        if given != derived and not stage_off:
+            raise DeepSpeedConfigError(
+                f"strategy.extra.{'.'.join(path)}={given} contradicts {owner} "
+                f"(which gives {derived if derived is not None else 'none'}); set it through "
+                f"the launcher key, not strategy.extra"
+            )
+    merged = _merge(base, extra)
+    if "bfloat16" in merged:  # DeepSpeed's other name for the bf16 section
+        merged["bf16"] = _merge(merged["bf16"], merged.pop("bfloat16"))
+    fp16, bf16 = _enabled(merged.get("fp16")), _enabled(merged.get("bf16"))
+    if fp16 and bf16:
+        raise DeepSpeedConfigError(
+            "fp16 and bf16 are both enabled (strategy.extra turns one on while "
+            f"trainer.precision={cfg.trainer.precision}); choose one with trainer.precision"
+        )
+    wanted = cfg.trainer.precision
+    got = "fp16" if fp16 else "bf16" if bf16 else "fp32"
+    if got != wanted:
+        raise DeepSpeedConfigError(
+            f"strategy.extra turns {got} {'on' if got != 'fp32' else 'off'} but "
+            f"trainer.precision={wanted}; choose the precision with trainer.precision"
+        )
+    return merged

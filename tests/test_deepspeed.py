@@ -1,0 +1,221 @@
+"""strategy=deepspeed on 2 gloo ranks: ZeRO-1/2/3 against DDP, resume, offload, bad configs.
+
+One `+exp=zero_sweep` launch (DDP, ZeRO-1, ZeRO-2, ZeRO-3; 20 steps each, the same seed and
+data) is the reference for most tests; a ZeRO-3 run resumed from the sweep's step-10
+checkpoint and a short ZeRO-3 run with optimizer and parameter offload are compared with
+it. No test needs a compiler: the launcher keeps DeepSpeed from building its ops.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from launcher.config import ConfigError, compose, validate
+
+from launch import FAST, base_env, explain, losses, metrics, python_train, summary, torchrun
+
+STEPS = 20
+RUN = [
+    *FAST,
+    f"trainer.max_steps={STEPS}",
+    "trainer.eval_interval=10",
+    "trainer.checkpoint_interval=10",
+]
+POINTS = ("strategy=ddp", "strategy=zero1", "strategy=zero2", "strategy=zero3")
+
+
+@pytest.fixture(scope="module")
+def zero_sweep(tmp_path_factory):
+    """DDP and ZeRO-1/2/3 in one launch: fp32, accumulation 2, eval and checkpoints at 10."""
+    root = tmp_path_factory.mktemp("zero")
+    proc = torchrun([*RUN, "+exp=zero_sweep", f"run.root={root}", "run.id=zs"])
+    assert proc.returncode == 0, explain(proc)
+    return root / "zs", proc
+
+
+def test_zero1_and_zero2_match_ddp_losses(zero_sweep):
+    sweep_dir, _ = zero_sweep
+    ddp = losses(sweep_dir / "strategy=ddp")
+    assert sorted(ddp) == list(range(1, STEPS + 1))
+    for point in ("strategy=zero1", "strategy=zero2"):
+        zero = losses(sweep_dir / point)
+        assert zero.keys() == ddp.keys()
+        for step in ddp:
+            assert zero[step] == pytest.approx(ddp[step], rel=1e-4), (point, step)
+
+
+def test_zero3_trains_and_replicas_agree(zero_sweep):
+    sweep_dir, _ = zero_sweep
+    zero3 = losses(sweep_dir / "strategy=zero3")
+    assert sorted(zero3) == list(range(1, STEPS + 1))
+    assert zero3[STEPS] < zero3[1] - 0.2  # it learns
+    for point in POINTS:
+        s = summary(sweep_dir / point)
+        assert s["status"] == "completed" and s["steps"] == STEPS, point
+        # float64 fingerprints of the parameters (gathered under ZeRO-3) equal on both ranks
+        assert s["replicas_in_sync"] is True, point
+
+
+def test_run_directory_config_and_comm_figures(zero_sweep):
+    sweep_dir, proc = zero_sweep
+    assert proc.stderr.count("process group created") == 1, explain(proc)
+    assert "FutureWarning" not in proc.stderr
+    for point, stage in zip(POINTS[1:], (1, 2, 3), strict=True):
+        run_dir = sweep_dir / point
+        used = json.loads((run_dir / "ds_config.json").read_text())
+        assert used["zero_optimization"]["stage"] == stage
+        assert used["train_batch_size"] == 8 and used["train_micro_batch_size_per_gpu"] == 2
+        assert used["gradient_accumulation_steps"] == 2 and used["gradient_clipping"] == 1.0
+        assert not used["bf16"]["enabled"] and not used["fp16"]["enabled"]
+        kinds = json.loads((run_dir / "comm_collectives.json").read_text())["per_kind"]
+        assert kinds["all_reduce"]["calls_per_step"] >= 1  # at least the gradient norm
+        if stage == 3:  # parameters gathered for forward and backward, gradients scattered
+            assert kinds["all_gather"]["calls_per_step"] > 2
+            assert kinds["reduce_scatter"]["calls_per_step"] >= 2  # one per micro-step
+        records = [r for r in metrics(run_dir) if "loss" in r]
+        for r in records:
+            assert 0 < r["comm/exposed_s"] <= r["comm/allreduce_s"]
+            assert r["comm/allreduce_s/max"] <= r["step_time_s/max"]
+            assert 0 < r["comm/overhead_frac"] < 1 and r["comm/bytes"] > 0
+            algbw = r["comm/bytes"] / r["comm/allreduce_s"] / 1e9
+            assert r["comm/busbw_gbps"] == pytest.approx(algbw)  # 2(n-1)/n = 1 at n = 2
+        assert [r["step"] for r in metrics(run_dir) if "eval/loss" in r] == [10, 20]
+    with open(sweep_dir / "sweep_summary.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["point"] for r in rows] == list(POINTS)
+    assert [r["strategy.zero_stage"] for r in rows] == ["0", "1", "2", "3"]
+    for r in rows:
+        assert float(r["host_peak_gb"]) > 0.05 and r["peak_mem_gb"] == ""  # a CPU
+        assert float(r["exposed_s"]) <= float(r["allreduce_s"]) < float(r["step_time_p90_s"])
+
+
+def test_checkpoints_are_deepspeeds_own_and_atomic(zero_sweep):
+    sweep_dir, _ = zero_sweep
+    ckpts = sweep_dir / "strategy=zero3" / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "step_00000020"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000010", "step_00000020"]
+    step = ckpts / "step_00000020"
+    meta = json.loads((step / "meta.json").read_text())
+    for rank in (0, 1):  # ZeRO-3: every rank writes its parameter and optimizer shards
+        assert f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt" in meta["files"]
+        assert f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" in meta["files"]
+    assert {"strategy.json", "zero_to_fp32.py", "rng_rank0.pt"} <= meta["files"].keys()
+    for name, size in meta["files"].items():
+        assert (step / name).stat().st_size == size
+
+
+def test_zero3_resume_auto_continues_exactly(zero_sweep, tmp_path):
+    """A ZeRO-3 run cut after step 10, resumed by a new launch: the same losses as the
+    uninterrupted sweep point at steps 11-20, to the last bit (fp32 on CPU: the same
+    operations on the same numbers, in the same order)."""
+    sweep_dir, _ = zero_sweep
+    reference = sweep_dir / "strategy=zero3"
+    cut = tmp_path / "cut" / "checkpoints"
+    shutil.copytree(reference / "checkpoints" / "step_00000010", cut / "step_00000010")
+    (cut / "latest").write_text("step_00000010\n")
+    proc = torchrun([*RUN, "strategy=zero3", f"run.root={tmp_path}", "run.id=cut"])
+    assert proc.returncode == 0, explain(proc)
+    assert "resumed from step 10" in proc.stderr
+    resumed, straight = losses(tmp_path / "cut"), losses(reference)
+    assert sorted(resumed) == list(range(11, STEPS + 1))
+    assert resumed == {step: straight[step] for step in resumed}
+    assert summary(tmp_path / "cut")["resumed_from_step"] == 10
+
+
+def test_zero3_offload_to_cpu_without_a_compiler(zero_sweep, tmp_path):
+    """Optimizer and parameter offload run torch's AdamW on the CPU copies: no DeepSpeed op
+    is built (no compiler on PATH), and the arithmetic is ZeRO-3's."""
+    sweep_dir, _ = zero_sweep
+    env = base_env(PATH=f"{tmp_path / 'nocc'}:{base_env()['PATH']}", CC="false", CXX="false")
+    (tmp_path / "nocc").mkdir()
+    for compiler in ("gcc", "g++", "cc", "c++"):  # any compiler on PATH fails
+        (tmp_path / "nocc" / compiler).write_text("#!/bin/sh\nexit 1\n")
+        (tmp_path / "nocc" / compiler).chmod(0o755)
+    overrides = [*RUN, "strategy=zero3", "trainer.max_steps=6", f"trainer.lr_decay_steps={STEPS}"]
+    overrides += ["trainer.eval_interval=0"]
+    overrides += ["strategy.offload_optimizer=cpu", "strategy.offload_param=cpu"]
+    proc = torchrun([*overrides, f"run.root={tmp_path}", "run.id=off"], env=env)
+    assert proc.returncode == 0, explain(proc)
+    used = json.loads((tmp_path / "off" / "ds_config.json").read_text())["zero_optimization"]
+    assert used["offload_optimizer"]["device"] == used["offload_param"]["device"] == "cpu"
+    offloaded, reference = losses(tmp_path / "off"), losses(sweep_dir / "strategy=zero3")
+    assert sorted(offloaded) == list(range(1, 7))
+    for step in offloaded:
+        assert offloaded[step] == pytest.approx(reference[step], rel=1e-4), step
+    assert summary(tmp_path / "off")["replicas_in_sync"] is True
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["strategy=deepspeed", "trainer.precision=bf16", "+strategy.extra.fp16.enabled=true"],
+            "fp16 and bf16 are both enabled",
+        ),
+        (
+            ["strategy=zero2", "+strategy.extra.train_batch_size=32"],
+            "strategy.extra.train_batch_size=32 contradicts trainer.global_batch_size",
+        ),
+        (
+            ["strategy=zero2", "+strategy.extra.gradient_accumulation_steps=4"],
+            "strategy.extra.gradient_accumulation_steps=4 contradicts",
+        ),
+        (
+            ["strategy=zero1", "+strategy.extra.zero_optimization.stage=3"],
+            "strategy.extra.zero_optimization.stage=3 contradicts strategy.zero_stage",
+        ),
+        (["strategy=zero2", "strategy.offload_param=cpu"], "needs strategy.zero_stage=3"),
+        (["strategy=deepspeed", "strategy.zero_stage=0", "strategy.offload_optimizer=cpu"], "ZeRO"),
+        (["strategy=deepspeed", "strategy.zero_stage=4"], "strategy.zero_stage=4"),
+        (["strategy=zero2", "+strategy.extra.optimizer.type=Adam"], "strategy.extra.optimizer"),
+        (["strategy=zero2", "+strategy.extra.bf16.enabled=true"], "trainer.precision=fp32"),
+        (["strategy=zero2", "strategy.offload_optimizer=nvme"], "strategy.offload_optimizer"),
+    ],
+)
+def test_contradictory_settings_are_refused(overrides, message):
+    cfg = compose(overrides)
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("+", r"\+")):
+        validate(cfg, 2)
+
+
+def test_bad_config_is_one_line_before_anything_starts(tmp_path):
+    proc = python_train(
+        [
+            *FAST,
+            f"run.root={tmp_path}",
+            "strategy=zero2",
+            "+strategy.extra.train_micro_batch_size_per_gpu=3",
+        ]
+    )
+    assert proc.returncode == 2, explain(proc)
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error: strategy.extra."), explain(proc)
+    assert "trainer.micro_batch_size" in errors[0]
+    assert not any(tmp_path.iterdir())  # no run directory, no process group
+
+
+def test_a_ddp_run_does_not_import_deepspeed():
+    code = """
+import sys, torch
+from launcher.config import compose, validate
+from launcher.model import build_model
+from launcher.runtime import Runtime
+from launcher.strategy import build_strategy
+from launcher import job, loop, train  # every module a DDP run imports
+cfg = compose(["strategy=ddp"])
+validate(cfg, 1)
+model = build_model(cfg.model, 512, eot_id=0, grad_checkpointing=False)
+strategy = build_strategy(cfg, Runtime(0, 0, 1, torch.device("cpu"), None), model)
+assert "deepspeed" not in sys.modules, "deepspeed was imported"
+print("ok")
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=base_env()
+    )
+    assert proc.returncode == 0 and "ok" in proc.stdout, explain(proc)
