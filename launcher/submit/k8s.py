@@ -11,6 +11,7 @@ pod as a JobSet or a Kubeflow PyTorchJob instead. See docs/kubernetes.md.
 
 from __future__ import annotations
 
+import copy
 import shlex
 import shutil
 import subprocess
@@ -235,7 +236,7 @@ def pytorchjob(job: SubmitJob, pod: dict) -> dict:
         replicas["Worker"] = {
             "replicas": job.nodes - 1,
             "restartPolicy": "ExitCode",
-            "template": pod,
+            "template": copy.deepcopy(pod),  # a copy: YAML would write an anchor otherwise
         }
     return {
         "apiVersion": "kubeflow.org/v1",
