@@ -177,7 +177,37 @@ class SlurmConfig:
 
 @dataclass
 class K8sConfig:
-    """Kubernetes manifest settings (cluster=k8s); see docs/kubernetes.md."""
+    """Kubernetes manifest settings (cluster=k8s); see docs/kubernetes.md.
+
+    Every pod runs one torchrun for one node; memory and /dev/shm are per pod.
+    """
+
+    kind: str = "job"  # job (Indexed Job + headless Service), jobset, pytorchjob
+    name: str | None = None  # the objects' name; null: <cluster.job_name>-<run id>
+    namespace: str | None = None  # null: kubectl's current namespace
+    image: str = "launcher:latest"  # an image with this project and its torch installed
+    image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: list[str] = field(default_factory=list)
+    service_account: str | None = None
+    cpu: str = "8"  # CPU request per pod (no CPU limit: throttling slows the input pipeline)
+    memory: str = "64Gi"  # for the processes; the container limit adds /dev/shm's size
+    gpu_resource: str = "nvidia.com/gpu"  # the extended resource cluster.gpus_per_node counts
+    shm_size: str | None = None  # /dev/shm sizeLimit; null: the loaders' need + shm_margin
+    shm_margin: str = "1Gi"  # on top of the loaders' need: NCCL's shared-memory transport etc.
+    runs_pvc: str = "launcher-runs"  # PersistentVolumeClaim (ReadWriteMany) mounted at run.root
+    wandb_secret: str | None = "wandb"  # Secret holding WANDB_API_KEY; null: none
+    wandb_secret_key: str = "api-key"  # the key inside that Secret
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[Any] = field(default_factory=list)
+    affinity: dict[str, Any] = field(default_factory=dict)
+    priority_class: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)  # added to every object and pod
+    annotations: dict[str, str] = field(default_factory=dict)  # added to the pods
+    backoff_limit: int = 6  # pod failures the Job tolerates (disruptions are not counted)
+    max_restarts: int = 3  # torchrun --max-restarts: re-rendezvous when a peer pod is replaced
+    rdzv_timeout_s: int = 900  # how long torchrun waits for all pods to join (join_timeout)
+    termination_grace_s: int = 120  # SIGTERM -> SIGKILL: time to write the stop checkpoint
+    ttl_after_finished_s: int | None = None  # delete the finished Job after this long
 
 
 @dataclass

@@ -154,14 +154,18 @@ def init_process_group(backend: str, timeout: dt.timedelta, device: torch.device
     torchrun shares its rendezvous store with the workers, and the keys a failed attempt
     wrote survive into the next one: a restarted gloo group could read a dead peer's
     address and fail to connect. Prefixing the store with torchrun's restart count keeps
-    each attempt's keys apart. (Across nodes that count is per agent; multi-node
-    launches therefore run torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.)
+    each attempt's keys apart. Across nodes that count is per agent (a replaced pod starts
+    at 0 while its peers are at 1), so multi-node launches run torchrun with
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: then every rendezvous round gets a fresh store,
+    hosted by the new rank 0, with no keys to keep apart and no prefix to disagree on.
     """
     store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    prefix = "launcher"
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        prefix += f"/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     dist.init_process_group(
         backend=backend,
-        store=dist.PrefixStore(f"launcher/attempt{attempt}", store),
+        store=dist.PrefixStore(prefix, store),
         rank=rank,
         world_size=world,
         timeout=timeout,

@@ -12,7 +12,7 @@ import datetime as dt
 import os
 import secrets
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -33,6 +33,7 @@ class SubmitJob:
     run_id: str
     run_root: Path  # absolute: every node must see it at the same path
     workdir: Path
+    points: list[DictConfig] = field(default_factory=list)  # every sweep point's config
 
     @property
     def cluster(self) -> DictConfig:
@@ -60,7 +61,9 @@ class SubmitJob:
 
     def train_overrides(self) -> list[str]:
         """The trainer's overrides: the user's, with the run directory pinned."""
-        return [*self.overrides, f"run.root={self.run_root}", f"run.id={self.run_id}"]
+        pinned = ("run.root", "run.id")
+        kept = [o for o in self.overrides if o.split("=", 1)[0].lstrip("+~") not in pinned]
+        return [*kept, f"run.root={self.run_root}", f"run.id={self.run_id}"]
 
     def torchrun_argv(self, endpoint: str, node_rank: str | None = None) -> list[str]:
         """One node's torchrun: all nodes rendezvous at `endpoint` (host:port of node 0)."""
@@ -150,7 +153,7 @@ def prepare(target: str, overrides: list[str]) -> SubmitJob:
         if cfg.run.id
         else f"{dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(4)}"
     )
-    return SubmitJob(target, cfg, list(overrides), run_id, root, workdir)
+    return SubmitJob(target, cfg, list(overrides), run_id, root, workdir, configs)
 
 
 def _check_shape(cluster: DictConfig) -> None:

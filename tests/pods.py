@@ -1,0 +1,280 @@
+"""Run a rendered Indexed Job's pods on this machine the way Kubernetes would.
+
+There is no kubelet here, so each "pod" is built from what Kubernetes gives a real one:
+
+- its own network namespace (a veth on a bridge in a hub namespace, one address per pod),
+  so that every pod listens on its own address and the same port, as pods do;
+- a private mount, UTS and PID namespace (`unshare`): a tmpfs /dev/shm of the rendered
+  emptyDir's sizeLimit, the hostname `<job>-<index>`, and an /etc/hosts such as the kubelet
+  writes (the pod's own name) plus the headless Service's records (`<job>-<i>.<service>`,
+  what cluster DNS would answer); killing the pod's first process kills all of it, like a
+  container runtime tearing a pod down;
+- the container's command and args exactly as rendered, with `$(VAR)` expanded the way
+  Kubernetes does, and the environment the manifest gives (Secret references resolved
+  from a dict standing in for the cluster's Secrets), plus what Kubernetes injects:
+  JOB_COMPLETION_INDEX and HOSTNAME.
+
+The image's own environment (PATH to this venv's torchrun, HOME, the token cache) is given
+by the caller. `python tests/pods.py enter ...` is the pod's first process: it mounts and
+names, then execs the container's command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PREFIX = "lk8s"  # network namespaces of this harness: lk8s<pid>-hub, lk8s<pid>-p<i>
+SUBNET = "10.233.0"  # inside this harness's own namespaces only; never leaves them
+CLUSTER_DOMAIN = "svc.cluster.local"
+MOUNT = shutil.which("mount") or "/usr/bin/mount"
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion: `$$` is a literal `$`, an undefined `$(VAR)` stays."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "$" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if nxt == "$":
+                out.append("$")
+                i += 2
+                continue
+            if nxt == "(":
+                end = text.find(")", i + 2)
+                if end != -1:
+                    name = text[i + 2 : end]
+                    out.append(env[name] if name in env else text[i : end + 1])
+                    i = end + 1
+                    continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
+def container_env(
+    container: dict, injected: dict[str, str], secrets: dict[str, dict[str, str]]
+) -> dict[str, str]:
+    """The variables a container sees from its manifest, in order, plus the injected ones."""
+    env = dict(injected)
+    for entry in container.get("env", []):
+        if "value" in entry:
+            env[entry["name"]] = expand(str(entry["value"]), env)
+            continue
+        ref = entry["valueFrom"]["secretKeyRef"]
+        value = secrets.get(ref["name"], {}).get(ref["key"])
+        if value is None:
+            if ref.get("optional"):
+                continue
+            raise RuntimeError(
+                f"pod would not start: Secret {ref['name']}/{ref['key']} for {entry['name']} "
+                "is missing (CreateContainerConfigError)"
+            )
+        env[entry["name"]] = value
+    return env
+
+
+def parse_size(text: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "": 1}
+    number, unit = re.fullmatch(r"(\d+)(Ki|Mi|Gi|)", str(text)).groups()
+    return int(number) * units[unit]
+
+
+@dataclass
+class Pod:
+    index: int
+    hostname: str
+    netns: str
+    ip: str
+    hosts_file: Path
+    proc: subprocess.Popen | None = None
+    log: Path | None = None
+    starts: int = 0
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL the pod's first process; its PID namespace dies with it."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+@dataclass
+class IndexedJobPods:
+    """The pods of one rendered Indexed Job (+ its headless Service) on this machine."""
+
+    job: dict
+    service: dict
+    image_env: dict[str, str]  # what the image itself provides: PATH, HOME, ...
+    workdir: Path  # the image's WORKDIR, used when the container gives no workingDir
+    state_dir: Path  # hosts files and logs
+    secrets: dict[str, dict[str, str]] = field(default_factory=dict)
+    pods: list[Pod] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.job["metadata"]["name"]
+
+    @property
+    def pod_spec(self) -> dict:
+        return self.job["spec"]["template"]["spec"]
+
+    def __enter__(self) -> IndexedJobPods:
+        remove_stale_namespaces()
+        tag = f"{PREFIX}{os.getpid()}"
+        hub = f"{tag}-hub"
+        _ip("netns", "add", hub)
+        _ip("-n", hub, "link", "add", "br0", "type", "bridge")
+        _ip("-n", hub, "link", "set", "br0", "up")
+        namespace = self.job["metadata"].get("namespace", "default")
+        subdomain = self.pod_spec["subdomain"]
+        completions = self.job["spec"]["completions"]
+        for i in range(completions):
+            ns, ip = f"{tag}-p{i}", f"{SUBNET}.{10 + i}"
+            _ip("netns", "add", ns)
+            _ip("-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", f"h{i}",
+                "netns", hub)  # fmt: skip
+            _ip("-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", hub, "link", "set", f"h{i}", "master", "br0")
+            _ip("-n", hub, "link", "set", f"h{i}", "up")
+            hostname = f"{self.name}-{i}"
+            self.pods.append(Pod(i, hostname, ns, ip, self.state_dir / f"hosts.{i}"))
+        self._hub = hub
+        fqdn = {
+            p.index: f"{p.hostname}.{subdomain}.{namespace}.{CLUSTER_DOMAIN}" for p in self.pods
+        }
+        dns = [f"{p.ip}\t{fqdn[p.index]}\t{p.hostname}.{subdomain}" for p in self.pods]
+        for pod in self.pods:
+            kubelet = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+            kubelet.append(f"{pod.ip}\t{fqdn[pod.index]}\t{pod.hostname}")
+            lines = ["# Kubernetes-managed hosts file.", *kubelet, "# cluster DNS", *dns]
+            pod.hosts_file.write_text("\n".join(lines) + "\n")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for pod in self.pods:
+            pod.kill()
+        for pod in self.pods:
+            _ip("netns", "del", pod.netns, check=False)
+        _ip("netns", "del", self._hub, check=False)
+
+    def start(self, index: int) -> Pod:
+        """Create pod `index` (again): a fresh /dev/shm, the rendered command and env."""
+        pod = self.pods[index]
+        container = self.pod_spec["containers"][0]
+        injected = {**self.image_env, "HOSTNAME": pod.hostname}
+        injected["JOB_COMPLETION_INDEX"] = str(index)
+        env = container_env(container, injected, self.secrets)
+        argv = [expand(a, env) for a in container.get("command", []) + container.get("args", [])]
+        shm = next(
+            v["emptyDir"]["sizeLimit"]
+            for v in self.pod_spec["volumes"]
+            for m in container["volumeMounts"]
+            if m["mountPath"] == "/dev/shm" and m["name"] == v["name"]
+        )
+        cwd = container.get("workingDir") or str(self.workdir)
+        enter = [
+            shutil.which("ip"), "netns", "exec", pod.netns,
+            shutil.which("unshare"), "--mount", "--uts", "--pid", "--fork", "--kill-child",
+            "--mount-proc", "--propagation", "private",
+            sys.executable, str(Path(__file__).resolve()), "enter",
+            f"--shm-bytes={parse_size(shm)}", f"--hosts={pod.hosts_file}",
+            f"--hostname={pod.hostname}", f"--cwd={cwd}", "--", *argv,
+        ]  # fmt: skip
+        pod.log = self.state_dir / f"pod{index}.{pod.starts}.log"
+        pod.starts += 1
+        out = open(pod.log, "w")  # noqa: SIM115 - held by the child
+        pod.proc = subprocess.Popen(enter, env=env, stdout=out, stderr=subprocess.STDOUT)
+        out.close()
+        return pod
+
+    def logs(self) -> str:
+        parts = []
+        for log in sorted(self.state_dir.glob("pod*.log")):
+            parts.append(f"--- {log.name}\n{log.read_text()[-5000:]}")
+        return "\n".join(parts)
+
+
+def _ip(*args: str, check: bool = True) -> None:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {proc.stderr.strip()}")
+
+
+def remove_stale_namespaces() -> None:
+    """Delete namespaces left by an earlier run of this harness whose process is gone."""
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for line in listing.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        match = re.fullmatch(rf"{PREFIX}(\d+)-(hub|p\d+)", name)
+        if match and not _alive(int(match.group(1))):
+            _ip("netns", "del", name, check=False)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def can_run_pods() -> str | None:
+    """None when this machine can make the namespaces, else why not."""
+    if os.geteuid() != 0:
+        return "network and mount namespaces need root"
+    probe = f"{PREFIX}{os.getpid()}-probe"
+    try:
+        _ip("netns", "add", probe)
+    except (OSError, RuntimeError) as exc:
+        return f"cannot create a network namespace: {exc}"
+    finally:
+        _ip("netns", "del", probe, check=False)
+    return None
+
+
+def _enter(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shm-bytes", type=int, required=True)
+    parser.add_argument("--hosts", required=True)
+    parser.add_argument("--hostname", required=True)
+    parser.add_argument("--cwd", required=True)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    mounts = [
+        [MOUNT, "-t", "tmpfs", "-o", f"size={args.shm_bytes},mode=1777", "tmpfs", "/dev/shm"],
+        [MOUNT, "--bind", args.hosts, "/etc/hosts"],
+    ]
+    for cmd in mounts:
+        subprocess.run(cmd, check=True)
+    socket.sethostname(args.hostname)
+    os.chdir(args.cwd)
+    with contextlib.suppress(KeyError):
+        os.environ["PWD"] = args.cwd
+    os.execvpe(command[0], command, os.environ)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["enter"]:
+        _enter(sys.argv[2:])
+    else:
+        sys.exit("usage: pods.py enter --shm-bytes N --hosts FILE --hostname H --cwd D -- CMD")
