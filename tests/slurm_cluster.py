@@ -17,6 +17,7 @@ controller's saved state.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -219,10 +220,8 @@ def _kill_marked(conf: Path) -> None:
         if not pids:
             return
         for pid in pids:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
         time.sleep(0.2)
 
 
