@@ -168,7 +168,8 @@ def test_warned_job_checkpoints_requeues_and_resumes(cluster, reference, tmp_pat
     print(f"signal to completion: {time.monotonic() - signalled:.1f} s, stopped at {stop_step}")
 
 
-def test_missing_partition_is_slurms_rejection_in_one_line(cluster, tmp_path, capfd):
+def test_missing_partition_is_slurms_rejection_in_one_line(cluster, tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))  # submit runs in this process
     before = subprocess.run(
         ["squeue", "-h", "-o", "%i"], env=cluster.env(), capture_output=True, text=True
     ).stdout
@@ -190,6 +191,7 @@ def test_missing_partition_is_slurms_rejection_in_one_line(cluster, tmp_path, ca
         ["squeue", "-h", "-o", "%i"], env=cluster.env(), capture_output=True, text=True
     ).stdout
     assert before == after  # nothing submitted
+    assert sorted(p.name for p in (tmp_path / "nopart" / "submit").iterdir()) == ["job.sbatch"]
 
 
 @pytest.mark.parametrize(
