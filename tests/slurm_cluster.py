@@ -32,6 +32,8 @@ NODES = ("n1", "n2")
 PARTITION = "debug"
 BASE = Path(os.environ.get("LAUNCHER_SLURM_DIR", f"/tmp/launcher-slurm-{os.getuid()}"))
 MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
+# A requeued job may start again once its previous start's credential has expired.
+CRED_EXPIRE_S = 10
 
 
 class ClusterUnavailable(RuntimeError):
@@ -120,7 +122,7 @@ class SlurmCluster:
             "AuthType=auth/munge",
             # A requeued job may start again once the credential of its previous run has
             # expired (default 120 s); the tests do not wait that long.
-            "AuthInfo=cred_expire=10",
+            f"AuthInfo=cred_expire={CRED_EXPIRE_S}",
             f"StateSaveLocation={b}/state",
             f"SlurmdSpoolDir={b}/spool/%n",
             f"SlurmctldPidFile={b}/slurmctld.pid",

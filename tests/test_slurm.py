@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_cluster import ClusterUnavailable, SlurmCluster
+from slurm_cluster import CRED_EXPIRE_S, ClusterUnavailable, SlurmCluster
 
 from launcher.submit.__main__ import main as submit_main
 from launcher.submit.slurm import EXAMPLE_OVERRIDES, render_example
@@ -91,17 +91,22 @@ def job_state(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
 
 
 def wait_until_done(cluster: SlurmCluster, job_id: str, run_dir: Path, timeout=JOB_TIMEOUT):
-    """Poll until the job has ended; a requeued job is let start at once (it would wait
-    for its old credential to expire, `cred_expire` in slurm.conf)."""
+    """Poll until the job has ended. A requeued job waits (BeginTime) until its previous
+    start's credential has expired; once that has (`cred_expire` in the test slurm.conf),
+    it is let start at once rather than at Slurm's next scheduling pass. Earlier, Slurm
+    would kill it ("Job credential revoked")."""
     deadline = time.monotonic() + timeout
+    pending_since = None
     while time.monotonic() < deadline:
         state = job_state(cluster, job_id)
         if state.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             return state
         if state.get("JobState") == "PENDING" and state.get("Reason") == "BeginTime":
-            subprocess.run(
-                ["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster.env()
-            )
+            pending_since = pending_since or time.monotonic()
+            if time.monotonic() - pending_since > CRED_EXPIRE_S + 2:
+                subprocess.run(
+                    ["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster.env()
+                )
         time.sleep(0.5)
     output = "\n".join(p.read_text()[-3000:] for p in (run_dir / "submit").glob("slurm-*.out"))
     raise AssertionError(f"job {job_id} did not end in {timeout} s:\n{output}")
