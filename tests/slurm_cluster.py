@@ -67,6 +67,7 @@ class SlurmCluster:
         self.base = base
         self.conf = base / "slurm.conf"
         self.procs: list[subprocess.Popen] = []
+        self.started_munge = False
         self.hostname = socket.gethostname().split(".")[0]
 
     def env(self, **extra: str) -> dict:
@@ -82,7 +83,7 @@ class SlurmCluster:
             raise ClusterUnavailable(why)
         self._remove_leftovers()
         _ensure_hosts(NODES)
-        _ensure_munge()
+        self.started_munge = _ensure_munge()
         (self.base / "state").mkdir(parents=True)
         for node in NODES:
             (self.base / "spool" / node).mkdir(parents=True)
@@ -196,6 +197,11 @@ class SlurmCluster:
                 proc.wait()
         self.procs.clear()
         _kill_marked(self.conf)
+        if self.started_munge:  # only the munged this cluster started
+            pid = Path("/run/munge/munged.pid")
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid.read_text()), signal.SIGTERM)
+            self.started_munge = False
 
     def _remove_leftovers(self) -> None:
         _kill_marked(self.conf)
@@ -249,10 +255,11 @@ def _munge_works() -> bool:
     return subprocess.run(["unmunge"], input=cred.stdout, capture_output=True).returncode == 0
 
 
-def _ensure_munge() -> None:
-    """Start munged as the munge user unless one already answers (Slurm authenticates with it)."""
+def _ensure_munge() -> bool:
+    """Start munged as the munge user unless one already answers (Slurm authenticates with
+    it); True if it was started here."""
     if _munge_works():
-        return
+        return False
     run_dir = MUNGE_SOCKET.parent
     run_dir.mkdir(parents=True, exist_ok=True)
     shutil.chown(run_dir, "munge", "munge")
@@ -261,7 +268,7 @@ def _ensure_munge() -> None:
     )
     for _ in range(50):
         if _munge_works():
-            return
+            return True
         time.sleep(0.1)
     raise ClusterUnavailable("munged did not start (Slurm's authentication); see /var/log/munge")
 
