@@ -172,7 +172,25 @@ class LoggerConfig:
 
 @dataclass
 class SlurmConfig:
-    """sbatch settings (cluster=slurm); see docs/slurm.md."""
+    """sbatch settings (cluster=slurm); see docs/slurm.md. A null leaves the choice to the
+    cluster's defaults (no `#SBATCH` line is written for it)."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    cpus_per_task: int | None = None  # CPUs for one node's torchrun and all its workers
+    mem: str | None = None  # per node, as sbatch takes it: 500G, 0 (all of the node's)
+    exclusive: bool = False
+    constraint: str | None = None
+    extra_sbatch: list[str] = field(default_factory=list)  # more `#SBATCH` options, verbatim
+    container_image: str | None = None  # pyxis/enroot: srun --container-image
+    container_mounts: list[str] = field(default_factory=list)  # besides workdir and run root
+    modules: list[str] = field(default_factory=list)  # `module load` each, in order
+    venv: str | None = None  # a virtual environment to activate on every node
+    signal_lead_s: int = 300  # Slurm warns (USR1) this long before the time limit
+    requeue: bool = True  # on the warning: checkpoint, then requeue the job
+    max_requeues: int | None = None  # null: no limit (SLURM_RESTART_COUNT)
+    step_time_s: float | None = None  # a measured step time: checks time_limit (docs/slurm.md)
 
 
 @dataclass

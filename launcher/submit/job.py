@@ -12,6 +12,7 @@ import datetime as dt
 import os
 import secrets
 import shlex
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,10 +61,11 @@ class SubmitJob:
         return self.run_dir / SUBMIT_DIR
 
     def train_overrides(self) -> list[str]:
-        """The trainer's overrides: the user's, with the run directory pinned."""
+        """The trainer's overrides: the user's, with the run directory pinned (in place of
+        any run.root/run.id the user gave)."""
         pinned = ("run.root", "run.id")
-        kept = [o for o in self.overrides if o.split("=", 1)[0].lstrip("+~") not in pinned]
-        return [*kept, f"run.root={self.run_root}", f"run.id={self.run_id}"]
+        mine = [o for o in self.overrides if o.split("=", 1)[0].lstrip("+~") not in pinned]
+        return [*mine, f"run.root={self.run_root}", f"run.id={self.run_id}"]
 
     def torchrun_argv(self, endpoint: str, node_rank: str | None = None) -> list[str]:
         """One node's torchrun: all nodes rendezvous at `endpoint` (host:port of node 0)."""
@@ -117,11 +119,13 @@ def procs_per_node(cluster: DictConfig) -> int:
     return int(cluster.gpus_per_node) or 1
 
 
-def prepare(target: str, overrides: list[str]) -> SubmitJob:
+def prepare(target: str, overrides: list[str], check_paths: bool = True) -> SubmitJob:
     """Compose and check the experiment as the cluster job will run it; raise ConfigError.
 
     Every sweep point is validated at the job's world size (nodes x processes per node), so
     a batch that does not divide over the ranks fails here, not on the cluster.
+    `check_paths=False` skips the check that run.root is writable from here (for rendering
+    the checked-in examples, whose paths exist only on a cluster).
     """
     if not any(o.split("=", 1)[0].lstrip("+") == "cluster" for o in overrides):
         overrides = [f"cluster={target}", *overrides]
@@ -147,7 +151,8 @@ def prepare(target: str, overrides: list[str]) -> SubmitJob:
     workdir = Path(cfg.cluster.workdir or os.getcwd()).expanduser()
     root = Path(cfg.run.root).expanduser()
     root = root if root.is_absolute() else workdir / root
-    _check_writable(root)
+    if check_paths:
+        _check_writable(root)
     run_id = (
         str(cfg.run.id)
         if cfg.run.id
@@ -177,8 +182,19 @@ def _check_writable(root: Path) -> None:
     existing = root
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+    if not existing.is_dir() or not _can_create_in(existing):
         raise ConfigError(
             f"run.root={root}: {existing} is not a writable directory; give run.root a path "
             "on the file system all nodes share (e.g. run.root=/shared/$USER/runs)"
         )
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Try it: permission bits do not tell (root passes os.access on /proc, read-only mounts)."""
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".launcher-write-test-")
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(name)
+    return True

@@ -1,0 +1,271 @@
+"""The experiment as an sbatch script: one torchrun per node through srun, c10d rendezvous
+on the first node, and a checkpoint-and-requeue when Slurm warns of the time limit or of a
+preemption.
+
+The script is `templates/slurm.sbatch` with the job's values filled in; slurm/README.md
+explains it line by line and docs/slurm.md explains the choices (the signal path above all).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from launcher.config import ConfigError
+from launcher.submit.job import SubmitJob, prepare
+
+SCRIPT = "job.sbatch"
+OUTPUT = "slurm-%j.out"  # in the submit/ folder; requeued runs append to the same file
+# Slurm checks time limits periodically and may send the warning this much early.
+SIGNAL_EARLY_S = 60
+# After the first task of the step ends, srun waits this long before it ends the others:
+# time for every node to finish a stop together, not so long that a crash lingers.
+SRUN_WAIT_S = 60
+# The checked-in example (slurm/job.sbatch): the default experiment on 2 nodes x 8 GPUs, with
+# fixed paths and run id so that it renders the same everywhere. Regenerate it with
+#   python -m launcher.submit.slurm --example > slurm/job.sbatch
+EXAMPLE_OVERRIDES = [
+    "cluster.nodes=2",
+    "cluster.gpus_per_node=8",
+    "trainer.global_batch_size=64",  # 16 ranks x micro-batch 4; the default 16 cannot split
+    "nccl=infiniband",
+    "cluster.time_limit=04:00:00",
+    "cluster.workdir=/shared/launcher",
+    "cluster.slurm.partition=gpu",
+    "cluster.slurm.cpus_per_task=64",
+    "cluster.slurm.mem=0",
+    "cluster.slurm.exclusive=true",
+    "cluster.slurm.venv=/shared/launcher/.venv",
+    "run.root=/shared/runs",
+    "run.id=example",
+]
+MAX_SIGNAL_LEAD_S = 65535  # sbatch --signal takes at most 16 bits of seconds
+_PLAIN = re.compile(r"^[^\s'\"\\`$;]+$")  # a value an #SBATCH line can carry as it is
+_TIME = re.compile(
+    r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+    r"|(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)|(?P<mm>\d+):(?P<ss>\d+)|(?P<min>\d+))$"
+)
+
+
+def time_limit_s(text: str) -> int:
+    """Seconds in a Slurm time limit: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S."""
+    m = _TIME.match(text.strip())
+    if not m:
+        raise ConfigError(
+            f"cluster.time_limit={text}: not a Slurm time; use [D-]HH:MM:SS, e.g. 04:00:00"
+        )
+    g = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+    if "d" in g:
+        return ((g["d"] * 24 + g["dh"]) * 60 + g.get("dm", 0)) * 60 + g.get("ds", 0)
+    if "h" in g:
+        return (g["h"] * 60 + g["m"]) * 60 + g["s"]
+    if "mm" in g:
+        return g["mm"] * 60 + g["ss"]
+    return g["min"] * 60
+
+
+def check(job: SubmitJob) -> None:
+    """Reject settings sbatch would misread or that cannot work; one line each."""
+    c, s, t = job.cluster, job.cluster.slurm, job.cfg.trainer
+    for key in ("partition", "account", "qos", "mem", "constraint", "container_image"):
+        _plain(f"cluster.slurm.{key}", s[key])
+    _plain("cluster.job_name", c.job_name)
+    for key in ("cpus_per_task",):
+        if s[key] is not None and s[key] < 1:
+            raise ConfigError(f"cluster.slurm.{key}={s[key]}: must be at least 1")
+    if s.max_requeues is not None and s.max_requeues < 0:
+        raise ConfigError(f"cluster.slurm.max_requeues={s.max_requeues}: must be 0 or more")
+    if not 1 <= s.signal_lead_s <= MAX_SIGNAL_LEAD_S:
+        raise ConfigError(
+            f"cluster.slurm.signal_lead_s={s.signal_lead_s}: must be within 1..{MAX_SIGNAL_LEAD_S}"
+        )
+    for line in s.extra_sbatch:
+        if "\n" in line or not line.strip().removeprefix("#SBATCH").strip().startswith("-"):
+            raise ConfigError(
+                f"cluster.slurm.extra_sbatch: {line!r} is not an sbatch option; "
+                "give options such as --reservation=big or --mail-type=END, one per item"
+            )
+    for line in list(c.setup) + list(s.modules):
+        if "\n" in line:
+            raise ConfigError(f"cluster.setup/cluster.slurm.modules: {line!r} spans lines")
+    if job.cfg.dist.backend == "nccl" and not c.gpus_per_node:
+        raise ConfigError(
+            "dist.backend=nccl needs GPUs but cluster.gpus_per_node=0; give the GPUs per node, "
+            "or use dist.backend=auto (gloo on CPU-only partitions)"
+        )
+    if c.time_limit is not None:
+        _check_time_limit(str(c.time_limit), s, t)
+
+
+def _check_time_limit(limit: str, s: DictConfig, t: DictConfig) -> None:
+    total = time_limit_s(limit)
+    usable = total - s.signal_lead_s - SIGNAL_EARLY_S
+    if usable <= 0:
+        raise ConfigError(
+            f"cluster.time_limit={limit} ({total} s) leaves no time to train: Slurm warns "
+            f"cluster.slurm.signal_lead_s={s.signal_lead_s} s (and up to {SIGNAL_EARLY_S} s "
+            "more) before it; raise the time limit or lower signal_lead_s"
+        )
+    if s.step_time_s is not None and t.checkpoint_interval:
+        needed = t.checkpoint_interval * s.step_time_s
+        if needed > usable:
+            raise ConfigError(
+                f"cluster.time_limit={limit} is shorter than one checkpoint interval: "
+                f"trainer.checkpoint_interval={t.checkpoint_interval} steps x "
+                f"cluster.slurm.step_time_s={s.step_time_s} = {needed:.0f} s, but only "
+                f"{usable} s remain before Slurm's warning; lower the interval or raise the limit"
+            )
+
+
+def _plain(key: str, value) -> None:
+    if value is not None and not _PLAIN.match(str(value)):
+        raise ConfigError(
+            f"{key}={value!r}: sbatch cannot take spaces, quotes or $ here; give a plain value"
+        )
+
+
+def render(job: SubmitJob) -> dict[str, str]:
+    """The sbatch script for `job`, checked; `{file name: text}`."""
+    check(job)
+    c, s = job.cluster, job.cluster.slurm
+    fields = {
+        "title": f"{c.job_name}: {job.nodes} node(s) x {job.procs_per_node} process(es), "
+        f"run {job.run_id}",
+        "sbatch": "\n".join(f"#SBATCH {opt}" for opt in sbatch_options(job)),
+        "setup": "\n".join(_setup_lines(job)),
+        "exports": "\n".join(
+            f"export {name}={shlex.quote(value)}" for name, value in job.env().items()
+        ),
+        "shutdown_timeout": str(s.signal_lead_s),
+        "rdzv_port": str(c.rdzv_port),
+        "run_dir": shlex.quote(str(job.run_dir)),
+        "srun_options": " ".join(_srun_options(job)),
+        "torchrun": _torchrun(job),
+        "requeue": _requeue_block(job),
+    }
+    template = resources.files("launcher.submit").joinpath("templates/slurm.sbatch").read_text()
+    text = re.sub(r"\{\{(\w+)\}\}", lambda m: fields[m.group(1)], template)
+    return {SCRIPT: text}
+
+
+def sbatch_options(job: SubmitJob) -> list[str]:
+    """The #SBATCH options, in the order slurm/README.md explains them."""
+    c, s = job.cluster, job.cluster.slurm
+    opts = [f"--job-name={c.job_name}"]
+    opts += [f"--{k}={s[k]}" for k in ("partition", "account", "qos") if s[k] is not None]
+    opts += [f"--nodes={job.nodes}", "--ntasks-per-node=1"]
+    if c.gpus_per_node:
+        opts.append(f"--gpus-per-node={c.gpus_per_node}")
+    if s.cpus_per_task is not None:
+        opts.append(f"--cpus-per-task={s.cpus_per_task}")
+    if s.mem is not None:
+        opts.append(f"--mem={s.mem}")
+    if c.time_limit is not None:
+        opts.append(f"--time={c.time_limit}")
+    if s.exclusive:
+        opts.append("--exclusive")
+    if s.constraint is not None:
+        opts.append(f"--constraint={s.constraint}")
+    opts += [
+        f"--signal=B:USR1@{s.signal_lead_s}",
+        "--requeue" if s.requeue else "--no-requeue",
+        "--open-mode=append",
+        f"--output={job.submit_dir / OUTPUT}",
+        f"--chdir={job.workdir}",
+    ]
+    opts += [line.strip().removeprefix("#SBATCH").strip() for line in s.extra_sbatch]
+    return opts
+
+
+def _setup_lines(job: SubmitJob) -> list[str]:
+    c, s = job.cluster, job.cluster.slurm
+    lines = [f"module load {m}" for m in s.modules]
+    if s.venv is not None:
+        lines.append(f"source {shlex.quote(str(Path(s.venv).expanduser()))}/bin/activate")
+    lines += list(c.setup)
+    return lines or ["# (none: cluster.slurm.modules, cluster.slurm.venv and cluster.setup)"]
+
+
+def _srun_options(job: SubmitJob) -> list[str]:
+    s = job.cluster.slurm
+    opts = [f"--nodes={job.nodes}", "--ntasks-per-node=1"]
+    if s.cpus_per_task is not None:  # since Slurm 22.05 srun no longer inherits it
+        opts.append(f"--cpus-per-task={s.cpus_per_task}")
+    opts.append(f"--wait={SRUN_WAIT_S}")
+    if s.container_image is not None:
+        mounts = [f"{p}:{p}" for p in (job.workdir, job.run_root)] + list(s.container_mounts)
+        opts += [
+            f"--container-image={s.container_image}",
+            f"--container-mounts={shlex.quote(','.join(mounts))}",
+            f"--container-workdir={shlex.quote(str(job.workdir))}",
+        ]
+    return opts
+
+
+def _torchrun(job: SubmitJob) -> str:
+    """One option per line; `-m launcher.train` and each override on a line of their own."""
+    argv = [shlex.quote(a) for a in job.torchrun_argv("@ENDPOINT@")]
+    module = argv.index("-m")
+    lines = [*argv[:module], " ".join(argv[module : module + 2]), *argv[module + 2 :]]
+    return " \\\n    ".join(lines).replace("@ENDPOINT@", '"$endpoint"')
+
+
+def _requeue_block(job: SubmitJob) -> str:
+    s = job.cluster.slurm
+    if not s.requeue:
+        return "# cluster.slurm.requeue=false: a stopped job is not requeued; submit it again"
+    requeue = [
+        'echo "launcher: requeueing job $SLURM_JOB_ID; it resumes from its checkpoint"',
+        'scontrol requeue "$SLURM_JOB_ID"',
+        "exit 0",
+    ]
+    if s.max_requeues is None:
+        body = "\n".join(f"  {line}" for line in requeue)
+    else:
+        inner = "\n".join(f"    {line}" for line in requeue)
+        body = (
+            f'  if [ "$restart" -lt {s.max_requeues} ]; then\n{inner}\n  fi\n'
+            f'  echo "launcher: not requeued: cluster.slurm.max_requeues={s.max_requeues} reached"'
+        )
+    return f'if [ "$stop" = USR1 ]; then\n{body}\nfi'
+
+
+def submit(job: SubmitJob, paths: list[Path]) -> str:
+    """`sbatch` the script; Slurm's rejection (a missing partition...) becomes one line."""
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        raise ConfigError(
+            "sbatch not found: submit from a machine with the Slurm client, or use --dry-run "
+            f"and run `sbatch {paths[0]}` there"
+        )
+    proc = subprocess.run([sbatch, "--parsable", str(paths[0])], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ConfigError(f"sbatch rejected the job: {_slurm_error(proc.stderr)}")
+    job_id = proc.stdout.strip().split(";")[0]
+    output = job.submit_dir / OUTPUT.replace("%j", job_id)
+    return f"submitted Slurm job {job_id}; run dir {job.run_dir}; Slurm output {output}"
+
+
+def _slurm_error(stderr: str) -> str:
+    """Slurm's error lines, without their `sbatch: error:` prefixes, as one line."""
+    lines = [ln.split("error:", 1)[1].strip() for ln in stderr.splitlines() if "error:" in ln]
+    unique = list(dict.fromkeys(ln for ln in lines if ln))
+    return "; ".join(unique) or " ".join(stderr.split()) or "no reason given"
+
+
+def render_example() -> str:
+    """slurm/job.sbatch as the renderer writes it today (a test keeps the two identical)."""
+    return render(prepare("slurm", EXAMPLE_OVERRIDES, check_paths=False))[SCRIPT]
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--example"]:
+        sys.exit("usage: python -m launcher.submit.slurm --example > slurm/job.sbatch")
+    sys.stdout.write(render_example())
