@@ -19,7 +19,9 @@ python3 -m launcher.doctor | tee "$out/doctor.txt"
 set -o pipefail
 timeout 240 python3 -m launcher.train +exp=throughput run.root="$out/runs" run.id=throughput "$@" \
     2>&1 | tee "$out/throughput.log"
-timeout 330 python3 benchmarks/ladder.py --max-micro-batch 64 --out "$out/ladder.json" "$@" \
+# LADDER_ARGS: the ladder's own options (the tests make it CPU-sized: fewer steps, micro 8).
+read -r -a ladder_args <<< "${LADDER_ARGS:---max-micro-batch 64}"
+timeout 330 python3 benchmarks/ladder.py "${ladder_args[@]}" --out "$out/ladder.json" "$@" \
     2>&1 | tee "$out/ladder.log"
 
 python3 - "$out" <<'PY'

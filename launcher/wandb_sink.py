@@ -9,6 +9,7 @@ it, so it cannot reach config.yaml, env.json, the logs or the W&B config.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
@@ -137,11 +138,7 @@ def log_sweep_summary(
     columns: list[str] = []
     for row in rows:
         columns += [c for c in row if c not in columns]
-    table = wandb.Table(
-        columns=columns,
-        data=[[_clean(row.get(c)) for c in columns] for row in rows],
-        allow_mixed_types=True,
-    )
+    table = _table(wandb, columns, [[row.get(c) for c in columns] for row in rows])
     run = _init(
         wandb,
         logger_cfg,
@@ -153,17 +150,13 @@ def log_sweep_summary(
         job_type="sweep_summary",
         config={"sweep_id": sweep_id, "points": len(rows)},
     )
-    try:
+    with _finishing(run):
         logged = {"sweep_summary": table}
         if png_path is not None and Path(png_path).is_file():
             logged["sweep_plot"] = wandb.Image(str(png_path))
         elif png_path is not None:
             log.warning("sweep plot %s not found; the W&B summary has the table only", png_path)
         run.log(logged)
-    except BaseException:
-        run.finish(exit_code=1)
-        raise
-    run.finish()
     return run.id
 
 
@@ -183,23 +176,28 @@ def add_to_run(
 
     directory = Path(logger_cfg.dir).expanduser() if logger_cfg.dir else Path(run_dir)
     run = _init(wandb, logger_cfg, directory, id=wandb_run_id(run_id), resume="allow")
-    try:
-        logged = {
-            key: wandb.Table(
-                columns=columns,
-                data=[[_clean(v) for v in row] for row in rows],
-                allow_mixed_types=True,
-            )
-            for key, (columns, rows) in tables.items()
-        }
-        run.log(logged, commit=True)
+    with _finishing(run):
+        run.log({key: _table(wandb, *table) for key, table in tables.items()}, commit=True)
         name, kind, files = artifact
         art = wandb.Artifact(name, type=kind)
         for path in files:
             art.add_file(str(path))
         run.log_artifact(art)
+    return run.id
+
+
+def _table(wandb, columns: list[str], rows: list[list]):
+    return wandb.Table(
+        columns=columns, data=[[_clean(v) for v in row] for row in rows], allow_mixed_types=True
+    )
+
+
+@contextlib.contextmanager
+def _finishing(run):
+    """Finish a short-lived run when the block ends, as failed (exit code 1) if it raised."""
+    try:
+        yield run
     except BaseException:
         run.finish(exit_code=1)
         raise
     run.finish()
-    return run.id

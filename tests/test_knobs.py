@@ -18,10 +18,14 @@ SHORT = [*FAST, "trainer.max_steps=4", "trainer.eval_interval=4", "trainer.check
 @pytest.mark.parametrize(
     "knobs",
     [
-        ["trainer.precision=bf16"],
+        # bf16 with DataLoader workers: two independent knobs, one launch pair (test time)
+        [
+            "trainer.precision=bf16",
+            "data.num_workers=2",
+            "data.persistent_workers=true",
+            "data.prefetch_factor=4",
+        ],
         ["trainer.precision=fp16"],
-        ["trainer.grad_checkpointing=true"],
-        ["data.num_workers=2", "data.persistent_workers=true", "data.prefetch_factor=4"],
     ],
     ids=lambda k: " ".join(k),
 )
@@ -39,27 +43,32 @@ def test_knob_trains_and_resumes(tmp_path, knobs):
         assert state["scaler"]["scale"] > 0
 
 
-def test_grad_checkpointing_does_not_change_the_losses(tmp_path):
-    plain = python_train([*SHORT, f"run.root={tmp_path}", "run.id=plain"])
-    ckpt = python_train(
-        [*SHORT, f"run.root={tmp_path}", "run.id=ckpt", "trainer.grad_checkpointing=true"]
-    )
-    assert plain.returncode == 0 and ckpt.returncode == 0, explain(ckpt)
-    a, b = losses(tmp_path / "plain"), losses(tmp_path / "ckpt")
-    assert a.keys() == b.keys()
-    for step in a:
-        assert a[step] == pytest.approx(b[step], rel=1e-5)
+@pytest.fixture(scope="module")
+def eager_losses(tmp_path_factory):
+    """The plain run the knobs that must not change the losses are compared with."""
+    root = tmp_path_factory.mktemp("eager")
+    proc = python_train([*SHORT, f"run.root={root}", "run.id=eager"])
+    assert proc.returncode == 0, explain(proc)
+    return losses(root / "eager")
 
 
-def test_compile_matches_eager(tmp_path):
-    eager = python_train([*SHORT, f"run.root={tmp_path}", "run.id=eager"])
-    compiled = python_train(
-        [*SHORT, f"run.root={tmp_path}", "run.id=compiled", "trainer.compile=default"], timeout=600
-    )
-    assert eager.returncode == 0 and compiled.returncode == 0, explain(compiled)
-    a, b = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
-    for step in a:
-        assert a[step] == pytest.approx(b[step], rel=1e-4)
+def test_grad_checkpointing_does_not_change_the_losses(tmp_path, eager_losses):
+    args = [*SHORT, f"run.root={tmp_path}", "run.id=ckpt", "trainer.grad_checkpointing=true"]
+    proc = python_train(args)
+    assert proc.returncode == 0, explain(proc)
+    ckpt = losses(tmp_path / "ckpt")
+    assert eager_losses.keys() == ckpt.keys()
+    for step in eager_losses:
+        assert eager_losses[step] == pytest.approx(ckpt[step], rel=1e-5)
+
+
+def test_compile_matches_eager(tmp_path, eager_losses):
+    args = [*SHORT, f"run.root={tmp_path}", "run.id=compiled", "trainer.compile=default"]
+    proc = python_train(args, timeout=600)
+    assert proc.returncode == 0, explain(proc)
+    compiled = losses(tmp_path / "compiled")
+    for step in eager_losses:
+        assert eager_losses[step] == pytest.approx(compiled[step], rel=1e-4)
 
 
 def test_init_from_a_local_folder(tmp_path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -48,40 +47,9 @@ def test_throughput_experiment_reports_consistent_figures(tmp_path):
     assert "eval/loss" not in json.dumps(records)
 
 
-def test_ladder_runs_every_rung(tmp_path):
-    out = tmp_path / "ladder.json"
-    cmd = [
-        sys.executable,
-        str(ROOT / "benchmarks" / "ladder.py"),
-        "--steps",
-        "4",
-        "--max-micro-batch",
-        "8",
-        "--out",
-        str(out),
-        "trainer.seq_len=64",
-        "data.vocab_size=512",
-    ]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=900, env=base_env(), cwd=tmp_path
-    )
-    assert proc.returncode == 0, explain(proc)
-    rows = json.loads(out.read_text())["rows"]
-    assert [r["rung"] for r in rows] == [1, 2, 3, 4, 5]
-    assert rows[0]["speedup"] == 1.0
-    for r in rows:
-        assert r["mfu"] is None and r["tokens_per_s"] > 0
-        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / rows[0]["tokens_per_s"])
-        # Medians over the 3 steady steps: the same middle step for both figures.
-        assert r["tokens_per_s"] == pytest.approx(
-            r["tokens_per_step"] / r["step_time_s/p50"], rel=1e-9
-        )
-    assert rows[4]["micro_batch_size"] in (4, 8)
-    assert "| 5 | + fused AdamW, best micro-batch |" in proc.stdout
-
-
 def test_gpu_check_script_end_to_end_on_cpu(tmp_path):
-    """The script a GPU machine runs, with overrides that make it CPU-sized."""
+    """The script a GPU machine runs, with overrides that make it CPU-sized: the doctor,
+    the throughput experiment, and every rung of the optimisation ladder."""
     tiny = [
         "model=gpt2-tiny",
         "trainer.seq_len=64",
@@ -98,7 +66,7 @@ def test_gpu_check_script_end_to_end_on_cpu(tmp_path):
         capture_output=True,
         text=True,
         timeout=900,
-        env=base_env(),
+        env=base_env(LADDER_ARGS="--steps 4 --max-micro-batch 8"),
         cwd=tmp_path,
     )
     assert proc.returncode == 0, explain(proc)
@@ -112,3 +80,15 @@ def test_gpu_check_script_end_to_end_on_cpu(tmp_path):
         assert (tmp_path / name).is_file(), name
     last = proc.stdout.strip().splitlines()
     assert last[-6].startswith("ladder on CPU") and last[-1].lstrip().startswith("5. + fused AdamW")
+    rows = json.loads((tmp_path / "ladder.json").read_text())["rows"]
+    assert [r["rung"] for r in rows] == [1, 2, 3, 4, 5]
+    assert rows[0]["speedup"] == 1.0
+    for r in rows:
+        assert r["mfu"] is None and r["tokens_per_s"] > 0
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / rows[0]["tokens_per_s"])
+        # Medians over the 3 steady steps: the same middle step for both figures.
+        assert r["tokens_per_s"] == pytest.approx(
+            r["tokens_per_step"] / r["step_time_s/p50"], rel=1e-9
+        )
+    assert rows[4]["micro_batch_size"] in (2, 4, 8)
+    assert "| 5 | + fused AdamW, best micro-batch |" in (tmp_path / "ladder.log").read_text()
