@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import secrets
-import shlex
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,13 +92,6 @@ class SubmitJob:
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         env.update({str(k): str(v) for k, v in self.cluster.env.items()})
         return env
-
-    def shell_command(self, endpoint: str, node_rank: str | None = None) -> str:
-        """`torchrun_argv` quoted for a shell; `endpoint` and `node_rank` may hold `$VARS`."""
-        argv = self.torchrun_argv("@ENDPOINT@", "@RANK@" if node_rank is not None else None)
-        text = " ".join(shlex.quote(a) for a in argv)
-        text = text.replace("@ENDPOINT@", endpoint)
-        return text.replace("@RANK@", node_rank) if node_rank is not None else text
 
     def write(self, files: dict[str, str]) -> list[Path]:
         """Write the rendered files into the run directory's submit/ folder."""
