@@ -15,12 +15,11 @@ import time
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher import checkpoint, envinfo, nccl_log
+from launcher import checkpoint, envinfo, exit_codes, nccl_log
 from launcher.config import ConfigError
 from launcher.data import prepare_data
 from launcher.loop import NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
 from launcher.model import build_model, count_params, flops_per_token, peak_flops
-from launcher.preemption import EXIT_STOPPED
 from launcher.preflight import preflight, shm_need
 from launcher.runtime import Runtime, end_job, env_world, ranks_per_node, start, sweep_id
 from launcher.sinks import ConsoleSink, JsonlSink
@@ -29,10 +28,7 @@ from launcher.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
 
 log = logging.getLogger("launcher")
 
-EXIT_BAD_INPUT = 2
 BAD_INPUT_LINGER_S = 20.0
-EXIT_NONFINITE = 3
-EXIT_OOM = 4
 SECRET_WORDS = ("key", "token", "secret", "password")
 
 
@@ -48,7 +44,7 @@ def fail_bad_input(exc: ConfigError) -> None:
         print(f"error: {exc}", file=sys.stderr)
     else:
         time.sleep(BAD_INPUT_LINGER_S)
-    sys.exit(EXIT_BAD_INPUT)
+    sys.exit(exit_codes.BAD_INPUT)
 
 
 def check_or_exit(cfg: DictConfig) -> None:
@@ -192,21 +188,21 @@ def run(cfg: DictConfig, point: str | None = None) -> int:
         summary = loop.run(start_step)
     except ConfigError as exc:
         (log.error if rt.is_main else log.info)("error: %s", exc)
-        code = EXIT_BAD_INPUT
+        code = exit_codes.BAD_INPUT
     except Stopped as stop:
         summary = loop.summary("stopped", stop.step)
-        code = EXIT_STOPPED
+        code = exit_codes.STOPPED
     except NonFiniteLoss as exc:
         (log.error if rt.is_main else log.info)("%s", exc)  # every rank stops; one says why
         summary = loop.summary("failed: non-finite loss", exc.step)
-        code = EXIT_NONFINITE
+        code = exit_codes.NONFINITE
     except OutOfMemory as exc:  # only the ranks that ran out say so, each with its snapshot
         log.error("error: %s", exc)
         summary = loop.summary("failed: out of memory", exc.step)
-        code = EXIT_OOM
+        code = exit_codes.OOM
     except Exception as exc:
         summary = {"status": f"failed: {type(exc).__name__}: {exc}", "run_id": rt.run_id}
-        code = 1
+        code = exit_codes.CRASH
         raise
     finally:
         for sink in sinks:

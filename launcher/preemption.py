@@ -1,5 +1,5 @@
 """Turn SIGTERM (what torchrun forwards, and what Slurm and Kubernetes send) into a clean
-stop: every rank checkpoints at the same step boundary, then exits with EXIT_STOPPED.
+stop: every rank checkpoints at the same step boundary, then exits with exit_codes.STOPPED.
 
 Ranks receive the signal at slightly different moments, possibly in different steps, so
 they vote: at each step boundary every rank starts a non-blocking all-gather of its flag on
@@ -18,10 +18,6 @@ import torch
 import torch.distributed as dist
 
 log = logging.getLogger(__name__)
-
-# 128 + SIGTERM, the code a shell reports for "terminated"; here it also means the
-# checkpoint of the stop step is complete, so a requeue resumes without losing a step.
-EXIT_STOPPED = 143
 
 
 class StopVote:

@@ -18,10 +18,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from launcher import runtime, sweep
+from launcher import exit_codes, runtime, sweep
 from launcher.config import ConfigError, compose
 from launcher.job import check_or_exit, fail_bad_input, run
-from launcher.preemption import EXIT_STOPPED
 from launcher.wandb_sink import log_sweep_summary  # imports wandb only when enabled
 
 log = logging.getLogger("launcher")
@@ -42,7 +41,8 @@ def _hydra_entry(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     point = None
     if hc.mode == RunMode.MULTIRUN:
-        if EXIT_STOPPED in _Launch.codes:  # a stop request ends the sweep; a requeue resumes it
+        # A stop request ends the sweep; a requeue resumes it.
+        if exit_codes.STOPPED in _Launch.codes:
             return
         point = sweep.point_label(list(hc.overrides.task), _Launch.swept_keys)
     try:
@@ -51,7 +51,7 @@ def _hydra_entry(cfg: DictConfig) -> None:
         # The ranks may disagree about where they are: end the process (torchrun then
         # stops the others) rather than start the next sweep point out of step.
         log.exception("the run failed")
-        raise SystemExit(1) from None
+        raise SystemExit(exit_codes.CRASH) from None
     _Launch.codes.append(code)
     _Launch.cfg = cfg
     if point is not None:

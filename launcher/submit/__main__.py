@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from launcher import exit_codes
 from launcher.config import ConfigError
 from launcher.submit.job import prepare
 
@@ -23,20 +24,18 @@ as a cluster job: an sbatch script (slurm) or an Indexed Job and its Service (k8
 files go to <run.root>/<run.id>/submit/; without --dry-run they are submitted (sbatch,
 kubectl apply). Cluster settings are the cluster.* keys: docs/slurm.md, docs/kubernetes.md."""
 
-EXIT_BAD_INPUT = 2
-
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") or "--help" in argv:
         print(USAGE)
-        return 0 if argv else EXIT_BAD_INPUT
+        return 0 if argv else exit_codes.BAD_INPUT
     target, rest = argv[0], argv[1:]
     if target not in TARGETS:
         print(
             f"error: unknown target {target!r}; use one of: {', '.join(TARGETS)}", file=sys.stderr
         )
-        return EXIT_BAD_INPUT
+        return exit_codes.BAD_INPUT
     dry_run = "--dry-run" in rest
     overrides = [a for a in rest if a != "--dry-run"]
     renderer = importlib.import_module(TARGETS[target])
@@ -50,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             print(renderer.submit(job, paths))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return exit_codes.BAD_INPUT
     return 0
 
 
