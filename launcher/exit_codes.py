@@ -8,6 +8,10 @@ retry helps, 5 and 143 resume from the last complete checkpoint.
 
 from __future__ import annotations
 
+import os
+import re
+from pathlib import Path
+
 DONE = 0
 CRASH = 1  # an unexpected error: a traceback is in logs/rank<r>.log
 BAD_INPUT = 2  # a config or file problem, one line names it; retrying cannot help
@@ -25,3 +29,62 @@ MEANING = {
     HANG: "hang detected",
     STOPPED: "stopped with a checkpoint",
 }
+
+# Set by `python -m launcher.torchrun` for its workers: where each rank leaves its code.
+OUTCOME_DIR_ENV = "LAUNCHER_OUTCOME_DIR"
+
+# When ranks end differently, the most specific diagnosis is the job's: a bad input or a
+# non-finite loss explains why the other ranks were stopped, not the other way round.
+PRIORITY = (BAD_INPUT, NONFINITE, OOM, HANG, STOPPED)
+
+
+def report(code: int) -> None:
+    """Leave this rank's exit code where the launching front door reads it (if any).
+
+    torchrun itself exits 1 whatever its workers returned; `launcher.torchrun` reads these
+    files after torchrun ends and exits with `job_code` of them instead.
+    """
+    folder = os.environ.get(OUTCOME_DIR_ENV)
+    if not folder:
+        return
+    rank = os.environ.get("RANK", "0")
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    path = Path(folder) / f"attempt{int(attempt):04d}.rank{int(rank):05d}"
+    try:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(f"{code}\n")
+        tmp.replace(path)
+    except OSError:  # the front door is gone; nobody is left to read it
+        pass
+
+
+def read_reports(folder: Path) -> dict[int, int]:
+    """{rank: code} of the latest attempt whose ranks reported."""
+    latest: dict[int, dict[int, int]] = {}
+    for path in Path(folder).iterdir():
+        match = re.fullmatch(r"attempt(\d+)\.rank(\d+)", path.name)
+        if not match:
+            continue
+        attempt, rank = int(match[1]), int(match[2])
+        try:
+            latest.setdefault(attempt, {})[rank] = int(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return latest[max(latest)] if latest else {}
+
+
+def job_code(rank_codes: dict[int, int], succeeded: bool) -> int:
+    """The one code for the scheduler, from what each rank reported.
+
+    A contract code in PRIORITY order wins; then any other non-zero code a rank chose (an
+    injected exit code, for rehearsing a policy); a rank that reported nothing was killed
+    or crashed hard, which is CRASH.
+    """
+    if succeeded:
+        return DONE
+    codes = set(rank_codes.values())
+    for code in PRIORITY:
+        if code in codes:
+            return code
+    chosen = [c for _, c in sorted(rank_codes.items()) if c not in (DONE, CRASH)]
+    return chosen[0] if chosen else CRASH

@@ -1,5 +1,12 @@
-"""Turn SIGTERM (what torchrun forwards, and what Slurm and Kubernetes send) into a clean
-stop: every rank checkpoints at the same step boundary, then exits with exit_codes.STOPPED.
+"""Turn a stop signal into a clean stop: every rank checkpoints at the same step boundary,
+then exits with exit_codes.STOPPED.
+
+SIGTERM is what torchrun forwards, what Slurm sends before a kill and what the kubelet
+sends to a pod; SIGINT is Ctrl-C (torchrun forwards it as SIGINT); SIGHUP is a closed
+terminal. All three mean the same here. The handlers are installed when the process
+starts, so a signal that arrives while data is prepared or the model is built is kept and
+acted on at the first step boundary instead of killing the process without a checkpoint.
+SIGQUIT (Ctrl-\\) is left alone: it ends the process at once, without a checkpoint.
 
 Ranks receive the signal at slightly different moments, possibly in different steps, so
 they vote: at each step boundary every rank starts a non-blocking all-gather of its flag on
@@ -13,35 +20,54 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 
 import torch
 import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class _Request:
+    """The process's stop request: set by a signal handler, read at step boundaries."""
+
+    signal_name: str | None = None
+
+
+def install_stop_handlers() -> None:
+    """Catch the stop signals for the rest of the process (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _on_signal)
+
+
+def _on_signal(signum, frame) -> None:
+    name = signal.Signals(signum).name
+    if _Request.signal_name is None:
+        log.warning("received %s: will checkpoint at the next step boundary and stop", name)
+    else:
+        log.warning("received %s again: already stopping at the next step boundary", name)
+    _Request.signal_name = _Request.signal_name or name
+
+
+def stop_requested() -> bool:
+    return _Request.signal_name is not None
+
 
 class StopVote:
-    def __init__(self, group=None, signals: tuple[int, ...] = (signal.SIGTERM,)):
+    def __init__(self, group=None):
         self.group = group
-        self.requested = False
         self._pending: tuple[object, list[torch.Tensor]] | None = None
-        for sig in signals:
-            signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum, frame) -> None:
-        if not self.requested:
-            log.warning(
-                "received %s: will checkpoint at the next step boundary and stop",
-                signal.Signals(signum).name,
-            )
-        self.requested = True
 
     def poll(self) -> bool:
         """Call once per step boundary on every rank; True when all agree to stop now."""
         if not (dist.is_available() and dist.is_initialized()):
-            return self.requested
+            return stop_requested()
         decided = self._collect()
-        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32)
+        flag = torch.tensor([1 if stop_requested() else 0], dtype=torch.int32)
         flags = [torch.empty_like(flag) for _ in range(dist.get_world_size(self.group))]
         work = dist.all_gather(flags, flag, group=self.group, async_op=True)
         self._pending = (work, flags)

@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 from launcher import exit_codes, runtime, sweep
 from launcher.config import ConfigError, compose
 from launcher.job import check_or_exit, fail_bad_input, run
+from launcher.preemption import install_stop_handlers
 from launcher.wandb_sink import log_sweep_summary  # imports wandb only when enabled
 
 log = logging.getLogger("launcher")
@@ -88,9 +89,9 @@ def write_sweep_summary() -> None:
     log_sweep_summary(_Launch.cfg.logger, root, sweep_id, rows, paths[-1])
 
 
-def main() -> None:
+def train() -> int:
     """Check the overrides, hand over to Hydra (which also handles --help and -m), then
-    summarise a sweep and leave the process group."""
+    summarise a sweep and leave the process group; returns the exit code."""
     args = get_args_parser().parse_args(sys.argv[1:])
     if not (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion):
         _Launch.swept_keys = check_points(args.overrides, args.multirun).swept_keys
@@ -99,7 +100,20 @@ def main() -> None:
         write_sweep_summary()
     finally:
         runtime.teardown()
-    code = next((c for c in _Launch.codes if c), 0)
+    return next((c for c in _Launch.codes if c), exit_codes.DONE)
+
+
+def main() -> None:
+    """Train, and leave the exit code where `launcher.torchrun` reads it, however it ends."""
+    install_stop_handlers()  # before anything slow: a stop while starting up is kept
+    code = exit_codes.CRASH
+    try:
+        code = train()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        raise
+    finally:
+        exit_codes.report(code)
     if code:
         sys.exit(code)
 

@@ -10,6 +10,7 @@ what an uninterrupted one would, without replaying the stream to get there.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 
 import numpy as np
@@ -78,6 +79,24 @@ class StepBatchSampler(Sampler[list[int]]):
         return self._perm
 
 
+# The stop signals torchrun forwards (to the worker's whole process group), Slurm sends to
+# every process of a step, and a terminal sends on Ctrl-C. The trainer turns them into a
+# checkpoint at the next step boundary; that needs its loader workers alive until then.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def ignore_stop_signals(_worker_id: int) -> None:
+    """DataLoader worker start-up: leave stop signals to the trainer process.
+
+    Without this a SIGTERM meant for the trainer also kills its workers, and the trainer
+    fails with "DataLoader worker is killed by signal" before it can write the stop
+    checkpoint. Ignored workers still end with the trainer: DataLoader shuts them down,
+    and each one exits by itself when its parent process is gone.
+    """
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def build_train_loader(
     windows: Dataset,
     *,
@@ -103,7 +122,11 @@ def build_train_loader(
         start_step=start_step,
     )
     worker_opts = (
-        {"persistent_workers": persistent_workers, "prefetch_factor": prefetch_factor}
+        {
+            "persistent_workers": persistent_workers,
+            "prefetch_factor": prefetch_factor,
+            "worker_init_fn": ignore_stop_signals,
+        }
         if num_workers > 0
         else {}
     )

@@ -1,0 +1,59 @@
+"""`python -m launcher.torchrun [torchrun options] -m launcher.train [overrides]`: torchrun
+whose exit code is the job's.
+
+torchrun exits 1 after any worker failure and after a stop signal, so the codes of
+`launcher.exit_codes` (2 bad input, 3 non-finite loss, 4 out of memory, 5 hang, 143 stopped
+with a checkpoint) never reach Slurm, a Kubernetes `podFailurePolicy` or PyTorchJob's
+`restartPolicy: ExitCode`. This front door runs torchrun's own agent in this process, with
+every option torchrun takes, lets each worker leave its code in a private folder, and exits
+with the job's code once torchrun has ended. Plain `torchrun -m launcher.train` still works
+the same; only its exit code is less informative.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from torch.distributed import run as torch_run
+from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from launcher import exit_codes
+
+log = logging.getLogger("launcher.torchrun")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        print()
+        torch_run.get_args_parser().print_help()
+        return 0
+    with tempfile.TemporaryDirectory(prefix="launcher-outcome-") as folder:
+        os.environ[exit_codes.OUTCOME_DIR_ENV] = folder
+        succeeded = False
+        try:
+            torch_run.main(argv)
+            succeeded = True
+        except ChildFailedError:
+            pass  # torchrun has printed which rank failed first
+        except SignalException as exc:
+            print(f"launcher.torchrun: stopped by {exc.sigval.name}", file=sys.stderr)
+        ranks = exit_codes.read_reports(Path(folder))
+    code = exit_codes.job_code(ranks, succeeded)
+    by_rank = ", ".join(f"{r}: {c}" for r, c in sorted(ranks.items())) or "none reported"
+    print(
+        f"launcher.torchrun: exit code {code} ({exit_codes.MEANING.get(code, 'chosen by a rank')})"
+        f"; ranks' codes: {by_rank}",
+        file=sys.stderr,
+    )
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
