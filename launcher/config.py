@@ -33,6 +33,7 @@ STRATEGIES = ("ddp", "deepspeed")
 OFFLOAD_DEVICES = ("none", "cpu")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 PROFILERS = ("off", "steps", "full")
+FAULT_KINDS = ("none", "stall", "sigstop", "exit", "oom", "loader_error", "slow")
 
 
 class ConfigError(ValueError):
@@ -133,6 +134,40 @@ class StrategyConfig:
 class DistConfig:
     backend: str = "auto"
     timeout_s: int = 900
+
+
+@dataclass
+class WatchdogConfig:
+    """Hang detection on every rank (docs/faults.md). A hang is no completed step for
+    max(min_s, step_multiple x the recent median step time); then every rank that can still
+    run writes its stacks and flight-recorder buffer to logs/ and the job exits with 5."""
+
+    enabled: bool = True
+    step_multiple: float = 10.0
+    min_s: float = 120.0  # never sooner: log, eval and checkpoint steps take longer
+    first_step_s: float = 600.0  # the first step of a launch: compilation, warm-up, caches
+    checkpoint_s: float = 600.0  # while a checkpoint is written
+    flight_recorder_entries: int = 2000  # recent collectives kept per rank; 0: recorder off
+    straggler_frac: float = 0.2  # a rank whose compute is this much above the others'...
+    straggler_intervals: int = 3  # ...for this many log intervals in a row is named
+
+
+@dataclass
+class FaultConfig:
+    """Rehearse a failure on purpose (docs/faults.md); `kind=none` (the default) does nothing.
+
+    stall: rank `rank` sleeps `seconds` when step `step` starts; sigstop: it stops itself
+    (SIGSTOP: frozen, as a process stuck in a driver is); exit: it exits with `exit_code`;
+    oom: it raises an out-of-memory error; loader_error: its data loader raises for that
+    step; slow: it spends `seconds` more in every step from `step` on (a straggler).
+    """
+
+    kind: str = "none"
+    rank: int = 0
+    step: int = 1
+    seconds: float = 60.0
+    exit_code: int = 1
+    once: bool = True  # fire in one attempt only: a restart or requeue then resumes past it
 
 
 @dataclass
@@ -258,6 +293,8 @@ class TrainConfig:
     dist: DistConfig = field(default_factory=DistConfig)
     nccl: NcclConfig = field(default_factory=NcclConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
@@ -433,6 +470,8 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             f"strategy.bucket_cap_mb={cfg.strategy.bucket_cap_mb}: must be a positive size in MB"
         )
     _validate_profiler(cfg.profiler, world_size)
+    _validate_watchdog(cfg.watchdog, cfg.dist.timeout_s)
+    _validate_fault(cfg, world_size)
     _validate_powersgd(cfg)
     _validate_deepspeed(cfg, world_size)
     _validate_resume(cfg)
@@ -450,6 +489,44 @@ def _validate_profiler(p: DictConfig, world_size: int) -> None:
             f"profiler.ranks={list(p.ranks)}: rank(s) {outside} do not exist in a job of "
             f"{world_size} rank(s); give ranks 0..{world_size - 1} or [] for all"
         )
+
+
+def _validate_watchdog(w: DictConfig, dist_timeout_s: int) -> None:
+    for key in ("step_multiple", "min_s", "first_step_s", "checkpoint_s", "straggler_frac"):
+        if not w[key] > 0:  # also refuses NaN
+            raise ConfigError(f"watchdog.{key}={w[key]}: must be a positive number")
+    for key in ("flight_recorder_entries", "straggler_intervals"):
+        if w[key] < 0:
+            raise ConfigError(f"watchdog.{key}={w[key]}: must be 0 or more")
+    if not w.enabled:
+        return
+    for key in ("min_s", "first_step_s", "checkpoint_s"):
+        if w[key] >= dist_timeout_s:
+            raise ConfigError(
+                f"watchdog.{key}={w[key]} is not below dist.timeout_s={dist_timeout_s}: a "
+                "collective would time out before the hang is explained; lower it or raise "
+                "dist.timeout_s"
+            )
+
+
+def _validate_fault(cfg: DictConfig, world_size: int) -> None:
+    f = cfg.fault
+    _choice(cfg, "fault.kind", FAULT_KINDS)
+    if f.kind == "none":
+        return
+    if not 0 <= f.rank < world_size:
+        raise ConfigError(
+            f"fault.rank={f.rank}: no such rank in a job of {world_size}; give 0..{world_size - 1}"
+        )
+    if not 1 <= f.step <= cfg.trainer.max_steps:
+        raise ConfigError(
+            f"fault.step={f.step}: the fault would never fire; give a step within "
+            f"1..trainer.max_steps={cfg.trainer.max_steps}"
+        )
+    if not f.seconds >= 0:
+        raise ConfigError(f"fault.seconds={f.seconds}: must be 0 or more")
+    if not 0 <= f.exit_code <= 255:
+        raise ConfigError(f"fault.exit_code={f.exit_code}: must be within 0..255")
 
 
 def _validate_powersgd(cfg: DictConfig) -> None:

@@ -22,7 +22,7 @@ from launcher.loop import NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
 from launcher.model import build_model, count_params, flops_per_token, peak_flops
 from launcher.preflight import preflight, shm_need
 from launcher.runtime import Runtime, end_job, env_world, ranks_per_node, start, sweep_id
-from launcher.sinks import ConsoleSink, JsonlSink
+from launcher.sinks import ConsoleSink, JsonlSink, write_summary
 from launcher.strategy import build_strategy
 from launcher.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
 
@@ -208,7 +208,7 @@ def run(cfg: DictConfig, point: str | None = None) -> int:
         for sink in sinks:
             sink.close(summary)
         if rt.is_main and summary:
-            (rt.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+            write_summary(rt.run_dir, summary)
         if strategy is not None:
             strategy.close()
         del strategy, loop

@@ -21,13 +21,16 @@ from omegaconf import DictConfig
 
 from launcher import checkpoint, memory_snapshot
 from launcher.data import TokenData, build_eval_batches, build_train_loader
+from launcher.faults import FaultInjector
 from launcher.metrics import Interval, StepTimer, aggregate, local_vector, reset_host_peak
 from launcher.model import mfu
 from launcher.preemption import StopVote
 from launcher.profiling import build_profiler, step_region, trace_dir
 from launcher.runtime import Runtime
-from launcher.sinks import Sink
+from launcher.sinks import Sink, write_summary
+from launcher.stragglers import StragglerWatch
 from launcher.strategy import Strategy
+from launcher.watchdog import HangWatchdog
 
 log = logging.getLogger("launcher")
 
@@ -109,6 +112,9 @@ class TrainLoop:
             keep=self.t.keep_checkpoints,
         )
         self.stop = StopVote(rt.control_group)
+        self.fault = FaultInjector(cfg.fault, rank=rt.rank, run_dir=rt.run_dir)
+        self.stragglers = StragglerWatch(cfg.watchdog, announce=rt.is_main)
+        self.watchdog: HangWatchdog | None = None
         self.replicas_in_sync: bool | None = None
 
     # -- checkpoints -------------------------------------------------------------------
@@ -144,11 +150,12 @@ class TrainLoop:
 
     def save(self, step: int) -> None:
         self._check_finite(step)
-        self.ckpt.save(
-            step,
-            self._write_checkpoint,
-            {"world_size": self.rt.world_size, "tokens": step * self.tokens_per_step},
-        )
+        with self.watchdog.phase("checkpoint", self.cfg.watchdog.checkpoint_s):
+            self.ckpt.save(
+                step,
+                self._write_checkpoint,
+                {"world_size": self.rt.world_size, "tokens": step * self.tokens_per_step},
+            )
 
     def _check_finite(self, step: int) -> None:
         """Collective check, so that every rank refuses together."""
@@ -183,6 +190,7 @@ class TrainLoop:
             pin_memory=self.cfg.data.pin_memory and rt.device.type == "cuda",
             persistent_workers=self.cfg.data.persistent_workers,
             prefetch_factor=self.cfg.data.prefetch_factor,
+            wrap_windows=self.fault.wrap_windows,
         )
         batches = iter(loader)
         timer = StepTimer(rt.device)
@@ -200,6 +208,13 @@ class TrainLoop:
         gc.freeze()
         step = start_step
         profiler = build_profiler(self.cfg.profiler, rt)
+        self.watchdog = HangWatchdog(
+            self.cfg.watchdog,
+            rank=rt.rank,
+            run_dir=rt.run_dir,
+            start_step=start_step,
+            on_hang=self._on_hang,
+        )
         try:
             with profiler or contextlib.nullcontext():
                 while step < t.max_steps:
@@ -209,16 +224,23 @@ class TrainLoop:
                     if profiler is not None:
                         profiler.step()
                     self._after_step(step, lr_at(step - 1, t), timer)
+                    self.watchdog.step_done(step)
             self.replicas_in_sync = self._replicas_agree()
         except torch.OutOfMemoryError as exc:
             raise self._out_of_memory(exc, step + 1) from None
         finally:
+            self.watchdog.close()
             if profiler is not None and self.cfg.profiler.memory_snapshot and on_gpu:
                 memory_snapshot.stop_history()
             self.stop.drain()
             gc.unfreeze()
             del batches, loader
         return self.summary("completed", step)
+
+    def _on_hang(self, step: int) -> None:
+        """Runs in the watchdog thread just before the process exits with the hang code."""
+        if self.rt.is_main:
+            write_summary(self.rt.run_dir, self.summary("failed: hang detected", step))
 
     def _out_of_memory(self, exc: torch.OutOfMemoryError, step: int) -> OutOfMemory:
         """Write a memory snapshot of the full device, then the one line that says where."""
@@ -241,6 +263,7 @@ class TrainLoop:
         """One optimizer step: accumulate over micro-batches, then step at this step's lr."""
         rt, module = self.rt, self.strategy.module
         timer.start()
+        self.fault.before_step(step + 1)
         for micro in range(self.accum):
             waited = time.perf_counter()
             x, y = next(batches)
@@ -292,6 +315,7 @@ class TrainLoop:
             "tokens_per_s": tokens_per_s,
             "mfu": mfu(tokens_per_s, self.flops_per_token, self.peak_flops, self.rt.world_size),
             **agg.figures,
+            **self.stragglers.update(agg.figures),
             "comm/buckets": self.strategy.comm_buckets(),
             "elapsed_s": time.perf_counter() - self.start_time,
             "eta_s": (self.t.max_steps - step) * agg.step_time_p50,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import resource
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -198,10 +199,17 @@ def aggregate(gathered: list[list[float]], world_size: int) -> Aggregate:
 
     totals = [sum(row) for row in series["step_time_s"]]
     slowest = max(range(len(totals)), key=totals.__getitem__)
+    compute = [
+        total - _finite_sum(wait) - _finite_sum(exposed)
+        for total, wait, exposed in zip(
+            totals, series["data_wait_s"], series["comm/exposed_s"], strict=True
+        )
+    ]
     mems = [r["mem_gb"] for r in per_rank if r["mem_gb"] >= 0]
     figures = {
         **_spread("step_time_s", samples("step_time_s"), mean_as_bare=False),
         "step_time_s/slowest_rank": slowest,
+        **_compute_spread(compute),
         **_spread("data_wait_s", samples("data_wait_s"), mean_as_bare=True),
         "grad_norm": per_rank[0]["grad_norm"],
         "mem/peak_gb": max(mems) if mems else None,
@@ -217,6 +225,25 @@ def aggregate(gathered: list[list[float]], world_size: int) -> Aggregate:
         step_time_p50=figures.get("step_time_s/p50", math.nan),
         figures=figures,
     )
+
+
+def _finite_sum(values: list[float]) -> float:
+    return sum(v for v in values if math.isfinite(v))
+
+
+def _compute_spread(compute: list[float]) -> dict:
+    """Which rank computes slowest, and by how much over the median of the others.
+
+    Compute is step time minus data wait minus exposed communication: what is left when
+    waiting on other ranks and on the input pipeline is taken out. A rank that is slow
+    here (a throttled GPU, a noisy neighbour, a bad host) makes every other rank wait in
+    its collectives, which hides it in their step times.
+    """
+    slowest = max(range(len(compute)), key=compute.__getitem__)
+    others = compute[:slowest] + compute[slowest + 1 :]
+    typical = statistics.median(others) if others else compute[slowest]
+    excess = compute[slowest] / typical - 1.0 if typical > 0 else 0.0
+    return {"compute_s/slowest_rank": slowest, "compute_s/excess_frac": excess}
 
 
 def _comm_figures(samples, world_size: int) -> dict:

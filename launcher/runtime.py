@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import secrets
+import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from launcher import nccl_log
+from launcher.watchdog import enable_flight_recorder
 
 log = logging.getLogger("launcher")
 
@@ -114,6 +116,7 @@ def start(cfg: DictConfig, point: str | None = None) -> Runtime:
     if (world > 1 or "MASTER_ADDR" in os.environ) and not dist.is_initialized():
         _launch.backend = pick_backend(cfg.dist.backend, device)
         apply_nccl_env(cfg)
+        enable_flight_recorder(cfg.watchdog.flight_recorder_entries)
         nccl_log.stage_debug_file(cfg.run.root, _launch.backend, rank)
         init_process_group(_launch.backend, dt.timedelta(seconds=cfg.dist.timeout_s), device)
         # Control traffic (barriers, metric gathers, stop votes) goes over gloo on the CPU
@@ -136,11 +139,12 @@ def start(cfg: DictConfig, point: str | None = None) -> Runtime:
     rt.log_file = _add_file_logging(rt)
     seed_everything(cfg.trainer.seed)
     log.info(
-        "rank %d/%d (local %d, pid %d) on %s, backend %s, run dir %s",
+        "rank %d/%d (local %d, pid %d) on host %s, device %s, backend %s, run dir %s",
         rank,
         world,
         local_rank,
         os.getpid(),
+        socket.gethostname(),
         device,
         rt.backend,
         rt.run_dir,

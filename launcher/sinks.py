@@ -57,6 +57,13 @@ class JsonlSink(Sink):
         self.file.close()
 
 
+def write_summary(run_dir: Path, summary: dict) -> None:
+    """summary.json, written whole under another name first so a reader never sees half."""
+    tmp = run_dir / ".summary.json.tmp"
+    tmp.write_text(json.dumps({k: _clean(v) for k, v in summary.items()}, indent=1))
+    tmp.replace(run_dir / "summary.json")
+
+
 def _fmt_eta(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"

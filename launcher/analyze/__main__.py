@@ -1,6 +1,7 @@
 """`python -m launcher.analyze RUN_DIR [RUN_DIR...]`: analyse the per-rank traces of a run
 (or of every point of a sweep directory) and write analysis/report.{md,json} and a
-merged trace into each run directory. When the run logged to W&B, the report also goes to
+merged trace into each run directory. A run that ended in a detected hang is explained
+first: which rank stopped, where, and what the others waited on (analysis/hang.md). When the run logged to W&B, the report also goes to
 its W&B run as tables and an artifact (launcher.analyze.to_wandb)."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from launcher.analyze.hang import analyze_hang, has_hang, markdown_hang, write_hang_report
 from launcher.analyze.report import analyze, markdown, write
 from launcher.analyze.to_wandb import log_report
 
@@ -32,6 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     for path in args.paths:
+        if has_hang(path):  # the watchdog's evidence: name the culprit first
+            result = analyze_hang(path)
+            print(markdown_hang(result))
+            for written in write_hang_report(path, result):
+                print(f"wrote {written}")
+            if not (path / "traces").is_dir():
+                continue
         found = run_dirs(path)
         if not found:
             print(

@@ -11,7 +11,7 @@ what an uninterrupted one would, without replaying the stream to get there.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -53,11 +53,14 @@ class StepBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         step = self.start_step
         while True:
-            first = step * self.global_batch + self.rank * self.per_rank
-            part = self.positions(first, self.per_rank)
+            part = self.rank_batch(step)
             for m in range(0, self.per_rank, self.micro_batch):
                 yield part[m : m + self.micro_batch]
             step += 1
+
+    def rank_batch(self, step: int) -> list[int]:
+        """This rank's window indices of (0-based) step `step`, in micro-batch order."""
+        return self.positions(step * self.global_batch + self.rank * self.per_rank, self.per_rank)
 
     def positions(self, first: int, count: int) -> list[int]:
         """Window indices at stream positions [first, first + count), across epoch ends."""
@@ -110,8 +113,12 @@ def build_train_loader(
     pin_memory: bool,
     persistent_workers: bool,
     prefetch_factor: int,
+    wrap_windows: Callable[[Dataset, StepBatchSampler], Dataset] | None = None,
 ) -> DataLoader:
-    """An endless loader of (x, y) micro-batches [micro_batch, seq_len] in step order."""
+    """An endless loader of (x, y) micro-batches [micro_batch, seq_len] in step order.
+
+    `wrap_windows` may replace the dataset once the sampler exists (fault injection uses it
+    to fail one step's fetch in the worker)."""
     sampler = StepBatchSampler(
         len(windows),
         global_batch=global_batch,
@@ -130,6 +137,8 @@ def build_train_loader(
         if num_workers > 0
         else {}
     )
+    if wrap_windows is not None:
+        windows = wrap_windows(windows, sampler)
     return DataLoader(
         windows,
         batch_sampler=sampler,

@@ -1,0 +1,204 @@
+"""Name the culprit of a detected hang from what the watchdog left in `logs/`.
+
+Evidence, strongest first:
+1. A rank that wrote no `hang.rank<r>.json` could not run at all when the others noticed
+   the hang (stopped, swapped out, stuck in the kernel or a driver): it is the culprit.
+2. The flight recorder (`fr/rank_<r>`): per process group, the last collective each rank
+   enqueued. Ranks waiting in collective #n while another rank's last is below n are
+   waiting for that rank: it never entered the collective.
+3. The main thread's Python stack: a rank whose innermost frames are not in a collective
+   or in the backward pass that runs them was busy elsewhere, and its frame says where.
+
+Reads no torch: the recorder's dumps are pickles of plain Python values, loaded with an
+unpickler that refuses anything else.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import re
+from pathlib import Path
+
+# Frames that mean "waiting for other ranks": torch.distributed calls, the autograd
+# engine running DDP's all-reduce hooks, the launcher's own collectives.
+WAITING_FILES = ("torch/distributed/", "torch/autograd/", "launcher/preemption.py")
+WAITING_FUNCTIONS = ("all_gather_floats", "broadcast_object", "barrier")
+RANK_LINE = re.compile(r"rank (\d+)/\d+ \(local \d+, pid (\d+)\) on host (\S+),")
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"unexpected object {module}.{name} in a recorder dump")
+
+
+def load_flight_recorder(path: Path) -> dict:
+    return _PlainUnpickler(io.BytesIO(path.read_bytes())).load()
+
+
+def has_hang(run_dir: Path) -> bool:
+    return any((run_dir / "logs").glob("hang.rank*.json"))
+
+
+def _world_size(run_dir: Path) -> int:
+    env = run_dir / "env.json"
+    if env.is_file():
+        return int(json.loads(env.read_text())["world_size"])
+    return len(list((run_dir / "logs").glob("rank*.log")))
+
+
+def _identities(run_dir: Path) -> dict[int, dict]:
+    """Host and pid of each rank's latest attempt, from the first line its log has."""
+    out: dict[int, dict] = {}
+    for path in (run_dir / "logs").glob("rank*.log"):
+        for match in RANK_LINE.finditer(path.read_text(errors="replace")):
+            out[int(match[1])] = {"pid": int(match[2]), "host": match[3]}
+    return out
+
+
+def _where(stack: list[dict]) -> str:
+    """The innermost frame of the launcher's own code (or the innermost at all)."""
+    own = [f for f in stack if "/launcher/" in f["file"]]
+    frame = (own or stack or [{"file": "?", "line": 0, "function": "?"}])[-1]
+    return f"{Path(frame['file']).name}:{frame['line']} in {frame['function']}"
+
+
+def _waiting(stack: list[dict]) -> bool:
+    inner = stack[-6:]
+    return any(
+        any(w in f["file"] for w in WAITING_FILES) or f["function"] in WAITING_FUNCTIONS
+        for f in inner
+    )
+
+
+def _pending_collectives(fr: dict) -> dict[str, dict]:
+    """Per process group: the last collective this rank enqueued, with where it came from."""
+    last: dict[str, dict] = {}
+    for entry in fr.get("entries", []):
+        pg = str(entry["pg_id"])
+        if pg not in last or entry["collective_seq_id"] >= last[pg]["seq"]:
+            frames = [f["name"] for f in entry.get("frames", [])]
+            last[pg] = {
+                "seq": entry["collective_seq_id"],
+                "op": entry["profiling_name"],
+                "from": " <- ".join(frames[:4]),
+            }
+    return last
+
+
+def analyze_hang(run_dir: Path) -> dict:
+    """The culprit and the evidence, as a dict (see `markdown_hang` for the wording)."""
+    logs = run_dir / "logs"
+    world = _world_size(run_dir)
+    ids = _identities(run_dir)
+    reports = {
+        int(p.stem.removeprefix("hang.rank")): json.loads(p.read_text())
+        for p in logs.glob("hang.rank*.json")
+    }
+    recorders = {}
+    for path in sorted((logs / "fr").glob("rank_*")) if (logs / "fr").is_dir() else []:
+        try:
+            recorders[int(path.name.removeprefix("rank_"))] = _pending_collectives(
+                load_flight_recorder(path)
+            )
+        except (pickle.UnpicklingError, EOFError, KeyError, ValueError, TypeError):
+            continue
+    silent = [r for r in range(world) if r not in reports]
+    behind = _behind_in_collectives(recorders)
+    busy = [r for r, rep in sorted(reports.items()) if not _waiting(rep["main_stack"])]
+    if silent:
+        culprits, reason = (
+            silent,
+            (
+                "wrote no stacks: the process could not run at all (stopped, swapped out, or "
+                "stuck in the kernel or a driver)"
+            ),
+        )
+    elif behind:
+        culprits, reason = (
+            sorted(behind),
+            "never entered the collective that the other ranks wait in",
+        )
+    elif busy:
+        culprits, reason = busy, "was busy in its own code, not in a collective"
+    else:
+        culprits, reason = [], "every rank waits in a collective (a network or peer problem)"
+    steps = [rep["step"] for rep in reports.values()]
+    ranks = []
+    for r in range(world):
+        rep = reports.get(r)
+        ranks.append(
+            {
+                "rank": r,
+                "host": (rep or {}).get("host") or ids.get(r, {}).get("host"),
+                "pid": (rep or {}).get("pid") or ids.get(r, {}).get("pid"),
+                "reported": rep is not None,
+                "step": rep["step"] if rep else None,
+                "phase": rep["phase"] if rep else None,
+                "where": _where(rep["main_stack"]) if rep else None,
+                "waiting": _waiting(rep["main_stack"]) if rep else None,
+                "last_collectives": recorders.get(r, {}),
+            }
+        )
+    return {
+        "culprits": culprits,
+        "reason": reason,
+        "step": min(steps) if steps else None,
+        "idle_s": max((rep["idle_s"] for rep in reports.values()), default=None),
+        "ranks": ranks,
+    }
+
+
+def _behind_in_collectives(recorders: dict[int, dict[str, dict]]) -> set[int]:
+    """Ranks whose last enqueued collective in some group is below the others' last."""
+    behind: set[int] = set()
+    groups = {pg for per_rank in recorders.values() for pg in per_rank}
+    for pg in groups:
+        seqs = {r: per_rank[pg]["seq"] for r, per_rank in recorders.items() if pg in per_rank}
+        if len(seqs) > 1 and len(set(seqs.values())) > 1:
+            top = max(seqs.values())
+            behind |= {r for r, s in seqs.items() if s < top}
+    return behind
+
+
+def markdown_hang(result: dict) -> str:
+    lines = ["# Hang report", ""]
+    if result["culprits"]:
+        who = ", ".join(
+            f"rank {r} (host {result['ranks'][r]['host']}, pid {result['ranks'][r]['pid']})"
+            for r in result["culprits"]
+        )
+        lines.append(f"**Culprit: {who}** {result['reason']}.")
+        for r in result["culprits"]:
+            if result["ranks"][r]["where"]:
+                lines.append(f"Rank {r} was at {result['ranks'][r]['where']}.")
+    else:
+        lines.append(f"No single culprit: {result['reason']}.")
+    lines.append(f"The ranks that reported had completed step {result['step']}.")
+    lines += ["", "| rank | host | step | where (main thread) | last collective per group |"]
+    lines.append("| --- | --- | --- | --- | --- |")
+    for r in result["ranks"]:
+        colls = "; ".join(
+            f"group {pg}: {c['op']} #{c['seq']} ({c['from']})"
+            for pg, c in sorted(r["last_collectives"].items())
+        )
+        where = r["where"] or "wrote nothing (could not run)"
+        if r["waiting"]:
+            where += " (waiting for other ranks)"
+        lines.append(f"| {r['rank']} | {r['host']} | {r['step']} | {where} | {colls or '-'} |")
+    lines += [
+        "",
+        "Stacks: logs/stacks.rank<r>.txt. Flight recorder: "
+        "`python -m torch.distributed.flight_recorder.fr_trace logs/fr`.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_hang_report(run_dir: Path, result: dict) -> list[Path]:
+    out = run_dir / "analysis"
+    out.mkdir(exist_ok=True)
+    md, js = out / "hang.md", out / "hang.json"
+    md.write_text(markdown_hang(result))
+    js.write_text(json.dumps(result, indent=1))
+    return [md, js]

@@ -1,0 +1,94 @@
+"""Failures on purpose (`fault.*` keys), so a platform team can rehearse each one on their
+cluster and see what the launcher, torchrun and the scheduler do: the tests use the same
+keys. Off by default; docs/faults.md lists the kinds.
+
+With `fault.once=true` a fault fires in one attempt only: the rank leaves
+`logs/fault.rank<r>` when it fires, so a restarted or requeued job resumes past it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+from torch.utils.data import Dataset
+
+from launcher import exit_codes
+from launcher.data.loader import StepBatchSampler
+
+log = logging.getLogger("launcher")
+
+
+class InjectedFault(RuntimeError):
+    """Raised by `fault.kind=loader_error` inside a DataLoader worker."""
+
+
+class FaultInjector:
+    """Fires the configured fault on its rank when its step starts (1-based steps)."""
+
+    def __init__(self, cfg: DictConfig, *, rank: int, run_dir: Path):
+        self.cfg = cfg
+        self.marker = run_dir / "logs" / f"fault.rank{rank}"
+        self.armed = cfg.kind != "none" and rank == cfg.rank
+        if self.armed and cfg.once and self.marker.exists():
+            log.info("fault.kind=%s already fired in an earlier attempt; not again", cfg.kind)
+            self.armed = False
+
+    def before_step(self, step: int) -> None:
+        """Called inside the timed step, before its first micro-batch."""
+        if not self.armed:
+            return
+        kind, cfg = self.cfg.kind, self.cfg
+        if kind == "slow":
+            if step >= cfg.step:
+                time.sleep(cfg.seconds)
+            return
+        if step != cfg.step or kind == "loader_error":  # loader_error fires in the loader
+            return
+        self.armed = False
+        self.marker.write_text(f"{kind} at step {step}\n")
+        log.warning("fault.kind=%s: injecting at step %d", kind, step)
+        if kind == "stall":
+            time.sleep(cfg.seconds)
+        elif kind == "sigstop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif kind == "exit":
+            exit_codes.report(cfg.exit_code)
+            logging.shutdown()
+            os._exit(cfg.exit_code)
+        elif kind == "oom":
+            raise torch.OutOfMemoryError(f"injected by fault.kind=oom at step {step}")
+
+    def wrap_windows(self, windows: Dataset, sampler: StepBatchSampler) -> Dataset:
+        """With `kind=loader_error`, the dataset whose worker fails on the fault's step."""
+        if not (self.armed and self.cfg.kind == "loader_error"):
+            return windows
+        poisoned = sampler.rank_batch(self.cfg.step - 1)[: sampler.micro_batch]
+        return _FailingWindows(windows, poisoned, self.marker)
+
+
+class _FailingWindows(Dataset):
+    """Windows whose fetch of one exact micro-batch (step S's first on this rank) raises
+    in the DataLoader worker, as a corrupt shard or a lost file system would."""
+
+    def __init__(self, windows: Dataset, poisoned: list[int], marker: Path):
+        self.windows = windows
+        self.poisoned = poisoned
+        self.marker = marker
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, index: int):
+        return self.windows[index]
+
+    def __getitems__(self, indices: list[int]):
+        if list(indices) == self.poisoned:
+            self.marker.write_text("loader_error\n")
+            raise InjectedFault(f"fault.kind=loader_error: reading micro-batch {indices}")
+        return [self.windows[i] for i in indices]

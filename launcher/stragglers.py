@@ -1,0 +1,48 @@
+"""Name a straggler while the job runs, from figures every rank already has.
+
+`metrics.aggregate` finds, at each log interval, the rank whose compute time (step time
+minus data wait minus exposed communication) is highest and how far it is above the
+median of the others. One slow interval is noise; the same rank above
+`watchdog.straggler_frac` for `watchdog.straggler_intervals` intervals in a row is a
+straggler, named in the record (`straggler/rank`, `straggler/excess_frac`) and, once per
+episode, on the console. No extra synchronisation: the figures come from the metrics
+gather that happens anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from omegaconf import DictConfig
+
+log = logging.getLogger("launcher")
+
+
+class StragglerWatch:
+    def __init__(self, cfg: DictConfig, *, announce: bool):
+        self.announce = announce  # one rank says it on the console
+        self.frac = cfg.straggler_frac
+        self.needed = cfg.straggler_intervals
+        self._rank: int | None = None
+        self._streak = 0
+
+    def update(self, figures: dict) -> dict:
+        """The straggler fields for this interval's record (None when there is none)."""
+        rank, excess = figures["compute_s/slowest_rank"], figures["compute_s/excess_frac"]
+        if excess <= self.frac or self.needed == 0:
+            self._rank, self._streak = None, 0
+            return {"straggler/rank": None, "straggler/excess_frac": None}
+        self._streak = self._streak + 1 if rank == self._rank else 1
+        self._rank = rank
+        if self._streak < self.needed:
+            return {"straggler/rank": None, "straggler/excess_frac": None}
+        if self._streak == self.needed and self.announce:
+            log.warning(
+                "straggler: rank %d computes %.0f%% longer per step than the median of the "
+                "other ranks, for %d log intervals in a row; the others wait for it in every "
+                "collective (check that host: clocks, thermals, other jobs; docs/faults.md)",
+                rank,
+                100 * excess,
+                self._streak,
+            )
+        return {"straggler/rank": rank, "straggler/excess_frac": excess}
