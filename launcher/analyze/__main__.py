@@ -1,8 +1,9 @@
 """`python -m launcher.analyze RUN_DIR [RUN_DIR...]`: analyse the per-rank traces of a run
 (or of every point of a sweep directory) and write analysis/report.{md,json} and a
 merged trace into each run directory. A run that ended in a detected hang is explained
-first: which rank stopped, where, and what the others waited on (analysis/hang.md). When the run logged to W&B, the report also goes to
-its W&B run as tables and an artifact (launcher.analyze.to_wandb)."""
+first: which rank stopped, where, and what the others waited on (analysis/hang.md). When
+the run logged to W&B, the report also goes to its W&B run as tables and an artifact
+(launcher.analyze.to_wandb)."""
 
 from __future__ import annotations
 
