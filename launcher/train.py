@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from launcher import exit_codes, runtime, sweep
 from launcher.config import ConfigError, compose
+from launcher.data.loader import reap_workers
 from launcher.job import check_or_exit, fail_bad_input, run
 from launcher.preemption import install_stop_handlers
 from launcher.wandb_sink import log_sweep_summary  # imports wandb only when enabled
@@ -49,10 +50,14 @@ def _hydra_entry(cfg: DictConfig) -> None:
     try:
         code = run(cfg, point)
     except Exception:
-        # The ranks may disagree about where they are: end the process (torchrun then
-        # stops the others) rather than start the next sweep point out of step.
         log.exception("the run failed")
-        raise SystemExit(exit_codes.CRASH) from None
+        code = None
+    if code is None:
+        # The ranks may disagree about where they are: end the process (torchrun then
+        # stops the others) rather than start the next sweep point out of step. Raised
+        # outside the `except`, so that no traceback keeps the run's model, DDP reducer
+        # and loader workers alive while the process group is torn down.
+        raise SystemExit(exit_codes.CRASH)
     _Launch.codes.append(code)
     _Launch.cfg = cfg
     if point is not None:
@@ -113,6 +118,7 @@ def main() -> None:
         code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
         raise
     finally:
+        reap_workers()
         exit_codes.report(code)
     if code:
         sys.exit(code)

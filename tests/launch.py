@@ -27,6 +27,11 @@ FAST = [
     "data.persistent_workers=false",
 ]
 
+# FAST with the DataLoader as users run it (the defaults: 2 workers per rank, persistent,
+# pinned where there is a GPU). Fault, stop and resume tests use this: a defect that only
+# shows with workers on (SIGTERM reaching them) hid behind FAST's num_workers=0 once.
+FAST_USER_LOADER = [o for o in FAST if not o.startswith(("data.num_workers", "data.persistent"))]
+
 LAUNCH_TIMEOUT = 240
 
 
@@ -44,13 +49,19 @@ def base_env(**extra: str) -> dict:
 
 
 def torchrun_cmd(
-    args: list[str], *, nproc: int = 2, extra_args=(), module: str = "launcher.train"
+    args: list[str],
+    *,
+    nproc: int = 2,
+    extra_args=(),
+    module: str = "launcher.train",
+    runner: str = "torch.distributed.run",
 ) -> list[str]:
-    """`torchrun --standalone --nproc_per_node=N [extra] -m MODULE args...`."""
+    """`torchrun --standalone --nproc_per_node=N [extra] -m MODULE args...`; with
+    runner="launcher.torchrun", the front door that exits with the job's code."""
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        runner,
         "--standalone",
         f"--nproc_per_node={nproc}",
         *extra_args,
@@ -68,8 +79,9 @@ def torchrun(
     env=None,
     timeout: int = LAUNCH_TIMEOUT,
     cwd: Path | None = None,
+    runner: str = "torch.distributed.run",
 ) -> subprocess.CompletedProcess:
-    cmd = torchrun_cmd(overrides, nproc=nproc, extra_args=extra_args)
+    cmd = torchrun_cmd(overrides, nproc=nproc, extra_args=extra_args, runner=runner)
     return subprocess.run(
         cmd, env=env or base_env(), capture_output=True, text=True, timeout=timeout, cwd=cwd
     )

@@ -1,11 +1,14 @@
-"""Faults: a killed worker, SIGTERM, a non-finite loss, an unreadable checkpoint.
+"""Faults as users meet them, in the default DataLoader configuration (workers on): a
+killed worker, stop signals, a non-finite loss, an unreadable checkpoint, hangs, stragglers,
+and the exit code each one hands to the scheduler through `python -m launcher.torchrun`.
 
-Each case ends in a run whose final loss equals an uninterrupted run's, or stops with
-a clear error and leaves the last good checkpoint untouched.
+Each case ends in a run whose losses equal an uninterrupted run's, or stops with a clear
+error, the contract exit code and the last good checkpoint untouched.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -15,24 +18,32 @@ import time
 
 import pytest
 
+from launcher import exit_codes
+from launcher.analyze.hang import analyze_hang
+
 from launch import (
-    FAST,
+    FAST_USER_LOADER,
     LAUNCH_TIMEOUT,
     base_env,
     explain,
     losses,
+    metrics,
     summary,
     torchrun,
     torchrun_cmd,
 )
 
+FRONT_DOOR = "launcher.torchrun"
+
 # Long enough (60 steps) that a test can act between the step-20 checkpoint and the end.
 LONG = [
-    *FAST,
+    *FAST_USER_LOADER,
     "trainer.max_steps=60",
     "trainer.checkpoint_interval=20",
     "trainer.eval_interval=1000",
 ]
+# A hang is declared after 3 s without a step (the tiny model steps in ~50 ms).
+QUICK_WATCHDOG = ["watchdog.min_s=3", "watchdog.step_multiple=10"]
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +62,8 @@ def start(cmd: list[str], output) -> subprocess.Popen:
     )
 
 
-def start_torchrun(overrides, output, *extra_args) -> subprocess.Popen:
-    return start(torchrun_cmd(overrides, extra_args=extra_args), output)
+def start_torchrun(overrides, output, *extra_args, runner=FRONT_DOOR) -> subprocess.Popen:
+    return start(torchrun_cmd(overrides, extra_args=extra_args, runner=runner), output)
 
 
 def wait_for(predicate, proc: subprocess.Popen, timeout: float = 180) -> None:
@@ -97,7 +108,9 @@ def worker_pid(run_dir, rank: int) -> int:
 def test_killed_worker_restarts_and_resumes(reference, tmp_path):
     output = tmp_path / "out.txt"
     root = tmp_path / "runs"
-    proc = start_torchrun([*LONG, f"run.root={root}"], output, "--max-restarts=1")
+    proc = start_torchrun(
+        [*LONG, f"run.root={root}"], output, "--max-restarts=1", runner="torch.distributed.run"
+    )
     wait_for(checkpointed(root, 20), proc)
     run_dir = run_dir_of(root)
     os.kill(worker_pid(run_dir, 1), signal.SIGKILL)
@@ -116,8 +129,10 @@ def test_sigterm_checkpoints_then_resume_finishes(reference, tmp_path):
     args = [*LONG, f"run.root={tmp_path}", "run.id=preempted"]
     proc = start_torchrun(args, output)
     wait_for(checkpointed(tmp_path, 20), proc)
-    os.kill(proc.pid, signal.SIGTERM)  # what Slurm and Kubernetes do to the launcher
+    os.kill(proc.pid, signal.SIGTERM)  # what Slurm and the kubelet do to the launcher
     out = finish(proc, output)
+    assert proc.returncode == exit_codes.STOPPED, out  # the contract code reaches the caller
+    assert "Traceback" not in out and "killed by signal" not in out, out
     run_dir = tmp_path / "preempted"
     s = summary(run_dir)
     assert s["status"] == "stopped", out
@@ -126,36 +141,57 @@ def test_sigterm_checkpoints_then_resume_finishes(reference, tmp_path):
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{stop_step:08d}"
     for rank in (0, 1):
         assert "ended with code 143" in (run_dir / "logs" / f"rank{rank}.log").read_text()
-    again = torchrun(args)
+    again = torchrun(args, runner=FRONT_DOOR)
     assert again.returncode == 0, explain(again)
     assert f"resumed from step {stop_step}" in again.stderr
     assert losses(run_dir) == reference
 
 
-def test_sigterm_single_process_exit_code(tmp_path):
+def test_ctrl_c_to_torchrun_stops_with_a_checkpoint(tmp_path):
+    """SIGINT to torchrun (Ctrl-C) is forwarded as SIGINT to every worker's process group,
+    DataLoader workers included: the same clean stop as SIGTERM."""
+    output = tmp_path / "out.txt"
+    proc = start_torchrun([*LONG, f"run.root={tmp_path}", "run.id=ctrlc"], output)
+    wait_for(lambda: (tmp_path / "ctrlc" / "metrics.jsonl").exists(), proc)
+    os.kill(proc.pid, signal.SIGINT)
+    out = finish(proc, output)
+    assert proc.returncode == exit_codes.STOPPED, out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    s = summary(tmp_path / "ctrlc")
+    assert s["status"] == "stopped"
+    latest = (tmp_path / "ctrlc" / "checkpoints" / "latest").read_text().strip()
+    assert latest == f"step_{s['steps']:08d}"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_every_stop_signal_checkpoints_a_single_process(tmp_path, sig):
     output = tmp_path / "out.txt"
     cmd = [sys.executable, "-m", "launcher.train", *LONG, f"run.root={tmp_path}", "run.id=solo"]
     proc = start(cmd, output)
     wait_for(lambda: (tmp_path / "solo" / "metrics.jsonl").exists(), proc)
-    proc.send_signal(signal.SIGTERM)
-    finish(proc, output)
-    assert proc.returncode == 143
-    assert summary(tmp_path / "solo")["status"] == "stopped"
+    proc.send_signal(sig)
+    out = finish(proc, output)
+    assert proc.returncode == exit_codes.STOPPED, out
+    assert "Traceback" not in out, out
+    s = summary(tmp_path / "solo")
+    assert s["status"] == "stopped"
+    assert (tmp_path / "solo" / "checkpoints" / f"step_{s['steps']:08d}").is_dir()
 
 
 def test_nonfinite_loss_stops_and_keeps_the_good_checkpoint(tmp_path):
     proc = torchrun(
         [
-            *FAST,
+            *FAST_USER_LOADER,
             f"run.root={tmp_path}",
             "run.id=nan",
             "trainer.lr=1e6",
             "trainer.grad_clip=0",
             "trainer.warmup_steps=1",
             "trainer.checkpoint_interval=1",
-        ]
+        ],
+        runner=FRONT_DOOR,
     )
-    assert proc.returncode != 0
+    assert proc.returncode == exit_codes.NONFINITE, explain(proc)
     errors = [ln for ln in proc.stderr.splitlines() if "non-finite loss" in ln and "ERROR" in ln]
     assert len(errors) == 1, proc.stderr  # one line, on rank 0
     ckpts = tmp_path / "nan" / "checkpoints"
@@ -173,7 +209,7 @@ def test_nonfinite_loss_stops_and_keeps_the_good_checkpoint(tmp_path):
 def test_unreadable_latest_falls_back_to_previous(reference, tmp_path):
     """A corrupt (but full-size) latest checkpoint: warn, load the previous, redo the steps."""
     args = [*LONG, f"run.root={tmp_path}", "run.id=c", "trainer.lr_decay_steps=60"]
-    first = torchrun([*args, "trainer.max_steps=40"])
+    first = torchrun([*args, "trainer.max_steps=40"])  # plain torchrun still works
     assert first.returncode == 0, explain(first)
     model = tmp_path / "c" / "checkpoints" / "step_00000040" / "model.pt"
     model.write_bytes(b"\0" * model.stat().st_size)
@@ -182,3 +218,113 @@ def test_unreadable_latest_falls_back_to_previous(reference, tmp_path):
     assert "step_00000040 is unreadable" in again.stderr
     assert "resumed from step 20" in again.stderr
     assert losses(tmp_path / "c") == reference
+
+
+# -- exit codes through the front door ------------------------------------------------------
+SHORT = [*FAST_USER_LOADER, "trainer.max_steps=12"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "code", "status"),
+    [
+        # one process: rank 0 prints the line and every rank exits 2 (the others linger)
+        pytest.param(["trainer.max_steps=0"], exit_codes.BAD_INPUT, None, id="bad-input"),
+        pytest.param(
+            ["fault.kind=oom", "fault.step=5"], exit_codes.OOM, "failed: out of memory", id="oom"
+        ),
+        pytest.param(
+            ["fault.kind=loader_error", "fault.rank=1", "fault.step=5"],
+            exit_codes.CRASH,
+            None,
+            id="loader-crash",
+        ),
+        pytest.param(
+            ["fault.kind=exit", "fault.rank=1", "fault.step=5", "fault.exit_code=7"],
+            7,
+            None,
+            id="rank-chosen-code",
+        ),
+    ],
+)
+def test_the_job_exit_code_reaches_the_caller(tmp_path, overrides, code, status):
+    """What Slurm, a podFailurePolicy or PyTorchJob see; plain torchrun would say 1. (Done,
+    0, and stopped, 143, are asserted by the stop tests above.)"""
+    nproc = 1 if code == exit_codes.BAD_INPUT else 2
+    proc = torchrun(
+        [*SHORT, f"run.root={tmp_path}", "run.id=x", *overrides], nproc=nproc, runner=FRONT_DOOR
+    )
+    assert proc.returncode == code, explain(proc)
+    assert f"launcher.torchrun: exit code {code}" in proc.stderr
+    if status:  # summary.json is rank 0's account
+        assert summary(tmp_path / "x")["status"] == status
+    if "fault.kind=loader_error" in overrides:
+        assert "fault.kind=loader_error" in proc.stderr  # the worker's error, named
+
+
+def test_injected_stall_is_detected_explained_and_restartable(tmp_path):
+    run = [*LONG, f"run.root={tmp_path}", "run.id=stall", *QUICK_WATCHDOG]
+    # A 600 s stall: only the watchdog can end this launch within its timeout.
+    fault = ["fault.kind=stall", "fault.rank=1", "fault.step=25", "fault.seconds=600"]
+    proc = torchrun([*run, *fault], runner=FRONT_DOOR)
+    assert proc.returncode == exit_codes.HANG, explain(proc)
+    logs = tmp_path / "stall" / "logs"
+    for rank in (0, 1):  # both could still run: both wrote their stacks and recorder
+        assert (logs / f"stacks.rank{rank}.txt").is_file()
+        assert (logs / "fr" / f"rank_{rank}").is_file()
+    assert "faults.py" in (logs / "stacks.rank1.txt").read_text()
+    assert summary(tmp_path / "stall")["status"] == "failed: hang detected"
+    report = analyze_hang(tmp_path / "stall")
+    assert report["culprits"] == [1]
+    assert report["ranks"][1]["where"].startswith("faults.py")
+    assert report["ranks"][0]["waiting"]
+    # The restart resumes from step 20 past the (fired once) fault, to the reference losses.
+    again = torchrun(run, runner=FRONT_DOOR)
+    assert again.returncode == 0, explain(again)
+    assert "resumed from step 20" in again.stderr
+
+
+def test_stopped_process_is_named_by_its_silence(tmp_path):
+    """SIGSTOP: the rank cannot run at all. The live rank detects the hang, writes its
+    stacks and exits 5; the analyser names the rank that wrote nothing."""
+    fault = ["fault.kind=sigstop", "fault.rank=1", "fault.step=8"]
+    proc = torchrun(
+        [*SHORT, f"run.root={tmp_path}", "run.id=frozen", *QUICK_WATCHDOG, *fault],
+        runner=FRONT_DOOR,
+    )
+    assert proc.returncode == exit_codes.HANG, explain(proc)
+    logs = tmp_path / "frozen" / "logs"
+    assert (logs / "stacks.rank0.txt").is_file() and not (logs / "stacks.rank1.txt").exists()
+    cli = subprocess.run(
+        [sys.executable, "-m", "launcher.analyze", str(tmp_path / "frozen"), "--no-wandb"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert "Culprit: rank 1" in cli.stdout and "could not run" in cli.stdout
+    report = json.loads((tmp_path / "frozen" / "analysis" / "hang.json").read_text())
+    assert report["culprits"] == [1] and report["step"] == 7
+
+
+def test_straggler_is_named_in_metrics(tmp_path):
+    proc = torchrun(
+        [
+            *SHORT,
+            "trainer.max_steps=16",
+            f"run.root={tmp_path}",
+            "run.id=slow",
+            "fault.kind=slow",
+            "fault.rank=1",
+            "fault.step=3",
+            "fault.seconds=0.2",
+        ],
+        runner=FRONT_DOOR,
+    )
+    assert proc.returncode == 0, explain(proc)
+    records = [r for r in metrics(tmp_path / "slow") if "loss" in r]
+    named = [r["step"] for r in records if r["straggler/rank"] == 1]
+    assert named and named[0] <= 3 + 3  # three intervals after it starts (log_interval=1)
+    assert all(r["straggler/rank"] in (None, 1) for r in records)
+    assert all(r["compute_s/excess_frac"] > 1.0 for r in records if r["step"] >= 4)
+    warnings = [ln for ln in proc.stderr.splitlines() if "straggler: rank 1" in ln]
+    assert len(warnings) == 1, proc.stderr  # once, on rank 0's console

@@ -10,6 +10,7 @@ what an uninterrupted one would, without replaying the stream to get there.
 
 from __future__ import annotations
 
+import multiprocessing
 import signal
 from collections.abc import Callable, Iterator
 
@@ -98,6 +99,19 @@ def ignore_stop_signals(_worker_id: int) -> None:
     """
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+def reap_workers() -> None:
+    """Kill this process's remaining DataLoader workers (at process exit).
+
+    A loader that ended in an exception can outlive its loop: the traceback keeps its
+    iterator, and so its workers, alive. At exit, multiprocessing terminates daemonic
+    children with SIGTERM, which these workers ignore, and then joins them: the process
+    would never end. SIGKILL cannot be ignored, and nothing is left for them to do.
+    """
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(timeout=5)
 
 
 def build_train_loader(
