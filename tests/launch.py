@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 # Small and fast on 2 CPU cores, while still exercising accumulation (2 micro-steps per
@@ -111,3 +113,49 @@ def summary(run_dir: Path) -> dict:
 def explain(proc: subprocess.CompletedProcess) -> str:
     out, err = proc.stdout[-4000:], proc.stderr[-6000:]
     return f"exit {proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}"
+
+
+def start(cmd: list[str], output) -> subprocess.Popen:
+    """Output goes to a file: an unread pipe fills up and blocks the launch."""
+    out = open(output, "w")  # noqa: SIM115 - the child holds it; closed with the test
+    return subprocess.Popen(
+        cmd, env=base_env(), stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+
+
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"launch ended early (exit {proc.returncode})")
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError("timed out waiting")
+        time.sleep(0.02)
+
+
+def finish(proc: subprocess.Popen, output) -> str:
+    try:
+        proc.wait(timeout=LAUNCH_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return output.read_text()
+
+
+def run_dir_of(root):
+    dirs = [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+    return dirs[0] if len(dirs) == 1 else None
+
+
+def checkpointed(root, step: int):
+    def check():
+        run = run_dir_of(root)
+        latest = run and run / "checkpoints" / "latest"
+        return bool(latest and latest.exists() and int(latest.read_text().strip()[5:]) >= step)
+
+    return check
+
+
+def start_torchrun(overrides, output, *extra_args, runner="launcher.torchrun") -> subprocess.Popen:
+    return start(torchrun_cmd(overrides, extra_args=extra_args, runner=runner), output)

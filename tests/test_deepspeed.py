@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -18,7 +20,21 @@ import pytest
 
 from launcher.config import ConfigError, compose, validate
 
-from launch import FAST, base_env, explain, losses, metrics, python_train, summary, torchrun
+from launch import (
+    FAST,
+    FAST_USER_LOADER,
+    base_env,
+    checkpointed,
+    explain,
+    finish,
+    losses,
+    metrics,
+    python_train,
+    start_torchrun,
+    summary,
+    torchrun,
+    wait_for,
+)
 
 STEPS = 20
 RUN = [
@@ -126,6 +142,34 @@ def test_zero3_resume_auto_continues_exactly(zero_sweep, tmp_path):
     assert sorted(resumed) == list(range(11, STEPS + 1))
     assert resumed == {step: straight[step] for step in resumed}
     assert summary(tmp_path / "cut")["resumed_from_step"] == 10
+
+
+def test_sigterm_with_loader_workers_stops_and_resumes_exactly(zero_sweep, tmp_path):
+    """ZeRO-2 with the default DataLoader workers: SIGTERM to the launcher -> every rank
+    writes DeepSpeed's checkpoint of one step, exit 143; the relaunch resumes to the
+    sweep's ZeRO-2 losses exactly (the data order does not depend on the workers)."""
+    sweep_dir, _ = zero_sweep
+    args = [
+        *FAST_USER_LOADER,
+        f"trainer.max_steps={STEPS}",
+        "trainer.eval_interval=10",
+        "trainer.checkpoint_interval=10",
+        "strategy=zero2",
+        f"run.root={tmp_path}",
+        "run.id=stopped",
+    ]
+    output = tmp_path / "out.txt"
+    proc = start_torchrun(args, output)
+    wait_for(checkpointed(tmp_path, 10), proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    out = finish(proc, output)
+    assert proc.returncode == 143, out
+    s = summary(tmp_path / "stopped")
+    assert s["status"] == "stopped" and 10 <= s["steps"] < STEPS, out
+    again = torchrun(args, runner="launcher.torchrun")
+    assert again.returncode == 0, explain(again)
+    assert f"resumed from step {s['steps']}" in again.stderr
+    assert losses(tmp_path / "stopped") == losses(sweep_dir / "strategy=zero2")
 
 
 def test_zero3_offload_to_cpu_without_a_compiler(zero_sweep, tmp_path):

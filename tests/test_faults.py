@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -23,14 +22,17 @@ from launcher.analyze.hang import analyze_hang
 
 from launch import (
     FAST_USER_LOADER,
-    LAUNCH_TIMEOUT,
-    base_env,
+    checkpointed,
     explain,
+    finish,
     losses,
     metrics,
+    run_dir_of,
+    start,
+    start_torchrun,
     summary,
     torchrun,
-    torchrun_cmd,
+    wait_for,
 )
 
 FRONT_DOOR = "launcher.torchrun"
@@ -52,52 +54,6 @@ def reference(tmp_path_factory):
     proc = torchrun([*LONG, f"run.root={root}", "run.id=ref"])
     assert proc.returncode == 0, explain(proc)
     return losses(root / "ref")
-
-
-def start(cmd: list[str], output) -> subprocess.Popen:
-    """Output goes to a file: an unread pipe fills up and blocks the launch."""
-    out = open(output, "w")  # noqa: SIM115 - the child holds it; closed with the test
-    return subprocess.Popen(
-        cmd, env=base_env(), stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-
-
-def start_torchrun(overrides, output, *extra_args, runner=FRONT_DOOR) -> subprocess.Popen:
-    return start(torchrun_cmd(overrides, extra_args=extra_args, runner=runner), output)
-
-
-def wait_for(predicate, proc: subprocess.Popen, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if proc.poll() is not None:
-            raise AssertionError(f"launch ended early (exit {proc.returncode})")
-        if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise AssertionError("timed out waiting")
-        time.sleep(0.02)
-
-
-def finish(proc: subprocess.Popen, output) -> str:
-    try:
-        proc.wait(timeout=LAUNCH_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    return output.read_text()
-
-
-def run_dir_of(root):
-    dirs = [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
-    return dirs[0] if len(dirs) == 1 else None
-
-
-def checkpointed(root, step: int):
-    def check():
-        run = run_dir_of(root)
-        latest = run and run / "checkpoints" / "latest"
-        return bool(latest and latest.exists() and int(latest.read_text().strip()[5:]) >= step)
-
-    return check
 
 
 def worker_pid(run_dir, rank: int) -> int:
