@@ -12,21 +12,20 @@ import tempfile
 from pathlib import Path
 
 
-def writable_dir_problem(value: str, key: str) -> str | None:
-    """The error line when the folder `key=value` names cannot be written or made."""
-    path = Path(value).expanduser()
+def writable_dir_problem(folder: str | Path, label: str, fix: str) -> str | None:
+    """The error line (`<label>: ...; <fix>`) when `folder` cannot be written or made."""
+    path = Path(folder).expanduser()
     existing = nearest_existing(path)
     if existing.is_dir() and can_create_in(existing):
         return None
     where = f"{path} is" if existing == path else f"it would be made in {existing}, which is"
-    return f"{key}={value}: {where} not a writable directory; choose a {key} you can write to"
+    return f"{label}: {where} not a writable directory; {fix}"
 
 
-def creatable_dir_problem(value: str, key: str) -> str | None:
+def creatable_dir_problem(folder: str | Path, label: str, fix: str) -> str | None:
     """Like `writable_dir_problem`, but an existing folder is accepted as it is: a shared
     cache may be read-only once built."""
-    path = Path(value).expanduser()
-    return None if path.is_dir() else writable_dir_problem(value, key)
+    return None if Path(folder).expanduser().is_dir() else writable_dir_problem(folder, label, fix)
 
 
 def nearest_existing(path: Path) -> Path:

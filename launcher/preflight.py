@@ -75,15 +75,21 @@ def device_problems(cfg: DictConfig) -> list[str]:
 def path_problems(cfg: DictConfig) -> list[str]:
     """The folders the run writes (run.root, the token cache, W&B's files) and the local
     files it reads (pretrained weights, a tokenizer) exist or can be made."""
-    problems = [writable_dir_problem(cfg.run.root, "run.root")]
-    cache_key = f"{CACHE_ENV}" if os.environ.get(CACHE_ENV) else "data.cache_dir"
-    if cfg.data.source != "synthetic":
-        problems.append(creatable_dir_problem(str(cache_root(cfg.data.cache_dir)), cache_key))
+    problems = [_writable_key("run.root", cfg.run.root)]
+    if cfg.data.source not in ("synthetic", "memmap"):  # text is tokenized into the cache
+        cache, key = cache_root(cfg.data.cache_dir), "data.cache_dir"
+        key = CACHE_ENV if os.environ.get(CACHE_ENV) else key
+        fix = f"choose a {key} you can write to (or one already built)"
+        problems.append(creatable_dir_problem(cache, f"{key}={cache}", fix))
     if cfg.logger.mode != "disabled" and cfg.logger.dir:
-        problems.append(writable_dir_problem(cfg.logger.dir, "logger.dir"))
+        problems.append(_writable_key("logger.dir", cfg.logger.dir))
     if cfg.model.init_from:
         problems.append(init_from_problem(str(cfg.model.init_from)))
     return [p for p in problems if p]
+
+
+def _writable_key(key: str, value: str) -> str | None:
+    return writable_dir_problem(value, f"{key}={value}", f"choose a {key} you can write to")
 
 
 def init_from_problem(value: str) -> str | None:

@@ -1,7 +1,9 @@
 """`python -m launcher.analyze RUN_DIR [RUN_DIR...]`: analyse the per-rank traces of a run
 (or of every point of a sweep directory) and write analysis/report.{md,json} and a
 merged trace into each run directory. When the run logged to W&B, the report also goes to
-its W&B run as tables and an artifact (launcher.analyze.to_wandb)."""
+its W&B run as tables and an artifact (launcher.analyze.to_wandb).
+
+A damaged trace or an analysis/ folder that cannot be written is one line and exit code 2."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from pathlib import Path
 
 from launcher.analyze.report import analyze, markdown, write
 from launcher.analyze.to_wandb import log_report
+from launcher.analyze.trace import TraceError
+from launcher.paths import writable_dir_problem
 
 
 def run_dirs(path: Path) -> list[Path]:
@@ -41,13 +45,18 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         for run_dir in found:
+            out = run_dir / "analysis"
+            problem = writable_dir_problem(out, str(out), "make the run directory writable")
+            if problem:
+                print(f"error: {problem}", file=sys.stderr)
+                return 2
             try:
                 report = analyze(run_dir)
-            except FileNotFoundError as exc:
+                written = write(run_dir, report)
+            except (OSError, TraceError) as exc:  # FileNotFoundError: no profiled steps
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
             print(markdown(report))
-            written = write(run_dir, report)
             for path in written:
                 print(f"wrote {path}")
             if args.wandb:
