@@ -89,7 +89,5 @@ def run_breakdown(run_dir: Path) -> list[StepBreakdown]:
                 gpu = trace.has_gpu
                 rows += [breakdown(step, rank, gpu) for step in trace.steps()]
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise TraceError(
-                    path, f"an event lacks a field: {type(exc).__name__}: {exc}"
-                ) from exc
+                raise TraceError(path, f"malformed event: {type(exc).__name__}: {exc}") from exc
     return rows
