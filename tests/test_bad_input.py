@@ -163,9 +163,12 @@ def test_shm_too_small_names_both_numbers_and_fixes(monkeypatch, capsys):
 
 def test_bad_input_under_torchrun_starts_nothing(tmp_path):
     """World size 2 makes a global batch of 6 with micro-batch 2 impossible: rank 0 says
-    so once, and no run directory is created."""
+    so once and exits 2, no process group is created and no run directory either.
+    (torchrun itself then reports its workers' failure and exits 1.)"""
     proc = torchrun([*FAST, f"run.root={tmp_path}", "trainer.global_batch_size=6"], timeout=120)
     assert proc.returncode != 0
+    assert "failed (exitcode: 2) local_rank: 0" in proc.stderr, proc.stderr
+    assert "process group created" not in proc.stderr
     ours = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     assert ours == [
         "error: trainer.global_batch_size=6 is not divisible by trainer.micro_batch_size=2 x "
