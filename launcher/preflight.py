@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from launcher.config import ConfigError, validate
 from launcher.data.cache import CACHE_ENV, cache_root
 from launcher.data.shm import check_shm, shm_need_bytes
+from launcher.data.tokenizer import tokenizer_path_problem
 from launcher.paths import creatable_dir_problem, writable_dir_problem
 
 WANDB_DEFAULT_HOST = "https://api.wandb.ai"
@@ -76,7 +77,7 @@ def path_problems(cfg: DictConfig) -> list[str]:
     """The folders the run writes (run.root, the token cache, W&B's files) and the local
     files it reads (pretrained weights, a tokenizer) exist or can be made."""
     problems = [_writable_key("run.root", cfg.run.root)]
-    if cfg.data.source not in ("synthetic", "memmap"):  # text is tokenized into the cache
+    if cfg.data.source in ("stdlib", "text_files", "wikitext2"):  # tokenized into the cache
         cache, key = cache_root(cfg.data.cache_dir), "data.cache_dir"
         key = CACHE_ENV if os.environ.get(CACHE_ENV) else key
         fix = f"choose a {key} you can write to (or one already built)"
@@ -85,6 +86,8 @@ def path_problems(cfg: DictConfig) -> list[str]:
         problems.append(_writable_key("logger.dir", cfg.logger.dir))
     if cfg.model.init_from:
         problems.append(init_from_problem(str(cfg.model.init_from)))
+    if cfg.data.source in ("stdlib", "text_files", "wikitext2"):
+        problems.append(tokenizer_path_problem(str(cfg.data.tokenizer)))
     return [p for p in problems if p]
 
 

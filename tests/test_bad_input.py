@@ -122,6 +122,10 @@ CASES = [
     ),
     (["model.init_from=/nonexistent/gpt2"], "model.init_from=/nonexistent/gpt2: no such folder"),
     (
+        ["data.tokenizer=/nonexistent/gpt2.tiktoken"],
+        "data.tokenizer=/nonexistent/gpt2.tiktoken: not an existing .tiktoken file",
+    ),
+    (
         ["run.root=/proc/runs"],
         "run.root=/proc/runs: it would be made in /proc, which is not a writable directory",
     ),
