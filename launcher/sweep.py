@@ -143,9 +143,11 @@ def _flatten(node, prefix: str = "") -> dict:
 
 
 def varied_keys(points: list[Point]) -> list[str]:
-    """Config keys whose values differ between the points: what the sweep compared."""
+    """Config keys whose values differ between the points that have them: what the sweep
+    compared. A key only some points have (one engine's, in a sweep over `strategy`) is
+    not a difference by itself; it is blank in the points without it."""
     keys = sorted({k for p in points for k in p.config} - set(IGNORED_KEYS))
-    return [k for k in keys if len({repr(p.config.get(k)) for p in points}) > 1]
+    return [k for k in keys if len({repr(p.config[k]) for p in points if k in p.config}) > 1]
 
 
 def summary_rows(points: list[Point]) -> list[dict]:
