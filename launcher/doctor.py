@@ -10,9 +10,9 @@ import json
 import sys
 
 from launcher import envinfo
-from launcher.config import ConfigError, compose
+from launcher.config import ConfigError, compose, friendly_overrides, validate
 from launcher.data.shm import human_bytes
-from launcher.preflight import preflight, shm_need
+from launcher.preflight import machine_problems, shm_need
 from launcher.runtime import env_world, ranks_per_node
 
 USAGE = """usage: python -m launcher.doctor [--json] [overrides...]
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     as_json = "--json" in argv
-    overrides = [a for a in argv if a != "--json"]
+    overrides = friendly_overrides([a for a in argv if a != "--json"])
     try:
         cfg = compose(overrides)
     except ConfigError as exc:
@@ -40,12 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     need = shm_need(cfg) * ranks_per_node()
     facts = envinfo.collect(need)
     problems = []
-    try:
-        preflight(cfg, env_world()[2], ranks_per_node())
+    try:  # what the trainer refuses, in the order it would: the config, then this machine
+        validate(cfg, env_world()[2])
     except ConfigError as exc:
         problems.append(str(exc))
-    if cfg.trainer.device == "cuda" and not facts["devices"]:
-        problems.append("trainer.device=cuda but no CUDA device is visible")
+    else:
+        problems += machine_problems(cfg, ranks_per_node())
     facts["problems"] = problems
     if as_json:
         print(json.dumps(facts, indent=1))

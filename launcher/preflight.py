@@ -1,15 +1,29 @@
 """Checks that must pass before any process group or DataLoader worker starts.
 
 `validate` judges the config alone; this adds what depends on the machine the job is about
-to run on (today: whether /dev/shm can hold what the DataLoader workers will put there).
+to run on: the device asked for, the folders the run will write and read, the optional
+packages its settings need, and whether /dev/shm can hold what the DataLoader workers will
+put there. `machine_problems` lists every problem (what `launcher.doctor` prints);
+`preflight` refuses the first, as one line.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import netrc
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+
 from omegaconf import DictConfig
 
 from launcher.config import ConfigError, validate
+from launcher.data.cache import CACHE_ENV, cache_root
 from launcher.data.shm import check_shm, shm_need_bytes
+from launcher.data.tokenizer import tokenizer_path_problem
+from launcher.paths import creatable_dir_problem, writable_dir_problem
+
+WANDB_DEFAULT_HOST = "https://api.wandb.ai"
 
 
 def shm_need(cfg: DictConfig) -> int:
@@ -25,6 +39,131 @@ def shm_need(cfg: DictConfig) -> int:
 def preflight(cfg: DictConfig, world_size: int, ranks_per_node: int) -> None:
     """Raise ConfigError, worded for the user, on anything that would fail later."""
     validate(cfg, world_size)
-    problem = check_shm(need=shm_need(cfg) * ranks_per_node)
-    if problem:
-        raise ConfigError(problem)
+    problems = machine_problems(cfg, ranks_per_node)
+    if problems:
+        raise ConfigError(problems[0])
+
+
+def machine_problems(cfg: DictConfig, ranks_per_node: int) -> list[str]:
+    """Every reason this machine cannot run a validated config, one line each."""
+    problems = [
+        *device_problems(cfg),
+        *path_problems(cfg),
+        *package_problems(cfg),
+        *logger_problems(cfg.logger),
+    ]
+    shm = check_shm(need=shm_need(cfg) * ranks_per_node)
+    return [*problems, shm] if shm else problems
+
+
+def device_problems(cfg: DictConfig) -> list[str]:
+    """A CUDA device or NCCL asked for on a machine without a visible GPU."""
+    wants_cuda = cfg.trainer.device == "cuda" or cfg.dist.backend == "nccl"
+    if not wants_cuda:
+        return []
+    import torch
+
+    if torch.cuda.is_available():
+        return []
+    key = "trainer.device=cuda" if cfg.trainer.device == "cuda" else "dist.backend=nccl"
+    return [
+        f"{key} but no CUDA device is visible (CUDA_VISIBLE_DEVICES="
+        f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); use trainer.device=auto "
+        "and dist.backend=auto, or run where a GPU is"
+    ]
+
+
+def path_problems(cfg: DictConfig) -> list[str]:
+    """The folders the run writes (run.root, the token cache, W&B's files) and the local
+    files it reads (pretrained weights, a tokenizer) exist or can be made."""
+    problems = [_writable_key("run.root", cfg.run.root)]
+    if cfg.data.source in ("stdlib", "text_files", "wikitext2"):  # tokenized into the cache
+        cache, key = cache_root(cfg.data.cache_dir), "data.cache_dir"
+        key = CACHE_ENV if os.environ.get(CACHE_ENV) else key
+        fix = f"choose a {key} you can write to (or one already built)"
+        problems.append(creatable_dir_problem(cache, f"{key}={cache}", fix))
+    if cfg.logger.mode != "disabled" and cfg.logger.dir:
+        problems.append(_writable_key("logger.dir", cfg.logger.dir))
+    if cfg.model.init_from:
+        problems.append(init_from_problem(str(cfg.model.init_from)))
+    if cfg.data.source in ("stdlib", "text_files", "wikitext2"):
+        problems.append(tokenizer_path_problem(str(cfg.data.tokenizer)))
+    return [p for p in problems if p]
+
+
+def _writable_key(key: str, value: str) -> str | None:
+    return writable_dir_problem(value, f"{key}={value}", f"choose a {key} you can write to")
+
+
+def init_from_problem(value: str) -> str | None:
+    """`model.init_from` is a folder written by `save_pretrained`, or a hub name that can
+    be loaded (in the local cache when the hub is switched off)."""
+    path = Path(value).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return None
+        return (
+            f"model.init_from={value}: {path} holds no config.json; give a folder written "
+            "by save_pretrained"
+        )
+    if path.exists() or value.startswith(("/", ".", "~")) or value.count("/") > 1:
+        return (
+            f"model.init_from={value}: no such folder; give a folder written by "
+            "save_pretrained, or a hub name such as gpt2"
+        )
+    if _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE"):
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(value, "config.json"), str):
+            return (
+                f"model.init_from={value}: not in the Hugging Face cache and the hub is "
+                "switched off (HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE); download it first or "
+                "give a local folder"
+            )
+    return None
+
+
+def package_problems(cfg: DictConfig) -> list[str]:
+    """Optional packages the chosen settings import later."""
+    needs = []
+    if cfg.strategy.name == "deepspeed":
+        needs.append(("deepspeed", "strategy=deepspeed", "pip install 'launcher[deepspeed]'"))
+    if cfg.data.source == "wikitext2":
+        needs.append(("datasets", "data=wikitext2", "pip install 'launcher[hub]'"))
+    return [
+        f"{setting} needs the {package} package, which is not installed: {fix}"
+        for package, setting, fix in needs
+        if importlib.util.find_spec(package) is None
+    ]
+
+
+def logger_problems(logger: DictConfig) -> list[str]:
+    """What the chosen logger needs from this machine: wandb installed and, online, an API
+    key in WANDB_API_KEY or in the netrc file `wandb login` writes."""
+    if logger.mode == "disabled":
+        return []
+    if importlib.util.find_spec("wandb") is None:
+        return [
+            f"logger.mode={logger.mode} needs the wandb package, which is not installed: "
+            "pip install 'launcher[wandb]', or logger=none"
+        ]
+    if logger.mode == "online" and not os.environ.get("WANDB_API_KEY") and not _netrc_has_key():
+        return [
+            "logger.mode=online needs a W&B API key: set WANDB_API_KEY or run `wandb login`; "
+            "or logger.mode=offline (sync later with `wandb sync`)"
+        ]
+    return []
+
+
+def _netrc_has_key() -> bool:
+    """Whether the netrc file wandb reads ($NETRC, else ~/.netrc) holds the W&B host."""
+    path = Path(os.environ.get("NETRC") or "~/.netrc").expanduser()
+    host = urlsplit(os.environ.get("WANDB_BASE_URL") or WANDB_DEFAULT_HOST).netloc
+    try:
+        return netrc.netrc(path).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")

@@ -21,9 +21,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config import ConfigError
+from launcher.paths import writable_dir_problem
 
 # Summary columns after the point's label and varied keys: (column, summary.json key).
 FIGURES = (
@@ -104,12 +107,30 @@ class Point:
     summary: dict
 
 
+class DamagedRunError(ValueError):
+    """A run directory whose summary.json or config.yaml cannot be read (one line)."""
+
+
 def read_point(run_dir: Path) -> Point:
-    summary_file = run_dir / "summary.json"
+    """One run directory's figures; DamagedRunError names the file that cannot be read."""
+    summary_file, config_file = run_dir / "summary.json", run_dir / "config.yaml"
     if not summary_file.is_file():
         raise FileNotFoundError(f"{run_dir}: no summary.json; is this a finished run directory?")
-    config = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"))
-    return Point(run_dir.name, _flatten(config), json.loads(summary_file.read_text()))
+    try:
+        summary = json.loads(summary_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise DamagedRunError(f"{summary_file}: not readable JSON ({exc})") from exc
+    try:
+        config = OmegaConf.to_container(OmegaConf.load(config_file))
+    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException) as exc:
+        reason = " ".join(str(exc).split())
+        raise DamagedRunError(f"{config_file}: not a readable config ({reason})") from exc
+    if not isinstance(summary, dict) or not isinstance(config, dict):
+        raise DamagedRunError(
+            f"{run_dir}: summary.json or config.yaml does not hold a mapping; "
+            "is this a run directory?"
+        )
+    return Point(run_dir.name, _flatten(config), summary)
 
 
 def _flatten(node, prefix: str = "") -> dict:
@@ -122,9 +143,11 @@ def _flatten(node, prefix: str = "") -> dict:
 
 
 def varied_keys(points: list[Point]) -> list[str]:
-    """Config keys whose values differ between the points: what the sweep compared."""
+    """Config keys whose values differ between the points that have them: what the sweep
+    compared. A key only some points have (one engine's, in a sweep over `strategy`) is
+    not a difference by itself; it is blank in the points without it."""
     keys = sorted({k for p in points for k in p.config} - set(IGNORED_KEYS))
-    return [k for k in keys if len({repr(p.config.get(k)) for p in points}) > 1]
+    return [k for k in keys if len({repr(p.config[k]) for p in points if k in p.config}) > 1]
 
 
 def summary_rows(points: list[Point]) -> list[dict]:
@@ -247,9 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="where the summary goes")
     parser.add_argument("--title", default="comparison", help="title of the table and plot")
     args = parser.parse_args(argv)
+    problem = writable_dir_problem(args.out, f"--out {args.out}", "choose a folder you can write")
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         rows, paths = summarize(args.run_dirs, args.out, args.title)
-    except (FileNotFoundError, OSError) as exc:
+    except (OSError, DamagedRunError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(markdown_table(rows, args.title))

@@ -19,7 +19,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from launcher import exit_codes, runtime, sweep
-from launcher.config import ConfigError, compose
+from launcher.config import ConfigError, compose, friendly_overrides
 from launcher.data.loader import reap_workers
 from launcher.job import check_or_exit, fail_bad_input, run
 from launcher.preemption import install_stop_handlers
@@ -98,6 +98,9 @@ def train() -> int:
     """Check the overrides, hand over to Hydra (which also handles --help and -m), then
     summarise a sweep and leave the process group; returns the exit code."""
     args = get_args_parser().parse_args(sys.argv[1:])
+    friendly = dict(zip(args.overrides, friendly_overrides(args.overrides), strict=True))
+    sys.argv[1:] = [friendly.get(a, a) for a in sys.argv[1:]]  # what Hydra will compose
+    args.overrides = [friendly[o] for o in args.overrides]
     if not (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion):
         _Launch.swept_keys = check_points(args.overrides, args.multirun).swept_keys
     try:

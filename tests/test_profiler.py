@@ -386,3 +386,20 @@ def test_advice_names_a_per_step_item(tmp_path):
 def test_no_advice_without_evidence(tmp_path):
     run = cpu_trace(tmp_path, [("cpu_op", "aten::linear", 0.0, 990.0)])
     assert findings(run) == {}
+
+
+def test_an_all_reduce_closed_after_its_step_counts_only_inside_it(tmp_path):
+    """gloo completes an all-reduce's future before it closes the `gloo:all_reduce` event,
+    so on a busy machine the event can end after the step that waited for it (the cause of
+    comm_s > step_s once in a full run): only its part inside the step is the step's."""
+    run = cpu_trace(
+        tmp_path,
+        [
+            ("cpu_op", "aten::linear", 0.0, 600.0),
+            ("user_annotation", "gloo:all_reduce", 500.0, 800.0),  # closed at 1300, step ends 1000
+        ],
+    )
+    (row,) = run_breakdown(run)
+    assert row.comm_s == pytest.approx(500e-6) and row.comm_s < row.step_s
+    assert row.exposed_comm_s == pytest.approx(400e-6)  # 600-1000: nothing else ran
+    assert row.collectives["all_reduce"] == (1, pytest.approx(500e-6))

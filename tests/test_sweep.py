@@ -10,7 +10,7 @@ import sys
 import pytest
 from test_wandb import inspect_summary, private_wandb_env, records
 
-from launcher.sweep import point_label
+from launcher.sweep import Point, point_label, summary_rows, varied_keys
 
 from launch import FAST, base_env, explain, losses, summary, torchrun
 
@@ -129,3 +129,19 @@ def test_point_label_names_the_swept_values():
     assert point_label(two, ["strategy.comm_hook", "data.paths"]) == (
         "comm_hook=bf16,paths=[a_b.txt]"
     )
+
+
+def test_keys_of_one_engine_are_not_what_a_strategy_sweep_compared():
+    """ddp against zero1/zero2: DDP-only keys (and DeepSpeed keys equal in every
+    DeepSpeed point) are not compared; the stage is, blank for the DDP point."""
+    ddp = {"strategy.name": "ddp", "strategy.bucket_cap_mb": 25.0, "strategy.comm_hook": "none"}
+    ds = {"strategy.name": "deepspeed", "strategy.reduce_bucket_size": 500}
+    points = [
+        Point("strategy=ddp", ddp, {"status": "completed"}),
+        Point("strategy=zero1", {**ds, "strategy.zero_stage": 1}, {"status": "completed"}),
+        Point("strategy=zero2", {**ds, "strategy.zero_stage": 2}, {"status": "completed"}),
+    ]
+    assert varied_keys(points) == ["strategy.name", "strategy.zero_stage"]
+    rows = summary_rows(points)
+    assert [r["strategy.zero_stage"] for r in rows] == [None, 1, 2]
+    assert "loss_diff_vs_none" not in rows[0]

@@ -3,7 +3,9 @@
 merged trace into each run directory. A run that ended in a detected hang is explained
 first: which rank stopped, where, and what the others waited on (analysis/hang.md). When
 the run logged to W&B, the report also goes to its W&B run as tables and an artifact
-(launcher.analyze.to_wandb)."""
+(launcher.analyze.to_wandb).
+
+A damaged trace or an analysis/ folder that cannot be written is one line and exit code 2."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from pathlib import Path
 from launcher.analyze.hang import analyze_hang, has_hang, markdown_hang, write_hang_report
 from launcher.analyze.report import analyze, markdown, write
 from launcher.analyze.to_wandb import log_report
+from launcher.analyze.trace import TraceError
+from launcher.paths import writable_dir_problem
 
 
 def run_dirs(path: Path) -> list[Path]:
@@ -21,6 +25,25 @@ def run_dirs(path: Path) -> list[Path]:
     if (path / "traces").is_dir():
         return [path]
     return sorted(p for p in path.iterdir() if (p / "traces").is_dir()) if path.is_dir() else []
+
+
+def explain_hang(run_dir: Path) -> int:
+    """Print and write the hang report; 2 when its files are damaged or cannot be written."""
+    out = run_dir / "analysis"
+    problem = writable_dir_problem(out, str(out), "make the run directory writable")
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        result = analyze_hang(run_dir)
+        written = write_hang_report(run_dir, result)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"error: {run_dir / 'logs'}: a damaged hang report ({exc})", file=sys.stderr)
+        return 2
+    print(markdown_hang(result))
+    for path in written:
+        print(f"wrote {path}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,10 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for path in args.paths:
         if has_hang(path):  # the watchdog's evidence: name the culprit first
-            result = analyze_hang(path)
-            print(markdown_hang(result))
-            for written in write_hang_report(path, result):
-                print(f"wrote {written}")
+            code = explain_hang(path)
+            if code:
+                return code
             if not (path / "traces").is_dir():
                 continue
         found = run_dirs(path)
@@ -51,13 +73,18 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         for run_dir in found:
+            out = run_dir / "analysis"
+            problem = writable_dir_problem(out, str(out), "make the run directory writable")
+            if problem:
+                print(f"error: {problem}", file=sys.stderr)
+                return 2
             try:
                 report = analyze(run_dir)
-            except FileNotFoundError as exc:
+                written = write(run_dir, report)
+            except (OSError, TraceError) as exc:  # FileNotFoundError: no profiled steps
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
             print(markdown(report))
-            written = write(run_dir, report)
             for path in written:
                 print(f"wrote {path}")
             if args.wandb:

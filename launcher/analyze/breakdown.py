@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.analyze.trace import Step, load, rank_trace_files
+from launcher.analyze.trace import Step, TraceError, load, rank_trace_files
 from launcher.intervals import merged, overlap_length, union_length
 
 US = 1e-6
@@ -85,6 +85,9 @@ def run_breakdown(run_dir: Path) -> list[StepBreakdown]:
     for rank, files in rank_trace_files(run_dir).items():
         for path in files:
             trace = load(path)
-            gpu = trace.has_gpu
-            rows += [breakdown(step, rank, gpu) for step in trace.steps()]
+            try:
+                gpu = trace.has_gpu
+                rows += [breakdown(step, rank, gpu) for step in trace.steps()]
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise TraceError(path, f"malformed event: {type(exc).__name__}: {exc}") from exc
     return rows

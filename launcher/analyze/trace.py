@@ -106,6 +106,12 @@ class RankTrace:
         Every scalar read goes through `aten::_local_scalar_dense`; it is named by the
         top-level operator it ran inside (`scalar read in aten::is_nonzero`), or
         `LOOP_READ` when the training loop itself read a scalar (`.item()`, `float(t)`).
+
+        An event belongs to the step it starts in, and only its part inside that step
+        counts: gloo's worker thread completes an all-reduce's future (which lets the
+        training thread go on and end the step) before it closes the `gloo:all_reduce`
+        event, so on a busy machine the recorded event can end well after the step that
+        waited for it; unclipped, a step's communication could exceed the step itself.
         """
         gloo = {key for key, name in self.thread_names().items() if "gloo" in name}
         main = {(e.get("pid"), e.get("tid")) for e in self.events if _is_step(e)}
@@ -113,10 +119,10 @@ class RankTrace:
         for e in sorted(self.events, key=lambda e: e.get("ts", 0)):
             if e.get("ph") != "X" or e.get("cat") in GPU_ACTIVITY_CATS:
                 continue
-            span = (e["ts"], e["ts"] + e["dur"])
-            step = _containing(steps, span[0])
+            step = _containing(steps, e["ts"])
             if step is None:
                 continue
+            span = (e["ts"], min(e["ts"] + e["dur"], step.end))
             name, cat, thread = str(e.get("name", "")), e.get("cat"), (e.get("pid"), e.get("tid"))
             if name.startswith("gloo:"):
                 step.collectives.setdefault(name.removeprefix("gloo:"), []).append(span)
@@ -193,10 +199,26 @@ def _containing(steps: list[Step], ts: float) -> Step | None:
     return None
 
 
+class TraceError(ValueError):
+    """A trace file that cannot be read as a profiler trace, worded as one line."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(
+            f"{path}: not a readable profiler trace ({reason}); record it again "
+            "(profiler=steps) or move it out of traces/"
+        )
+
+
 def load(path: Path) -> RankTrace:
+    """One trace file; raises TraceError when it is truncated, not JSON or not a trace."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        data = json.load(f)
+    try:
+        with opener(path, "rt") as f:
+            data = json.load(f)
+    except (OSError, EOFError, ValueError) as exc:  # ValueError: bad JSON or encoding
+        raise TraceError(path, f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents", []), list):
+        raise TraceError(path, "no traceEvents list")
     info = data.get("distributedInfo") or {}
     rank = info.get("rank")
     if rank is None:  # a trace written without a process group: take it from the folder

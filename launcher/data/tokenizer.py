@@ -45,17 +45,34 @@ def resolve_tokenizer(spec: str, *, bpe: Callable[[], Tokenizer]) -> Tokenizer:
         return _auto(bpe)
     if spec == "bpe":
         return bpe()
+    problem = tokenizer_path_problem(spec)
+    if problem:
+        raise ValueError(problem)
     path = os.path.expanduser(spec)
     if os.path.isdir(path):
         return gpt2_folder_tokenizer(path)
-    if os.path.isfile(path) and path.endswith(".tiktoken"):
+    if os.path.isfile(path):
         return tiktoken_file_tokenizer(path)
+    return hub_tokenizer(spec)
+
+
+def tokenizer_path_problem(spec: str) -> str | None:
+    """Why a `data.tokenizer` that names local files cannot be used, or None (also for
+    `auto`, `bpe` and hub names). The preflight asks this before anything starts."""
+    if spec in ("auto", "bpe"):
+        return None
+    path = os.path.expanduser(spec)
+    if os.path.isdir(path):
+        missing = [f for f in ("vocab.json", "merges.txt") if not os.path.isfile(f"{path}/{f}")]
+        return f"data.tokenizer={spec}: folder lacks {', '.join(missing)}" if missing else None
+    if os.path.isfile(path) and path.endswith(".tiktoken"):
+        return None
     if os.path.exists(path) or path.endswith(".tiktoken") or spec.startswith(("/", ".", "~")):
-        raise ValueError(
+        return (
             f"data.tokenizer={spec}: not an existing .tiktoken file nor a folder holding "
             f"vocab.json + merges.txt"
         )
-    return hub_tokenizer(spec)
+    return None
 
 
 def _auto(bpe: Callable[[], Tokenizer]) -> Tokenizer:
@@ -115,9 +132,6 @@ def gpt2_folder_tokenizer(folder: str) -> Tokenizer:
     """GPT-2-style BPE from a folder holding vocab.json and merges.txt."""
     from transformers import GPT2TokenizerFast
 
-    missing = [f for f in ("vocab.json", "merges.txt") if not os.path.isfile(f"{folder}/{f}")]
-    if missing:
-        raise ValueError(f"data.tokenizer={folder}: folder lacks {', '.join(missing)}")
     # from_pretrained maps the files onto the right keywords; in transformers 5.x passing
     # vocab_file=/merges_file= to the constructor silently builds an empty tokenizer.
     return from_transformers(GPT2TokenizerFast.from_pretrained(folder), f"gpt2-bpe {folder}")
