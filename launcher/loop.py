@@ -92,6 +92,7 @@ class TrainLoop:
         sinks: list[Sink],
         flops_per_token: float,
         peak_flops: float | None,
+        ckpt_meta: dict | None = None,
     ):
         self.cfg, self.t, self.rt = cfg, cfg.trainer, rt
         self.strategy = strategy
@@ -107,14 +108,19 @@ class TrainLoop:
             is_main=rt.is_main,
             barrier=rt.barrier,
             keep=self.t.keep_checkpoints,
+            meta=ckpt_meta,
         )
         self.stop = StopVote(rt.control_group)
         self.replicas_in_sync: bool | None = None
 
     # -- checkpoints -------------------------------------------------------------------
     def restore(self, folder: Path) -> int:
-        """Load model, optimizer, scaler and RNG state; return the step to continue from."""
+        """Load model, optimizer, scaler and RNG state; return the step to continue from.
+
+        The checkpoints this run writes continue the loaded one's lineage (see
+        checkpoint.CheckpointWriter)."""
         self.strategy.load(folder)
+        self.ckpt.adopt(folder)
         rng_file = folder / f"rng_rank{self.rt.rank}.pt"
         if rng_file.exists():
             state = torch.load(rng_file, weights_only=False)
