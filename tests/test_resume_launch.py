@@ -10,6 +10,7 @@ The damage table of the run directory is tested in-process in test_run_dir_damag
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -122,6 +123,19 @@ def wait_for(predicate, proc: subprocess.Popen, timeout: float = 180) -> None:
         time.sleep(0.05)
 
 
+def kill_launch(proc: subprocess.Popen, run_dir: Path) -> None:
+    """SIGKILL a launch: its workers (each in a session of its own, with its DataLoader
+    workers) and torchrun."""
+    for rank in (0, 1):
+        log = run_dir / "logs" / f"rank{rank}.log"
+        for pid in re.findall(r"pid (\d+)\)", log.read_text() if log.exists() else ""):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(pid), signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 def test_one_launch_per_run_directory(tmp_path):
     """A second launch on a run directory in use stops with one line naming the holder;
     once the holder is killed, its stale lock is taken over with one warning."""
@@ -139,9 +153,8 @@ def test_one_launch_per_run_directory(tmp_path):
         assert holder.poll() is None  # the holder runs on, undisturbed
         assert (run_dir / "config.yaml").read_bytes() == config
         assert "trainer.max_steps=10" not in (run_dir / "logs" / "rank0.log").read_text()
-    finally:
-        os.killpg(holder.pid, signal.SIGKILL)  # a crash: the lock stays behind
-        holder.wait()
+    finally:  # a crash of the whole launch: the lock stays behind
+        kill_launch(holder, run_dir)
     assert (run_dir / ".lock").exists()
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
     step = int(latest.removeprefix("step_"))
