@@ -19,6 +19,7 @@ import os
 import re
 import secrets
 import shutil
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,19 @@ def incomplete_reason(step_dir: Path) -> str | None:
 def is_complete(step_dir: Path) -> bool:
     """True when meta.json exists and every file it lists has its recorded size."""
     return incomplete_reason(step_dir) is None
+
+
+def unreadable(paths: list[Path]) -> str | None:
+    """The first of `paths` that is not a readable torch file (torch.save writes zip
+    archives: their index is read, not the whole file), or None."""
+    for path in paths:
+        try:
+            zipfile.ZipFile(path).close()
+        except FileNotFoundError:
+            return f"{path.name} is missing"
+        except (OSError, zipfile.BadZipFile) as exc:
+            return f"{path.name} is not a readable torch file ({exc})"
+    return None
 
 
 @dataclass

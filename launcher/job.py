@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher import envinfo, exit_codes, nccl_log, resume
+from launcher import checkpoint, envinfo, exit_codes, nccl_log, resume
 from launcher.config import ConfigError
 from launcher.data import prepare_data
 from launcher.lock import LockHeld, RunLock
@@ -159,12 +159,7 @@ def restore(loop: TrainLoop, rt: Runtime, folders: list[Path]) -> int:
     """
     failures = []
     for i, folder in enumerate(folders):
-        try:
-            step, error = loop.restore(folder), None
-        except Exception as exc:  # noqa: BLE001 - any unreadable file means: try the previous one
-            step, error = 0, _one_line(exc)
-        errors = rt.all_gather_objects(error)
-        bad = "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
+        step, bad = try_restore(loop, rt, folder)
         if not bad:
             log.info("resumed from step %d", step)
             return step
@@ -179,6 +174,32 @@ def restore(loop: TrainLoop, rt: Runtime, folders: list[Path]) -> int:
             f"{resume.fresh_start_hint(rt.run_dir)}"
         )
     return 0
+
+
+def try_restore(loop: TrainLoop, rt: Runtime, folder: Path) -> tuple[int, str]:
+    """(step, '') when every rank loaded `folder`, else (0, every rank's problem).
+
+    Two rounds: each rank first checks that the files it will read are whole torch files,
+    and only when all are does any rank load (an engine's load may enter collectives,
+    where a rank that failed before them would leave the others waiting)."""
+    try:
+        problem = checkpoint.unreadable(loop.files_to_load(folder))
+    except Exception as exc:  # noqa: BLE001 - reported like an unreadable file
+        problem = _one_line(exc)
+    bad = _agree(rt, problem)
+    if bad:
+        return 0, bad
+    step, problem = 0, None
+    try:
+        step = loop.restore(folder)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file means: try the previous one
+        problem = _one_line(exc)
+    return step, _agree(rt, problem)
+
+
+def _agree(rt: Runtime, problem: str | None) -> str:
+    """Every rank's problem with a checkpoint, as one text ('' when no rank has one)."""
+    return "; ".join(f"rank {r}: {p}" for r, p in enumerate(rt.all_gather_objects(problem)) if p)
 
 
 def _one_line(exc: Exception, limit: int = 300) -> str:

@@ -135,6 +135,11 @@ class TrainLoop:
             )
         return checkpoint.step_of(folder)
 
+    def files_to_load(self, folder: Path) -> list[Path]:
+        """What `restore(folder)` reads on this rank."""
+        rng_file = folder / f"rng_rank{self.rt.rank}.pt"
+        return self.strategy.files_to_load(folder) + ([rng_file] if rng_file.exists() else [])
+
     def _write_checkpoint(self, folder: Path) -> None:
         self.strategy.save(folder, self.rt.rank)
         cuda = torch.cuda.get_rng_state(self.rt.device) if self.rt.device.type == "cuda" else None

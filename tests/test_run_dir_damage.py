@@ -516,3 +516,15 @@ def test_lock_that_is_a_folder_refuses(tmp_path):
     (tmp_path / lock.LOCK).mkdir()
     with pytest.raises(lock.LockHeld, match="is a folder"):
         lock.RunLock(tmp_path, None).acquire()
+
+
+def test_unreadable_torch_files_are_found_before_any_rank_loads(tmp_path):
+    import torch
+
+    good = tmp_path / "model.pt"
+    torch.save({"w": torch.ones(3)}, good)
+    zeros = tmp_path / "rng_rank1.pt"
+    zeros.write_bytes(b"\0" * good.stat().st_size)
+    assert checkpoint.unreadable([good]) is None
+    assert "rng_rank1.pt is not a readable torch file" in checkpoint.unreadable([good, zeros])
+    assert checkpoint.unreadable([tmp_path / "gone.pt"]) == "gone.pt is missing"
