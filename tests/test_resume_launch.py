@@ -177,3 +177,7 @@ def test_deepspeed_checkpoint_at_another_world_size_is_refused(tmp_path):
     (line,) = errors(one)
     assert "world size is 2 there, 1 now" in line and "To resume it, run with 2 ranks" in line
     assert digest(run_dir) == before
+    # At the world size that wrote it, it resumes (each rank's shard checked, then loaded).
+    two = torchrun([*args, "trainer.max_steps=12"])
+    assert two.returncode == 0, explain(two)
+    assert "resumed from step 8" in two.stderr
