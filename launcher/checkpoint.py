@@ -4,15 +4,24 @@ Layout under `runs/<id>/checkpoints/`: `step_<n>/` folders and a `latest` file n
 newest complete one. A folder counts as complete only when its `meta.json` (written last,
 by rank 0, after a barrier) lists files that are all present with the recorded sizes, so a
 crash mid-save never leaves a "latest" that cannot be loaded.
+
+Reading is defensive: whatever a crash or a person left in the folder (a half-written
+checkpoint, a damaged `latest`, stray files and folders, leftover temporary folders) is
+reported by `scan` with the reason, never raised.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import os
+import re
+import secrets
 import shutil
+import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -20,56 +29,188 @@ log = logging.getLogger(__name__)
 LATEST = "latest"
 META = "meta.json"
 STEP_PREFIX = "step_"
+TMP_PREFIX = ".tmp-"
+SUPERSEDED = "superseded"  # complete checkpoints a rewound run reached again, moved aside
+_STEP_NAME = re.compile(r"step_(\d+)")
+# What the writer itself leaves for an instant: its temporary folder, the folder it is
+# replacing, the pointer's temporary file.
+_LEFTOVER = re.compile(r"(\.tmp-step_\d+|\.old-step_\d+|\.latest\.tmp)")
 
 
 def step_name(step: int) -> str:
     return f"{STEP_PREFIX}{step:08d}"
 
 
+def parse_step(name: str) -> int | None:
+    """The step of a `step_<n>` name, or None for any other name."""
+    match = _STEP_NAME.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
 def step_of(path: Path) -> int:
-    return int(path.name[len(STEP_PREFIX) :])
+    step = parse_step(Path(path).name)
+    if step is None:
+        raise ValueError(f"{path} is not a step_<n> checkpoint folder")
+    return step
+
+
+def new_lineage() -> str:
+    """An id for a run's line of checkpoints: new at a fresh start, kept by every resume."""
+    return secrets.token_hex(6)
+
+
+def read_meta(step_dir: Path) -> dict | None:
+    """The checkpoint's meta.json as a dict, or None when it cannot be read as one."""
+    try:
+        meta = json.loads((step_dir / META).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def incomplete_reason(step_dir: Path) -> str | None:
+    """Why `step_dir` is not a complete checkpoint, or None when it is one.
+
+    Complete: a folder whose meta.json lists files (name -> size) that all exist as files
+    of exactly that size.
+    """
+    if not step_dir.is_dir():
+        return "not a folder"
+    if not (step_dir / META).exists():
+        return f"no {META} (the save did not finish)"
+    meta = read_meta(step_dir)
+    files = meta.get("files") if meta else None
+    if not isinstance(files, dict) or not files:
+        return f"{META} is unreadable"
+    for name, size in files.items():
+        path = step_dir / str(name)
+        if not path.is_file():
+            return f"{name} is {'not a file' if path.exists() else 'missing'}"
+        actual = path.stat().st_size
+        if actual != size:
+            return f"{name} has {actual} bytes, {META} says {size}"
+    return None
 
 
 def is_complete(step_dir: Path) -> bool:
     """True when meta.json exists and every file it lists has its recorded size."""
+    return incomplete_reason(step_dir) is None
+
+
+def unreadable(paths: list[Path]) -> str | None:
+    """The first of `paths` that is not a readable torch file (torch.save writes zip
+    archives: their index is read, not the whole file), or None."""
+    for path in paths:
+        try:
+            zipfile.ZipFile(path).close()
+        except FileNotFoundError:
+            return f"{path.name} is missing"
+        except (OSError, zipfile.BadZipFile) as exc:
+            return f"{path.name} is not a readable torch file ({exc})"
+    return None
+
+
+@dataclass
+class Scan:
+    """What a checkpoints folder holds, as the resume decision needs it."""
+
+    folder: Path
+    complete: list[Path] = field(default_factory=list)  # newest first
+    incomplete: list[tuple[Path, str]] = field(default_factory=list)  # newest first
+    leftovers: list[Path] = field(default_factory=list)  # interrupted saves' temporaries
+    strays: list[Path] = field(default_factory=list)  # anything else
+    pointer_problem: str | None = None  # what is wrong with `latest`, if anything
+
+    @property
+    def has_checkpoints(self) -> bool:
+        """Whether any step_<n> entry is there, complete or not."""
+        return bool(self.complete or self.incomplete)
+
+
+def checkpoints_folder(path: Path) -> Path:
+    """`path/checkpoints` for a run directory, else `path` itself."""
+    path = Path(path)
+    return path / "checkpoints" if (path / "checkpoints").is_dir() else path
+
+
+def scan(folder: Path) -> Scan:
+    """Sort the entries of a checkpoints folder; never raises for what it finds there.
+
+    Complete checkpoints are ordered by step, newest first: the step number, not the
+    `latest` pointer, decides, so a crash between a folder's rename and the pointer's
+    update loses nothing, and a damaged pointer costs nothing. The pointer is checked and
+    a problem with it reported (it is rewritten at the next save).
+    """
+    result = Scan(folder)
     try:
-        meta = json.loads((step_dir / META).read_text())
-        return all((step_dir / n).stat().st_size == size for n, size in meta["files"].items())
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
+        entries = sorted(folder.iterdir()) if folder.is_dir() else []
+    except OSError:
+        entries = []
+    steps = []
+    for entry in entries:
+        step = parse_step(entry.name)
+        if step is not None:
+            steps.append((step, entry))
+        elif _LEFTOVER.fullmatch(entry.name):
+            result.leftovers.append(entry)
+        elif entry.name not in (LATEST, SUPERSEDED):
+            result.strays.append(entry)
+    for _, entry in sorted(steps, key=lambda s: s[0], reverse=True):
+        reason = incomplete_reason(entry)
+        if reason is None:
+            result.complete.append(entry)
+        else:
+            result.incomplete.append((entry, reason))
+    result.pointer_problem = _pointer_problem(folder, result)
+    return result
+
+
+def _pointer_problem(folder: Path, found: Scan) -> str | None:
+    pointer = folder / LATEST
+    if not pointer.exists() and not pointer.is_symlink():
+        return f"{LATEST} is missing" if found.complete else None
+    if not pointer.is_file():
+        return None  # a wrong type is refused by the run-directory check, not skipped
+    try:
+        name = pointer.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return f"{LATEST} is unreadable"
+    if parse_step(name) is None:
+        return f"{LATEST} holds {name[:40]!r}, not a step_<n> name"
+    if not (folder / name).exists():
+        return f"{LATEST} names {name}, which does not exist"
+    return None
 
 
 def candidates(path: Path) -> list[Path]:
-    """Complete checkpoints reachable from `path`, the one to try first first.
+    """Complete checkpoints reachable from `path`, newest first.
 
     `path` may be a run directory, its `checkpoints/` folder, or a single `step_<n>` folder.
-    The `latest` pointer is honoured first; the others follow newest first, so that an
-    unreadable latest falls back to the previous complete one.
     """
     path = Path(path)
-    if path.name.startswith(STEP_PREFIX):
+    if parse_step(path.name) is not None:
         return [path] if is_complete(path) else []
-    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    if not folder.is_dir():
-        return []
-    steps = sorted(
-        (p for p in folder.glob(f"{STEP_PREFIX}*") if p.is_dir() and is_complete(p)),
-        key=step_of,
-        reverse=True,
-    )
-    pointer = folder / LATEST
-    if pointer.is_file():
-        named = folder / pointer.read_text().strip()
-        if named in steps:
-            steps.remove(named)
-            steps.insert(0, named)
-    return steps
+    return scan(checkpoints_folder(path)).complete
 
 
 def find_resumable(path: Path) -> Path | None:
     """The checkpoint `resume=<path>` would start from, or None."""
     found = candidates(path)
     return found[0] if found else None
+
+
+def remove_leftovers(found: Scan) -> None:
+    """Delete what interrupted saves left behind, one log line each.
+
+    Only safe while this launch holds the run directory's lock: another launch's save in
+    progress looks the same.
+    """
+    for path in found.leftovers:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        log.info("removed %s, left by an interrupted checkpoint save", path)
 
 
 class CheckpointWriter:
@@ -79,17 +220,42 @@ class CheckpointWriter:
     `write(folder)` puts its files there; after a barrier rank 0 seals it with meta.json,
     renames it into place, moves the `latest` pointer and prunes old ones; a final barrier
     keeps any rank from racing ahead (or exiting) before the checkpoint is complete.
+
+    `meta` goes into every meta.json: what the resume check compares (model shape,
+    strategy, world size) and the run's `lineage`, new at a fresh start and taken over from
+    the checkpoint a run resumes (`adopt`). Pruning deletes only complete checkpoints of
+    this lineage that are older than the one just written, beyond the newest `keep`. A
+    complete checkpoint already at the step being written (a run rewound past it, or one
+    that some rank could not read) is moved to `superseded/`, not replaced.
     """
 
-    def __init__(self, folder: Path, *, is_main: bool, barrier: Callable[[], None], keep: int):
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        is_main: bool,
+        barrier: Callable[[], None],
+        keep: int,
+        meta: dict | None = None,
+    ):
         self.folder = folder
         self.is_main = is_main
         self.barrier = barrier
         self.keep = keep
+        self.meta = dict(meta or {})
+        self.fresh_lineage = self.meta.setdefault("lineage", new_lineage())
+        self.prunable = {self.fresh_lineage}
+
+    def adopt(self, folder: Path) -> None:
+        """Continue the lineage of the checkpoint this run resumed from."""
+        lineage = (read_meta(folder) or {}).get("lineage")
+        self.meta["lineage"] = lineage or self.fresh_lineage
+        # A checkpoint written before lineages were recorded: such ones are this run's too.
+        self.prunable = {lineage} if lineage else {self.fresh_lineage, None}
 
     def save(self, step: int, write: Callable[[Path], None], extra_meta: dict) -> Path:
         final = self.folder / step_name(step)
-        tmp = self.folder / f".tmp-{step_name(step)}"
+        tmp = self.folder / f"{TMP_PREFIX}{step_name(step)}"
         if self.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
@@ -97,7 +263,7 @@ class CheckpointWriter:
         write(tmp)
         self.barrier()
         if self.is_main:
-            self._seal(tmp, final, step, extra_meta)
+            self._seal(tmp, final, step, {**self.meta, **extra_meta})
         self.barrier()
         return final
 
@@ -108,29 +274,44 @@ class CheckpointWriter:
         _atomic_write(
             tmp / META, json.dumps({"step": step, "files": files, **extra_meta}, indent=1)
         )
-        if final.exists():  # left by an earlier attempt at the same step; replace it whole
-            stale = final.with_name(f".old-{final.name}")
-            shutil.rmtree(stale, ignore_errors=True)
-            final.rename(stale)
-            shutil.rmtree(stale, ignore_errors=True)
+        if final.exists() or final.is_symlink():
+            self._move_aside(final)
         tmp.rename(final)
         _fsync(self.folder)
         _atomic_write(self.folder / LATEST, final.name + "\n")
-        self._prune(keep_name=final.name)
+        self._prune(step)
         log.info("checkpoint saved: %s", final)
 
-    def _prune(self, keep_name: str) -> None:
-        steps = sorted(
-            (p for p in self.folder.glob(f"{STEP_PREFIX}*") if p.is_dir()),
-            key=step_of,
-            reverse=True,
-        )
+    def _move_aside(self, final: Path) -> None:
+        """Something already has this step's name: a complete checkpoint (the run was
+        rewound past it, or could not read it) is kept under superseded/; anything else
+        (an incomplete folder, a stray file) is replaced."""
+        if final.is_dir() and is_complete(final):
+            aside = self.folder / SUPERSEDED / f"{final.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+            aside.parent.mkdir(exist_ok=True)
+            final.rename(aside)
+            log.warning("moved the earlier %s to %s before replacing it", final.name, aside)
+            return
+        stale = final.with_name(f".old-{final.name}")
+        shutil.rmtree(stale, ignore_errors=True)
+        final.rename(stale)
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+
+    def _prune(self, newest: int) -> None:
         kept = 0
-        for p in steps:
-            if p.name == keep_name or (kept < self.keep and is_complete(p)):
-                kept += 1
-                continue
-            shutil.rmtree(p, ignore_errors=True)
+        for path in scan(self.folder).complete:  # newest first
+            step = step_of(path)
+            if step > newest:
+                continue  # never prune ahead of the run: not older than a newer complete one
+            meta = read_meta(path) or {}
+            if meta.get("lineage") not in self.prunable:
+                continue  # another run's checkpoint: not ours to delete
+            kept += 1
+            if kept > self.keep:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -715,7 +715,7 @@ def _dtype_ok(d: DictConfig) -> None:
 def _validate_resume(cfg: DictConfig) -> None:
     from launcher.checkpoint import find_resumable
 
-    if cfg.resume in ("auto", "never"):
+    if cfg.resume in ("auto", "never", "archive"):
         return
     path = Path(os.path.expanduser(cfg.resume))
     if find_resumable(path) is None:

@@ -9,19 +9,29 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher import checkpoint, envinfo, exit_codes, nccl_log
+from launcher import checkpoint, envinfo, exit_codes, nccl_log, resume
 from launcher.config import ConfigError
 from launcher.data import prepare_data
+from launcher.lock import LockHeld, RunLock
 from launcher.loop import NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
 from launcher.model import build_model, count_params, flops_per_token, peak_flops
 from launcher.preflight import preflight, shm_need
-from launcher.runtime import Runtime, end_job, env_world, ranks_per_node, start, sweep_id
+from launcher.runtime import (
+    Runtime,
+    end_job,
+    env_world,
+    launch_key,
+    open_run_dir,
+    ranks_per_node,
+    start,
+    sweep_id,
+)
 from launcher.sinks import ConsoleSink, JsonlSink, write_summary
 from launcher.strategy import build_strategy
 from launcher.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
@@ -92,45 +102,147 @@ def wandb_sink(cfg: DictConfig, rt: Runtime, point: str | None) -> WandbSink:
     )
 
 
-def resume_candidates(cfg: DictConfig, rt: Runtime) -> list:
-    if cfg.resume == "never":
-        if checkpoint.candidates(rt.run_dir):
-            raise ConfigError(
-                f"resume=never but {rt.run_dir} already holds checkpoints; use resume=auto "
-                f"to continue, or a new run.id to start fresh"
-            )
-        return []
-    if cfg.resume == "auto":
-        return checkpoint.candidates(rt.run_dir)
-    return checkpoint.candidates(os.path.expanduser(cfg.resume))
-
-
-def restore(loop: TrainLoop, rt: Runtime, folders: list) -> int:
-    """Load the newest readable checkpoint; every rank must land on the same step."""
-    step = 0
-    for folder in folders:
+def decide_on_main(rt: Runtime, decide):
+    """Run `decide()` on rank 0 only and give every rank its result; a ConfigError raised
+    there is raised on every rank (rank 0 then prints the one line), anything else ends
+    every rank rather than leave the others waiting for a broadcast that never comes."""
+    outcome = ("ok", None)
+    if rt.is_main:
         try:
-            step = loop.restore(folder)
-            break
-        except Exception as exc:  # noqa: BLE001 - any unreadable file means: try the previous one
-            log.warning(
-                "checkpoint %s is unreadable (%s); falling back to the previous one", folder, exc
-            )
-    steps = {int(s) for (s,) in rt.all_gather_floats([step])}
-    if len(steps) != 1:
-        raise RuntimeError(f"ranks restored different checkpoints (steps {sorted(steps)})")
-    if step:
-        log.info("resumed from step %d", step)
-    return step
+            outcome = ("ok", decide())
+        except ConfigError as exc:
+            outcome = ("bad", str(exc))
+        except Exception as exc:
+            rt.broadcast_object(("crash", f"{type(exc).__name__} on rank 0: {exc}"))
+            raise
+    kind, value = rt.broadcast_object(outcome)
+    if kind == "bad":
+        raise ConfigError(value)
+    if kind == "crash":
+        raise RuntimeError(value)
+    return value
+
+
+def claim_run_dir(rt: Runtime) -> RunLock | None:
+    """Take the run directory's lock (rank 0 holds it) before writing anything there, and
+    open the per-rank logs; a directory in use by another launch stops this one."""
+    taken: list[RunLock] = []
+
+    def take() -> None:
+        lock = RunLock(rt.run_dir, launch_key())
+        try:
+            lock.acquire()
+        except LockHeld as exc:
+            raise ConfigError(str(exc)) from exc
+        taken.append(lock)
+
+    decide_on_main(rt, take)
+    open_run_dir(rt)
+    return taken[0] if taken else None
+
+
+def plan_resume(cfg: DictConfig, rt: Runtime, model) -> list[Path]:
+    """The checkpoints to try, newest first, decided by rank 0 under the lock (see
+    launcher.resume); a checkpoint that does not fit these settings stops the launch."""
+    now = resume.identity(cfg, model, rt.world_size)
+    folders = decide_on_main(rt, lambda: resume.plan(cfg.resume, rt.run_dir, now).candidates)
+    return [Path(p) for p in folders]
+
+
+def restore(loop: TrainLoop, rt: Runtime, folders: list[Path]) -> int:
+    """Load the newest checkpoint that every rank can read.
+
+    Each rank tries the same checkpoint and all ranks compare notes: one rank's unreadable
+    file makes every rank fall back together, with one warning that names the ranks and
+    why. A launch that had checkpoints to resume and could load none stops (a fresh start
+    would overwrite them).
+    """
+    failures = []
+    for i, folder in enumerate(folders):
+        step, bad = try_restore(loop, rt, folder)
+        if not bad:
+            log.info("resumed from step %d", step)
+            return step
+        then = "falling back to the previous one" if i + 1 < len(folders) else "none is left"
+        (log.warning if rt.is_main else log.info)(
+            "checkpoint %s is unreadable (%s); %s", folder, bad, then
+        )
+        failures.append(f"{folder.name}: {bad}")
+    if folders:
+        raise ConfigError(
+            f"no checkpoint of {folders[0].parent} could be loaded ({' | '.join(failures)}); "
+            f"{resume.fresh_start_hint(rt.run_dir)}"
+        )
+    return 0
+
+
+def try_restore(loop: TrainLoop, rt: Runtime, folder: Path) -> tuple[int, str]:
+    """(step, '') when every rank loaded `folder`, else (0, every rank's problem).
+
+    Two rounds: each rank first checks that the files it will read are whole torch files,
+    and only when all are does any rank load (an engine's load may enter collectives,
+    where a rank that failed before them would leave the others waiting)."""
+    try:
+        problem = checkpoint.unreadable(loop.files_to_load(folder))
+    except Exception as exc:  # noqa: BLE001 - reported like an unreadable file
+        problem = _one_line(exc)
+    bad = _agree(rt, problem)
+    if bad:
+        return 0, bad
+    step, problem = 0, None
+    try:
+        step = loop.restore(folder)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file means: try the previous one
+        problem = _one_line(exc)
+    return step, _agree(rt, problem)
+
+
+def _agree(rt: Runtime, problem: str | None) -> str:
+    """Every rank's problem with a checkpoint, as one text ('' when no rank has one)."""
+    return "; ".join(f"rank {r}: {p}" for r, p in enumerate(rt.all_gather_objects(problem)) if p)
+
+
+def _one_line(exc: Exception, limit: int = 300) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:limit]
 
 
 def already_completed(rt: Runtime) -> bool:
     """Whether this run directory holds a completed run (rank 0 decides for all)."""
     done = False
     if rt.is_main:
-        path = rt.run_dir / "summary.json"
-        done = path.is_file() and json.loads(path.read_text()).get("status") == "completed"
+        try:
+            done = json.loads((rt.run_dir / "summary.json").read_text())["status"] == "completed"
+        except (OSError, ValueError, KeyError, TypeError):
+            done = False  # no summary, or an unreadable one: the point runs (and resumes)
     return rt.broadcast_object(done)
+
+
+def build_data_and_model(cfg: DictConfig, rt: Runtime):
+    """The token data (prepared once per node) and the model; FLOPs per token for MFU."""
+    t = cfg.trainer
+    try:
+        data = prepare_data(
+            cfg.data,
+            seq_len=t.seq_len,
+            seed=t.seed,
+            is_builder=rt.local_rank == 0,
+            wait=rt.barrier,
+        )
+    except (ValueError, FileNotFoundError) as exc:  # worded for the user by launcher.data
+        raise ConfigError(str(exc)) from exc
+    log.info("data: %s", data.description)
+    model = build_model(
+        cfg.model, data.vocab_size, eot_id=data.eot_id, grad_checkpointing=t.grad_checkpointing
+    )
+    fpt = flops_per_token(model, t.seq_len)
+    log.info(
+        "model %s: %.2fM parameters, %.3g FLOPs/token",
+        cfg.model.name,
+        count_params(model) / 1e6,
+        fpt,
+    )
+    return data, model, fpt
 
 
 def run(cfg: DictConfig, point: str | None = None) -> int:
@@ -149,39 +261,28 @@ def run(cfg: DictConfig, point: str | None = None) -> int:
         log.info("sweep point %s already completed in %s; not run again", point, rt.run_dir)
         end_job(rt)
         return 0
+    lock = None
     try:
-        if rt.is_main:
-            write_run_files(cfg, rt)
-        folders = resume_candidates(cfg, rt)
-        t = cfg.trainer
-        try:
-            data = prepare_data(
-                cfg.data,
-                seq_len=t.seq_len,
-                seed=t.seed,
-                is_builder=rt.local_rank == 0,
-                wait=rt.barrier,
-            )
-        except (ValueError, FileNotFoundError) as exc:  # worded for the user by launcher.data
-            raise ConfigError(str(exc)) from exc
-        log.info("data: %s", data.description)
-        model = build_model(
-            cfg.model, data.vocab_size, eot_id=data.eot_id, grad_checkpointing=t.grad_checkpointing
-        )
-        fpt = flops_per_token(model, t.seq_len)
-        log.info(
-            "model %s: %.2fM parameters, %.3g FLOPs/token",
-            cfg.model.name,
-            count_params(model) / 1e6,
-            fpt,
-        )
+        lock = claim_run_dir(rt)  # nothing in the run directory is written before this
+        data, model, fpt = build_data_and_model(cfg, rt)
+        folders = plan_resume(cfg, rt, model)
         strategy = build_strategy(cfg, rt, model)
-        loop = TrainLoop(cfg, rt, strategy, data, sinks, fpt, peak_flops(rt.device))
+        loop = TrainLoop(
+            cfg,
+            rt,
+            strategy,
+            data,
+            sinks,
+            fpt,
+            peak_flops(rt.device),
+            ckpt_meta=resume.identity(cfg, model, rt.world_size),
+        )
         start_step = restore(loop, rt, folders)
         if rt.is_main:
+            write_run_files(cfg, rt)
             sinks += [
                 JsonlSink(rt.run_dir / "metrics.jsonl", start_step),
-                ConsoleSink(t.max_steps, start_step),
+                ConsoleSink(cfg.trainer.max_steps, start_step),
             ]
             if wandb_enabled(cfg.logger):
                 sinks.append(wandb_sink(cfg, rt, point))
@@ -213,5 +314,7 @@ def run(cfg: DictConfig, point: str | None = None) -> int:
             strategy.close()
         del strategy, loop
         log.info("run %s ended with code %d", rt.run_id, code)
+        if lock is not None:
+            lock.release()
         end_job(rt)
     return code

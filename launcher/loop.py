@@ -95,6 +95,7 @@ class TrainLoop:
         sinks: list[Sink],
         flops_per_token: float,
         peak_flops: float | None,
+        ckpt_meta: dict | None = None,
     ):
         self.cfg, self.t, self.rt = cfg, cfg.trainer, rt
         self.strategy = strategy
@@ -110,6 +111,7 @@ class TrainLoop:
             is_main=rt.is_main,
             barrier=rt.barrier,
             keep=self.t.keep_checkpoints,
+            meta=ckpt_meta,
         )
         self.stop = StopVote(rt.control_group)
         self.fault = FaultInjector(cfg.fault, rank=rt.rank, run_dir=rt.run_dir)
@@ -119,8 +121,12 @@ class TrainLoop:
 
     # -- checkpoints -------------------------------------------------------------------
     def restore(self, folder: Path) -> int:
-        """Load model, optimizer, scaler and RNG state; return the step to continue from."""
+        """Load model, optimizer, scaler and RNG state; return the step to continue from.
+
+        The checkpoints this run writes continue the loaded one's lineage (see
+        checkpoint.CheckpointWriter)."""
         self.strategy.load(folder)
+        self.ckpt.adopt(folder)
         rng_file = folder / f"rng_rank{self.rt.rank}.pt"
         if rng_file.exists():
             state = torch.load(rng_file, weights_only=False)
@@ -134,6 +140,11 @@ class TrainLoop:
                 "%s has no RNG state for rank %d (world size changed?)", folder, self.rt.rank
             )
         return checkpoint.step_of(folder)
+
+    def files_to_load(self, folder: Path) -> list[Path]:
+        """What `restore(folder)` reads on this rank."""
+        rng_file = folder / f"rng_rank{self.rt.rank}.pt"
+        return self.strategy.files_to_load(folder) + ([rng_file] if rng_file.exists() else [])
 
     def _write_checkpoint(self, folder: Path) -> None:
         self.strategy.save(folder, self.rt.rank)

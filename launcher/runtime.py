@@ -81,6 +81,14 @@ class Runtime:
         dist.all_gather(out, local, group=self.control_group)
         return [t.tolist() for t in out]
 
+    def all_gather_objects(self, obj) -> list:
+        """Every rank's `obj` (picklable), in rank order, on the CPU group."""
+        if not self.distributed:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.control_group)
+        return out
+
     def broadcast_object(self, obj):
         """Rank 0's value of `obj` on every rank."""
         if not self.distributed:
@@ -105,7 +113,8 @@ _launch = _Launch()
 
 
 def start(cfg: DictConfig, point: str | None = None) -> Runtime:
-    """Join the job, pick the device, agree on the run directory, and set up logging.
+    """Join the job, pick the device, and agree on the run directory (created if new;
+    `open_run_dir` adds the logs once the launch may use it).
 
     `point` names a sweep point: its run directory is `<sweep_id>/<point>`, the sweep id
     being chosen once, by the first point, as a run id would be.
@@ -133,23 +142,33 @@ def start(cfg: DictConfig, point: str | None = None) -> Runtime:
         rt.run_id = f"{_launch.sweep_id}/{point}"
     rt.run_dir = Path(cfg.run.root).expanduser() / rt.run_id
     if rt.is_main:
-        (rt.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        rt.run_dir.mkdir(parents=True, exist_ok=True)
+    seed_everything(cfg.trainer.seed)
+    return rt
+
+
+def open_run_dir(rt: Runtime) -> None:
+    """Once this launch may use the run directory (it holds its lock): the per-rank logs.
+
+    Nothing is written into the directory before, so that a launch refused there (the
+    directory is in use, or its checkpoints do not fit) leaves it as it was.
+    """
+    if rt.is_main:
+        (rt.run_dir / "logs").mkdir(exist_ok=True)
     rt.barrier()
     nccl_log.adopt_debug_file(rt.run_dir)
     rt.log_file = _add_file_logging(rt)
-    seed_everything(cfg.trainer.seed)
     log.info(
         "rank %d/%d (local %d, pid %d) on host %s, device %s, backend %s, run dir %s",
-        rank,
-        world,
-        local_rank,
+        rt.rank,
+        rt.world_size,
+        rt.local_rank,
         os.getpid(),
         socket.gethostname(),
-        device,
+        rt.device,
         rt.backend,
         rt.run_dir,
     )
-    return rt
 
 
 def init_process_group(backend: str, timeout: dt.timedelta, device: torch.device) -> None:

@@ -23,6 +23,16 @@ def _clean(value):
     return value
 
 
+def _record_step(line: str) -> int | None:
+    """The step of a metrics.jsonl line, or None when the line is not a record."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 class Sink:
     def log(self, record: dict) -> None: ...
 
@@ -39,13 +49,32 @@ class JsonlSink(Sink):
         self.file = open(path, "a")  # noqa: SIM115 - held open for the whole run
 
     def _truncate_after(self, step: int) -> None:
-        """Drop records of steps that a restart is about to redo, so each step appears once."""
-        if not self.path.exists():
+        """Drop records of steps that a restart is about to redo, so each step appears once.
+
+        Lines that are not a record (a line half-written when the run was killed, bytes a
+        person or a disk left) are dropped too, with one warning that counts them.
+        """
+        if not self.path.is_file():
             return
-        kept = [
-            ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step
-        ]
-        tmp = self.path.with_suffix(".tmp")
+        kept, bad = [], []
+        text = self.path.read_bytes().decode("utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            record_step = _record_step(line)
+            if record_step is None:
+                bad.append(number)
+            elif record_step <= step:
+                kept.append(line)
+        if bad:
+            log.warning(
+                "%s: dropped %d unreadable line(s) (line %s%s: not a JSON record with a step)",
+                self.path,
+                len(bad),
+                bad[0],
+                ", ..." if len(bad) > 1 else "",
+            )
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
         tmp.write_text("".join(ln + "\n" for ln in kept))
         tmp.replace(self.path)
 

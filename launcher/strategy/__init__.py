@@ -46,6 +46,12 @@ class Strategy(ABC):
     def load(self, folder: Path) -> None:
         """Restore model/optimizer state written by `save`."""
 
+    def files_to_load(self, folder: Path) -> list[Path]:
+        """The files of `folder` that this rank's `load` reads: checked on every rank before
+        any rank loads, so that one rank's unreadable file makes all ranks skip the
+        checkpoint together, before an engine's load enters a collective."""
+        return []
+
     def replica_fingerprint(self) -> list[float] | None:
         """Numbers equal on every rank exactly when the model replicas are identical
         (None where the engine shards parameters and ranks hold different parts)."""

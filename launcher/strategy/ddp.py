@@ -129,6 +129,12 @@ class DDPStrategy(Strategy):
             folder / "optimizer.pt",
         )
 
+    def files_to_load(self, folder: Path) -> list[Path]:
+        own = powersgd.state_file(folder, self.rank) if self.comm_state is not None else None
+        return [folder / "model.pt", folder / "optimizer.pt"] + (
+            [own] if own is not None and own.exists() else []
+        )
+
     def load(self, folder: Path) -> None:
         state = torch.load(folder / "model.pt", map_location=self.device, weights_only=True)
         self.raw_model.load_state_dict(state)

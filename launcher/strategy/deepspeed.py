@@ -169,6 +169,14 @@ class DeepSpeedStrategy(Strategy):
                 if (folder.parent / script).is_file():
                     os.replace(folder.parent / script, folder / script)
 
+    def files_to_load(self, folder: Path) -> list[Path]:
+        """This rank's model states (ZeRO-3: its partition) and optimizer shard."""
+        parent, tag = str(folder.parent), folder.name
+        files = [Path(self.engine._get_ckpt_name(parent, tag))]
+        if self.stage > 0:
+            files.append(Path(self.engine._get_zero_ckpt_name(parent, tag)))
+        return files
+
     def load(self, folder: Path) -> None:
         written = folder / STRATEGY_FILE
         if not written.is_file():

@@ -1,0 +1,183 @@
+"""Resume on real 2-rank launches, where ranks matter: nothing good is lost.
+
+With the default DataLoader settings (workers, persistent, pinned memory): a refused
+incompatible resume, an unloadable explicit resume=<path>, one rank's unreadable file
+(all ranks fall back together), two launches on one run directory (the lock), a stale
+lock from a killed launch, and a DeepSpeed ZeRO-2 checkpoint relaunched at another world
+size. Every refused or fallback launch leaves the good checkpoints' bytes as they were.
+The damage table of the run directory is tested in-process in test_run_dir_damage.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from launch import FAST, base_env, explain, python_train, summary, torchrun, torchrun_cmd
+
+# FAST without its DataLoader shortcuts: resume is tested with the settings users run.
+DEFAULT_LOADER = [a for a in FAST if not a.startswith(("data.num_workers", "data.persistent"))]
+RUN = [*DEFAULT_LOADER, "trainer.max_steps=8", "trainer.checkpoint_interval=4"]
+
+
+def digest(folder: Path, skip=("logs",)) -> dict[str, str]:
+    """Every file's hash under `folder`, except the per-rank logs (each launch appends)."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha1(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.relative_to(folder).parts[0] not in skip
+    }
+
+
+def refused(proc: subprocess.CompletedProcess) -> bool:
+    """The launch stopped on bad input: its first worker to end exited with code 2 (torchrun
+    then stops the others and itself exits 1)."""
+    root_cause = proc.stderr.rpartition("Root Cause")[2]
+    codes = re.findall(r"exitcode\s*:\s*(-?\d+)", root_cause)
+    return proc.returncode != 0 and codes[:1] == ["2"]
+
+
+def errors(proc: subprocess.CompletedProcess) -> list[str]:
+    """The launcher's own error lines (rank 0 prints one; the others none)."""
+    return [ln for ln in proc.stderr.splitlines() if "ERROR launcher: error: " in ln]
+
+
+def warnings_about(proc: subprocess.CompletedProcess, text: str) -> list[str]:
+    return [ln for ln in proc.stderr.splitlines() if "WARNING" in ln and text in ln]
+
+
+def test_refused_and_fallback_launches_lose_nothing(tmp_path):
+    args = [*RUN, f"run.root={tmp_path}", "run.id=r"]
+    first = torchrun(args)
+    assert first.returncode == 0, explain(first)
+    run_dir = tmp_path / "r"
+    ckpts = run_dir / "checkpoints"
+    before = digest(run_dir)
+
+    # A changed model: one line that says what differs and how to go on; nothing written.
+    bigger = torchrun([*args, "trainer.max_steps=12", "model.n_layer=4"])
+    assert refused(bigger), explain(bigger)
+    (line,) = errors(bigger)
+    assert "step_00000008 cannot be resumed with these settings" in line
+    assert "model.n_layer is 2 there, 4 now" in line and "run with model.n_layer=2" in line
+    assert "resume=archive" in line and "new run.id" in line
+    assert digest(run_dir) == before  # checkpoints, metrics, config.yaml, summary
+
+    # One rank's unreadable file in the newest checkpoint (full size, so it looks complete).
+    rng1 = ckpts / "step_00000008" / "rng_rank1.pt"
+    rng1.write_bytes(b"\0" * rng1.stat().st_size)
+    damaged = digest(run_dir)
+
+    # resume=<that checkpoint> cannot be loaded: an error, never a fresh start.
+    explicit = torchrun([*args, f"resume={ckpts / 'step_00000008'}", "trainer.max_steps=12"])
+    assert refused(explicit), explain(explicit)
+    (line,) = errors(explicit)
+    assert "could be loaded" in line and "rank 1:" in line and "step_00000008" in line
+    assert digest(run_dir) == damaged
+
+    # resume=auto: every rank falls back to step 4 together, with one warning.
+    again = torchrun([*args, "trainer.max_steps=12"])
+    assert again.returncode == 0, explain(again)
+    (warning,) = warnings_about(again, "is unreadable")
+    assert "step_00000008" in warning and "rank 1:" in warning and "rank 0:" not in warning
+    assert "falling back to the previous one" in warning
+    assert "resumed from step 4" in again.stderr
+    assert summary(run_dir)["resumed_from_step"] == 4 and summary(run_dir)["steps"] == 12
+    # The step-8 checkpoint it could not read is kept aside, not overwritten.
+    (aside,) = (ckpts / "superseded").iterdir()
+    assert digest(aside, skip=()) == {
+        k.removeprefix("checkpoints/step_00000008/"): v
+        for k, v in damaged.items()
+        if k.startswith("checkpoints/step_00000008/")
+    }
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000008", "step_00000012"]
+    assert not (run_dir / ".lock").exists()
+
+
+def start(overrides, output: Path) -> subprocess.Popen:
+    out = open(output, "w")  # noqa: SIM115 - the child holds it
+    return subprocess.Popen(
+        torchrun_cmd(overrides),
+        env=base_env(),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"launch ended early (exit {proc.returncode})")
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError("timed out waiting")
+        time.sleep(0.05)
+
+
+def kill_launch(proc: subprocess.Popen, run_dir: Path) -> None:
+    """SIGKILL a launch: its workers (each in a session of its own, with its DataLoader
+    workers) and torchrun."""
+    for rank in (0, 1):
+        log = run_dir / "logs" / f"rank{rank}.log"
+        for pid in re.findall(r"pid (\d+)\)", log.read_text() if log.exists() else ""):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(pid), signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_one_launch_per_run_directory(tmp_path):
+    """A second launch on a run directory in use stops with one line naming the holder;
+    once the holder is killed, its stale lock is taken over with one warning."""
+    args = [*DEFAULT_LOADER, f"run.root={tmp_path}", "run.id=busy"]
+    run_dir = tmp_path / "busy"
+    long = [*args, "trainer.max_steps=100000", "trainer.checkpoint_interval=5"]
+    holder = start(long, tmp_path / "a.txt")
+    try:
+        wait_for(lambda: (run_dir / "checkpoints" / "latest").exists(), holder)
+        config = (run_dir / "config.yaml").read_bytes()
+        second = torchrun([*args, "trainer.max_steps=10"])
+        assert refused(second), explain(second)
+        (line,) = errors(second)
+        assert "is in use by another launch (pid " in line and "another run.id" in line
+        assert holder.poll() is None  # the holder runs on, undisturbed
+        assert (run_dir / "config.yaml").read_bytes() == config
+        assert "trainer.max_steps=10" not in (run_dir / "logs" / "rank0.log").read_text()
+    finally:  # a crash of the whole launch: the lock stays behind
+        kill_launch(holder, run_dir)
+    assert (run_dir / ".lock").exists()
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    step = int(latest.removeprefix("step_"))
+    after = torchrun([*args, f"trainer.max_steps={step + 2}"])
+    assert after.returncode == 0, explain(after)
+    (warning,) = warnings_about(after, "took over the lock")
+    assert "is no longer running" in warning
+    assert f"resumed from step {step}" in after.stderr
+    assert not (run_dir / ".lock").exists()
+
+
+def test_deepspeed_checkpoint_at_another_world_size_is_refused(tmp_path):
+    args = [*RUN, "strategy=zero2", f"run.root={tmp_path}", "run.id=ds"]
+    first = torchrun(args)
+    assert first.returncode == 0, explain(first)
+    run_dir = tmp_path / "ds"
+    before = digest(run_dir)
+    one = python_train([*args, "trainer.max_steps=12"])
+    assert one.returncode == 2, explain(one)
+    (line,) = errors(one)
+    assert "world size is 2 there, 1 now" in line and "To resume it, run with 2 ranks" in line
+    assert digest(run_dir) == before
+    # At the world size that wrote it, it resumes (each rank's shard checked, then loaded).
+    two = torchrun([*args, "trainer.max_steps=12"])
+    assert two.returncode == 0, explain(two)
+    assert "resumed from step 8" in two.stderr
