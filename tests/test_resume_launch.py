@@ -19,11 +19,17 @@ import subprocess
 import time
 from pathlib import Path
 
-from launch import FAST, base_env, explain, python_train, summary, torchrun, torchrun_cmd
+from launch import (
+    FAST_USER_LOADER,
+    base_env,
+    explain,
+    python_train,
+    summary,
+    torchrun,
+    torchrun_cmd,
+)
 
-# FAST without its DataLoader shortcuts: resume is tested with the settings users run.
-DEFAULT_LOADER = [a for a in FAST if not a.startswith(("data.num_workers", "data.persistent"))]
-RUN = [*DEFAULT_LOADER, "trainer.max_steps=8", "trainer.checkpoint_interval=4"]
+RUN = [*FAST_USER_LOADER, "trainer.max_steps=8", "trainer.checkpoint_interval=4"]
 
 
 def digest(folder: Path, skip=("logs",)) -> dict[str, str]:
@@ -139,7 +145,7 @@ def kill_launch(proc: subprocess.Popen, run_dir: Path) -> None:
 def test_one_launch_per_run_directory(tmp_path):
     """A second launch on a run directory in use stops with one line naming the holder;
     once the holder is killed, its stale lock is taken over with one warning."""
-    args = [*DEFAULT_LOADER, f"run.root={tmp_path}", "run.id=busy"]
+    args = [*FAST_USER_LOADER, f"run.root={tmp_path}", "run.id=busy"]
     run_dir = tmp_path / "busy"
     long = [*args, "trainer.max_steps=100000", "trainer.checkpoint_interval=5"]
     holder = start(long, tmp_path / "a.txt")
