@@ -1,7 +1,8 @@
 """Checks that must pass before any process group or DataLoader worker starts.
 
 `validate` judges the config alone; this adds what depends on the machine the job is about
-to run on (today: whether /dev/shm can hold what the DataLoader workers will put there).
+to run on: whether /dev/shm can hold what the DataLoader workers will put there, and
+whether the packages of the chosen loggers are installed.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from omegaconf import DictConfig
 
 from launcher.config import ConfigError, validate
 from launcher.data.shm import check_shm, shm_need_bytes
+from launcher.tensorboard_sink import missing_writer, tensorboard_enabled
 
 
 def shm_need(cfg: DictConfig) -> int:
@@ -25,6 +27,8 @@ def shm_need(cfg: DictConfig) -> int:
 def preflight(cfg: DictConfig, world_size: int, ranks_per_node: int) -> None:
     """Raise ConfigError, worded for the user, on anything that would fail later."""
     validate(cfg, world_size)
+    if tensorboard_enabled(cfg.logger) and (problem := missing_writer()):
+        raise ConfigError(problem)
     problem = check_shm(need=shm_need(cfg) * ranks_per_node)
     if problem:
         raise ConfigError(problem)

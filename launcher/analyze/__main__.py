@@ -1,7 +1,8 @@
 """`python -m launcher.analyze RUN_DIR [RUN_DIR...]`: analyse the per-rank traces of a run
 (or of every point of a sweep directory) and write analysis/report.{md,json} and a
 merged trace into each run directory. When the run logged to W&B, the report also goes to
-its W&B run as tables and an artifact (launcher.analyze.to_wandb)."""
+its W&B run as tables and an artifact (launcher.analyze.to_wandb); when it wrote TensorBoard
+event files, to analysis/tb/ as text and per-rank scalars (launcher.analyze.to_tensorboard)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from launcher.analyze import to_tensorboard, to_wandb
 from launcher.analyze.report import analyze, markdown, write
-from launcher.analyze.to_wandb import log_report
 
 
 def run_dirs(path: Path) -> list[Path]:
@@ -29,6 +30,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="do not add the report to the run's W&B run (default: add it when the run "
         "logged to W&B)",
+    )
+    parser.add_argument(
+        "--no-tensorboard",
+        dest="tensorboard",
+        action="store_false",
+        help="do not write the report as TensorBoard events into analysis/tb/ (default: "
+        "write them when the run wrote TensorBoard event files)",
     )
     args = parser.parse_args(argv)
     for path in args.paths:
@@ -52,9 +60,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {path}")
             if args.wandb:
                 merged = run_dir / report["merged_trace"]
-                wandb_id = log_report(run_dir, report, [*written, merged])
+                wandb_id = to_wandb.log_report(run_dir, report, [*written, merged])
                 if wandb_id:
                     print(f"logged the report to W&B run {wandb_id}")
+            if args.tensorboard:
+                logdir = to_tensorboard.log_report(run_dir, report)
+                if logdir:
+                    print(f"wrote the report as TensorBoard events to {logdir}")
     return 0
 
 
