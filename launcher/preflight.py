@@ -11,7 +11,9 @@ from omegaconf import DictConfig
 
 from launcher.config import ConfigError, validate
 from launcher.data.shm import check_shm, shm_need_bytes
+from launcher.sinks import missing_package
 from launcher.tensorboard_sink import missing_writer, tensorboard_enabled
+from launcher.wandb_sink import wandb_enabled
 
 
 def shm_need(cfg: DictConfig) -> int:
@@ -27,8 +29,15 @@ def shm_need(cfg: DictConfig) -> int:
 def preflight(cfg: DictConfig, world_size: int, ranks_per_node: int) -> None:
     """Raise ConfigError, worded for the user, on anything that would fail later."""
     validate(cfg, world_size)
-    if tensorboard_enabled(cfg.logger) and (problem := missing_writer()):
-        raise ConfigError(problem)
-    problem = check_shm(need=shm_need(cfg) * ranks_per_node)
+    problem = logger_package_missing(cfg.logger) or check_shm(need=shm_need(cfg) * ranks_per_node)
     if problem:
         raise ConfigError(problem)
+
+
+def logger_package_missing(logger_cfg) -> str | None:
+    """The chosen loggers' packages are optional extras: one line if one is not installed."""
+    if wandb_enabled(logger_cfg) and (
+        problem := missing_package("wandb", f"logger.mode={logger_cfg.mode}", "wandb")
+    ):
+        return problem
+    return missing_writer() if tensorboard_enabled(logger_cfg) else None

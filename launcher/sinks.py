@@ -7,6 +7,7 @@ figure.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -21,6 +22,17 @@ def _clean(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def missing_package(module: str, chosen_by: str, extra: str) -> str | None:
+    """The one-line problem when a logger is chosen (`chosen_by` names the setting) but its
+    package is not installed; None when it is. Nothing is imported to find out."""
+    if importlib.util.find_spec(module) is not None:
+        return None
+    return (
+        f"{chosen_by} needs the {module} package, which is not installed: "
+        f"pip install -e '.[{extra}]', or choose logger=none"
+    )
 
 
 class Sink:

@@ -16,13 +16,12 @@ replace what they wrote before (the sweep summary, the analysis) purge from step
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from launcher.sinks import Sink, _clean
+from launcher.sinks import Sink, _clean, missing_package
 
 log = logging.getLogger("launcher")
 
@@ -39,12 +38,7 @@ def tensorboard_enabled(logger_cfg) -> bool:
 
 def missing_writer() -> str | None:
     """The one-line problem when TensorBoard is chosen but its writer is not installed."""
-    if importlib.util.find_spec(WRITER_PACKAGE) is not None:
-        return None
-    return (
-        f"logger.tensorboard=true (logger=tensorboard) needs the {WRITER_PACKAGE} package, "
-        f"which is not installed: pip install -e '.[{EXTRA}]', or choose logger=none"
-    )
+    return missing_package(WRITER_PACKAGE, "logger.tensorboard=true (logger=tensorboard)", EXTRA)
 
 
 def _writer(logdir: Path, purge_step: int):

@@ -153,6 +153,19 @@ def test_bad_mode_is_one_line_exit_2(monkeypatch, capsys):
     assert err.strip() == "error: logger.mode=foo: not one of online, offline, disabled"
 
 
+def test_missing_wandb_is_one_line_exit_2(monkeypatch, capsys):
+    """As if wandb were not installed (an import of it fails)."""
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    monkeypatch.setattr(sys, "argv", ["launcher.train", "logger=wandb", "logger.mode=offline"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: logger.mode=offline needs the wandb package, which is not installed: "
+        "pip install -e '.[wandb]', or choose logger=none"
+    )
+
+
 def test_wandb_run_id_is_stable_and_valid():
     assert wandb_run_id("20261130-184750-1a2b3c4d") == "20261130-184750-1a2b3c4d"
     point = wandb_run_id("20261130-184750-1a2b3c4d/bucket_cap_mb=1")
