@@ -213,8 +213,10 @@ class ProfilerConfig:
 
 @dataclass
 class LoggerConfig:
-    """Weights & Biases (see docs/wandb.md); `logger=none` keeps the mode disabled. The API
-    key is never a config key: wandb reads WANDB_API_KEY from the environment."""
+    """Where metrics go besides metrics.jsonl (see docs/logging.md): Weights & Biases unless
+    `mode` is disabled (`logger=none` keeps it so), and TensorBoard when `tensorboard` is
+    true (`logger=tensorboard`; both: `logger=[wandb,tensorboard]`). The API key is never a
+    config key: wandb reads WANDB_API_KEY from the environment."""
 
     mode: str = "disabled"
     project: str = "launcher"
@@ -223,6 +225,7 @@ class LoggerConfig:
     group: str | None = None
     name: str | None = None  # the W&B run's name; null: the run id
     dir: str | None = None  # W&B files go to <dir>/wandb/; null: the run directory
+    tensorboard: bool = False  # event files in <run dir>/tb/ (rank 0)
 
 
 @dataclass

@@ -34,6 +34,11 @@ from launcher.runtime import (
 )
 from launcher.sinks import ConsoleSink, JsonlSink, write_summary
 from launcher.strategy import build_strategy
+from launcher.tensorboard_sink import (  # imports no tensorboardX
+    TensorBoardSink,
+    code_block,
+    tensorboard_enabled,
+)
 from launcher.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
 
 log = logging.getLogger("launcher")
@@ -100,6 +105,16 @@ def wandb_sink(cfg: DictConfig, rt: Runtime, point: str | None) -> WandbSink:
         group=cfg.logger.group or (sweep_id() if point else None),
         name=cfg.logger.name or point or rt.run_id,
     )
+
+
+def tensorboard_sink(rt: Runtime, start_step: int) -> TensorBoardSink:
+    """The run's TensorBoard event files (rank 0 only), with config.yaml and env.json as
+    text at the step the run starts from."""
+    texts = {
+        "config": code_block((rt.run_dir / "config.yaml").read_text(), "yaml"),
+        "env": code_block((rt.run_dir / "env.json").read_text(), "json"),
+    }
+    return TensorBoardSink(rt.run_dir, start_step=start_step, texts=texts)
 
 
 def decide_on_main(rt: Runtime, decide):
@@ -286,6 +301,8 @@ def run(cfg: DictConfig, point: str | None = None) -> int:
             ]
             if wandb_enabled(cfg.logger):
                 sinks.append(wandb_sink(cfg, rt, point))
+            if tensorboard_enabled(cfg.logger):
+                sinks.append(tensorboard_sink(rt, start_step))
         summary = loop.run(start_step)
     except ConfigError as exc:
         (log.error if rt.is_main else log.info)("error: %s", exc)

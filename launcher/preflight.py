@@ -22,6 +22,7 @@ from launcher.data.cache import CACHE_ENV, cache_root
 from launcher.data.shm import check_shm, shm_need_bytes
 from launcher.data.tokenizer import tokenizer_path_problem
 from launcher.paths import creatable_dir_problem, writable_dir_problem
+from launcher.tensorboard_sink import WRITER_PACKAGE, tensorboard_enabled
 
 WANDB_DEFAULT_HOST = "https://api.wandb.ai"
 
@@ -130,23 +131,39 @@ def package_problems(cfg: DictConfig) -> list[str]:
         needs.append(("deepspeed", "strategy=deepspeed", "pip install 'launcher[deepspeed]'"))
     if cfg.data.source == "wikitext2":
         needs.append(("datasets", "data=wikitext2", "pip install 'launcher[hub]'"))
-    return [
-        f"{setting} needs the {package} package, which is not installed: {fix}"
-        for package, setting, fix in needs
-        if importlib.util.find_spec(package) is None
-    ]
+    return [p for p in (missing_package(*need) for need in needs) if p]
+
+
+def missing_package(package: str, setting: str, fix: str) -> str | None:
+    """One line when `setting` needs `package` and it is not installed (nothing imported)."""
+    if importlib.util.find_spec(package) is not None:
+        return None
+    return f"{setting} needs the {package} package, which is not installed: {fix}"
 
 
 def logger_problems(logger: DictConfig) -> list[str]:
-    """What the chosen logger needs from this machine: wandb installed and, online, an API
-    key in WANDB_API_KEY or in the netrc file `wandb login` writes."""
+    """What the chosen loggers need from this machine: their packages and, for W&B online,
+    an API key in WANDB_API_KEY or in the netrc file `wandb login` writes."""
+    problems = []
+    if tensorboard_enabled(logger):
+        problems.append(
+            missing_package(
+                WRITER_PACKAGE,
+                "logger.tensorboard=true (logger=tensorboard)",
+                "pip install 'launcher[tensorboard]', or logger=none",
+            )
+        )
+    return [p for p in problems if p] + _wandb_problems(logger)
+
+
+def _wandb_problems(logger: DictConfig) -> list[str]:
     if logger.mode == "disabled":
         return []
-    if importlib.util.find_spec("wandb") is None:
-        return [
-            f"logger.mode={logger.mode} needs the wandb package, which is not installed: "
-            "pip install 'launcher[wandb]', or logger=none"
-        ]
+    problem = missing_package(
+        "wandb", f"logger.mode={logger.mode}", "pip install 'launcher[wandb]', or logger=none"
+    )
+    if problem:
+        return [problem]
     if logger.mode == "online" and not os.environ.get("WANDB_API_KEY") and not _netrc_has_key():
         return [
             "logger.mode=online needs a W&B API key: set WANDB_API_KEY or run `wandb login`; "

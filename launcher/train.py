@@ -18,12 +18,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from launcher import exit_codes, runtime, sweep
+from launcher import exit_codes, runtime, sweep, tensorboard_sink, wandb_sink
 from launcher.config import ConfigError, compose, friendly_overrides
 from launcher.data.loader import reap_workers
 from launcher.job import check_or_exit, fail_bad_input, run
 from launcher.preemption import install_stop_handlers
-from launcher.wandb_sink import log_sweep_summary  # imports wandb only when enabled
 
 log = logging.getLogger("launcher")
 
@@ -91,7 +90,8 @@ def write_sweep_summary() -> None:
     for path in paths:
         log.info("wrote %s", path)
     root = Path(_Launch.cfg.run.root).expanduser()
-    log_sweep_summary(_Launch.cfg.logger, root, sweep_id, rows, paths[-1])
+    for sink in (wandb_sink, tensorboard_sink):  # each imports its package only when enabled
+        sink.log_sweep_summary(_Launch.cfg.logger, root, sweep_id, rows, paths[-1])
 
 
 def train() -> int:

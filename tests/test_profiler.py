@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from launcher.analyze.advice import advise
@@ -14,6 +15,7 @@ from launcher.analyze.facts import RunFacts, read_facts
 from launcher.analyze.trace import LOOP_READ, load, rank_trace_files
 
 from launch import FAST, base_env, explain, losses, metrics, summary, torchrun
+from tb_readback import read_runs
 from wandb_readback import private_wandb_env, records
 
 PROFILED = [5, 6, 7, 8, 9]  # five steps: the comparison averages over them
@@ -27,7 +29,7 @@ RUN = [
 ]
 PROFILE = ["profiler=steps", "profiler.skip_first=3", "profiler.warmup=1", "profiler.active=5"]
 # One launch profiles two bucket sizes (gpt2-tiny: 8 buckets at 0.05 MB, 1 at 5 MB), with
-# W&B offline so the analysis can be read back from the run's W&B run.
+# W&B offline and TensorBoard, so the analysis can be read back from both.
 BUCKETS = ("0.05", "5")
 SMALL = f"bucket_cap_mb={BUCKETS[0]}"
 
@@ -36,7 +38,8 @@ SMALL = f"bucket_cap_mb={BUCKETS[0]}"
 def profiled_sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("prof")
     env = base_env(**private_wandb_env(root))
-    sweep = [f"strategy.bucket_cap_mb={','.join(BUCKETS)}", "logger=wandb", "logger.mode=offline"]
+    loggers = ["logger=[wandb,tensorboard]", "logger.mode=offline"]
+    sweep = [f"strategy.bucket_cap_mb={','.join(BUCKETS)}", *loggers]
     overrides = ["-m", *RUN, *PROFILE, *sweep, f"run.root={root}", "run.id=p"]
     proc = torchrun(overrides, env=env)
     assert proc.returncode == 0, explain(proc)
@@ -308,6 +311,29 @@ def test_analysis_goes_to_the_runs_wandb_run(analyzed, profiled_run, tmp_path):
     ]
     files = {c["path"] for c in artifact["manifest"]["contents"]}
     assert files == {"report.json", "report.md", "merged_trace.json"}
+
+
+def test_analysis_goes_to_tensorboard_beside_the_runs_curves(analyzed, profiled_run):
+    """report.md as text, and each rank's breakdown (report.json's numbers, float32 as
+    TensorBoard stores them) as scalars in one TensorBoard run per rank; analysing again
+    replaces the earlier analysis instead of adding to it."""
+    from launcher.analyze import to_tensorboard
+
+    report = json.loads((profiled_run / "analysis" / "report.json").read_text())
+    assert to_tensorboard.log_report(profiled_run, report)  # a second analysis
+    runs = read_runs(profiled_run)
+    assert set(runs) == {"tb", "analysis/tb", "analysis/tb/rank0", "analysis/tb/rank1"}
+    ((step, text),) = runs["analysis/tb"]["text"]["analysis/report/text_summary"]
+    assert (step, text) == (PROFILED[-1], (profiled_run / "analysis" / "report.md").read_text())
+    for rank in (0, 1):
+        scalars = runs[f"analysis/tb/rank{rank}"]["scalars"]
+        for key in ("step_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s"):
+            want = [
+                (r["step"], float(np.float32(r[key])))
+                for r in report["per_step"]
+                if r["rank"] == rank
+            ]
+            assert scalars[f"analysis/{key}"] == want, (rank, key)
 
 
 def test_analyze_refuses_a_directory_without_traces(tmp_path):

@@ -127,7 +127,8 @@ def test_api_key_is_nowhere_on_disk(offline):
     assert {"config.yaml", "env.json", "logs", "wandb"} <= written
 
 
-def test_disabled_writes_no_wandb_run_and_imports_no_wandb(offline, tmp_path):
+def test_disabled_writes_no_wandb_run_and_imports_no_optional_package(offline, tmp_path):
+    """A plain DDP run without W&B or TensorBoard imports neither, nor DeepSpeed."""
     root = tmp_path / "runs"
     overrides = [*FAST, "trainer.max_steps=2", "logger=wandb", "logger.mode=disabled"]
     proc = python_train(
@@ -137,8 +138,10 @@ def test_disabled_writes_no_wandb_run_and_imports_no_wandb(offline, tmp_path):
     assert proc.returncode == 0, explain(proc)
     assert len(metrics(root / "off")) == 2
     assert not list(tmp_path.rglob("wandb"))
-    imported = [ln for ln in proc.stderr.splitlines() if re.search(r"\|\s+wandb(\.|$)", ln)]
+    optional = r"\|\s+(wandb|tensorboardX|tensorboard|deepspeed)(\.|$)"
+    imported = [ln for ln in proc.stderr.splitlines() if re.search(optional, ln)]
     assert not imported, imported[:3]
+    assert "tensorboard_sink" in proc.stderr  # the check sees the launcher's own imports
 
 
 def test_bad_mode_is_one_line_exit_2(monkeypatch, capsys):

@@ -1,6 +1,6 @@
 """Reading real offline W&B runs back, as a user would: `wandb leet inspect` on the run's
 folder, with every file wandb writes outside the run directory moved into the test's own
-temporary folder (docs/wandb.md)."""
+temporary folder (docs/logging.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from launch import base_env
 
 
 def private_wandb_env(tmp: Path) -> dict[str, str]:
-    """Where wandb writes outside the run directory, moved under `tmp` (docs/wandb.md)."""
+    """Where wandb writes outside the run directory, moved under `tmp` (docs/logging.md)."""
     return {
         "XDG_CACHE_HOME": str(tmp / "cache"),  # wandb-core's core-debug-*.log
         "WANDB_CACHE_DIR": str(tmp / "cache" / "wandb"),  # the system monitor's log

@@ -3,7 +3,8 @@
 merged trace into each run directory. A run that ended in a detected hang is explained
 first: which rank stopped, where, and what the others waited on (analysis/hang.md). When
 the run logged to W&B, the report also goes to its W&B run as tables and an artifact
-(launcher.analyze.to_wandb).
+(launcher.analyze.to_wandb); when it wrote TensorBoard event files, to analysis/tb/ as text
+and per-rank scalars (launcher.analyze.to_tensorboard).
 
 A damaged trace or an analysis/ folder that cannot be written is one line and exit code 2."""
 
@@ -13,9 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from launcher.analyze import to_tensorboard, to_wandb
 from launcher.analyze.hang import analyze_hang, has_hang, markdown_hang, write_hang_report
 from launcher.analyze.report import analyze, markdown, write
-from launcher.analyze.to_wandb import log_report
 from launcher.analyze.trace import TraceError
 from launcher.paths import writable_dir_problem
 
@@ -56,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
         help="do not add the report to the run's W&B run (default: add it when the run "
         "logged to W&B)",
     )
+    parser.add_argument(
+        "--no-tensorboard",
+        dest="tensorboard",
+        action="store_false",
+        help="do not write the report as TensorBoard events into analysis/tb/ (default: "
+        "write them when the run wrote TensorBoard event files)",
+    )
     args = parser.parse_args(argv)
     for path in args.paths:
         if has_hang(path):  # the watchdog's evidence: name the culprit first
@@ -85,13 +93,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
             print(markdown(report))
-            for path in written:
-                print(f"wrote {path}")
+            for file in written:
+                print(f"wrote {file}")
             if args.wandb:
                 merged = run_dir / report["merged_trace"]
-                wandb_id = log_report(run_dir, report, [*written, merged])
+                wandb_id = to_wandb.log_report(run_dir, report, [*written, merged])
                 if wandb_id:
                     print(f"logged the report to W&B run {wandb_id}")
+            if args.tensorboard:
+                logdir = to_tensorboard.log_report(run_dir, report)
+                if logdir:
+                    print(f"wrote the report as TensorBoard events to {logdir}")
     return 0
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from omegaconf import OmegaConf
 
 
 @dataclass
@@ -44,3 +45,10 @@ def read_facts(run_dir: Path) -> RunFacts:
         peak_mem_gb=summary.get("mem/peak_gb"),
         device_mem_gb=devices[0].get("memory_gb"),
     )
+
+
+def logger_config(run_dir: Path):
+    """The `logger` section of the run's config.yaml (where its metrics went: W&B,
+    TensorBoard), or None if there is none."""
+    config = _read(run_dir / "config.yaml", yaml.safe_load)
+    return OmegaConf.create(config["logger"]) if config.get("logger") else None

@@ -9,20 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
-from omegaconf import OmegaConf
-
+from launcher.analyze.facts import logger_config
 from launcher.analyze.report import COLUMNS
 from launcher.wandb_sink import add_to_run, wandb_run_id
-
-
-def logger_config(run_dir: Path):
-    """The `logger` section of the run's config.yaml, or None if there is none."""
-    try:
-        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return None
-    return OmegaConf.create(config["logger"]) if config.get("logger") else None
 
 
 def run_id_of(run_dir: Path) -> str:
