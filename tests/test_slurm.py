@@ -288,7 +288,7 @@ def test_rendered_policies(tmp_path, capfd):
     assert "port=$((29500 + SLURM_JOB_ID % 1000))" in text
     assert "#SBATCH --job-name=launcher-throughput" in text
     assert "at most 20 requeues (cluster.slurm.max_requeues)" in text
-    assert 'elif [ "$restart" -ge 20 ]; then' in text
+    assert 'if [ "$restart" -ge 20 ]; then' in text
     assert "# No --mem (cluster.slurm.mem=null)" in text
     assert "scancel --signal=TERM" in text.split("on_term()")[0]  # only on USR1's path
     # A resubmission with the same run id keeps the earlier script.
@@ -392,7 +392,7 @@ def test_bad_input_fails_without_requeue(cluster, tmp_path):
         "badinput",
         "data=text_files",
         f"data.paths=[{text}]",
-        "cluster.slurm.extra_sbatch=[--begin=now+4]",
+        "cluster.slurm.extra_sbatch=['--begin=now+4']",
         run=SHORT,
     )
     text.unlink()  # moved away after submission, before the job starts

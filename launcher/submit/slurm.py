@@ -162,6 +162,7 @@ def render(job: SubmitJob) -> dict[str, str]:
         "rdzv_port_range": str(s.rdzv_port_range),
         "run_dir": shlex.quote(str(job.run_dir)),
         "policy": _policy(job),
+        "output": shlex.quote(str(job.submit_dir)) + '/slurm-"$SLURM_JOB_ID".out',
         "srun_options": " ".join(_srun_options(job)),
         "torchrun": _torchrun(job),
         "requeue": _requeue_block(job),
@@ -273,17 +274,19 @@ def _requeue_block(job: SubmitJob) -> str:
         'if { [ "$stop" = USR1 ] || [ "$code" -eq 5 ]; } && [ "$code" -ne 2 ] '
         '&& [ "$code" -ne 3 ] && [ "$code" -ne 4 ]; then',
         "  reached=$(checkpoints)",
-        '  if [ "$reached" = "$started_at" ]; then',
-        '    echo "launcher: not requeued: no newer checkpoint was completed during this start '
-        '(still ${started_at:-none}); a requeue would make no progress"',
     ]
+    test = "if"
     if s.max_requeues is not None:
         lines += [
-            f'  elif [ "$restart" -ge {s.max_requeues} ]; then',
+            f'  if [ "$restart" -ge {s.max_requeues} ]; then',
             f'    echo "launcher: not requeued: cluster.slurm.max_requeues={s.max_requeues} '
             'reached"',
         ]
+        test = "elif"
     lines += [
+        f'  {test} [ "$reached" = "$started_at" ]; then',
+        '    echo "launcher: not requeued: no newer checkpoint was completed during this start '
+        '(still ${started_at:-none}); a requeue would make no progress"',
         "  else",
         '    echo "launcher: requeueing job $SLURM_JOB_ID; it resumes from $reached"',
         '    scontrol requeue "$SLURM_JOB_ID"',
