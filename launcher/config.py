@@ -240,14 +240,16 @@ class SlurmConfig:
     mem: str | None = None  # per node, as sbatch takes it: 500G, 0 (all of the node's)
     exclusive: bool = False
     constraint: str | None = None
+    gpu_request: str = "gpus-per-node"  # or gres: --gres=gpu:N (clusters without cons_tres)
     extra_sbatch: list[str] = field(default_factory=list)  # more `#SBATCH` options, verbatim
     container_image: str | None = None  # pyxis/enroot: srun --container-image
     container_mounts: list[str] = field(default_factory=list)  # besides workdir and run root
     modules: list[str] = field(default_factory=list)  # `module load` each, in order
     venv: str | None = None  # a virtual environment to activate on every node
     signal_lead_s: int = 300  # Slurm warns (USR1) this long before the time limit
-    requeue: bool = True  # on the warning: checkpoint, then requeue the job
-    max_requeues: int | None = None  # null: no limit (SLURM_RESTART_COUNT)
+    requeue: bool = True  # on the warning or a hang: requeue while the checkpoint advances
+    max_requeues: int | None = 20  # requeues of one job (SLURM_RESTART_COUNT); null: no cap
+    rdzv_port_range: int = 1000  # rendezvous port: cluster.rdzv_port + job id mod this
     step_time_s: float | None = None  # a measured step time: checks time_limit (docs/slurm.md)
 
 
@@ -262,12 +264,15 @@ class K8sConfig:
     name: str | None = None  # the objects' name; null: <cluster.job_name>-<run id>
     namespace: str | None = None  # null: kubectl's current namespace
     image: str = "launcher:latest"  # an image with this project and its torch installed
-    image_pull_policy: str = "IfNotPresent"
+    image_pull_policy: str | None = None  # null: Always for :latest/untagged, else IfNotPresent
     image_pull_secrets: list[str] = field(default_factory=list)
     service_account: str | None = None
-    cpu: str = "8"  # CPU request per pod (no CPU limit: throttling slows the input pipeline)
+    cpu: str | None = None  # CPU request per pod; null: processes x (1 + DataLoader workers)
     memory: str = "64Gi"  # for the processes; the container limit adds /dev/shm's size
+    guaranteed: bool = False  # Guaranteed QoS: CPU limit = request (whole CPUs)
     gpu_resource: str = "nvidia.com/gpu"  # the extended resource cluster.gpus_per_node counts
+    rdma_resource: str | None = None  # e.g. rdma/ib: RDMA devices for nccl=infiniband
+    rdma_per_node: int = 1  # how many of rdma_resource each pod requests
     shm_size: str | None = None  # /dev/shm sizeLimit; null: the loaders' need + shm_margin
     shm_margin: str = "1Gi"  # on top of the loaders' need: NCCL's shared-memory transport etc.
     runs_pvc: str = "launcher-runs"  # PersistentVolumeClaim (ReadWriteMany) mounted at run.root
@@ -279,10 +284,16 @@ class K8sConfig:
     priority_class: str | None = None
     labels: dict[str, str] = field(default_factory=dict)  # added to every object and pod
     annotations: dict[str, str] = field(default_factory=dict)  # added to the pods
-    backoff_limit: int = 6  # pod failures the Job tolerates (disruptions are not counted)
+    security: str = "default"  # or restricted: Pod Security 'restricted' (docs/kubernetes.md)
+    run_as_user: int = 1000  # the UID with security=restricted (runAsNonRoot needs one)
+    gang: str = "none"  # none, kueue (queue-name label, suspended) or volcano (min members)
+    queue: str | None = None  # the Kueue LocalQueue or the Volcano queue
+    backoff_limit_per_node: int = 3  # failed pods tolerated per node (disruptions not counted)
     max_restarts: int = 3  # torchrun --max-restarts: re-rendezvous when a peer pod is replaced
     rdzv_timeout_s: int = 900  # how long torchrun waits for all pods to join (join_timeout)
     termination_grace_s: int = 120  # SIGTERM -> SIGKILL: time to write the stop checkpoint
+    step_time_s: float | None = None  # a measured step time: checks termination_grace_s
+    checkpoint_write_s: float = 30  # how long one checkpoint write takes (measure; docs)
     ttl_after_finished_s: int | None = None  # delete the finished Job after this long
 
 
@@ -295,9 +306,9 @@ class ClusterConfig:
     nodes: int = 1
     gpus_per_node: int = 0  # 0: a CPU-only job (gloo)
     procs_per_node: int | None = None  # null: gpus_per_node, or 1 without GPUs
-    job_name: str = "launcher"
+    job_name: str | None = None  # null: launcher-<exp or model>, e.g. launcher-bucket_sweep
     time_limit: str | None = None  # [D-]HH:MM:SS; null: the cluster's default
-    rdzv_port: int = 29500  # c10d rendezvous on the first node
+    rdzv_port: int = 29500  # c10d rendezvous on the first node (Slurm: the range's start)
     workdir: str | None = None  # where the job starts (the checkout); null: submit's cwd
     setup: list[str] = field(default_factory=list)  # shell lines run before torchrun
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables

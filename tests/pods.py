@@ -9,12 +9,15 @@ There is no kubelet here, so each "pod" is built from what Kubernetes gives a re
   writes (the pod's own name) plus the headless Service's records (`<job>-<i>.<service>`,
   what cluster DNS would answer); killing the pod's first process kills all of it, like a
   container runtime tearing a pod down;
+- SIGTERM to the container's process and SIGKILL after the grace period (`sigterm`,
+  `wait_or_kill`),
+  as the kubelet does on pod deletion or preemption;
 - the container's command and args exactly as rendered, with `$(VAR)` expanded the way
   Kubernetes does, and the environment the manifest gives (Secret references resolved
   from a dict standing in for the cluster's Secrets), plus what Kubernetes injects:
   JOB_COMPLETION_INDEX and HOSTNAME.
 
-The image's own environment (PATH to this venv's torchrun, HOME, the token cache) is given
+The image's own environment (PATH to this venv's python, HOME, the token cache) is given
 by the caller. `python tests/pods.py enter ...` is the pod's first process: it mounts and
 names, then execs the container's command.
 """
@@ -26,6 +29,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -105,6 +109,26 @@ class Pod:
         except subprocess.TimeoutExpired:
             self.kill()
             raise
+
+    def first_process(self) -> int:
+        """The container's process: `ip netns exec` becomes `unshare`, whose forked child is
+        PID 1 of the pod's PID namespace and execs the container's command."""
+        pid = self.proc.pid
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        return int(children[0])
+
+    def sigterm(self) -> None:
+        """What the kubelet does first when the pod is deleted or preempted: SIGTERM to the
+        container's process. Then `wait_or_kill(terminationGracePeriodSeconds)`."""
+        os.kill(self.first_process(), signal.SIGTERM)
+
+    def wait_or_kill(self, grace_s: float) -> int:
+        """The pod's exit code, or -9 if it outlived the grace period and was killed."""
+        try:
+            return self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -signal.SIGKILL
 
     def kill(self) -> None:
         """SIGKILL the pod's first process; its PID namespace dies with it."""

@@ -4,11 +4,18 @@ cluster (one slurmctld and two slurmd on this machine, see slurm_cluster.py).
 One uninterrupted 2-node x 1-process job (profiler on) is checked for completeness and is
 the reference for a second, identical job that is sent Slurm's warning signal mid-run: it
 must checkpoint, requeue itself (same job id, same run directory), resume and end with the
-same loss at every step.
+same loss at every step. Shorter jobs check the requeue policy (no requeue without a newer
+checkpoint, none past cluster.slurm.max_requeues, none after bad input), two jobs sharing
+their first node (each its own rendezvous port), and a cancelled job's output.
+
+Tests that need the lead's `launcher.torchrun` (the contract's exit codes through torchrun)
+say so in their docstrings: test_warned_job_checkpoints_requeues_and_resumes (exit 143 in
+the log) and test_bad_input_fails_without_requeue (exit 2).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -41,8 +48,18 @@ RUN = [
 SHAPE = ["cluster.nodes=2", "cluster.procs_per_node=1"]
 
 
+def front_door_missing() -> str | None:
+    """The rendered jobs run `python -m launcher.torchrun` (the exit-code front door)."""
+    if importlib.util.find_spec("launcher.torchrun") is None:
+        return "launcher.torchrun (the exit-code front door the jobs run) is not installed"
+    return None
+
+
 @pytest.fixture(scope="module")
 def cluster():
+    missing = front_door_missing()
+    if missing:
+        pytest.skip(missing)
     c = SlurmCluster()
     try:
         c.start()
@@ -53,10 +70,9 @@ def cluster():
     c.stop()
 
 
-def submit(cluster: SlurmCluster, root: Path, run_id: str, *extra: str):
-    """The user's command, for real; returns (job id, run dir)."""
-    from launch import free_port
-
+def submit(cluster: SlurmCluster, root: Path, run_id: str, *extra: str, run=RUN):
+    """The user's command, for real; returns (job id, run dir). The rendezvous port is the
+    default one, derived from the job id."""
     venv = [f"cluster.slurm.venv={sys.prefix}"] if sys.prefix != sys.base_prefix else []
     cmd = [
         sys.executable,
@@ -64,10 +80,9 @@ def submit(cluster: SlurmCluster, root: Path, run_id: str, *extra: str):
         "launcher.submit",
         "slurm",
         *SHAPE,
-        *RUN,
+        *run,
         *venv,
         f"cluster.workdir={REPO}",
-        f"cluster.rdzv_port={free_port()}",
         f"run.root={root}",
         f"run.id={run_id}",
         *extra,
@@ -88,6 +103,14 @@ def job_state(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
         text=True,
     ).stdout
     return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+def wait_until(cluster: SlurmCluster, job_id: str, states: tuple[str, ...], timeout=120):
+    deadline = time.monotonic() + timeout
+    while (state := job_state(cluster, job_id)).get("JobState") not in states:
+        assert time.monotonic() < deadline, f"job {job_id} never reached {states}: {state}"
+        time.sleep(0.2)
+    return state
 
 
 def wait_until_done(cluster: SlurmCluster, job_id: str, run_dir: Path, timeout=JOB_TIMEOUT):
@@ -161,6 +184,7 @@ def test_warned_job_checkpoints_requeues_and_resumes(cluster, reference, tmp_pat
     assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", out[-4000:]
     assert "launcher: USR1" in out and "launcher: requeueing job" in out
     assert f"launcher: job {job_id}, start 1" in out
+    assert "launcher: training ended with exit code 143 (stopped with a checkpoint)" in out
     stopped = re.search(r"checkpoint saved: .*step_(\d+)\n.*status=stopped", out)
     assert stopped, out[-4000:]
     stop_step = int(stopped.group(1))
@@ -219,6 +243,12 @@ def test_missing_partition_is_slurms_rejection_in_one_line(cluster, tmp_path, ca
         (["cluster.slurm.extra_sbatch=[exclusive]"], "is not an sbatch option"),
         (["dist.backend=nccl"], "dist.backend=nccl needs GPUs"),
         (["cluster.slurm.partiton=gpu"], "cluster.slurm.partiton: unknown key"),
+        (["cluster.slurm.gpu_request=gpus"], "cluster.slurm.gpu_request=gpus: not one of"),
+        (["cluster.rdzv_port=65000"], "the ports 65000..65999 must lie within 1024..65535"),
+        (
+            ["cluster.slurm.container_image=a#b,c"],
+            "a value with # must be quoted",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(overrides, words, tmp_path, capfd):
@@ -244,6 +274,45 @@ def test_dry_run_writes_the_script_and_submits_nothing(tmp_path, capfd):
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0  # valid shell
 
 
+def render_text(tmp_path, *overrides: str, name="job.sbatch") -> str:
+    args = [*FAST, f"run.root={tmp_path}", "run.id=r", *overrides]
+    assert submit_main(["slurm", "--dry-run", *args]) == 0
+    return (tmp_path / "r" / "submit" / name).read_text()
+
+
+def test_rendered_policies(tmp_path, capfd):
+    """The front door, the port, the job name, the requeue policy and its cap, as rendered."""
+    text = render_text(tmp_path, "cluster.nodes=2", "+exp=throughput")
+    assert "    python -m launcher.torchrun \\\n    --nnodes=2 \\\n" in text
+    assert "torchrun --" not in text  # never plain torchrun: it exits 1 whatever happened
+    assert "port=$((29500 + SLURM_JOB_ID % 1000))" in text
+    assert "#SBATCH --job-name=launcher-throughput" in text
+    assert "at most 20 requeues (cluster.slurm.max_requeues)" in text
+    assert 'if [ "$restart" -ge 20 ]; then' in text
+    assert "# No --mem (cluster.slurm.mem=null)" in text
+    assert "scancel --signal=TERM" in text.split("on_term()")[0]  # only on USR1's path
+    # A resubmission with the same run id keeps the earlier script.
+    text2 = render_text(
+        tmp_path,
+        "cluster.gpus_per_node=4",
+        "trainer.global_batch_size=16",
+        "cluster.slurm.gpu_request=gres",
+        "cluster.slurm.max_requeues=null",
+        "cluster.slurm.mem=0",
+        "cluster.slurm.container_image=nvcr.io#nvidia/pytorch:24.05-py3",
+        "cluster.job_name=mine",
+        name="job-2.sbatch",
+    )
+    out = capfd.readouterr().out.split()
+    assert out == [str(tmp_path / "r" / "submit" / n) for n in ("job.sbatch", "job-2.sbatch")]
+    assert "#SBATCH --gres=gpu:4" in text2 and "--gpus-per-node" not in text2
+    assert "max_requeues=" not in text2.split("# Requeue after")[1] and "no cap" in text2
+    assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in text2
+    assert "cluster.slurm.container_image='\"'\"'nvcr.io#nvidia" in text2  # quoted for Hydra
+    assert "#SBATCH --job-name=mine" in text2 and "# No --mem" not in text2
+    assert subprocess.run(["bash", "-n", "-c", text2]).returncode == 0
+
+
 def test_checked_in_example_is_what_the_renderer_writes():
     example = REPO / "slurm" / "job.sbatch"
     assert example.read_text() == render_example(), (
@@ -251,3 +320,102 @@ def test_checked_in_example_is_what_the_renderer_writes():
     )
     readme = (REPO / "slurm" / "README.md").read_text()
     assert all(o in readme for o in EXAMPLE_OVERRIDES)  # the README shows the command
+
+
+# Short jobs for the policy tests: 12 steps, checkpoints at 6 and 12.
+SHORT = [*FAST, "trainer.eval_interval=1000"]
+
+
+def test_two_jobs_sharing_their_first_node_both_complete(cluster, tmp_path):
+    """Non-exclusive jobs on the same nodes: each rendezvouses on its own port (29500 + job
+    id mod 1000), so neither joins the other's store."""
+    jobs = [submit(cluster, tmp_path, f"shared{i}", run=SHORT) for i in range(2)]
+    running = [wait_until(cluster, job_id, ("RUNNING",)) for job_id, _ in jobs]
+    assert {s["NodeList"] for s in running} == {"n[1-2]"}  # the same first node, n1
+    states = [wait_until_done(cluster, job_id, run_dir) for job_id, run_dir in jobs]
+    ports = set()
+    for (job_id, run_dir), state in zip(jobs, states, strict=True):
+        out = slurm_output(run_dir, job_id)
+        assert state["JobState"] == "COMPLETED", out[-3000:]
+        assert summary(run_dir)["steps"] == 12
+        port = int(re.search(r"rendezvous n1:(\d+)", out).group(1))
+        assert port == 29500 + int(job_id) % 1000
+        ports.add(port)
+    assert len(ports) == 2
+    first, second = states
+    assert second["StartTime"] < first["EndTime"]  # they ran at the same time
+
+
+def test_requeue_needs_progress_and_stops_at_the_cap(cluster, tmp_path):
+    """Two jobs warned before training started (a stand-in for a job that hangs until each
+    warning): neither wrote a checkpoint, so neither is requeued; with max_requeues=0 the cap
+    is named first. Both end with 143, the stop code, as FAILED with no restart."""
+    setup = ["cluster.setup=[sleep 8]"]
+    jobs = {
+        "noprogress": submit(cluster, tmp_path, "noprogress", *setup, run=SHORT),
+        "capped": submit(
+            cluster, tmp_path, "capped", *setup, "cluster.slurm.max_requeues=0", run=SHORT
+        ),
+    }
+    for job_id, _ in jobs.values():
+        wait_until(cluster, job_id, ("RUNNING",))
+        subprocess.run(
+            ["scancel", "--batch", "--signal=USR1", job_id], env=cluster.env(), check=True
+        )
+    expected = {
+        "noprogress": "not requeued: no newer checkpoint was completed during this start "
+        "(still none); a requeue would make no progress",
+        "capped": "not requeued: cluster.slurm.max_requeues=0 reached",
+    }
+    for name, (job_id, run_dir) in jobs.items():
+        state = wait_until_done(cluster, job_id, run_dir)
+        out = slurm_output(run_dir, job_id)
+        assert (state["JobState"], state["ExitCode"], state["Restarts"]) == (
+            "FAILED",
+            "143:0",
+            "0",
+        ), out
+        assert "requeue policy: on Slurm's warning (USR1)" in out
+        assert f"launcher: {expected[name]}" in out, out
+        assert "requeueing" not in out and not (run_dir / "metrics.jsonl").exists()
+
+
+def test_bad_input_fails_without_requeue(cluster, tmp_path):
+    """A data file that is gone by the time the job starts: the trainer exits 2 (bad
+    input), the job ends FAILED with exit code 2 and is not requeued. Needs launcher.torchrun
+    to pass the trainer's code on (plain torchrun exits 1)."""
+    text = tmp_path / "corpus.txt"
+    text.write_text("some text to train on\n" * 2000)
+    job_id, run_dir = submit(
+        cluster,
+        tmp_path,
+        "badinput",
+        "data=text_files",
+        f"data.paths=[{text}]",
+        "cluster.slurm.extra_sbatch=['--begin=now+4']",
+        run=SHORT,
+    )
+    text.unlink()  # moved away after submission, before the job starts
+    state = wait_until_done(cluster, job_id, run_dir)
+    out = slurm_output(run_dir, job_id)
+    assert (state["JobState"], state["ExitCode"], state["Restarts"]) == ("FAILED", "2:0", "0")
+    assert "launcher: training ended with exit code 2 (bad input: retrying cannot help)" in out
+    assert "data.paths: no file matches" in out
+    assert "requeueing" not in out and "not requeued" not in out
+
+
+def test_cancelled_job_checkpoints_without_scancel_errors(cluster, tmp_path):
+    """scancel: Slurm sends TERM to the batch shell and every process of the step, then
+    KILL after KillWait (30 s here). The ranks checkpoint and stop; the script's trap only
+    logs (it used to call scancel itself, which failed with 'Invalid job id')."""
+    job_id, run_dir = submit(cluster, tmp_path, "cancelled", run=[*SHORT, "trainer.max_steps=400"])
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not ((run_dir / "metrics.jsonl").exists() and metrics(run_dir)):
+        assert time.monotonic() < deadline, "the job never logged a step"
+        time.sleep(0.2)
+    subprocess.run(["scancel", job_id], env=cluster.env(), check=True)
+    state = wait_until_done(cluster, job_id, run_dir)
+    out = slurm_output(run_dir, job_id)
+    assert state["JobState"] == "CANCELLED" and state["Restarts"] == "0", out
+    assert "launcher: TERM at" in out and "scancel: error" not in out, out
+    assert "status=stopped" in out, out[-3000:]  # the stop checkpoint was written

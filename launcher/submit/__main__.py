@@ -2,8 +2,10 @@
 
 Each target is a module with `render(job) -> {file name: text}` (which also checks what it
 rendered, raising ConfigError) and `submit(job, paths) -> str` (hands the files to the
-cluster and returns what identifies the job there). The files go into the run directory's
-submit/ folder and their paths are printed, one per line.
+cluster and returns what identifies the job there), and may have `notes(job) -> [line]`:
+what must exist before the job can run, and how to remove it. The files go into the run
+directory's submit/ folder and their paths are printed on stdout, one per line; warnings
+and notes go to stderr.
 """
 
 from __future__ import annotations
@@ -45,12 +47,24 @@ def main(argv: list[str] | None = None) -> int:
         paths = job.write(files)
         for path in paths:
             print(path)
+        for line in job.warnings:
+            print(f"warning: {line}", file=sys.stderr)
+        for line in getattr(renderer, "notes", lambda _: [])(job):
+            print(f"note: {line}", file=sys.stderr)
         if not dry_run:
             print(renderer.submit(job, paths))
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc}{_hint(str(exc), overrides)}", file=sys.stderr)
         return exit_codes.BAD_INPUT
     return 0
+
+
+def _hint(error: str, overrides: list[str]) -> str:
+    """Hydra's lexer error says nothing useful about a `#` inside a value that also holds
+    quotes, brackets or commas (plain ones are quoted for you)."""
+    if "LexerNoViableAltException" in error and any("#" in o for o in overrides):
+        return "; a value with # must be quoted: 'key=\"a#b\"'"
+    return ""
 
 
 if __name__ == "__main__":

@@ -4,6 +4,11 @@ torchrun command each node runs.
 The job's ranks rendezvous through c10d on the first node; the run id is fixed here, at
 submit time, and passed to every rank as `run.id`, so all nodes, and a restarted or
 requeued job, write into the same run directory and `resume=auto` finds its checkpoints.
+
+Each node starts `python -m launcher.torchrun`, torchrun's own arguments in front of the
+trainer: unlike plain torchrun (which exits 1 whatever went wrong) it exits with the job's
+contract code (launcher/exit_codes.py), which the Slurm script's requeue decision and the
+Kubernetes failure policies act on.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from launcher import sweep
 from launcher.config import ConfigError, compose, validate
 
 SUBMIT_DIR = "submit"
+# What each node runs in place of `torchrun` (same arguments; exits with the contract code).
+FRONT_DOOR = ("python", "-m", "launcher.torchrun")
+DEFAULT_JOB_NAME = "launcher"
 
 
 @dataclass
@@ -34,10 +42,19 @@ class SubmitJob:
     run_root: Path  # absolute: every node must see it at the same path
     workdir: Path
     points: list[DictConfig] = field(default_factory=list)  # every sweep point's config
+    warnings: list[str] = field(default_factory=list)  # one line each, printed by submit
 
     @property
     def cluster(self) -> DictConfig:
         return self.cfg.cluster
+
+    @property
+    def job_name(self) -> str:
+        """cluster.job_name, else launcher-<exp> for an experiment, else launcher-<model>."""
+        if self.cluster.job_name:
+            return str(self.cluster.job_name)
+        exp = [o.split("=", 1)[1] for o in self.overrides if o.lstrip("+").startswith("exp=")]
+        return f"{DEFAULT_JOB_NAME}-{exp[-1] if exp else self.cfg.model.name}"
 
     @property
     def nodes(self) -> int:
@@ -67,10 +84,11 @@ class SubmitJob:
         return [*mine, f"run.root={self.run_root}", f"run.id={self.run_id}"]
 
     def torchrun_argv(self, endpoint: str, node_rank: str | None = None) -> list[str]:
-        """One node's torchrun: all nodes rendezvous at `endpoint` (host:port of node 0)."""
+        """One node's torchrun (through launcher.torchrun, FRONT_DOOR): all nodes rendezvous
+        at `endpoint` (host:port of node 0)."""
         rank = [f"--node-rank={node_rank}"] if node_rank is not None else []
         return [
-            "torchrun",
+            *FRONT_DOOR,
             f"--nnodes={self.nodes}",
             f"--nproc-per-node={self.procs_per_node}",
             "--rdzv-backend=c10d",
@@ -94,14 +112,29 @@ class SubmitJob:
         return env
 
     def write(self, files: dict[str, str]) -> list[Path]:
-        """Write the rendered files into the run directory's submit/ folder."""
+        """Write the rendered files into the run directory's submit/ folder.
+
+        A resubmission into the same run directory (the same run.id, to resume) keeps the
+        earlier files: the new set gets the first free suffix, job-2.sbatch, job-3.sbatch...
+        """
         self.submit_dir.mkdir(parents=True, exist_ok=True)
+        n = 1
+        while any((self.submit_dir / _numbered(name, n)).exists() for name in files):
+            n += 1
         paths = []
         for name, text in files.items():
-            path = self.submit_dir / name
+            path = self.submit_dir / _numbered(name, n)
             path.write_text(text)
             paths.append(path)
         return paths
+
+
+def _numbered(name: str, n: int) -> str:
+    """job.sbatch, job-2.sbatch, job-3.sbatch..."""
+    if n == 1:
+        return name
+    stem, dot, ext = name.partition(".")
+    return f"{stem}-{n}{dot}{ext}"
 
 
 def procs_per_node(cluster: DictConfig) -> int:
@@ -119,6 +152,7 @@ def prepare(target: str, overrides: list[str], check_paths: bool = True) -> Subm
     `check_paths=False` skips the check that run.root is writable from here (for rendering
     the checked-in examples, whose paths exist only on a cluster).
     """
+    overrides = [quote_hash(o) for o in overrides]
     if not any(o.split("=", 1)[0].lstrip("+") == "cluster" for o in overrides):
         overrides = [f"cluster={target}", *overrides]
     multirun = compose(overrides, sweep=True)
@@ -151,6 +185,16 @@ def prepare(target: str, overrides: list[str], check_paths: bool = True) -> Subm
         else f"{dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(4)}"
     )
     return SubmitJob(target, cfg, list(overrides), run_id, root, workdir, configs)
+
+
+def quote_hash(override: str) -> str:
+    """`key=a#b` as `key='a#b'`: Hydra's override lexer refuses a bare `#`, which enroot
+    image names carry (nvcr.io#nvidia/pytorch:24.05-py3). Values that already use quotes,
+    lists, dicts or sweeps are left alone."""
+    key, eq, value = override.partition("=")
+    if not eq or "#" not in value or any(ch in value for ch in "'\"[]{}(),\\ "):
+        return override
+    return f"{key}='{value}'"
 
 
 def _check_shape(cluster: DictConfig) -> None:

@@ -7,11 +7,17 @@ its completion index as node rank. /dev/shm is a memory-backed emptyDir sized fr
 computation the trainer's preflight uses (launcher.preflight.shm_need), and the container's
 memory limit holds it on top of what the processes get. `cluster.k8s.kind` renders the same
 pod as a JobSet or a Kubeflow PyTorchJob instead. See docs/kubernetes.md.
+
+Each pod runs `python -m launcher.torchrun`, which exits with the job's contract code
+(launcher/exit_codes.py); the failure policies act on it: bad input, a non-finite loss and
+out of memory fail the job at once, a crash or a hang is retried within a per-node budget,
+and a disruption (preemption, eviction, drain) is not counted at all.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import shlex
 import shutil
 import subprocess
@@ -20,10 +26,11 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
+from launcher import exit_codes
 from launcher.config import ConfigError
 from launcher.preflight import shm_need
 from launcher.submit import k8s_check
-from launcher.submit.job import SubmitJob
+from launcher.submit.job import DEFAULT_JOB_NAME, FRONT_DOOR, SubmitJob
 
 KINDS = ("job", "jobset", "pytorchjob")
 CONTAINER = "trainer"
@@ -34,6 +41,17 @@ RANK_PLACEHOLDER = "@NODE_RANK@"
 NODE_RANK = {"job": "JOB_COMPLETION_INDEX", "jobset": "JOB_COMPLETION_INDEX", "pytorchjob": "RANK"}
 JOBSET_REPLICATED_JOB = "node"
 PYTORCHJOB_PORT_NAME = "pytorchjob-port"  # the port the training operator's Services expose
+# Exit codes that fail the whole job at once: retrying the same config cannot help.
+FAIL_AT_ONCE = [exit_codes.BAD_INPUT, exit_codes.NONFINITE, exit_codes.OOM]
+# torchrun's agent must have ended (its workers checkpointed and exited) this long before
+# the kubelet's SIGKILL at terminationGracePeriodSeconds, so the pod exits with its code.
+SHUTDOWN_MARGIN_S = 10
+GANGS = ("none", "kueue", "volcano")
+SECURITY = ("default", "restricted")
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+VOLCANO_MIN_MEMBER = "scheduling.volcano.sh/group-min-member"  # on the Job (Volcano >= 1.12)
+VOLCANO_QUEUE = "scheduling.volcano.sh/queue-name"  # on the pods
+ISTIO_INJECT = "sidecar.istio.io/inject"
 
 
 def render(job: SubmitJob) -> dict[str, str]:
@@ -41,6 +59,7 @@ def render(job: SubmitJob) -> dict[str, str]:
     k = job.cluster.k8s
     if k.kind not in KINDS:
         raise ConfigError(f"cluster.k8s.kind={k.kind}: not one of {', '.join(KINDS)}")
+    check_options(job)
     expect = expectations(job)
     shm_size = shm_size_limit(job, expect.shm_need)
     objects = build(job, shm_size, expect.process_memory)
@@ -61,13 +80,196 @@ def submit(job: SubmitJob, paths: list[Path]) -> str:
         lines = (proc.stderr or proc.stdout).strip().splitlines() or ["(no output)"]
         raise ConfigError(f"kubectl apply failed (exit {proc.returncode}): {lines[-1]}")
     ns = f" -n {job.cluster.k8s.namespace}" if job.cluster.k8s.namespace else ""
+    applied = proc.stdout.strip()
+    if job.cluster.k8s.kind == "job":
+        applied += "\n" + _own_service(kubectl, job)
     follow = f"follow it: kubectl logs{ns} -f --prefix -l {_instance_label(job)}={name_of(job)}"
-    return f"{proc.stdout.strip()}\n{follow}"
+    return f"{applied}\n{follow}"
+
+
+def service_owner_patch(job: SubmitJob, job_uid: str) -> dict:
+    """A merge patch that makes the Job own its headless Service: deleting the Job (by
+    hand or through ttlSecondsAfterFinished) then removes the Service too."""
+    owner = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": name_of(job),
+        "uid": job_uid,
+        "blockOwnerDeletion": False,
+        "controller": False,
+    }
+    return {"metadata": {"ownerReferences": [owner]}}
+
+
+def _own_service(kubectl: str, job: SubmitJob) -> str:
+    """The owner reference needs the Job's uid, which exists only once the Job does."""
+    ns = ["-n", str(job.cluster.k8s.namespace)] if job.cluster.k8s.namespace else []
+    name = name_of(job)
+    got = subprocess.run(
+        [kubectl, "get", f"job/{name}", *ns, "-o", "jsonpath={.metadata.uid}"],
+        capture_output=True,
+        text=True,
+    )
+    uid = got.stdout.strip()
+    if got.returncode != 0 or not uid:
+        return f"warning: the Service is not owned by the Job; remove both with: {notes(job)[-1]}"
+    patch = json.dumps(service_owner_patch(job, uid))
+    done = subprocess.run(
+        [kubectl, "patch", f"service/{name}", *ns, "--type=merge", "-p", patch],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        return f"warning: the Service is not owned by the Job; remove both with: {notes(job)[-1]}"
+    return f"service/{name} is owned by job/{name}: deleting the Job removes it"
+
+
+def notes(job: SubmitJob) -> list[str]:
+    """What must exist before the manifests can run, and how the objects are removed."""
+    k = job.cluster.k8s
+    ns = k.namespace or "the current namespace"
+    ns_flag = f" -n {k.namespace}" if k.namespace else ""
+    lines = [
+        f"needs: PersistentVolumeClaim {k.runs_pvc} (ReadWriteMany) in {ns}, mounted at "
+        f"{job.run_root} in every pod (cluster.k8s.runs_pvc)"
+    ]
+    if k.wandb_secret:
+        required = "required" if job.cfg.logger.mode == "online" else "optional"
+        lines.append(
+            f"needs: Secret {k.wandb_secret} with key {k.wandb_secret_key} ({required}: "
+            f"kubectl create secret generic {k.wandb_secret} "
+            f"--from-literal={k.wandb_secret_key}=$WANDB_API_KEY{ns_flag})"
+        )
+    if k.gang == "kueue":
+        lines.append(f"needs: Kueue with a LocalQueue {k.queue} in {ns}")
+    if k.gang == "volcano":
+        lines.append("needs: Volcano (1.12 or later for a plain Job's group-min-member)")
+    if k.kind == "job":
+        lines.append(
+            f"remove: kubectl delete job,service{ns_flag} -l "
+            f"{_instance_label(job)}={name_of(job)} (submit makes the Job own the Service, "
+            "so deleting the Job, or its ttlSecondsAfterFinished, removes both)"
+        )
+    return lines
+
+
+def check_options(job: SubmitJob) -> None:
+    """The cluster.k8s.* choices that do not fit together; one line each, before rendering."""
+    k = job.cluster.k8s
+    if k.gang not in GANGS:
+        raise ConfigError(f"cluster.k8s.gang={k.gang}: not one of {', '.join(GANGS)}")
+    if k.gang == "kueue" and not k.queue:
+        raise ConfigError(
+            "cluster.k8s.gang=kueue needs cluster.k8s.queue: the name of a Kueue LocalQueue "
+            "in the job's namespace"
+        )
+    if k.security not in SECURITY:
+        raise ConfigError(f"cluster.k8s.security={k.security}: not one of {', '.join(SECURITY)}")
+    if k.security == "restricted" and k.run_as_user < 1:
+        raise ConfigError(
+            f"cluster.k8s.run_as_user={k.run_as_user}: security=restricted runs as a non-root "
+            "UID (1 or more) that can write the runs volume"
+        )
+    if k.backoff_limit_per_node < 0:
+        raise ConfigError(
+            f"cluster.k8s.backoff_limit_per_node={k.backoff_limit_per_node}: must be 0 or more"
+        )
+    if uses_infiniband(job) and not k.rdma_resource:
+        raise ConfigError(
+            "nccl=infiniband (NCCL_IB_DISABLE=0) in a pod needs RDMA devices, else NCCL falls "
+            "back to TCP: set cluster.k8s.rdma_resource to your RDMA device plugin's resource "
+            "(e.g. rdma/ib), or use nccl=ethernet"
+        )
+    if k.rdma_resource and k.rdma_per_node < 1:
+        raise ConfigError(f"cluster.k8s.rdma_per_node={k.rdma_per_node}: must be at least 1")
+    _check_grace(job)
+    _check_image(job)
+    _check_cpu(job)
+
+
+def uses_infiniband(job: SubmitJob) -> bool:
+    return str(job.cfg.nccl.env.get("NCCL_IB_DISABLE")) == "0"
+
+
+def _check_grace(job: SubmitJob) -> None:
+    """terminationGracePeriodSeconds must hold one step, one checkpoint write and torchrun's
+    own shutdown: SIGTERM arrives mid-step, the ranks finish it, checkpoint, and exit."""
+    k = job.cluster.k8s
+    step = float(k.step_time_s or 0)
+    need = step + float(k.checkpoint_write_s) + SHUTDOWN_MARGIN_S
+    if k.termination_grace_s < need:
+        measured = f"cluster.k8s.step_time_s={k.step_time_s} + " if k.step_time_s else ""
+        raise ConfigError(
+            f"cluster.k8s.termination_grace_s={k.termination_grace_s} is too short to stop "
+            f"with a checkpoint: {measured}cluster.k8s.checkpoint_write_s="
+            f"{k.checkpoint_write_s} + {SHUTDOWN_MARGIN_S} s for torchrun to end = "
+            f"{need:.0f} s; raise termination_grace_s"
+        )
+
+
+def image_pull_policy(job: SubmitJob) -> str:
+    """cluster.k8s.image_pull_policy, else what Kubernetes itself defaults to: Always for
+    :latest or no tag (a node would otherwise keep an old :latest), else IfNotPresent."""
+    k = job.cluster.k8s
+    if k.image_pull_policy:
+        return str(k.image_pull_policy)
+    return "Always" if _floating(str(k.image)) else "IfNotPresent"
+
+
+def _floating(image: str) -> bool:
+    """True for an image reference that names no fixed build: :latest, or no tag at all."""
+    if "@" in image:
+        return False
+    last = image.rsplit("/", 1)[-1]
+    return ":" not in last or last.endswith(":latest")
+
+
+def _check_image(job: SubmitJob) -> None:
+    k = job.cluster.k8s
+    policy = image_pull_policy(job)
+    if policy not in ("Always", "IfNotPresent", "Never"):
+        raise ConfigError(
+            f"cluster.k8s.image_pull_policy={policy}: not one of Always, IfNotPresent, Never"
+        )
+    if policy != "Always" and _floating(str(k.image)):
+        job.warnings.append(
+            f"cluster.k8s.image={k.image} with cluster.k8s.image_pull_policy={policy}: a node "
+            "that pulled an older :latest keeps running it; pin a tag or digest, or leave "
+            "image_pull_policy=null (Always)"
+        )
+
+
+def cpu_need(job: SubmitJob) -> int:
+    """CPUs one pod's processes use: each rank and each of its DataLoader workers."""
+    workers = max(int(p.data.num_workers) for p in (job.points or [job.cfg]))
+    return job.procs_per_node * (1 + workers)
+
+
+def cpu_request(job: SubmitJob) -> str:
+    k = job.cluster.k8s
+    return str(k.cpu) if k.cpu is not None else str(cpu_need(job))
+
+
+def _check_cpu(job: SubmitJob) -> None:
+    k = job.cluster.k8s
+    cpus = k8s_check.parse_quantity(cpu_request(job), "cluster.k8s.cpu")
+    if k.guaranteed and cpus != int(cpus):
+        raise ConfigError(
+            f"cluster.k8s.cpu={k.cpu}: Guaranteed QoS (cluster.k8s.guaranteed=true) needs whole "
+            "CPUs, so that the static CPU manager can pin them; give an integer"
+        )
+    if cpus < cpu_need(job):
+        job.warnings.append(
+            f"cluster.k8s.cpu={k.cpu} is less than the {cpu_need(job)} CPUs the pod's "
+            f"{job.procs_per_node} process(es) and their data.num_workers DataLoader workers "
+            "use (one each); leave it null to have it computed"
+        )
 
 
 def name_of(job: SubmitJob) -> str:
-    """The objects' name: cluster.k8s.name, else <cluster.job_name>-<run id>."""
-    return str(job.cluster.k8s.name or f"{job.cluster.job_name}-{job.run_id}")
+    """The objects' name: cluster.k8s.name, else <cluster.job_name or launcher>-<run id>."""
+    k = job.cluster.k8s
+    return str(k.name or f"{job.cluster.job_name or DEFAULT_JOB_NAME}-{job.run_id}")
 
 
 def expectations(job: SubmitJob) -> k8s_check.Expect:
@@ -83,6 +285,9 @@ def expectations(job: SubmitJob) -> k8s_check.Expect:
         shm_need=need,
         process_memory=memory,
         rdzv_port=int(job.cluster.rdzv_port),
+        security=str(k.security),
+        guaranteed=bool(k.guaranteed),
+        rdma_resource=str(k.rdma_resource) if k.rdma_resource else None,
     )
 
 
@@ -124,17 +329,32 @@ def build(job: SubmitJob, shm_size: str, process_memory: int) -> list[tuple[str,
     return [("pytorchjob.yaml", pytorchjob(job, pod))]
 
 
-def metadata(job: SubmitJob, name: str | None = None) -> dict:
+def metadata(job: SubmitJob, name: str | None = None, component: str = "trainer") -> dict:
+    """The workload's metadata: its labels, and Kueue's queue label with gang=kueue."""
     meta: dict = {"name": name or name_of(job)}
     if job.cluster.k8s.namespace:
         meta["namespace"] = str(job.cluster.k8s.namespace)
-    meta["labels"] = labels(job)
+    meta["labels"] = labels(job, component)
     return meta
 
 
-def labels(job: SubmitJob) -> dict[str, str]:
-    """User labels, then the two the Service selects the pods by."""
-    own = {"app.kubernetes.io/name": "launcher", _instance_label(job): name_of(job)}
+def workload_metadata(job: SubmitJob) -> dict:
+    meta = metadata(job)
+    k = job.cluster.k8s
+    if k.gang == "kueue":
+        meta["labels"][KUEUE_QUEUE_LABEL] = str(k.queue)
+    return meta
+
+
+def labels(job: SubmitJob, component: str = "trainer") -> dict[str, str]:
+    """User labels, then the recommended app.kubernetes.io ones (the Service selects the
+    pods by the instance label)."""
+    own = {
+        "app.kubernetes.io/name": "launcher",
+        _instance_label(job): name_of(job),
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": "launcher",
+    }
     return {**{str(k): str(v) for k, v in job.cluster.k8s.labels.items()}, **own}
 
 
@@ -149,7 +369,7 @@ def service(job: SubmitJob, service_name: str) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": metadata(job, service_name),
+        "metadata": metadata(job, service_name, component="rendezvous"),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -159,78 +379,125 @@ def service(job: SubmitJob, service_name: str) -> dict:
     }
 
 
-def job_spec(job: SubmitJob, pod: dict) -> dict:
-    """An Indexed Job's spec: one pod per node, each replaced when it fails."""
+def pod_failure_policy() -> dict:
+    """Fail at once on an exit code retrying cannot help (bad input, a non-finite loss, out
+    of memory); a preempted, evicted or drained pod (DisruptionTarget) is replaced without
+    being counted; anything else (a crash, a hang, a stop) counts against the budget."""
+    return {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": CONTAINER,
+                    "operator": "In",
+                    "values": list(FAIL_AT_ONCE),
+                },
+            },
+            {
+                "action": "Ignore",
+                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+            },
+        ]
+    }
+
+
+def job_spec(job: SubmitJob, pod: dict, restarts_owned_by_jobset: bool = False) -> dict:
+    """An Indexed Job's spec: one pod per node, each replaced when it fails, within
+    backoff_limit_per_node failures per index (maxFailedIndexes 0: one node out of budget
+    ends the job). Inside a JobSet the JobSet owns the restarts: backoffLimit 0."""
     k = job.cluster.k8s
     spec: dict = {
         "completionMode": "Indexed",
         "completions": job.nodes,
         "parallelism": job.nodes,
-        "backoffLimit": int(k.backoff_limit),
-        # A preempted or evicted pod (DisruptionTarget) is replaced without being counted:
-        # the replacement rejoins the rendezvous and the run resumes from its checkpoint.
-        "podFailurePolicy": {
-            "rules": [
-                {
-                    "action": "Ignore",
-                    "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
-                }
-            ]
-        },
     }
+    if restarts_owned_by_jobset:
+        spec["backoffLimit"] = 0
+    else:
+        spec["backoffLimitPerIndex"] = int(k.backoff_limit_per_node)
+        spec["maxFailedIndexes"] = 0
+    spec["podFailurePolicy"] = pod_failure_policy()
     deadline = _seconds(job.cluster.time_limit)
     if deadline:
         spec["activeDeadlineSeconds"] = deadline
     if k.ttl_after_finished_s is not None:
         spec["ttlSecondsAfterFinished"] = int(k.ttl_after_finished_s)
+    if k.gang == "kueue" and not restarts_owned_by_jobset:
+        spec["suspend"] = True  # Kueue unsuspends it once the whole job is admitted
     spec["template"] = pod
     return spec
 
 
 def indexed_job(job: SubmitJob, pod: dict) -> dict:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": metadata(job),
-        "spec": job_spec(job, pod),
-    }
+    meta = workload_metadata(job)
+    if job.cluster.k8s.gang == "volcano":
+        meta["annotations"] = {VOLCANO_MIN_MEMBER: str(job.nodes)}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec(job, pod)}
 
 
 def jobset(job: SubmitJob, pod: dict) -> dict:
     """The same Indexed Job as the only replicated Job of a JobSet, which makes the
-    headless Service itself (named after the JobSet)."""
-    return {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": metadata(job),
-        "spec": {
-            "network": {
-                "enableDNSHostnames": True,
-                "publishNotReadyAddresses": True,
-                "subdomain": name_of(job),
-            },
-            "failurePolicy": {"maxRestarts": int(job.cluster.k8s.backoff_limit)},
-            "replicatedJobs": [
+    headless Service itself (named after the JobSet). As in JobSet's own PyTorch example the
+    inner Job has backoffLimit 0 and the JobSet restarts the whole set (maxRestarts); a Job
+    failed by its podFailurePolicy (exit 2, 3, 4) fails the JobSet without a restart."""
+    k = job.cluster.k8s
+    template: dict = {"spec": job_spec(job, pod, restarts_owned_by_jobset=True)}
+    if k.gang == "volcano":
+        template = {"metadata": {"annotations": {VOLCANO_MIN_MEMBER: str(job.nodes)}}, **template}
+    spec: dict = {
+        "network": {
+            "enableDNSHostnames": True,
+            "publishNotReadyAddresses": True,
+            "subdomain": name_of(job),
+        },
+        "failurePolicy": {
+            "maxRestarts": restart_budget(job),
+            "rules": [
                 {
-                    "name": JOBSET_REPLICATED_JOB,
-                    "replicas": 1,
-                    "template": {"spec": job_spec(job, pod)},
+                    "name": "fail-on-bad-input-nonfinite-oom",
+                    "action": "FailJobSet",
+                    "onJobFailureReasons": ["PodFailurePolicy"],
                 }
             ],
         },
     }
+    if k.gang == "kueue":
+        spec["suspend"] = True
+    spec["replicatedJobs"] = [{"name": JOBSET_REPLICATED_JOB, "replicas": 1, "template": template}]
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": workload_metadata(job),
+        "spec": spec,
+    }
+
+
+def restart_budget(job: SubmitJob) -> int:
+    """Whole-job restarts (JobSet, PyTorchJob): the per-node budget times the nodes, as a
+    plain Job's per-index limits add up."""
+    return int(job.cluster.k8s.backoff_limit_per_node) * job.nodes
 
 
 def pytorchjob(job: SubmitJob, pod: dict) -> dict:
     """Kubeflow's PyTorchJob: a Master and nodes-1 Workers, each with its own Service made
-    by the training operator; ExitCode restarts a pod killed by a signal (exit >= 128)."""
+    by the training operator. restartPolicy ExitCode: the operator restarts a pod that exited
+    with 128 or more (a signal, and the 143 of a checkpointed stop) and fails the job on
+    1-127, so bad input, a non-finite loss and out of memory (2, 3, 4), but also a crash (1)
+    and a hang (5), end it without a retry."""
     k = job.cluster.k8s
-    run_policy: dict = {"backoffLimit": int(k.backoff_limit), "cleanPodPolicy": "None"}
+    run_policy: dict = {"backoffLimit": restart_budget(job), "cleanPodPolicy": "None"}
     deadline = _seconds(job.cluster.time_limit)
     if deadline:
         run_policy["activeDeadlineSeconds"] = deadline
     if k.ttl_after_finished_s is not None:
         run_policy["ttlSecondsAfterFinished"] = int(k.ttl_after_finished_s)
+    if k.gang == "kueue":
+        run_policy["suspend"] = True
+    if k.gang == "volcano":
+        policy: dict = {"minAvailable": job.nodes}
+        if k.queue:
+            policy["queue"] = str(k.queue)
+        run_policy["schedulingPolicy"] = policy
     replicas = {"Master": {"replicas": 1, "restartPolicy": "ExitCode", "template": pod}}
     if job.nodes > 1:
         replicas["Worker"] = {
@@ -241,7 +508,7 @@ def pytorchjob(job: SubmitJob, pod: dict) -> dict:
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
-        "metadata": metadata(job),
+        "metadata": workload_metadata(job),
         "spec": {"runPolicy": run_policy, "pytorchReplicaSpecs": replicas},
     }
 
@@ -253,17 +520,11 @@ def pod_template(
     k = job.cluster.k8s
     shm_bytes = int(k8s_check.parse_quantity(shm_size, "cluster.k8s.shm_size"))
     memory_limit = k8s_check.format_bytes(process_memory + shm_bytes)
-    gpus = int(job.cluster.gpus_per_node)
-    requests: dict = {"cpu": str(k.cpu), "memory": memory_limit}
-    limits: dict = {"memory": memory_limit}
-    if gpus:
-        requests[str(k.gpu_resource)] = gpus
-        limits[str(k.gpu_resource)] = gpus
     command, args = container_command(job, endpoint)
     main: dict = {
         "name": container,
         "image": str(k.image),
-        "imagePullPolicy": str(k.image_pull_policy),
+        "imagePullPolicy": image_pull_policy(job),
     }
     if job.cluster.workdir:
         main["workingDir"] = str(job.cluster.workdir)
@@ -276,7 +537,10 @@ def pod_template(
             "containerPort": int(job.cluster.rdzv_port),
         }
     ]
-    main["resources"] = {"requests": requests, "limits": limits}
+    main["resources"] = resources(job, memory_limit)
+    security = container_security(job)
+    if security:
+        main["securityContext"] = security
     main["volumeMounts"] = [
         {"name": SHM_VOLUME, "mountPath": k8s_check.SHM_PATH},
         {"name": RUNS_VOLUME, "mountPath": str(job.run_root)},
@@ -285,6 +549,15 @@ def pod_template(
     if k.kind == "pytorchjob":
         del spec["restartPolicy"]  # the operator sets it from the replica's restartPolicy
     spec["terminationGracePeriodSeconds"] = int(k.termination_grace_s)
+    if k.gang == "volcano":
+        spec["schedulerName"] = "volcano"
+    if k.security == "restricted":
+        spec["securityContext"] = {
+            "runAsNonRoot": True,
+            "runAsUser": int(k.run_as_user),
+            "runAsGroup": int(k.run_as_user),
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
     if k.service_account:
         spec["serviceAccountName"] = str(k.service_account)
     if k.priority_class:
@@ -302,14 +575,53 @@ def pod_template(
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}},
         {"name": RUNS_VOLUME, "persistentVolumeClaim": {"claimName": str(k.runs_pvc)}},
     ]
-    meta: dict = {"labels": labels(job)}
-    if k.annotations:
-        meta["annotations"] = {str(a): str(b) for a, b in k.annotations.items()}
+    # No service-mesh sidecar: it would hold the pod open after training ends, and the
+    # rendezvous and NCCL traffic must not go through a proxy (label: current Istio; the
+    # annotation: older releases).
+    meta: dict = {"labels": {**labels(job), ISTIO_INJECT: "false"}}
+    annotations = {ISTIO_INJECT: "false"}
+    if k.gang == "volcano" and k.queue:
+        annotations[VOLCANO_QUEUE] = str(k.queue)
+    annotations.update({str(a): str(b) for a, b in k.annotations.items()})
+    meta["annotations"] = annotations
     return {"metadata": meta, "spec": spec}
 
 
+def resources(job: SubmitJob, memory_limit: str) -> dict:
+    """Requests and limits: memory (processes + /dev/shm) request = limit, GPUs and RDMA
+    devices request = limit, and the CPU request; with guaranteed=true the CPU limit equals
+    the request, which makes the pod's QoS class Guaranteed."""
+    k = job.cluster.k8s
+    gpus = int(job.cluster.gpus_per_node)
+    cpu = cpu_request(job)
+    requests: dict = {"cpu": cpu, "memory": memory_limit}
+    limits: dict = {"memory": memory_limit}
+    if k.guaranteed:
+        limits = {"cpu": cpu, **limits}
+    if gpus:
+        requests[str(k.gpu_resource)] = gpus
+        limits[str(k.gpu_resource)] = gpus
+    if k.rdma_resource:
+        requests[str(k.rdma_resource)] = int(k.rdma_per_node)
+        limits[str(k.rdma_resource)] = int(k.rdma_per_node)
+    return {"requests": requests, "limits": limits}
+
+
+def container_security(job: SubmitJob) -> dict | None:
+    """security=restricted: what Pod Security's 'restricted' profile asks of a container.
+    RDMA needs IPC_LOCK (to pin memory for the NIC), the one documented exception: no Pod
+    Security level but privileged allows adding it."""
+    k = job.cluster.k8s
+    context: dict = {}
+    if k.security == "restricted":
+        context = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    if k.rdma_resource:
+        context.setdefault("capabilities", {})["add"] = ["IPC_LOCK"]
+    return context or None
+
+
 def container_command(job: SubmitJob, endpoint: str) -> tuple[list[str], list[str]]:
-    """(command, args): torchrun itself, or a shell running cluster.setup first.
+    """(command, args): launcher.torchrun itself, or a shell running cluster.setup first.
 
     The node rank is `$(VAR)`, which Kubernetes expands from the container's environment;
     a literal `$(` in an override is escaped as `$$(` so Kubernetes leaves it alone.
@@ -320,11 +632,12 @@ def container_command(job: SubmitJob, endpoint: str) -> tuple[list[str], list[st
         f"--max-restarts={int(k.max_restarts)}",
         f"--rdzv-conf=join_timeout={int(k.rdzv_timeout_s)}",
     ]
-    argv = [argv[0], *extra, *argv[1:]]
+    front = len(FRONT_DOOR)
+    argv = [*argv[:front], *extra, *argv[front:]]
     rank_var = NODE_RANK[k.kind]
     if not job.cluster.setup:
         argv = [a.replace("$(", "$$(").replace(RANK_PLACEHOLDER, f"$({rank_var})") for a in argv]
-        return [argv[0]], argv[1:]
+        return argv[:front], argv[front:]
     script = ["set -e", *map(str, job.cluster.setup)]
     line = " ".join(shlex.quote(a) for a in argv).replace(RANK_PLACEHOLDER, f'"${rank_var}"')
     script.append(f"exec {line}")
@@ -333,9 +646,13 @@ def container_command(job: SubmitJob, endpoint: str) -> tuple[list[str], list[st
 
 def container_env(job: SubmitJob) -> list[dict]:
     """The `nccl` group's and cluster.env's variables; the W&B key only through a Secret."""
+    k = job.cluster.k8s
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
     env += [{"name": name, "value": value} for name, value in job.env().items()]
-    k = job.cluster.k8s
+    # torchrun's agent lets its workers checkpoint this long after SIGTERM (its default is
+    # 30 s), ending before the kubelet's SIGKILL at terminationGracePeriodSeconds.
+    shutdown = int(k.termination_grace_s) - SHUTDOWN_MARGIN_S
+    env.append({"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(shutdown)})
     if k.wandb_secret:
         ref = {"name": str(k.wandb_secret), "key": str(k.wandb_secret_key)}
         # A run that logs online must not start without its key; others start without it.
@@ -351,6 +668,7 @@ def to_yaml(obj: dict, job: SubmitJob) -> str:
         f"{job.run_id}; re-render rather than edit.\n"
         "# Every field is explained in k8s/README.md and docs/kubernetes.md.\n"
     )
+    header += "".join(f"# {line}\n" for line in notes(job))
     return header + yaml.safe_dump(obj, sort_keys=False, default_flow_style=False, width=1000)
 
 

@@ -59,6 +59,9 @@ class Expect:
     shm_need: int  # bytes of /dev/shm one pod's loaders need
     process_memory: int  # bytes the processes get besides /dev/shm (cluster.k8s.memory)
     rdzv_port: int
+    security: str = "default"  # restricted: Pod Security's 'restricted' profile
+    guaranteed: bool = False  # CPU limit = request (QoS Guaranteed)
+    rdma_resource: str | None = None  # requested with IPC_LOCK when set
 
 
 def check(objects: list[dict], expect: Expect) -> None:
@@ -145,6 +148,18 @@ def _check_failure_policy(obj: dict, spec: dict, path: str) -> None:
             f"{_where(obj)}: {path}.podFailurePolicy has no Ignore rule for DisruptionTarget: "
             "a preempted or evicted pod would count against backoffLimit"
         )
+    fails_at_once = {
+        code
+        for r in rules
+        if r.get("action") == "FailJob" and (r.get("onExitCodes") or {}).get("operator") == "In"
+        for code in r["onExitCodes"].get("values", [])
+    }
+    if not {2, 3} <= fails_at_once:
+        raise ConfigError(
+            f"{_where(obj)}: {path}.podFailurePolicy does not fail the Job at once on exit "
+            f"codes 2 (bad input) and 3 (non-finite loss) (FailJob on {sorted(fails_at_once)}): "
+            "the pods would be retried with input that cannot work"
+        )
 
 
 def _check_service(service: dict, pod: dict, expect: Expect) -> None:
@@ -199,6 +214,20 @@ def _check_jobset(jobset: dict, expect: Expect) -> None:
                 f"{_where(jobset)}: {base}.{key}={job_spec.get(key)!r}, expected {want!r}"
             )
     _check_failure_policy(jobset, job_spec, base)
+    if job_spec.get("backoffLimit") != 0:
+        raise ConfigError(
+            f"{_where(jobset)}: {base}.backoffLimit={job_spec.get('backoffLimit')!r}, expected "
+            "0: the JobSet owns restarts (spec.failurePolicy.maxRestarts)"
+        )
+    rules = (spec.get("failurePolicy") or {}).get("rules") or []
+    if not any(
+        r.get("action") == "FailJobSet" and "PodFailurePolicy" in r.get("onJobFailureReasons", [])
+        for r in rules
+    ):
+        raise ConfigError(
+            f"{_where(jobset)}: spec.failurePolicy.rules has no FailJobSet rule on "
+            "PodFailurePolicy: a Job failed for bad input would be restarted"
+        )
     pod = job_spec["template"]
     _check_pod(jobset, pod, f"{base}.template", expect, "Never")
     name = jobset["metadata"]["name"]
@@ -262,6 +291,63 @@ def _check_pod(obj: dict, pod: dict, path: str, expect: Expect, restart: str | N
                 "default (often 64 MiB) would kill multi-worker DataLoaders with a bus error"
             )
         _check_shm(obj, container, where, shm_volume, path, expect)
+        _check_shutdown(obj, container, where, spec, path)
+        _check_security(obj, container, where, spec, path, expect)
+
+
+def _check_shutdown(obj: dict, container: dict, where: str, spec: dict, path: str) -> None:
+    """torchrun must end its workers (which checkpoint on SIGTERM) before the kubelet's
+    SIGKILL: TORCH_ELASTIC_SHUTDOWN_TIMEOUT below terminationGracePeriodSeconds."""
+    grace = spec.get("terminationGracePeriodSeconds", 30)
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    timeout = env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+    if timeout is None or not str(timeout).isdigit() or int(timeout) >= grace:
+        raise ConfigError(
+            f"{_where(obj)}: {where}.env TORCH_ELASTIC_SHUTDOWN_TIMEOUT={timeout} must be set "
+            f"and below {path}.spec.terminationGracePeriodSeconds={grace}: torchrun kills its "
+            "workers 30 s after SIGTERM by default, before their stop checkpoint is written"
+        )
+
+
+RESTRICTED_POD = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _check_security(obj, container, where, spec, path, expect: Expect) -> None:
+    """security=restricted: the fields Pod Security's 'restricted' profile checks (IPC_LOCK
+    for RDMA is the one documented exception); guaranteed: CPU limit = request."""
+    context = container.get("securityContext") or {}
+    caps = context.get("capabilities") or {}
+    if expect.security == "restricted":
+        pod_ctx = spec.get("securityContext") or {}
+        wrong = [k for k, v in RESTRICTED_POD.items() if pod_ctx.get(k) != v]
+        if wrong or not pod_ctx.get("runAsUser"):
+            raise ConfigError(
+                f"{_where(obj)}: {path}.spec.securityContext lacks {wrong or ['runAsUser']} "
+                "for the 'restricted' Pod Security profile"
+            )
+        if context.get("allowPrivilegeEscalation") is not False or caps.get("drop") != ["ALL"]:
+            raise ConfigError(
+                f"{_where(obj)}: {where}.securityContext must set allowPrivilegeEscalation: "
+                "false and drop ALL capabilities for the 'restricted' profile"
+            )
+        allowed = {"NET_BIND_SERVICE"} | ({"IPC_LOCK"} if expect.rdma_resource else set())
+        if set(caps.get("add", [])) - allowed:
+            raise ConfigError(
+                f"{_where(obj)}: {where}.securityContext.capabilities.add={caps.get('add')} "
+                "breaks the 'restricted' profile"
+            )
+    if expect.rdma_resource and "IPC_LOCK" not in caps.get("add", []):
+        raise ConfigError(
+            f"{_where(obj)}: {where}: RDMA ({expect.rdma_resource}) needs the IPC_LOCK "
+            "capability to pin memory; without it NCCL falls back to TCP"
+        )
+    resources = container.get("resources") or {}
+    requests, limits = resources.get("requests", {}), resources.get("limits", {})
+    if expect.guaranteed and str(limits.get("cpu")) != str(requests.get("cpu")):
+        raise ConfigError(
+            f"{_where(obj)}: {where}.resources: limits.cpu={limits.get('cpu')!r} differs from "
+            f"requests.cpu={requests.get('cpu')!r}: the pod is not Guaranteed QoS"
+        )
 
 
 def _check_mounts(obj: dict, container: dict, where: str, volumes: dict) -> dict | None:

@@ -1,6 +1,7 @@
 """The experiment as an sbatch script: one torchrun per node through srun, c10d rendezvous
-on the first node, and a checkpoint-and-requeue when Slurm warns of the time limit or of a
-preemption.
+on the first node (on a port derived from the job id), and a checkpoint-and-requeue when
+Slurm warns of the time limit or of a preemption, or the trainer detects a hang, for as
+long as each start advances the checkpoint (and at most cluster.slurm.max_requeues times).
 
 The script is `templates/slurm.sbatch` with the job's values filled in; slurm/README.md
 explains it line by line and docs/slurm.md explains the choices (the signal path above all).
@@ -19,7 +20,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from launcher.config import ConfigError
-from launcher.submit.job import SubmitJob, prepare
+from launcher.submit.job import FRONT_DOOR, SubmitJob, prepare
 
 SCRIPT = "job.sbatch"
 OUTPUT = "slurm-%j.out"  # in the submit/ folder; requeued runs append to the same file
@@ -47,6 +48,7 @@ EXAMPLE_OVERRIDES = [
     "run.id=example",
 ]
 MAX_SIGNAL_LEAD_S = 65535  # sbatch --signal takes at most 16 bits of seconds
+GPU_REQUESTS = ("gpus-per-node", "gres")
 _PLAIN = re.compile(r"^[^\s'\"\\`$;]+$")  # a value an #SBATCH line can carry as it is
 _TIME = re.compile(
     r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
@@ -76,7 +78,19 @@ def check(job: SubmitJob) -> None:
     c, s, t = job.cluster, job.cluster.slurm, job.cfg.trainer
     for key in ("partition", "account", "qos", "mem", "constraint", "container_image"):
         _plain(f"cluster.slurm.{key}", s[key])
-    _plain("cluster.job_name", c.job_name)
+    _plain("cluster.job_name", job.job_name)
+    if s.gpu_request not in GPU_REQUESTS:
+        raise ConfigError(
+            f"cluster.slurm.gpu_request={s.gpu_request}: not one of {', '.join(GPU_REQUESTS)} "
+            "(gres: --gres=gpu:N, for clusters without select/cons_tres)"
+        )
+    last_port = c.rdzv_port + s.rdzv_port_range - 1
+    if s.rdzv_port_range < 1 or not 1024 <= c.rdzv_port <= last_port <= 65535:
+        raise ConfigError(
+            f"cluster.rdzv_port={c.rdzv_port} with cluster.slurm.rdzv_port_range="
+            f"{s.rdzv_port_range}: the ports {c.rdzv_port}..{last_port} must lie within "
+            "1024..65535 (the job uses rdzv_port + job id mod rdzv_port_range)"
+        )
     for key in ("cpus_per_task",):
         if s[key] is not None and s[key] < 1:
             raise ConfigError(f"cluster.slurm.{key}={s[key]}: must be at least 1")
@@ -136,16 +150,19 @@ def render(job: SubmitJob) -> dict[str, str]:
     check(job)
     c, s = job.cluster, job.cluster.slurm
     fields = {
-        "title": f"{c.job_name}: {job.nodes} node(s) x {job.procs_per_node} process(es), "
+        "title": f"{job.job_name}: {job.nodes} node(s) x {job.procs_per_node} process(es), "
         f"run {job.run_id}",
-        "sbatch": "\n".join(f"#SBATCH {opt}" for opt in sbatch_options(job)),
+        "sbatch": "\n".join([*(f"#SBATCH {opt}" for opt in sbatch_options(job)), *_notes(job)]),
         "setup": "\n".join(_setup_lines(job)),
         "exports": "\n".join(
             f"export {name}={shlex.quote(value)}" for name, value in job.env().items()
         ),
         "shutdown_timeout": str(s.signal_lead_s),
         "rdzv_port": str(c.rdzv_port),
+        "rdzv_port_range": str(s.rdzv_port_range),
         "run_dir": shlex.quote(str(job.run_dir)),
+        "policy": _policy(job),
+        "output": shlex.quote(str(job.submit_dir)) + '/slurm-"$SLURM_JOB_ID".out',
         "srun_options": " ".join(_srun_options(job)),
         "torchrun": _torchrun(job),
         "requeue": _requeue_block(job),
@@ -158,10 +175,12 @@ def render(job: SubmitJob) -> dict[str, str]:
 def sbatch_options(job: SubmitJob) -> list[str]:
     """The #SBATCH options, in the order slurm/README.md explains them."""
     c, s = job.cluster, job.cluster.slurm
-    opts = [f"--job-name={c.job_name}"]
+    opts = [f"--job-name={job.job_name}"]
     opts += [f"--{k}={s[k]}" for k in ("partition", "account", "qos") if s[k] is not None]
     opts += [f"--nodes={job.nodes}", "--ntasks-per-node=1"]
-    if c.gpus_per_node:
+    if c.gpus_per_node and s.gpu_request == "gres":
+        opts.append(f"--gres=gpu:{c.gpus_per_node}")
+    elif c.gpus_per_node:
         opts.append(f"--gpus-per-node={c.gpus_per_node}")
     if s.cpus_per_task is not None:
         opts.append(f"--cpus-per-task={s.cpus_per_task}")
@@ -182,6 +201,16 @@ def sbatch_options(job: SubmitJob) -> list[str]:
     ]
     opts += [line.strip().removeprefix("#SBATCH").strip() for line in s.extra_sbatch]
     return opts
+
+
+def _notes(job: SubmitJob) -> list[str]:
+    """Comments under the #SBATCH lines for defaults a reader should not have to guess."""
+    if job.cluster.slurm.mem is not None:
+        return []
+    return [
+        "# No --mem (cluster.slurm.mem=null): the partition's default memory per node applies",
+        "# (DefMemPerNode/DefMemPerCPU, often small); cluster.slurm.mem=0 asks for all of it.",
+    ]
 
 
 def _setup_lines(job: SubmitJob) -> list[str]:
@@ -210,31 +239,62 @@ def _srun_options(job: SubmitJob) -> list[str]:
 
 
 def _torchrun(job: SubmitJob) -> str:
-    """One option per line; `-m launcher.train` and each override on a line of their own."""
+    """`python -m launcher.torchrun`, then one option per line; `-m launcher.train` and each
+    override on a line of their own."""
     argv = [shlex.quote(a) for a in job.torchrun_argv("@ENDPOINT@")]
-    module = argv.index("-m")
-    lines = [*argv[:module], " ".join(argv[module : module + 2]), *argv[module + 2 :]]
+    front = len(FRONT_DOOR)
+    module = argv.index("-m", front)
+    lines = [" ".join(argv[:front]), *argv[front:module], " ".join(argv[module : module + 2])]
+    lines += argv[module + 2 :]
     return " \\\n    ".join(lines).replace("@ENDPOINT@", '"$endpoint"')
 
 
+def _policy(job: SubmitJob) -> str:
+    """The requeue policy, as the job log states it at every start."""
+    s = job.cluster.slurm
+    if not s.requeue:
+        return "requeue policy: none (cluster.slurm.requeue=false); resubmit to resume"
+    cap = "no cap" if s.max_requeues is None else f"at most {s.max_requeues} requeues"
+    return (
+        "requeue policy: on Slurm's warning (USR1) or a detected hang (exit 5), only when a "
+        f"newer checkpoint was completed during this start; {cap} "
+        "(cluster.slurm.max_requeues); this job has been requeued $restart time(s)"
+    )
+
+
 def _requeue_block(job: SubmitJob) -> str:
+    """Requeue only what can make progress: after the warning or a hang, never after bad
+    input (2), a non-finite loss (3) or out of memory (4), and only when this start
+    completed a newer checkpoint than the one it began from."""
     s = job.cluster.slurm
     if not s.requeue:
         return "# cluster.slurm.requeue=false: a stopped job is not requeued; submit it again"
-    requeue = [
-        'echo "launcher: requeueing job $SLURM_JOB_ID; it resumes from its checkpoint"',
-        'scontrol requeue "$SLURM_JOB_ID"',
-        "exit 0",
+    lines = [
+        "# Requeue after Slurm's warning or a hang, only when this start advanced the checkpoint.",
+        'if { [ "$stop" = USR1 ] || [ "$code" -eq 5 ]; } && [ "$code" -ne 2 ] '
+        '&& [ "$code" -ne 3 ] && [ "$code" -ne 4 ]; then',
+        "  reached=$(checkpoints)",
     ]
-    if s.max_requeues is None:
-        body = "\n".join(f"  {line}" for line in requeue)
-    else:
-        inner = "\n".join(f"    {line}" for line in requeue)
-        body = (
-            f'  if [ "$restart" -lt {s.max_requeues} ]; then\n{inner}\n  fi\n'
-            f'  echo "launcher: not requeued: cluster.slurm.max_requeues={s.max_requeues} reached"'
-        )
-    return f'if [ "$stop" = USR1 ]; then\n{body}\nfi'
+    test = "if"
+    if s.max_requeues is not None:
+        lines += [
+            f'  if [ "$restart" -ge {s.max_requeues} ]; then',
+            f'    echo "launcher: not requeued: cluster.slurm.max_requeues={s.max_requeues} '
+            'reached"',
+        ]
+        test = "elif"
+    lines += [
+        f'  {test} [ "$reached" = "$started_at" ]; then',
+        '    echo "launcher: not requeued: no newer checkpoint was completed during this start '
+        '(still ${started_at:-none}); a requeue would make no progress"',
+        "  else",
+        '    echo "launcher: requeueing job $SLURM_JOB_ID; it resumes from $reached"',
+        '    scontrol requeue "$SLURM_JOB_ID"',
+        "    exit 0",
+        "  fi",
+        "fi",
+    ]
+    return "\n".join(lines)
 
 
 def submit(job: SubmitJob, paths: list[Path]) -> str:
