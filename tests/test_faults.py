@@ -217,11 +217,11 @@ def test_the_job_exit_code_reaches_the_caller(tmp_path, overrides, code, status)
         assert "fault.kind=loader_error" in proc.stderr  # the worker's error, named
 
 
-def test_injected_stall_is_detected_explained_and_restartable(tmp_path):
-    run = [*LONG, f"run.root={tmp_path}", "run.id=stall", *QUICK_WATCHDOG]
+def test_injected_stall_is_detected_explained_and_restartable(reference, tmp_path):
+    run = [*LONG, f"run.root={tmp_path}", "run.id=stall"]
     # A 600 s stall: only the watchdog can end this launch within its timeout.
     fault = ["fault.kind=stall", "fault.rank=1", "fault.step=25", "fault.seconds=600"]
-    proc = torchrun([*run, *fault], runner=FRONT_DOOR)
+    proc = torchrun([*run, *QUICK_WATCHDOG, *fault], runner=FRONT_DOOR)
     assert proc.returncode == exit_codes.HANG, explain(proc)
     logs = tmp_path / "stall" / "logs"
     for rank in (0, 1):  # both could still run: both wrote their stacks and recorder
@@ -233,10 +233,11 @@ def test_injected_stall_is_detected_explained_and_restartable(tmp_path):
     assert report["culprits"] == [1]
     assert report["ranks"][1]["where"].startswith("faults.py")
     assert report["ranks"][0]["waiting"]
-    # The restart resumes from step 20 past the (fired once) fault, to the reference losses.
+    # The restart (the default watchdog) resumes from step 20, past the fault (fired once).
     again = torchrun(run, runner=FRONT_DOOR)
     assert again.returncode == 0, explain(again)
     assert "resumed from step 20" in again.stderr
+    assert losses(tmp_path / "stall") == reference
 
 
 def test_stopped_process_is_named_by_its_silence(tmp_path):
