@@ -127,6 +127,7 @@ class TrainLoop:
         checkpoint.CheckpointWriter)."""
         self.strategy.load(folder)
         self.ckpt.adopt(folder)
+        self._note_world_change(checkpoint.read_meta(folder) or {})
         rng_file = folder / f"rng_rank{self.rt.rank}.pt"
         if rng_file.exists():
             state = torch.load(rng_file, weights_only=False)
@@ -140,6 +141,23 @@ class TrainLoop:
                 "%s has no RNG state for rank %d (world size changed?)", folder, self.rt.rank
             )
         return checkpoint.step_of(folder)
+
+    def _note_world_change(self, meta: dict) -> None:
+        """Say once (rank 0) that the run continues at another world size: the global batch
+        and the data order stay; accumulation makes up the difference."""
+        old = meta.get("world_size")
+        if not self.rt.is_main or old is None or old == self.rt.world_size:
+            return
+        log.warning(
+            "world size changed: %d ranks wrote this checkpoint, %d resume it; gradient "
+            "accumulation %s -> %d micro-steps per rank (global batch %d sequences, same data "
+            "order)",
+            old,
+            self.rt.world_size,
+            meta.get("accum", "?"),
+            self.accum,
+            self.t.global_batch_size,
+        )
 
     def files_to_load(self, folder: Path) -> list[Path]:
         """What `restore(folder)` reads on this rank."""
@@ -165,7 +183,11 @@ class TrainLoop:
             self.ckpt.save(
                 step,
                 self._write_checkpoint,
-                {"world_size": self.rt.world_size, "tokens": step * self.tokens_per_step},
+                {
+                    "world_size": self.rt.world_size,
+                    "accum": self.accum,
+                    "tokens": step * self.tokens_per_step,
+                },
             )
 
     def _check_finite(self, step: int) -> None:

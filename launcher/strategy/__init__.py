@@ -1,6 +1,6 @@
 """The one interface the training loop talks to, whatever engine does the work.
 
-The loop never touches DDP or DeepSpeed directly: it asks the strategy for the
+The loop never touches DDP, DeepSpeed or FSDP2 directly: it asks the strategy for the
 module to call, a context for each micro-step, and to run backward and the optimizer step.
 """
 
@@ -81,4 +81,10 @@ def build_strategy(cfg: DictConfig, rt: Runtime, model: torch.nn.Module) -> Stra
         from launcher.strategy.deepspeed import DeepSpeedStrategy
 
         return DeepSpeedStrategy(cfg, rt, model)
-    raise ValueError(f"strategy.name={cfg.strategy.name}: unknown strategy; use ddp or deepspeed")
+    if cfg.strategy.name == "fsdp2":
+        from launcher.strategy.fsdp2 import FSDP2Strategy
+
+        return FSDP2Strategy(cfg, rt, model)
+    raise ValueError(
+        f"strategy.name={cfg.strategy.name}: unknown strategy; use ddp, deepspeed or fsdp2"
+    )
