@@ -105,6 +105,7 @@ class TrainerConfig:
     eval_batches: int = 4
     checkpoint_interval: int = 100
     keep_checkpoints: int = 2
+    async_checkpoint: bool = False  # strategy=fsdp2: files written while training goes on
 
 
 @dataclass
@@ -555,6 +556,11 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     _validate_profiler(cfg.profiler, t.max_steps, world_size)
     _validate_watchdog(cfg.watchdog, cfg.dist.timeout_s)
     _validate_fault(cfg, world_size)
+    if t.async_checkpoint and cfg.strategy.name != "fsdp2":
+        raise ConfigError(
+            f"trainer.async_checkpoint=true needs strategy=fsdp2 (DCP's asynchronous save); "
+            f"strategy={cfg.strategy.name} writes its checkpoints synchronously"
+        )
     engine_rules = {
         "ddp": _validate_ddp,
         "deepspeed": _validate_deepspeed,

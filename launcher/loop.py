@@ -164,8 +164,8 @@ class TrainLoop:
         rng_file = folder / f"rng_rank{self.rt.rank}.pt"
         return self.strategy.files_to_load(folder) + ([rng_file] if rng_file.exists() else [])
 
-    def _write_checkpoint(self, folder: Path) -> None:
-        self.strategy.save(folder, self.rt.rank)
+    def _write_checkpoint(self, folder: Path):
+        pending = self.strategy.save(folder, self.rt.rank)  # a future when asynchronous
         cuda = torch.cuda.get_rng_state(self.rt.device) if self.rt.device.type == "cuda" else None
         torch.save(
             {
@@ -176,8 +176,11 @@ class TrainLoop:
             },
             folder / f"rng_rank{self.rt.rank}.pt",
         )
+        return pending
 
-    def save(self, step: int) -> None:
+    def save(self, step: int, wait: bool = False) -> None:
+        """Checkpoint `step`; with trainer.async_checkpoint the files are written while
+        training goes on, unless `wait` (a stop, the end of the run)."""
         self._check_finite(step)
         with self.watchdog.phase("checkpoint", self.cfg.watchdog.checkpoint_s):
             self.ckpt.save(
@@ -189,6 +192,8 @@ class TrainLoop:
                     "tokens": step * self.tokens_per_step,
                 },
             )
+            if wait:
+                self.ckpt.complete()
 
     def _check_finite(self, step: int) -> None:
         """Collective check, so that every rank refuses together."""
@@ -325,10 +330,10 @@ class TrainLoop:
             for sink in self.sinks:
                 sink.log(record)
         if not last and self.stop.poll():
-            self.save(step)
+            self.save(step, wait=True)
             raise Stopped(step)
         if t.checkpoint_interval and (step % t.checkpoint_interval == 0 or last):
-            self.save(step)
+            self.save(step, wait=last)
 
     def _log_metrics(self, step: int, lr: float, timer: StepTimer) -> dict:
         vector = local_vector(

@@ -6,28 +6,36 @@ FSDP2 against DDP's losses, its comm figures and DCP checkpoints, the sweep tabl
 few launches that resume the sweep's step-10 checkpoints: FSDP2 at the same world size
 (bit-exact), FSDP2 2 -> 1 -> 2 ranks, DDP at 1 rank, a DDP checkpoint into FSDP2; and an
 asynchronous checkpoint cut by SIGTERM. Resume launches use the default DataLoader.
+FSDP2_SWEEP_DIR=<a kept sweep folder> reuses a sweep, to rerun one test alone.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 
+from launcher.checkpoint import scan
 from launcher.config import ConfigError, compose, validate
 
 from launch import (
     FAST,
     FAST_USER_LOADER,
+    checkpointed,
     explain,
+    finish,
     losses,
     metrics,
     python_train,
+    start_torchrun,
     summary,
     torchrun,
+    wait_for,
 )
 
 STEPS = 20
@@ -47,6 +55,8 @@ REORDERED = 2e-5
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
+    if os.environ.get("FSDP2_SWEEP_DIR"):  # a kept sweep, to rerun one test alone
+        return Path(os.environ["FSDP2_SWEEP_DIR"])
     root = tmp_path_factory.mktemp("strategies")
     proc = torchrun([*RUN, "+exp=strategy_sweep", f"run.root={root}", "run.id=ss"])
     assert proc.returncode == 0, explain(proc)
@@ -152,3 +162,27 @@ def test_ddp_resumes_at_one_rank_and_into_fsdp2(sweep, tmp_path):
 def test_bad_fsdp2_settings_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         validate(compose(["strategy=fsdp2", *overrides]), 2)
+
+
+def test_async_checkpoint_sigterm_leaves_a_complete_one_and_resumes_exactly(sweep, tmp_path):
+    """trainer.async_checkpoint=true, a checkpoint every 2 steps, SIGTERM once one exists:
+    the stop waits for the last write, every checkpoint left is complete (none half-written
+    under a step_<n> name), and the relaunch continues to the sweep's losses exactly (the
+    state was copied when the save started, not read later while training changed it)."""
+    args = [*RESUME, "strategy=fsdp2", "trainer.async_checkpoint=true",
+            "trainer.checkpoint_interval=2", f"run.root={tmp_path}", "run.id=a"]  # fmt: skip
+    output = tmp_path / "out.txt"
+    proc = start_torchrun(args, output)
+    wait_for(checkpointed(tmp_path, 4), proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    out = finish(proc, output)
+    assert proc.returncode == 143, out
+    stopped = summary(tmp_path / "a")
+    assert stopped["status"] == "stopped" and 4 <= stopped["steps"] < STEPS, out
+    found = scan(tmp_path / "a" / "checkpoints")
+    assert not found.incomplete and not found.leftovers, found
+    assert found.complete[0].name == f"step_{stopped['steps']:08d}"
+    again = torchrun(args, runner="launcher.torchrun")
+    assert again.returncode == 0, explain(again)
+    assert f"resumed from step {stopped['steps']}" in again.stderr
+    assert losses(tmp_path / "a") == losses(sweep / "strategy=fsdp2")

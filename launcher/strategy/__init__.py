@@ -7,6 +7,7 @@ module to call, a context for each micro-step, and to run backward and the optim
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -39,8 +40,9 @@ class Strategy(ABC):
         """Clip, step the optimizer at `lr`, zero grads; return the pre-clip grad norm."""
 
     @abstractmethod
-    def save(self, folder: Path, rank: int) -> None:
-        """Write this rank's share of the model/optimizer state into `folder`."""
+    def save(self, folder: Path, rank: int) -> Future | None:
+        """Write this rank's share of the model/optimizer state into `folder`; an engine
+        that writes asynchronously (trainer.async_checkpoint) returns the future of it."""
 
     @abstractmethod
     def load(self, folder: Path) -> None:

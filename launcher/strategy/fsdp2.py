@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
@@ -46,6 +47,18 @@ log = logging.getLogger("launcher")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DCP_METADATA = ".metadata"  # what DCP writes last (rank 0): marks a DCP checkpoint
 DDP_FILES = ("model.pt", "optimizer.pt")  # a DDP checkpoint (launcher.strategy.ddp)
+
+
+_ASYNC_GROUP: list = []  # one per process: the group outlives a sweep's points
+
+
+def _async_save_group():
+    """A gloo group for the background writer's collectives (None with one process)."""
+    if dist.get_world_size() == 1:
+        return None
+    if not _ASYNC_GROUP:
+        _ASYNC_GROUP.append(dist.new_group(backend="gloo"))
+    return _ASYNC_GROUP[0]
 
 
 def is_dcp_checkpoint(folder: Path) -> bool:
@@ -86,6 +99,7 @@ class FSDP2Strategy(Strategy):
         t, s = cfg.trainer, cfg.strategy
         self.rt, self.device = rt, rt.device
         self.grad_clip = t.grad_clip
+        self.async_checkpoint = t.async_checkpoint
         if not dist.is_initialized():  # one process (python -m launcher.train): a group of 1
             backend = "nccl" if rt.device.type == "cuda" else "gloo"
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
@@ -162,10 +176,17 @@ class FSDP2Strategy(Strategy):
         model_sd, optim_sd = get_state_dict(self.raw_model, self.optimizer)
         return {"model": model_sd, "optim": optim_sd}
 
-    def save(self, folder: Path, rank: int) -> None:
+    def save(self, folder: Path, rank: int) -> Future | None:
         """Every rank writes its shards into `folder` (DCP: `__<rank>_0.distcp`, and
-        rank 0 the `.metadata` that maps them onto the full tensors)."""
-        dcp.save(self._state(), checkpoint_id=folder)
+        rank 0 the `.metadata` that maps them onto the full tensors). Asynchronously: the
+        state is copied to host memory now and written by a thread, whose collectives go
+        over a process group of their own, never interleaved with training's."""
+        if not self.async_checkpoint:
+            dcp.save(self._state(), checkpoint_id=folder)
+            return None
+        return dcp.async_save(
+            self._state(), checkpoint_id=folder, process_group=_async_save_group()
+        )
 
     def load(self, folder: Path) -> None:
         """A DCP checkpoint (resharded to this world size), or a DDP one converted."""
