@@ -4,7 +4,8 @@ One `+exp=strategy_sweep` launch (DDP, ZeRO-1/2/3, FSDP2 with and without reshar
 forward; 20 steps each, the same seed and data, checkpoints at 10 and 20) is the reference:
 FSDP2 against DDP's losses, its comm figures and DCP checkpoints, the sweep table. Then a
 few launches that resume the sweep's step-10 checkpoints: FSDP2 at the same world size
-(bit-exact), FSDP2 2 -> 1 -> 2 ranks, DDP at 1 rank, a DDP checkpoint into FSDP2; and an
+(bit-exact), FSDP2 2 -> 1 -> 2 ranks, DDP 2 -> 1 rank then into FSDP2 on 2, FSDP2 into DDP on
+1 rank; and an
 asynchronous checkpoint cut by SIGTERM. Resume launches use the default DataLoader.
 FSDP2_SWEEP_DIR=<a kept sweep folder> reuses a sweep, to rerun one test alone.
 """
@@ -132,22 +133,27 @@ def test_fsdp2_resumes_exactly_and_at_other_world_sizes(sweep, tmp_path):
     assert close(resumed, {s: straight[s] for s in range(11, STEPS + 1)}, REORDERED), resumed
 
 
-def test_ddp_resumes_at_one_rank_and_into_fsdp2(sweep, tmp_path):
-    """A DDP checkpoint of 2 ranks resumed by 1 rank, and by FSDP2 (each rank keeps its
-    shard of the whole model and optimizer DDP saved)."""
+def test_ddp_resumes_at_one_rank_and_converts_both_ways(sweep, tmp_path):
+    """A DDP checkpoint of 2 ranks resumed by 1 rank (to step 15), whose checkpoint FSDP2
+    resumes on 2 ranks (each rank keeps its shard of the whole state DDP saved); and an
+    FSDP2 checkpoint resumed by DDP on 1 rank (the shards gathered whole)."""
     straight = losses(sweep / "strategy=ddp")
-    expected = {s: straight[s] for s in range(11, STEPS + 1)}
-    one = cut_at_10(sweep, "ddp", tmp_path / "one")
-    proc = python_train([*RESUME, "strategy=ddp", f"run.root={tmp_path}", "run.id=one"])
-    assert proc.returncode == 0, explain(proc)
-    assert "accumulation 2 -> 4 micro-steps" in proc.stderr
-    assert close(losses(one), expected, REORDERED)
+    chain = cut_at_10(sweep, "ddp", tmp_path / "chain")
+    args = [*RESUME, f"run.root={tmp_path}", "run.id=chain"]
+    one = python_train([*args, "strategy=ddp", "trainer.max_steps=15"])
+    assert one.returncode == 0, explain(one)
+    assert "accumulation 2 -> 4 micro-steps" in one.stderr
+    two = torchrun([*args, "strategy=fsdp2"])
+    assert two.returncode == 0, explain(two)
+    assert "resumed from step 15" in two.stderr and "accumulation 4 -> 2" in two.stderr
+    assert close(losses(chain), {s: straight[s] for s in range(11, STEPS + 1)}, REORDERED)
 
-    into = cut_at_10(sweep, "ddp", tmp_path / "into")
-    proc = torchrun([*RESUME, "strategy=fsdp2", f"run.root={tmp_path}", "run.id=into"])
+    back = cut_at_10(sweep, "fsdp2", tmp_path / "back")
+    proc = python_train([*RESUME, "strategy=ddp", "trainer.max_steps=13",
+                         f"run.root={tmp_path}", "run.id=back"])  # fmt: skip
     assert proc.returncode == 0, explain(proc)
     assert "resumed from step 10" in proc.stderr
-    assert close(losses(into), expected, REORDERED)
+    assert close(losses(back), {s: straight[s] for s in range(11, 14)}, REORDERED)
 
 
 @pytest.mark.parametrize(
