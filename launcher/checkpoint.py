@@ -255,7 +255,7 @@ class CheckpointWriter:
         # A checkpoint written before lineages were recorded: such ones are this run's too.
         self.prunable = {lineage} if lineage else {self.fresh_lineage, None}
 
-    def save(self, step: int, write: Callable[[Path], Future | None], extra_meta: dict) -> Path:
+    def save(self, step: int, write: Callable[[Path], object], extra_meta: dict) -> Path:
         """Write one checkpoint. When `write` returns a future (an asynchronous save whose
         files are still being written), the checkpoint is sealed, and so counts, only in
         `complete()`: at the next save, or when the run stops or ends."""
@@ -267,6 +267,7 @@ class CheckpointWriter:
             tmp.mkdir(parents=True)
         self.barrier()
         pending = write(tmp)
+        pending = pending if isinstance(pending, Future) else None
         self._pending = (tmp, final, step, {**self.meta, **extra_meta}, pending)
         if pending is None:
             self.complete()
