@@ -149,7 +149,7 @@ class TrainLoop:
         if not self.rt.is_main or old is None or old == self.rt.world_size:
             return
         log.warning(
-            "world size changed: %d ranks wrote this checkpoint, %d resume it; gradient "
+            "world size changed from %d to %d rank(s) since this checkpoint: gradient "
             "accumulation %s -> %d micro-steps per rank (global batch %d sequences, same data "
             "order)",
             old,

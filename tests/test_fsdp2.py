@@ -4,9 +4,9 @@ One `+exp=strategy_sweep` launch (DDP, ZeRO-1/2/3, FSDP2 with and without reshar
 forward; 20 steps each, the same seed and data, checkpoints at 10 and 20) is the reference:
 FSDP2 against DDP's losses, its comm figures and DCP checkpoints, the sweep table. Then a
 few launches that resume the sweep's step-10 checkpoints: FSDP2 at the same world size
-(bit-exact), FSDP2 2 -> 1 -> 2 ranks, DDP 2 -> 1 rank then into FSDP2 on 2, FSDP2 into DDP on
-1 rank; and an
-asynchronous checkpoint cut by SIGTERM. Resume launches use the default DataLoader.
+(bit-exact), DDP 2 -> 1 rank then into FSDP2 on 2, FSDP2 into DDP on 1 rank; FSDP2 under
+torchrun's elastic membership, 2 -> 1 -> 2 ranks; and an asynchronous checkpoint cut by
+SIGTERM. Resume launches use the default DataLoader.
 FSDP2_SWEEP_DIR=<a kept sweep folder> reuses a sweep, to rerun one test alone.
 """
 
@@ -17,6 +17,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,9 +29,12 @@ from launcher.config import ConfigError, compose, validate
 from launch import (
     FAST,
     FAST_USER_LOADER,
+    LAUNCH_TIMEOUT,
+    base_env,
     checkpointed,
     explain,
     finish,
+    free_port,
     losses,
     metrics,
     python_train,
@@ -108,9 +113,7 @@ def test_fsdp2_matches_ddp_with_comm_figures_dcp_checkpoints_and_the_table(sweep
     assert (sweep / "sweep_summary.png").stat().st_size > 0
 
 
-def test_fsdp2_resumes_exactly_and_at_other_world_sizes(sweep, tmp_path):
-    """Same world size: bit-exact. 2 ranks -> 1 (to step 15) -> 2 (to 20): DCP reshards,
-    accumulation is re-derived, and the curve continues within reduction-order rounding."""
+def test_fsdp2_resumes_exactly_at_the_same_world_size(sweep, tmp_path):
     straight = losses(sweep / "strategy=fsdp2")
     same = cut_at_10(sweep, "fsdp2", tmp_path / "same")
     proc = torchrun([*RESUME, "strategy=fsdp2", f"run.root={tmp_path}", "run.id=same"])
@@ -118,19 +121,47 @@ def test_fsdp2_resumes_exactly_and_at_other_world_sizes(sweep, tmp_path):
     assert "world size changed" not in proc.stderr
     assert losses(same) == {s: straight[s] for s in range(11, STEPS + 1)}
 
-    legs = cut_at_10(sweep, "fsdp2", tmp_path / "legs")
-    one = python_train([*RESUME, "strategy=fsdp2", "trainer.max_steps=15",
-                        f"run.root={tmp_path}", "run.id=legs"])  # fmt: skip
-    assert one.returncode == 0, explain(one)
-    changed = [ln for ln in one.stderr.splitlines() if "world size changed" in ln]
-    assert len(changed) == 1, explain(one)
-    assert "2 ranks wrote this checkpoint, 1 resume it" in changed[0]
-    assert "accumulation 2 -> 4 micro-steps" in changed[0]
-    two = torchrun([*RESUME, "strategy=fsdp2", f"run.root={tmp_path}", "run.id=legs"])
-    assert two.returncode == 0, explain(two)
-    assert "accumulation 4 -> 2 micro-steps" in two.stderr
-    resumed = losses(legs)
-    assert close(resumed, {s: straight[s] for s in range(11, STEPS + 1)}, REORDERED), resumed
+
+def elastic(agents: int, args: list[str]) -> list[subprocess.CompletedProcess]:
+    """`agents` torchrun agents of one elastic job (--nnodes=1:2, one rank each), as one
+    node each would start them; the group forms with however many joined."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc_per_node=1",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=el",
+           "--rdzv-conf=last_call_timeout=3,join_timeout=120", "--max-restarts=0",
+           "-m", "launcher.train", *args]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            cmd, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )  # fmt: skip
+        for _ in range(agents)
+    ]
+    outs = [p.communicate(timeout=LAUNCH_TIMEOUT)[0] for p in procs]
+    return [
+        subprocess.CompletedProcess(cmd, p.returncode, "", out)
+        for p, out in zip(procs, outs, strict=True)
+    ]
+
+
+def test_elastic_membership_2_then_1_then_2_ranks(sweep, tmp_path):
+    """torchrun --nnodes=1:2: two agents train FSDP2 to step 10, one alone resumes to 15,
+    two again to 20; DCP reshards, accumulation is re-derived (2 -> 4 -> 2), the change is
+    logged once per resume, and the curve is the uninterrupted run's within reduction-order
+    rounding."""
+    args = [*RESUME, "strategy=fsdp2", f"run.root={tmp_path}", "run.id=el"]
+    for agents, steps, change in ((2, 10, None), (1, 15, "2 to 1"), (2, STEPS, "1 to 2")):
+        procs = elastic(agents, [*args, f"trainer.max_steps={steps}"])
+        for proc in procs:
+            assert proc.returncode == 0, explain(proc)
+        out = "".join(p.stderr for p in procs)
+        assert f"process group created: gloo, {agents} ranks" in out, out
+        changed = [ln for ln in out.splitlines() if "world size changed" in ln]
+        if change is None:
+            assert not changed, out
+        else:
+            assert len(changed) == 1 and f"from {change} rank(s)" in changed[0], out
+            accum = "2 -> 4" if agents == 1 else "4 -> 2"
+            assert f"accumulation {accum} micro-steps" in changed[0]
+    assert close(losses(tmp_path / "el"), losses(sweep / "strategy=fsdp2"), REORDERED)
 
 
 def test_ddp_resumes_at_one_rank_and_converts_both_ways(sweep, tmp_path):
