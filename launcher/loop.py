@@ -138,7 +138,9 @@ class TrainLoop:
                 torch.cuda.set_rng_state(state["cuda"], self.rt.device)
         else:
             log.warning(
-                "%s has no RNG state for rank %d (world size changed?)", folder, self.rt.rank
+                "%s has no RNG state for rank %d (written by fewer ranks); this rank keeps its own",
+                folder,
+                self.rt.rank,
             )
         return checkpoint.step_of(folder)
 

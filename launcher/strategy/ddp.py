@@ -140,9 +140,9 @@ class DDPStrategy(Strategy):
         if (folder / "model.pt").exists() or not (folder / ".metadata").is_file():
             self._load_own(folder)
         else:  # an FSDP2 (DCP) checkpoint: its shards, gathered whole on every rank
-            from launcher.strategy.fsdp2 import load_dcp_into_replica
+            from launcher.strategy.fsdp2 import load_dcp
 
-            load_dcp_into_replica(self.raw_model, self.optimizer, folder)
+            load_dcp(self.raw_model, self.optimizer, folder)
         powersgd.load_state(self.comm_state, folder, self.rank, self.device)
 
     def _load_own(self, folder: Path) -> None:

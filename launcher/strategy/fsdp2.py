@@ -190,17 +190,10 @@ class FSDP2Strategy(Strategy):
 
     def load(self, folder: Path) -> None:
         """A DCP checkpoint (resharded to this world size), or a DDP one converted."""
-        if not is_dcp_checkpoint(folder):
+        if is_dcp_checkpoint(folder):
+            load_dcp(self.raw_model, self.optimizer, folder)
+        else:
             self._load_ddp(folder)
-            return
-        state = self._state()
-        dcp.load(state, checkpoint_id=folder)
-        set_state_dict(
-            self.raw_model,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
-        )
 
     def _load_ddp(self, folder: Path) -> None:
         """A DDP checkpoint holds the full model and optimizer on every rank's disk: each
@@ -228,8 +221,9 @@ class FSDP2Strategy(Strategy):
         self.module = self.raw_model = self.optimizer = None
 
 
-def load_dcp_into_replica(model: torch.nn.Module, optimizer, folder: Path) -> None:
-    """An FSDP2 checkpoint into a whole (DDP) model and its optimizer, on every rank."""
+def load_dcp(model: torch.nn.Module, optimizer, folder: Path) -> None:
+    """A DCP checkpoint into `model` and `optimizer`, sharded (FSDP2, at any world size) or
+    whole (a DDP replica on every rank): DCP reads each rank's part of every tensor."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=folder)
