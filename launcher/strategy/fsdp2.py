@@ -53,9 +53,8 @@ _ASYNC_GROUP: list = []  # one per process: the group outlives a sweep's points
 
 
 def _async_save_group():
-    """A gloo group for the background writer's collectives (None with one process)."""
-    if dist.get_world_size() == 1:
-        return None
+    """A gloo group for the background writer's collectives (made at the first save, which
+    every rank reaches at the same step)."""
     if not _ASYNC_GROUP:
         _ASYNC_GROUP.append(dist.new_group(backend="gloo"))
     return _ASYNC_GROUP[0]
