@@ -206,6 +206,7 @@ class TrainLoop:
             self._nonfinite(step, ranks)
 
     def _nonfinite(self, step: int, ranks: list[int]):
+        self.ckpt.complete()  # an asynchronous save of an earlier, finite step counts
         latest = checkpoint.find_resumable(self.rt.run_dir)
         kept = f"the last good checkpoint {latest} is kept" if latest else "no checkpoint was saved"
         raise NonFiniteLoss(
