@@ -21,6 +21,7 @@ import secrets
 import shutil
 import zipfile
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -245,6 +246,7 @@ class CheckpointWriter:
         self.meta = dict(meta or {})
         self.fresh_lineage = self.meta.setdefault("lineage", new_lineage())
         self.prunable = {self.fresh_lineage}
+        self._pending: tuple | None = None
 
     def adopt(self, folder: Path) -> None:
         """Continue the lineage of the checkpoint this run resumed from."""
@@ -253,19 +255,37 @@ class CheckpointWriter:
         # A checkpoint written before lineages were recorded: such ones are this run's too.
         self.prunable = {lineage} if lineage else {self.fresh_lineage, None}
 
-    def save(self, step: int, write: Callable[[Path], None], extra_meta: dict) -> Path:
+    def save(self, step: int, write: Callable[[Path], object], extra_meta: dict) -> Path:
+        """Write one checkpoint. When `write` returns a future (an asynchronous save whose
+        files are still being written), the checkpoint is sealed, and so counts, only in
+        `complete()`: at the next save, or when the run stops or ends."""
+        self.complete()
         final = self.folder / step_name(step)
         tmp = self.folder / f"{TMP_PREFIX}{step_name(step)}"
         if self.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         self.barrier()
-        write(tmp)
+        pending = write(tmp)
+        pending = pending if isinstance(pending, Future) else None
+        self._pending = (tmp, final, step, {**self.meta, **extra_meta}, pending)
+        if pending is None:
+            self.complete()
+        return final
+
+    def complete(self) -> None:
+        """Wait for this rank's files of the save in progress, then seal it once every rank
+        has written (nothing to do when no save is in progress)."""
+        if self._pending is None:
+            return
+        tmp, final, step, meta, pending = self._pending
+        self._pending = None
+        if pending is not None:
+            pending.result()
         self.barrier()
         if self.is_main:
-            self._seal(tmp, final, step, {**self.meta, **extra_meta})
+            self._seal(tmp, final, step, meta)
         self.barrier()
-        return final
 
     def _seal(self, tmp: Path, final: Path, step: int, extra_meta: dict) -> None:
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}

@@ -105,6 +105,7 @@ class TrainerConfig:
     eval_batches: int = 4
     checkpoint_interval: int = 100
     keep_checkpoints: int = 2
+    async_checkpoint: bool = False  # strategy=fsdp2: files written while training goes on
 
 
 @dataclass
@@ -145,9 +146,24 @@ class DeepSpeedConfig(StrategyConfig):
     extra: dict[str, Any] = field(default_factory=dict)  # any other DeepSpeed config key
 
 
+@dataclass
+class FSDP2Config(StrategyConfig):
+    """strategy=fsdp2: torch's fully_shard per GPT-2 block, then the root; see
+    docs/strategies.md."""
+
+    name: str = "fsdp2"
+    reshard_after_forward: Any = True  # true | false | an int: reshard to that many ranks
+    reduce_dtype: str = "fp32"  # fp32 | bf16: the dtype gradients are reduce-scattered in
+    offload: str = "none"  # none | cpu: sharded parameters, gradients, optimizer on the CPU
+
+
 # `strategy.name` -> its schema. A new engine adds its schema here and a
 # conf/strategy/<name>.yaml whose defaults list starts with `<name>_schema`.
-ENGINES: dict[str, type[StrategyConfig]] = {"ddp": DDPConfig, "deepspeed": DeepSpeedConfig}
+ENGINES: dict[str, type[StrategyConfig]] = {
+    "ddp": DDPConfig,
+    "deepspeed": DeepSpeedConfig,
+    "fsdp2": FSDP2Config,
+}
 
 
 @dataclass
@@ -551,7 +567,16 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     _validate_profiler(cfg.profiler, t.max_steps, world_size)
     _validate_watchdog(cfg.watchdog, cfg.dist.timeout_s)
     _validate_fault(cfg, world_size)
-    engine_rules = {"ddp": _validate_ddp, "deepspeed": _validate_deepspeed}
+    if t.async_checkpoint and cfg.strategy.name != "fsdp2":
+        raise ConfigError(
+            f"trainer.async_checkpoint=true needs strategy=fsdp2 (DCP's asynchronous save); "
+            f"strategy={cfg.strategy.name} writes its checkpoints synchronously"
+        )
+    engine_rules = {
+        "ddp": _validate_ddp,
+        "deepspeed": _validate_deepspeed,
+        "fsdp2": _validate_fsdp2,
+    }
     if cfg.strategy.name in engine_rules:
         engine_rules[cfg.strategy.name](cfg, world_size)
     _validate_resume(cfg)
@@ -668,6 +693,27 @@ def _validate_deepspeed(cfg: DictConfig, world_size: int) -> None:
         build_ds_config(cfg, world_size)
     except DeepSpeedConfigError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def _validate_fsdp2(cfg: DictConfig, world_size: int) -> None:
+    """strategy=fsdp2: reshard_after_forward's three forms, dtypes, offload."""
+    s = cfg.strategy
+    _choice(cfg, "strategy.reduce_dtype", ("fp32", "bf16"))
+    _choice(cfg, "strategy.offload", OFFLOAD_DEVICES)
+    raf = s.reshard_after_forward
+    if not isinstance(raf, bool):
+        divides = isinstance(raf, int) and 1 < raf < world_size and world_size % raf == 0
+        if not divides:
+            raise ConfigError(
+                f"strategy.reshard_after_forward={raf}: give true, false, or a number of ranks "
+                f"to reshard to that divides the world size {world_size} (neither 1 nor "
+                f"{world_size} itself)"
+            )
+    if cfg.trainer.precision == "fp16":
+        raise ConfigError(
+            "trainer.precision=fp16 is not supported with strategy=fsdp2 (it would need a "
+            "sharded loss scaler); use trainer.precision=bf16 or fp32"
+        )
 
 
 def _fp16_refused_on_cpu(device: str) -> bool:

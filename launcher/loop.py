@@ -127,6 +127,7 @@ class TrainLoop:
         checkpoint.CheckpointWriter)."""
         self.strategy.load(folder)
         self.ckpt.adopt(folder)
+        self._note_world_change(checkpoint.read_meta(folder) or {})
         rng_file = folder / f"rng_rank{self.rt.rank}.pt"
         if rng_file.exists():
             state = torch.load(rng_file, weights_only=False)
@@ -137,17 +138,36 @@ class TrainLoop:
                 torch.cuda.set_rng_state(state["cuda"], self.rt.device)
         else:
             log.warning(
-                "%s has no RNG state for rank %d (world size changed?)", folder, self.rt.rank
+                "%s has no RNG state for rank %d (written by fewer ranks); this rank keeps its own",
+                folder,
+                self.rt.rank,
             )
         return checkpoint.step_of(folder)
+
+    def _note_world_change(self, meta: dict) -> None:
+        """Say once (rank 0) that the run continues at another world size: the global batch
+        and the data order stay; accumulation makes up the difference."""
+        old = meta.get("world_size")
+        if not self.rt.is_main or old is None or old == self.rt.world_size:
+            return
+        log.warning(
+            "world size changed from %d to %d rank(s) since this checkpoint: gradient "
+            "accumulation %s -> %d micro-steps per rank (global batch %d sequences, same data "
+            "order)",
+            old,
+            self.rt.world_size,
+            meta.get("accum", "?"),
+            self.accum,
+            self.t.global_batch_size,
+        )
 
     def files_to_load(self, folder: Path) -> list[Path]:
         """What `restore(folder)` reads on this rank."""
         rng_file = folder / f"rng_rank{self.rt.rank}.pt"
         return self.strategy.files_to_load(folder) + ([rng_file] if rng_file.exists() else [])
 
-    def _write_checkpoint(self, folder: Path) -> None:
-        self.strategy.save(folder, self.rt.rank)
+    def _write_checkpoint(self, folder: Path):
+        pending = self.strategy.save(folder, self.rt.rank)  # a future when asynchronous
         cuda = torch.cuda.get_rng_state(self.rt.device) if self.rt.device.type == "cuda" else None
         torch.save(
             {
@@ -158,15 +178,24 @@ class TrainLoop:
             },
             folder / f"rng_rank{self.rt.rank}.pt",
         )
+        return pending
 
-    def save(self, step: int) -> None:
+    def save(self, step: int, wait: bool = False) -> None:
+        """Checkpoint `step`; with trainer.async_checkpoint the files are written while
+        training goes on, unless `wait` (a stop, the end of the run)."""
         self._check_finite(step)
         with self.watchdog.phase("checkpoint", self.cfg.watchdog.checkpoint_s):
             self.ckpt.save(
                 step,
                 self._write_checkpoint,
-                {"world_size": self.rt.world_size, "tokens": step * self.tokens_per_step},
+                {
+                    "world_size": self.rt.world_size,
+                    "accum": self.accum,
+                    "tokens": step * self.tokens_per_step,
+                },
             )
+            if wait:
+                self.ckpt.complete()
 
     def _check_finite(self, step: int) -> None:
         """Collective check, so that every rank refuses together."""
@@ -177,6 +206,7 @@ class TrainLoop:
             self._nonfinite(step, ranks)
 
     def _nonfinite(self, step: int, ranks: list[int]):
+        self.ckpt.complete()  # an asynchronous save of an earlier, finite step counts
         latest = checkpoint.find_resumable(self.rt.run_dir)
         kept = f"the last good checkpoint {latest} is kept" if latest else "no checkpoint was saved"
         raise NonFiniteLoss(
@@ -303,10 +333,10 @@ class TrainLoop:
             for sink in self.sinks:
                 sink.log(record)
         if not last and self.stop.poll():
-            self.save(step)
+            self.save(step, wait=True)
             raise Stopped(step)
         if t.checkpoint_interval and (step % t.checkpoint_interval == 0 or last):
-            self.save(step)
+            self.save(step, wait=last)
 
     def _log_metrics(self, step: int, lr: float, timer: StepTimer) -> dict:
         vector = local_vector(

@@ -4,7 +4,9 @@ Rank 0 decides, holding the run directory's lock, before anything in the directo
 written; the other ranks receive the decision. The rules (docs/checkpoints.md):
  - a checkpoint that cannot be resumed with the current settings (model shape, strategy,
    ZeRO stage and precision, world size where the strategy cannot reshard) stops the
-   launch with one line: what differs, the overrides that resume it, how to start fresh;
+   launch with one line: what differs, the overrides that resume it, how to start fresh.
+   DDP and FSDP2 checkpoints resume at any world size, and each engine resumes the other's;
+   DeepSpeed's only at the stage, precision and world size that wrote them;
  - what a crash or a person left behind (an incomplete checkpoint, a damaged `latest`,
    stray entries) is skipped with one warning each; a file or folder of the wrong type
    where the launcher writes stops the launch with one line;
@@ -24,6 +26,9 @@ from launcher.config import ConfigError
 
 log = logging.getLogger("launcher")
 
+# Engines whose checkpoints any of them resumes at any world size: DDP's hold the whole
+# model and optimizer, FSDP2's are DCP shards that reshard on load.
+RESHARDABLE = {"ddp", "fsdp2"}
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
 ARCHIVE = "archive"
 # What a launch writes at the top of a run directory (files), and the folders it writes in.
@@ -81,11 +86,16 @@ def differences(saved: dict, now: dict) -> list[Difference]:
             )
             found.append(Difference(f"model.{k} is {sm[k]} there, {nm[k]} now", fix))
     ss, ns = saved.get("strategy") or {}, now["strategy"]
+    if {ss.get("name"), ns["name"]} <= RESHARDABLE:
+        return found  # DDP and FSDP2 load each other's checkpoints, at any world size
     if ss.get("name") and ss["name"] != ns["name"]:
         fix = f"strategy={ss['name']}"
         if ss["name"] == "deepspeed" and "zero_stage" in ss:
             fix = f"strategy=deepspeed strategy.zero_stage={ss['zero_stage']}"
-        found.append(Difference(f"strategy is {ss['name']} there, {ns['name']} now", fix))
+        why = ""
+        if "deepspeed" in (ss["name"], ns["name"]):
+            why = " (DeepSpeed's shards convert to no other engine, nor others' into them)"
+        found.append(Difference(f"strategy is {ss['name']} there, {ns['name']} now{why}", fix))
         return found  # the engine's own settings compare only within one engine
     if ns["name"] == "deepspeed":
         if "zero_stage" in ss and ss["zero_stage"] != ns["zero_stage"]:

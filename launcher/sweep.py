@@ -190,10 +190,12 @@ def write_summary(out_dir: Path, rows: list[dict], title: str) -> list[Path]:
     return paths
 
 
-def _cell(value) -> str:
+def _cell(value, column: str = "") -> str:
     if value is None:
         return "-"
-    if isinstance(value, bool):
+    if isinstance(value, bool):  # the best marker, or a swept boolean key
+        if column != "best":
+            return str(value).lower()
         return "**best**" if value else ""
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -213,7 +215,7 @@ def markdown_table(rows: list[dict], title: str) -> str:
         "| " + " | ".join(columns) + " |",
         "| " + " | ".join("---" for _ in columns) + " |",
     ]
-    lines += ["| " + " | ".join(_cell(r[c]) for c in columns) + " |" for r in rows]
+    lines += ["| " + " | ".join(_cell(r[c], c) for c in columns) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 

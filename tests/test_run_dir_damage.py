@@ -39,6 +39,7 @@ DDP2 = {
     "world_size": 2,
 }
 ZERO2 = {**DDP2, "strategy": {"name": "deepspeed", "zero_stage": 2, "precision": "fp32"}}
+FSDP2 = {**DDP2, "strategy": {"name": "fsdp2"}}
 LINEAGE = "abc123"
 
 
@@ -249,6 +250,7 @@ INCOMPATIBLE = [
         "strategy=deepspeed strategy.zero_stage=2",
     ),
     (ZERO2, ident(ZERO2, world_size=1), "world size is 2 there, 1 now", "2 ranks"),
+    (FSDP2, ZERO2, "strategy is fsdp2 there, deepspeed now (DeepSpeed's shards", "strategy=fsdp2"),
     (ZERO2, ident(ZERO2, strategy__zero_stage=3), "zero_stage is 2 there, 3 now", "zero_stage=2"),
     (ZERO2, ident(ZERO2, strategy__precision="bf16"), "precision is fp32", "precision=fp32"),
 ]
@@ -280,6 +282,20 @@ def test_incompatible_checkpoint_refuses_with_what_and_how(tmp_path, caplog, sav
 def test_compatible_settings_resume(tmp_path, caplog, now):
     run = tmp_path / "run"
     saved = ZERO2 if now["strategy"]["name"] == "deepspeed" else DDP2
+    write_checkpoint(run / "checkpoints", 10, ident=saved)
+    assert decide(run, caplog, now=now) == ([10], [])
+
+
+@pytest.mark.parametrize(
+    ("saved", "now"),
+    [
+        (DDP2, ident(FSDP2, world_size=1)),  # each rank keeps its shard of DDP's whole state
+        (FSDP2, ident(FSDP2, world_size=3)),  # DCP reshards on load
+        (FSDP2, ident(DDP2, world_size=1)),  # DCP gathered whole on every rank
+    ],
+)
+def test_ddp_and_fsdp2_resume_each_other_at_any_world_size(tmp_path, caplog, saved, now):
+    run = tmp_path / "run"
     write_checkpoint(run / "checkpoints", 10, ident=saved)
     assert decide(run, caplog, now=now) == ([10], [])
 

@@ -1,12 +1,13 @@
 """The one interface the training loop talks to, whatever engine does the work.
 
-The loop never touches DDP or DeepSpeed directly: it asks the strategy for the
+The loop never touches DDP, DeepSpeed or FSDP2 directly: it asks the strategy for the
 module to call, a context for each micro-step, and to run backward and the optimizer step.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -39,8 +40,9 @@ class Strategy(ABC):
         """Clip, step the optimizer at `lr`, zero grads; return the pre-clip grad norm."""
 
     @abstractmethod
-    def save(self, folder: Path, rank: int) -> None:
-        """Write this rank's share of the model/optimizer state into `folder`."""
+    def save(self, folder: Path, rank: int) -> Future | None:
+        """Write this rank's share of the model/optimizer state into `folder`; an engine
+        that writes asynchronously (trainer.async_checkpoint) returns the future of it."""
 
     @abstractmethod
     def load(self, folder: Path) -> None:
@@ -81,4 +83,10 @@ def build_strategy(cfg: DictConfig, rt: Runtime, model: torch.nn.Module) -> Stra
         from launcher.strategy.deepspeed import DeepSpeedStrategy
 
         return DeepSpeedStrategy(cfg, rt, model)
-    raise ValueError(f"strategy.name={cfg.strategy.name}: unknown strategy; use ddp or deepspeed")
+    if cfg.strategy.name == "fsdp2":
+        from launcher.strategy.fsdp2 import FSDP2Strategy
+
+        return FSDP2Strategy(cfg, rt, model)
+    raise ValueError(
+        f"strategy.name={cfg.strategy.name}: unknown strategy; use ddp, deepspeed or fsdp2"
+    )

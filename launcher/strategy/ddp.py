@@ -131,17 +131,26 @@ class DDPStrategy(Strategy):
 
     def files_to_load(self, folder: Path) -> list[Path]:
         own = powersgd.state_file(folder, self.rank) if self.comm_state is not None else None
-        return [folder / "model.pt", folder / "optimizer.pt"] + (
-            [own] if own is not None and own.exists() else []
-        )
+        whole = [folder / "model.pt", folder / "optimizer.pt"]
+        if not whole[0].exists() and (folder / ".metadata").is_file():
+            whole = []  # an FSDP2 checkpoint: DCP files are not torch.save archives
+        return whole + ([own] if own is not None and own.exists() else [])
 
     def load(self, folder: Path) -> None:
+        if (folder / "model.pt").exists() or not (folder / ".metadata").is_file():
+            self._load_own(folder)
+        else:  # an FSDP2 (DCP) checkpoint: its shards, gathered whole on every rank
+            from launcher.strategy.fsdp2 import load_dcp
+
+            load_dcp(self.raw_model, self.optimizer, folder)
+        powersgd.load_state(self.comm_state, folder, self.rank, self.device)
+
+    def _load_own(self, folder: Path) -> None:
         state = torch.load(folder / "model.pt", map_location=self.device, weights_only=True)
         self.raw_model.load_state_dict(state)
         opt = torch.load(folder / "optimizer.pt", map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(opt["optimizer"])
         self.scaler.load_state_dict(opt["scaler"])
-        powersgd.load_state(self.comm_state, folder, self.rank, self.device)
 
     def close(self) -> None:
         self.ddp = None

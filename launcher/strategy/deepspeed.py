@@ -206,15 +206,8 @@ class DeepSpeedStrategy(Strategy):
     def close(self) -> None:
         if self.comm_timer is not None:
             self.comm_timer.uninstall()
-            if self.rt.is_main and self.comm_timer.timed_steps:
-                figures = {
-                    "timed_steps": self.comm_timer.timed_steps,
-                    "rank": self.rt.rank,
-                    "per_kind": self.comm_timer.per_kind(),
-                }
-                (self.rt.run_dir / "comm_collectives.json").write_text(
-                    json.dumps(figures, indent=1)
-                )
+            if self.rt.is_main:
+                self.comm_timer.write_summary(self.rt.run_dir, self.rt.rank)
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.destroy()

@@ -35,9 +35,11 @@ optimizer step count; those of evaluation, checkpointing and start-up are left o
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -264,6 +266,13 @@ class CollectiveTimer:
         events += [e for pair in step.blocked for e in pair]
         unique = {id(e): e for e in events if e is not None}  # a blocking call's two events
         self._pool.extend(unique.values())  # are also its blocked interval
+
+    def write_summary(self, run_dir, rank: int) -> None:
+        """comm_collectives.json in the run directory: `per_kind` of this rank's steps."""
+        if not self.timed_steps:
+            return
+        figures = {"timed_steps": self.timed_steps, "rank": rank, "per_kind": self.per_kind()}
+        (Path(run_dir) / "comm_collectives.json").write_text(json.dumps(figures, indent=1))
 
     def per_kind(self) -> dict[str, dict[str, float]]:
         """Per step, per kind of collective: calls, counted bytes, and the sum of the calls'
