@@ -35,6 +35,7 @@ def nearest_existing(path: Path) -> Path:
 
 
 def can_create_in(folder: Path) -> bool:
+    """Try it: permission bits do not tell (root passes os.access on /proc, read-only mounts)."""
     try:
         fd, name = tempfile.mkstemp(dir=folder, prefix=".launcher-write-test-")
     except OSError:

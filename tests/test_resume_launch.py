@@ -16,17 +16,16 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 from launch import (
     FAST_USER_LOADER,
-    base_env,
     explain,
     python_train,
+    start_torchrun,
     summary,
     torchrun,
-    torchrun_cmd,
+    wait_for,
 )
 
 RUN = [*FAST_USER_LOADER, "trainer.max_steps=8", "trainer.checkpoint_interval=4"]
@@ -106,29 +105,6 @@ def test_refused_and_fallback_launches_lose_nothing(tmp_path):
     assert not (run_dir / ".lock").exists()
 
 
-def start(overrides, output: Path) -> subprocess.Popen:
-    out = open(output, "w")  # noqa: SIM115 - the child holds it
-    return subprocess.Popen(
-        torchrun_cmd(overrides),
-        env=base_env(),
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def wait_for(predicate, proc: subprocess.Popen, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if proc.poll() is not None:
-            raise AssertionError(f"launch ended early (exit {proc.returncode})")
-        if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise AssertionError("timed out waiting")
-        time.sleep(0.05)
-
-
 def kill_launch(proc: subprocess.Popen, run_dir: Path) -> None:
     """SIGKILL a launch: its workers (each in a session of its own, with its DataLoader
     workers) and torchrun."""
@@ -148,7 +124,7 @@ def test_one_launch_per_run_directory(tmp_path):
     args = [*FAST_USER_LOADER, f"run.root={tmp_path}", "run.id=busy"]
     run_dir = tmp_path / "busy"
     long = [*args, "trainer.max_steps=100000", "trainer.checkpoint_interval=5"]
-    holder = start(long, tmp_path / "a.txt")
+    holder = start_torchrun(long, tmp_path / "a.txt", runner="torch.distributed.run")
     try:
         wait_for(lambda: (run_dir / "checkpoints" / "latest").exists(), holder)
         config = (run_dir / "config.yaml").read_bytes()

@@ -28,12 +28,18 @@ def run_dirs(path: Path) -> list[Path]:
     return sorted(p for p in path.iterdir() if (p / "traces").is_dir()) if path.is_dir() else []
 
 
-def explain_hang(run_dir: Path) -> int:
-    """Print and write the hang report; 2 when its files are damaged or cannot be written."""
+def unwritable_analysis(run_dir: Path) -> bool:
+    """Says so in one line when analysis/ cannot be written."""
     out = run_dir / "analysis"
     problem = writable_dir_problem(out, str(out), "make the run directory writable")
     if problem:
         print(f"error: {problem}", file=sys.stderr)
+    return problem is not None
+
+
+def explain_hang(run_dir: Path) -> int:
+    """Print and write the hang report; 2 when its files are damaged or cannot be written."""
+    if unwritable_analysis(run_dir):
         return 2
     try:
         result = analyze_hang(run_dir)
@@ -81,10 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         for run_dir in found:
-            out = run_dir / "analysis"
-            problem = writable_dir_problem(out, str(out), "make the run directory writable")
-            if problem:
-                print(f"error: {problem}", file=sys.stderr)
+            if unwritable_analysis(run_dir):
                 return 2
             try:
                 report = analyze(run_dir)

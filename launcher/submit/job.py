@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import secrets
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from omegaconf import DictConfig
 
 from launcher import sweep
 from launcher.config import ConfigError, compose, validate
+from launcher.paths import can_create_in
 
 SUBMIT_DIR = "submit"
 # What each node runs in place of `torchrun` (same arguments; exits with the contract code).
@@ -218,19 +218,8 @@ def _check_writable(root: Path) -> None:
     existing = root
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    if not existing.is_dir() or not _can_create_in(existing):
+    if not existing.is_dir() or not can_create_in(existing):
         raise ConfigError(
             f"run.root={root}: {existing} is not a writable directory; give run.root a path "
             "on the file system all nodes share (e.g. run.root=/shared/$USER/runs)"
         )
-
-
-def _can_create_in(folder: Path) -> bool:
-    """Try it: permission bits do not tell (root passes os.access on /proc, read-only mounts)."""
-    try:
-        fd, name = tempfile.mkstemp(dir=folder, prefix=".launcher-write-test-")
-    except OSError:
-        return False
-    os.close(fd)
-    os.unlink(name)
-    return True
