@@ -25,6 +25,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.paths import atomic_write
+
 log = logging.getLogger(__name__)
 
 LATEST = "latest"
@@ -291,14 +293,12 @@ class CheckpointWriter:
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
         for p in tmp.iterdir():
             _fsync(p)
-        _atomic_write(
-            tmp / META, json.dumps({"step": step, "files": files, **extra_meta}, indent=1)
-        )
+        atomic_write(tmp / META, json.dumps({"step": step, "files": files, **extra_meta}, indent=1))
         if final.exists() or final.is_symlink():
             self._move_aside(final)
         tmp.rename(final)
         _fsync(self.folder)
-        _atomic_write(self.folder / LATEST, final.name + "\n")
+        atomic_write(self.folder / LATEST, final.name + "\n")
         self._prune(step)
         log.info("checkpoint saved: %s", final)
 
@@ -332,15 +332,6 @@ class CheckpointWriter:
             kept += 1
             if kept > self.keep:
                 shutil.rmtree(path, ignore_errors=True)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _fsync(path: Path) -> None:

@@ -8,9 +8,12 @@ retry helps, 5 and 143 resume from the last complete checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
+
+from launcher.paths import atomic_write
 
 DONE = 0
 CRASH = 1  # an unexpected error: a traceback is in logs/rank<r>.log
@@ -50,12 +53,8 @@ def report(code: int) -> None:
     rank = os.environ.get("RANK", "0")
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     path = Path(folder) / f"attempt{int(attempt):04d}.rank{int(rank):05d}"
-    try:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(f"{code}\n")
-        tmp.replace(path)
-    except OSError:  # the front door is gone; nobody is left to read it
-        pass
+    with contextlib.suppress(OSError):  # the front door is gone; nobody is left to read it
+        atomic_write(path, f"{code}\n")
 
 
 def read_reports(folder: Path) -> dict[int, int]:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher.paths import atomic_write
 from launcher.sinks import Sink
 
 if TYPE_CHECKING:
@@ -325,9 +326,7 @@ def write_transport(run_dir: Path, entries: list[dict]) -> None:
     path = run_dir / "env.json"
     env = json.loads(path.read_text()) if path.exists() else {}
     env["nccl_transport"] = {"job": merge(entries), "ranks": entries}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(env, indent=1))
-    tmp.replace(path)
+    atomic_write(path, json.dumps(env, indent=1))
 
 
 def transport_recorders(rt: Runtime) -> list[Sink]:

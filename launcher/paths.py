@@ -1,4 +1,5 @@
-"""Whether a folder a run will write can be written, asked before anything is written.
+"""Files and folders a run writes: whether a folder can be written, asked before anything
+is written, and writing a file whole.
 
 Permission bits do not tell (root passes `os.access` on /proc and on read-only mounts), so
 the test is to create and remove a temporary file in the folder, or, when the folder does
@@ -43,3 +44,14 @@ def can_create_in(folder: Path) -> bool:
     os.close(fd)
     os.unlink(name)
     return True
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, flushed to disk, then
+    renamed over it, so a reader or a crash never meets half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -13,6 +13,8 @@ import math
 import sys
 from pathlib import Path
 
+from launcher.paths import atomic_write
+
 log = logging.getLogger("launcher")
 
 
@@ -74,9 +76,7 @@ class JsonlSink(Sink):
                 bad[0],
                 ", ..." if len(bad) > 1 else "",
             )
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text("".join(ln + "\n" for ln in kept))
-        tmp.replace(self.path)
+        atomic_write(self.path, "".join(ln + "\n" for ln in kept))
 
     def log(self, record: dict) -> None:
         self.file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
@@ -88,9 +88,8 @@ class JsonlSink(Sink):
 
 def write_summary(run_dir: Path, summary: dict) -> None:
     """summary.json, written whole under another name first so a reader never sees half."""
-    tmp = run_dir / ".summary.json.tmp"
-    tmp.write_text(json.dumps({k: _clean(v) for k, v in summary.items()}, indent=1))
-    tmp.replace(run_dir / "summary.json")
+    text = json.dumps({k: _clean(v) for k, v in summary.items()}, indent=1)
+    atomic_write(run_dir / "summary.json", text)
 
 
 def _fmt_eta(seconds: float) -> str:
