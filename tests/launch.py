@@ -159,3 +159,13 @@ def checkpointed(root, step: int):
 
 def start_torchrun(overrides, output, *extra_args, runner="launcher.torchrun") -> subprocess.Popen:
     return start(torchrun_cmd(overrides, extra_args=extra_args, runner=runner), output)
+
+
+def stop_once_checkpointed(args, root, step: int, output, sig=signal.SIGTERM) -> tuple[int, str]:
+    """Launch through launcher.torchrun, send `sig` to it (as Slurm or the kubelet would)
+    once a checkpoint of `step` or later exists under `root`, wait: (exit code, output)."""
+    proc = start_torchrun(args, output)
+    wait_for(checkpointed(root, step), proc)
+    os.kill(proc.pid, sig)
+    out = finish(proc, output)
+    return proc.returncode, out

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 
@@ -24,16 +22,13 @@ from launch import (
     FAST,
     FAST_USER_LOADER,
     base_env,
-    checkpointed,
     explain,
-    finish,
     losses,
     metrics,
     python_train,
-    start_torchrun,
+    stop_once_checkpointed,
     summary,
     torchrun,
-    wait_for,
 )
 
 STEPS = 20
@@ -159,11 +154,8 @@ def test_sigterm_with_loader_workers_stops_and_resumes_exactly(zero_sweep, tmp_p
         "run.id=stopped",
     ]
     output = tmp_path / "out.txt"
-    proc = start_torchrun(args, output)
-    wait_for(checkpointed(tmp_path, 10), proc)
-    os.kill(proc.pid, signal.SIGTERM)
-    out = finish(proc, output)
-    assert proc.returncode == 143, out
+    code, out = stop_once_checkpointed(args, tmp_path, 10, output)
+    assert code == 143, out
     s = summary(tmp_path / "stopped")
     assert s["status"] == "stopped" and 10 <= s["steps"] < STEPS, out
     again = torchrun(args, runner="launcher.torchrun")

@@ -30,6 +30,7 @@ from launch import (
     run_dir_of,
     start,
     start_torchrun,
+    stop_once_checkpointed,
     summary,
     torchrun,
     wait_for,
@@ -83,11 +84,8 @@ def test_killed_worker_restarts_and_resumes(reference, tmp_path):
 def test_sigterm_checkpoints_then_resume_finishes(reference, tmp_path):
     output = tmp_path / "out.txt"
     args = [*LONG, f"run.root={tmp_path}", "run.id=preempted"]
-    proc = start_torchrun(args, output)
-    wait_for(checkpointed(tmp_path, 20), proc)
-    os.kill(proc.pid, signal.SIGTERM)  # what Slurm and the kubelet do to the launcher
-    out = finish(proc, output)
-    assert proc.returncode == exit_codes.STOPPED, out  # the contract code reaches the caller
+    code, out = stop_once_checkpointed(args, tmp_path, 20, output)
+    assert code == exit_codes.STOPPED, out  # the contract code reaches the caller
     assert "Traceback" not in out and "killed by signal" not in out, out
     run_dir = tmp_path / "preempted"
     s = summary(run_dir)

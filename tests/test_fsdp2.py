@@ -16,7 +16,6 @@ import csv
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,17 +30,14 @@ from launch import (
     FAST_USER_LOADER,
     LAUNCH_TIMEOUT,
     base_env,
-    checkpointed,
     explain,
-    finish,
     free_port,
     losses,
     metrics,
     python_train,
-    start_torchrun,
+    stop_once_checkpointed,
     summary,
     torchrun,
-    wait_for,
 )
 
 STEPS = 20
@@ -210,11 +206,8 @@ def test_async_checkpoint_sigterm_leaves_a_complete_one_and_resumes_exactly(swee
     args = [*RESUME, "strategy=fsdp2", "trainer.async_checkpoint=true",
             "trainer.checkpoint_interval=2", f"run.root={tmp_path}", "run.id=a"]  # fmt: skip
     output = tmp_path / "out.txt"
-    proc = start_torchrun(args, output)
-    wait_for(checkpointed(tmp_path, 4), proc)
-    os.kill(proc.pid, signal.SIGTERM)
-    out = finish(proc, output)
-    assert proc.returncode == 143, out
+    code, out = stop_once_checkpointed(args, tmp_path, 4, output)
+    assert code == 143, out
     stopped = summary(tmp_path / "a")
     assert stopped["status"] == "stopped" and 4 <= stopped["steps"] < STEPS, out
     found = scan(tmp_path / "a" / "checkpoints")
