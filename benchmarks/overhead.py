@@ -28,6 +28,7 @@ import time
 
 import torch
 
+from launcher.batch import BatchPlan
 from launcher.config import compose
 from launcher.data import prepare_data
 from launcher.data.loader import StepBatchSampler
@@ -68,16 +69,9 @@ def run_bare(overrides: list[str]) -> None:
     seed_everything(t.seed)
     model = build_model(cfg.model, data.vocab_size, eot_id=data.eot_id)
     optimizer = build_optimizer(model, t)
-    accum = t.global_batch_size // t.micro_batch_size
-    sampler = StepBatchSampler(
-        len(data.train),
-        global_batch=t.global_batch_size,
-        micro_batch=t.micro_batch_size,
-        rank=0,
-        world_size=1,
-        seed=t.seed,
-        start_step=0,
-    )
+    plan = BatchPlan.of(t, world_size=1)
+    accum = plan.accum
+    sampler = StepBatchSampler(len(data.train), plan, rank=0, seed=t.seed, start_step=0)
     order = iter(sampler)
     for step in range(t.max_steps):
         for group in optimizer.param_groups:

@@ -18,6 +18,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from launcher.batch import BatchPlan
 from launcher.nccl_vars import NcclEnv
 from launcher.ranges import range_problem
 
@@ -544,13 +545,9 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     _choice(cfg, "data.source", DATA_SOURCES)
     _choice(cfg, "profiler.name", PROFILERS)
     _validate_engine(cfg)
-    per_step = t.micro_batch_size * world_size
-    if t.global_batch_size % per_step:
-        raise ConfigError(
-            f"trainer.global_batch_size={t.global_batch_size} is not divisible by "
-            f"trainer.micro_batch_size={t.micro_batch_size} x world size {world_size} = "
-            f"{per_step}; choose a global batch that is a multiple of {per_step}"
-        )
+    problem = BatchPlan.of(t, world_size).problem()
+    if problem:
+        raise ConfigError(problem)
     if t.seq_len > m.n_positions:
         raise ConfigError(
             f"trainer.seq_len={t.seq_len} exceeds model.n_positions={m.n_positions}; "
