@@ -12,46 +12,34 @@ import contextlib
 import math
 import resource
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
 
-from launcher.strategy.comm_timing import StepComm, bus_bandwidth
+from launcher.clock import EventClock
+from launcher.comm_stats import StepComm, bus_bandwidth
 
 
 class StepTimer:
     """Collects per-step durations; `drain()` returns them in seconds (syncing only then)."""
 
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self._pending: list = []
-        self._t0 = 0.0
+        self.clock = EventClock(device)
+        self._pending: list = []  # (start, end) stamps of each step
+        self._t0 = None
 
     def start(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self._t0 = event
-        else:
-            self._t0 = time.perf_counter()
+        self._t0 = self.clock.now()
 
     def stop(self) -> None:
-        if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._pending.append((self._t0, end))
-        else:
-            self._pending.append(time.perf_counter() - self._t0)
+        self._pending.append((self._t0, self.clock.now()))
 
     def drain(self) -> list[float]:
-        if self.cuda and self._pending:
-            self._pending[-1][1].synchronize()
-            times = [s.elapsed_time(e) / 1000.0 for s, e in self._pending]
-        else:
-            times = list(self._pending)
+        stamps = [s for pair in self._pending for s in pair]
+        times = self.clock.seconds(stamps)
+        self.clock.release(stamps)
         self._pending.clear()
-        return times
+        return [times[2 * i + 1] - times[2 * i] for i in range(len(times) // 2)]
 
 
 @dataclass

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from launcher.comm_stats import StepComm
 from launcher.runtime import Runtime
-from launcher.strategy.comm_timing import StepComm
 
 
 class Strategy(ABC):

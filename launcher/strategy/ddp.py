@@ -13,9 +13,10 @@ import torch
 from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 
+from launcher.comm_stats import StepComm
 from launcher.runtime import Runtime
 from launcher.strategy import Strategy, comm_hooks, powersgd
-from launcher.strategy.comm_timing import CommTimer, StepComm
+from launcher.strategy.comm_timing import CommTimer
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -22,9 +22,9 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
+from launcher.comm_stats import StepComm
 from launcher.runtime import Runtime
 from launcher.strategy import Strategy
-from launcher.strategy.comm_timing import StepComm
 from launcher.strategy.ddp import build_optimizer
 from launcher.strategy.ds_comm import CollectiveTimer
 from launcher.strategy.ds_config import build_ds_config

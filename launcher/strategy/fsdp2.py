@@ -36,9 +36,9 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 )
 from torch.distributed.tensor import DTensor
 
+from launcher.comm_stats import StepComm
 from launcher.runtime import Runtime
 from launcher.strategy import Strategy
-from launcher.strategy.comm_timing import StepComm
 from launcher.strategy.ddp import build_optimizer
 from launcher.strategy.ds_comm import KINDS, CollectiveTimer
 
