@@ -27,6 +27,7 @@ import torch
 
 from launcher.config import compose, normalize
 from launcher.data import prepare_data
+from launcher.launch_state import LaunchState
 from launcher.loop import lm_loss
 from launcher.model import build_model
 from launcher.runtime import start, teardown
@@ -55,7 +56,8 @@ def main() -> int:
     args = parser.parse_args()
     root = Path(tempfile.gettempdir()) / "launcher-bench"  # the same path on every rank
     cfg = compose([*DEFAULTS, *args.overrides, f"run.root={root}", "run.id=comm_timing"])
-    rt = start(cfg)
+    launch = LaunchState()
+    rt = start(cfg, launch)
     normalize(cfg, rt.world_size)
     if not rt.distributed:
         raise SystemExit("run under torchrun: there is no communication to time otherwise")
@@ -85,7 +87,7 @@ def main() -> int:
     for side in sides.values():
         side.close()
     sides.clear()
-    teardown()
+    teardown(launch)
     if rt.rank != 0:
         return 0
     ratio = statistics.median(p[True] / p[False] for p in pairs)

@@ -31,6 +31,7 @@ import torch
 
 from launcher.config import compose
 from launcher.job import run
+from launcher.launch_state import LaunchState
 
 GPU_BASE = ["model=gpt2", "data=synthetic", "trainer.seq_len=1024", "trainer.micro_batch_size=16"]
 CPU_BASE = [
@@ -74,7 +75,7 @@ def train_once(overrides: list[str], root: Path, name: str) -> dict:
     """One short run through the real trainer; its summary.json figures."""
     cfg = compose([*overrides, f"run.root={root}", f"run.id={name}", "resume=never"])
     try:
-        code = run(cfg)
+        code = run(cfg, LaunchState())
     finally:
         torch._dynamo.reset()
         gc.collect()

@@ -15,12 +15,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher import checkpoint, envinfo, exit_codes, nccl_log, resume
+from launcher import checkpoint, envinfo, exit_codes, resume
 from launcher.config import ConfigError
 from launcher.data import prepare_data
+from launcher.launch_state import LaunchState
 from launcher.lock import LockHeld, RunLock
 from launcher.loop import NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
 from launcher.model import build_model, count_params, flops_per_token, peak_flops
+from launcher.nccl_transport import transport_recorders
 from launcher.preflight import preflight, shm_need
 from launcher.runtime import (
     Runtime,
@@ -30,7 +32,6 @@ from launcher.runtime import (
     open_run_dir,
     ranks_per_node,
     start,
-    sweep_id,
 )
 from launcher.sinks import ConsoleSink, JsonlSink, write_summary
 from launcher.strategy import build_strategy
@@ -102,7 +103,7 @@ def wandb_sink(cfg: DictConfig, rt: Runtime, point: str | None) -> WandbSink:
         run_dir=rt.run_dir,
         run_id=rt.run_id,
         config={**redacted(cfg), "env": env},
-        group=cfg.logger.group or (sweep_id() if point else None),
+        group=cfg.logger.group or (rt.launch.sweep_id if point else None),
         name=cfg.logger.name or point or rt.run_id,
     )
 
@@ -260,16 +261,17 @@ def build_data_and_model(cfg: DictConfig, rt: Runtime):
     return data, model, fpt
 
 
-def run(cfg: DictConfig, point: str | None = None) -> int:
+def run(cfg: DictConfig, launch: LaunchState, point: str | None = None) -> int:
     """Train once with a composed config; returns the process exit code.
 
+    `launch` holds what outlives this job (the process group a sweep's points share).
     `point` names a sweep point (see launcher.sweep): the run goes to
     `<sweep_id>/<point>/`, and a point a requeued sweep already completed is not redone.
     """
     check_or_exit(cfg)  # normalizes too; train.py has already checked every point
-    rt = start(cfg, point)
+    rt = start(cfg, launch, point)
     strategy = loop = None
-    sinks = nccl_log.transport_recorders(rt)  # before rank 0's sinks: env.json, then metrics
+    sinks = transport_recorders(rt)  # before rank 0's sinks: env.json, then metrics
     summary: dict = {}
     code = 0
     if point is not None and cfg.resume == "auto" and already_completed(rt):

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from launcher import nccl_log
+from launcher.launch_state import LaunchState
 from launcher.watchdog import enable_flight_recorder
 
 log = logging.getLogger("launcher")
@@ -58,6 +59,7 @@ class Runtime:
     run_dir: Path = field(default_factory=Path)
     control_group: object | None = None
     log_file: logging.Handler | None = None
+    launch: LaunchState = field(default_factory=LaunchState)  # what outlives this job
 
     @property
     def is_main(self) -> bool:
@@ -98,48 +100,37 @@ class Runtime:
         return box[0]
 
 
-@dataclass
-class _Launch:
-    """What outlives one job of this process: the process group is created by the first
-    job and reused by the next ones of a sweep (torch allows one default group per
-    process), together with its control group and the sweep's id."""
-
-    backend: str | None = None
-    control_group: object | None = None
-    sweep_id: str | None = None
-
-
-_launch = _Launch()
-
-
-def start(cfg: DictConfig, point: str | None = None) -> Runtime:
+def start(cfg: DictConfig, launch: LaunchState, point: str | None = None) -> Runtime:
     """Join the job, pick the device, and agree on the run directory (created if new;
     `open_run_dir` adds the logs once the launch may use it).
 
-    `point` names a sweep point: its run directory is `<sweep_id>/<point>`, the sweep id
-    being chosen once, by the first point, as a run id would be.
+    The process group is created by the first job of the process and kept in `launch` for
+    the next ones. `point` names a sweep point: its run directory is `<sweep_id>/<point>`,
+    the sweep id being chosen once, by the first point, as a run id would be.
     """
     rank, local_rank, world = env_world()
     _configure_console_logging(rank)
     device = pick_device(cfg.trainer.device, local_rank)
     if (world > 1 or "MASTER_ADDR" in os.environ) and not dist.is_initialized():
-        _launch.backend = pick_backend(cfg.dist.backend, device)
+        launch.backend = pick_backend(cfg.dist.backend, device)
         apply_nccl_env(cfg)
         enable_flight_recorder(cfg.watchdog.flight_recorder_entries)
-        nccl_log.stage_debug_file(cfg.run.root, _launch.backend, rank)
-        init_process_group(_launch.backend, dt.timedelta(seconds=cfg.dist.timeout_s), device)
+        launch.nccl_capture = nccl_log.stage_debug_file(
+            cfg.run.root, launch.backend, rank, launch.nccl_capture
+        )
+        init_process_group(launch.backend, dt.timedelta(seconds=cfg.dist.timeout_s), device)
         # Control traffic (barriers, metric gathers, stop votes) goes over gloo on the CPU
         # so it never queues behind, or is timed with, gradient communication.
-        _launch.control_group = dist.new_group(backend="gloo")
-        log.info("process group created: %s, %d ranks", _launch.backend, world)
-    rt = Runtime(rank, local_rank, world, device, _launch.backend)
-    rt.control_group = _launch.control_group
+        launch.control_group = dist.new_group(backend="gloo")
+        log.info("process group created: %s, %d ranks", launch.backend, world)
+    rt = Runtime(rank, local_rank, world, device, launch.backend, launch=launch)
+    rt.control_group = launch.control_group
     if point is None:
         rt.run_id = rt.broadcast_object(choose_run_id(cfg) if rt.is_main else None)
     else:
-        if _launch.sweep_id is None:
-            _launch.sweep_id = rt.broadcast_object(choose_run_id(cfg) if rt.is_main else None)
-        rt.run_id = f"{_launch.sweep_id}/{point}"
+        if launch.sweep_id is None:
+            launch.sweep_id = rt.broadcast_object(choose_run_id(cfg) if rt.is_main else None)
+        rt.run_id = f"{launch.sweep_id}/{point}"
     rt.run_dir = Path(cfg.run.root).expanduser() / rt.run_id
     if rt.is_main:
         rt.run_dir.mkdir(parents=True, exist_ok=True)
@@ -156,7 +147,7 @@ def open_run_dir(rt: Runtime) -> None:
     if rt.is_main:
         (rt.run_dir / "logs").mkdir(exist_ok=True)
     rt.barrier()
-    nccl_log.adopt_debug_file(rt.run_dir)
+    nccl_log.adopt_debug_file(rt.launch.nccl_capture, rt.run_dir)
     rt.log_file = _add_file_logging(rt)
     log.info(
         "rank %d/%d (local %d, pid %d) on host %s, device %s, backend %s, run dir %s",
@@ -196,11 +187,6 @@ def init_process_group(backend: str, timeout: dt.timedelta, device: torch.device
     )
 
 
-def sweep_id() -> str | None:
-    """The id of the sweep this process is running, if it is running one."""
-    return _launch.sweep_id
-
-
 def end_job(rt: Runtime) -> None:
     """Close this job's log file; the process group stays for the next job of a sweep.
 
@@ -213,7 +199,7 @@ def end_job(rt: Runtime) -> None:
         rt.log_file.close()
 
 
-def teardown() -> None:
+def teardown(launch: LaunchState) -> None:
     """Leave the process group, once, after the last job of the process.
 
     A DDP reducer still alive while the process group is destroyed can hang the exit on
@@ -222,7 +208,7 @@ def teardown() -> None:
     gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-    _launch.backend = _launch.control_group = _launch.sweep_id = None
+    launch.forget_process_group()
 
 
 def pick_device(choice: str, local_rank: int) -> torch.device:
