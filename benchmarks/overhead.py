@@ -37,7 +37,7 @@ from launcher.launch_state import LaunchState
 from launcher.loop import lm_loss, lr_at
 from launcher.model import build_model
 from launcher.runtime import seed_everything
-from launcher.strategy.ddp import build_optimizer
+from launcher.strategy.optim import build_optimizer
 
 BUDGET = 0.03  # the trainer may be at most 3% slower per step than the bare loop
 SHORT, LONG = 20, 100

@@ -34,7 +34,7 @@ from launcher.runtime import (
     start,
 )
 from launcher.sinks import ConsoleSink, JsonlSink, write_summary
-from launcher.strategy import build_strategy
+from launcher.strategy import build_strategy, needs_process_group
 from launcher.tensorboard_sink import (  # imports no tensorboardX
     TensorBoardSink,
     code_block,
@@ -269,7 +269,7 @@ def run(cfg: DictConfig, launch: LaunchState, point: str | None = None) -> int:
     `<sweep_id>/<point>/`, and a point a requeued sweep already completed is not redone.
     """
     check_or_exit(cfg)  # normalizes too; train.py has already checked every point
-    rt = start(cfg, launch, point)
+    rt = start(cfg, launch, point, needs_group=needs_process_group(cfg.strategy.name))
     strategy = loop = None
     sinks = transport_recorders(rt)  # before rank 0's sinks: env.json, then metrics
     summary: dict = {}

@@ -91,6 +91,15 @@ class Runtime:
         dist.all_gather_object(out, obj, group=self.control_group)
         return out
 
+    def side_group(self, purpose: str):
+        """A gloo group of every rank for one purpose (e.g. a background checkpoint
+        writer's collectives), made the first time it is asked for (every rank must ask at
+        the same point) and kept for the rest of the process, as the process group is."""
+        groups = self.launch.side_groups
+        if purpose not in groups:
+            groups[purpose] = dist.new_group(backend="gloo")
+        return groups[purpose]
+
     def broadcast_object(self, obj):
         """Rank 0's value of `obj` on every rank."""
         if not self.distributed:
@@ -100,25 +109,34 @@ class Runtime:
         return box[0]
 
 
-def start(cfg: DictConfig, launch: LaunchState, point: str | None = None) -> Runtime:
+def start(
+    cfg: DictConfig, launch: LaunchState, point: str | None = None, *, needs_group: bool = False
+) -> Runtime:
     """Join the job, pick the device, and agree on the run directory (created if new;
     `open_run_dir` adds the logs once the launch may use it).
 
     The process group is created by the first job of the process and kept in `launch` for
-    the next ones. `point` names a sweep point: its run directory is `<sweep_id>/<point>`,
-    the sweep id being chosen once, by the first point, as a run id would be.
+    the next ones; a one-process run gets a group of one only when its engine cannot run
+    without one (`needs_group`: DeepSpeed, FSDP2). `point` names a sweep point: its run
+    directory is `<sweep_id>/<point>`, the sweep id being chosen once, by the first point,
+    as a run id would be.
     """
     rank, local_rank, world = env_world()
     _configure_console_logging(rank)
     device = pick_device(cfg.trainer.device, local_rank)
-    if (world > 1 or "MASTER_ADDR" in os.environ) and not dist.is_initialized():
+    launched = world > 1 or "MASTER_ADDR" in os.environ
+    if (launched or needs_group) and not dist.is_initialized():
         launch.backend = pick_backend(cfg.dist.backend, device)
         apply_nccl_env(cfg)
         enable_flight_recorder(cfg.watchdog.flight_recorder_entries)
         launch.nccl_capture = nccl_log.stage_debug_file(
             cfg.run.root, launch.backend, rank, launch.nccl_capture
         )
-        init_process_group(launch.backend, dt.timedelta(seconds=cfg.dist.timeout_s), device)
+        timeout = dt.timedelta(seconds=cfg.dist.timeout_s)
+        if launched:
+            init_process_group(launch.backend, timeout, device)
+        else:
+            init_single_process_group(launch.backend, timeout, device)
         # Control traffic (barriers, metric gathers, stop votes) goes over gloo on the CPU
         # so it never queues behind, or is timed with, gradient communication.
         launch.control_group = dist.new_group(backend="gloo")
@@ -182,6 +200,21 @@ def init_process_group(backend: str, timeout: dt.timedelta, device: torch.device
         store=dist.PrefixStore(prefix, store),
         rank=rank,
         world_size=world,
+        timeout=timeout,
+        device_id=device if device.type == "cuda" else None,
+    )
+
+
+def init_single_process_group(backend: str, timeout: dt.timedelta, device: torch.device) -> None:
+    """A process group of this one process (`python -m launcher.train`), with the variables
+    torchrun would have set, which DeepSpeed reads."""
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(name, value)
+    dist.init_process_group(
+        backend=backend,
+        store=dist.HashStore(),
+        rank=0,
+        world_size=1,
         timeout=timeout,
         device_id=device if device.type == "cuda" else None,
     )

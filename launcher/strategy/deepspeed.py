@@ -24,10 +24,10 @@ from omegaconf import DictConfig
 
 from launcher.comm_stats import StepComm
 from launcher.runtime import Runtime
-from launcher.strategy import Strategy
-from launcher.strategy.ddp import build_optimizer
+from launcher.strategy.base import Strategy
 from launcher.strategy.ds_comm import CollectiveTimer
 from launcher.strategy.ds_config import build_ds_config
+from launcher.strategy.optim import build_optimizer
 
 log = logging.getLogger("launcher")
 
@@ -66,11 +66,6 @@ class DeepSpeedStrategy(Strategy):
         self.precision = t.precision
         deepspeed = import_deepspeed(rt.device)
         self._deepspeed = deepspeed
-        if not dist.is_initialized():  # one process (python -m launcher.train): a group of 1
-            backend = "nccl" if rt.device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-            for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-                os.environ.setdefault(name, value)  # DeepSpeed reads them, as torchrun sets them
         deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
         self.ds_config = build_ds_config(cfg, rt.world_size)
         optimizer = build_optimizer(model, t)
