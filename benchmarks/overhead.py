@@ -32,7 +32,7 @@ from launcher.batch import BatchPlan
 from launcher.config import compose
 from launcher.data import prepare_data
 from launcher.data.loader import StepBatchSampler
-from launcher.job import run
+from launcher.job import check_or_exit, run
 from launcher.launch_state import LaunchState
 from launcher.loop import lm_loss, lr_at
 from launcher.model import build_model
@@ -57,6 +57,7 @@ DEFAULTS = [
 def run_trainer(overrides: list[str]) -> None:
     with tempfile.TemporaryDirectory() as root:
         cfg = compose([*overrides, f"run.root={root}", "run.id=trainer", "resume=never"])
+        check_or_exit(cfg)
         if run(cfg, LaunchState()) != 0:
             raise SystemExit("the trainer run failed")
 
