@@ -8,6 +8,7 @@ PowerSGD on a fabricated bucket, and the batch arithmetic with the data order bu
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import math
@@ -462,6 +463,27 @@ def test_complete_checkpoint_at_same_step_is_superseded_not_replaced(tmp_path):
     assert is_complete(broken)
     assert len(list((tmp_path / SUPERSEDED).iterdir())) == 1
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+class FrozenClock:
+    """checkpoint.dt with a clock that does not move: saves within the same second."""
+
+    class datetime(datetime.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2026, 1, 1, 12, 0, 0)
+
+
+def test_same_step_superseded_twice_in_one_second_keeps_both(tmp_path, monkeypatch):
+    """Each complete checkpoint a save supersedes is kept under superseded/, even when the
+    same step is superseded twice within one second (the name carries only seconds), and
+    the new checkpoint is sealed in place."""
+    monkeypatch.setattr(checkpoint, "dt", FrozenClock)
+    for lineage in ("first", "second", "third"):
+        assert save_on_two_ranks(tmp_path, 10, meta={"lineage": lineage}) == [None, None]
+    assert read_meta(tmp_path / step_name(10))["lineage"] == "third"
+    aside = sorted(read_meta(p)["lineage"] for p in (tmp_path / SUPERSEDED).iterdir())
+    assert aside == ["first", "second"]
 
 
 def test_barrier_protocol_and_async_save(tmp_path):
