@@ -203,7 +203,13 @@ def aggregate(gathered: list[list[float]], world_size: int) -> Aggregate:
         "mem/peak_gb": max(mems) if mems else None,
         "mem/host_peak_gb": max(r["host_gb"] for r in per_rank),
     }
-    figures.update(_comm_figures(samples, world_size))
+    timed_step_s = sum(  # the step time of the (rank, step) samples with comm figures
+        t
+        for times, exposed in zip(series["step_time_s"], series["comm/exposed_s"], strict=True)
+        for t, e in zip(times, exposed, strict=True)
+        if math.isfinite(e)
+    )
+    figures.update(_comm_figures(samples, world_size, timed_step_s))
     return Aggregate(
         loss=sum(r["loss"] for r in per_rank) / len(per_rank),
         nonfinite_ranks=[
@@ -234,8 +240,10 @@ def _compute_spread(compute: list[float]) -> dict:
     return {"compute_s/slowest_rank": slowest, "compute_s/excess_frac": excess}
 
 
-def _comm_figures(samples, world_size: int) -> dict:
-    """Communication figures, or nothing when no rank measured any."""
+def _comm_figures(samples, world_size: int, timed_step_s: float) -> dict:
+    """Communication figures, or nothing when no rank measured any. The overhead is the
+    exposed time over the step time of the same samples (`timed_step_s`): a rank that
+    measured nothing counts in neither."""
     allreduce, exposed, nbytes = (
         samples("comm/allreduce_s"),
         samples("comm/exposed_s"),
@@ -253,5 +261,5 @@ def _comm_figures(samples, world_size: int) -> dict:
             if busy > 0 and world_size > 1
             else None
         ),
-        "comm/overhead_frac": sum(exposed) / sum(samples("step_time_s")),
+        "comm/overhead_frac": sum(exposed) / timed_step_s if timed_step_s > 0 else None,
     }
