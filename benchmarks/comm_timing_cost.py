@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 
-from launcher.config import compose, normalize
+from launcher.config import compose, normalize, typed
 from launcher.data import prepare_data
 from launcher.launch_state import LaunchState
 from launcher.loop import lm_loss
 from launcher.model import build_model
-from launcher.runtime import start, teardown
+from launcher.runtime import env_world, start, teardown
 from launcher.strategy.ddp import DDPStrategy
 
 BUDGET = 0.02
@@ -57,8 +57,9 @@ def main() -> int:
     root = Path(tempfile.gettempdir()) / "launcher-bench"  # the same path on every rank
     cfg = compose([*DEFAULTS, *args.overrides, f"run.root={root}", "run.id=comm_timing"])
     launch = LaunchState()
+    normalize(cfg, env_world()[2])
+    cfg = typed(cfg)
     rt = start(cfg, launch)
-    normalize(cfg, rt.world_size)
     if not rt.distributed:
         raise SystemExit("run under torchrun: there is no communication to time otherwise")
     t = cfg.trainer

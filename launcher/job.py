@@ -7,8 +7,10 @@ a clean process-group teardown behind, whatever happened.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -16,7 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from launcher import checkpoint, envinfo, exit_codes, resume
-from launcher.config import ConfigError, normalize
+from launcher.config import ConfigError, TrainConfig, normalize, typed
 from launcher.data import prepare_data
 from launcher.launch_state import LaunchState
 from launcher.lock import LockHeld, RunLock
@@ -45,7 +47,9 @@ from launcher.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
 log = logging.getLogger("launcher")
 
 BAD_INPUT_LINGER_S = 20.0
-SECRET_WORDS = ("key", "token", "secret", "password")
+# A key is secret when one of its words (split at _ - .) is one of these: WANDB_API_KEY,
+# hf_token, db_password; not `data.tokenizer` or `data.shard_tokens`.
+SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd"})
 
 
 def fail_bad_input(exc: ConfigError) -> None:
@@ -70,30 +74,32 @@ def check_or_exit(cfg: DictConfig) -> None:
         fail_bad_input(exc)
 
 
-def redacted(cfg: DictConfig) -> dict:
+def is_secret_key(key) -> bool:
+    """Whether a config key names a secret (its value is masked in config.yaml and W&B)."""
+    return any(word in SECRET_WORDS for word in re.split(r"[_\-.]", str(key).lower()))
+
+
+def redacted(cfg: TrainConfig) -> dict:
     """The resolved config with values of secret-looking keys masked."""
 
     def mask(node):
         if isinstance(node, dict):
-            return {
-                k: "***" if any(w in str(k).lower() for w in SECRET_WORDS) and v else mask(v)
-                for k, v in node.items()
-            }
+            return {k: "***" if is_secret_key(k) and v else mask(v) for k, v in node.items()}
         if isinstance(node, list):
             return [mask(v) for v in node]
         return node
 
-    return mask(OmegaConf.to_container(cfg, resolve=True))
+    return mask(dataclasses.asdict(cfg))
 
 
-def write_run_files(cfg: DictConfig, rt: Runtime) -> None:
+def write_run_files(cfg: TrainConfig, rt: Runtime) -> None:
     (rt.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(redacted(cfg))))
     env = envinfo.collect(shm_need(cfg))
     env.update(world_size=rt.world_size, backend=rt.backend, run_id=rt.run_id)
     (rt.run_dir / "env.json").write_text(json.dumps(env, indent=1))
 
 
-def wandb_sink(cfg: DictConfig, rt: Runtime, point: str | None) -> WandbSink:
+def wandb_sink(cfg: TrainConfig, rt: Runtime, point: str | None) -> WandbSink:
     """The run's one W&B run (rank 0 only): config is the redacted config plus env.json.
 
     A sweep point's run is named by its point and grouped under the sweep's id."""
@@ -157,7 +163,7 @@ def claim_run_dir(rt: Runtime) -> RunLock | None:
     return taken[0] if taken else None
 
 
-def plan_resume(cfg: DictConfig, rt: Runtime, model) -> list[Path]:
+def plan_resume(cfg: TrainConfig, rt: Runtime, model) -> list[Path]:
     """The checkpoints to try, newest first, decided by rank 0 under the lock (see
     launcher.resume); a checkpoint that does not fit these settings stops the launch."""
     now = resume.identity(cfg, model, rt.world_size)
@@ -234,7 +240,7 @@ def already_completed(rt: Runtime) -> bool:
     return rt.broadcast_object(done)
 
 
-def build_data_and_model(cfg: DictConfig, rt: Runtime):
+def build_data_and_model(cfg: TrainConfig, rt: Runtime):
     """The token data (prepared once per node) and the model; FLOPs per token for MFU."""
     t = cfg.trainer
     try:
@@ -263,13 +269,15 @@ def build_data_and_model(cfg: DictConfig, rt: Runtime):
 
 def run(cfg: DictConfig, launch: LaunchState, point: str | None = None) -> int:
     """Train once with a composed config that the front door has checked (`check_or_exit`);
-    returns the process exit code.
+    returns the process exit code. The job's components read it as the schema's
+    dataclasses (`typed`), converted here once.
 
     `launch` holds what outlives this job (the process group a sweep's points share).
     `point` names a sweep point: the run goes to `<sweep_id>/<point>/`, and a point a
     requeued sweep already completed is not redone.
     """
     normalize(cfg, env_world()[2])  # Hydra composed this job's config anew
+    cfg = typed(cfg)
     rt = start(cfg, launch, point, needs_group=needs_process_group(cfg.strategy.name))
     if point is not None and cfg.resume == "auto" and already_completed(rt):
         log.info("sweep point %s already completed in %s; not run again", point, rt.run_dir)
@@ -301,7 +309,7 @@ ENDINGS: dict[type, tuple[int, str, str | None]] = {
 class Job:
     """One training job's parts, built in order, and torn down whatever happened."""
 
-    def __init__(self, cfg: DictConfig, rt: Runtime, point: str | None):
+    def __init__(self, cfg: TrainConfig, rt: Runtime, point: str | None):
         self.cfg, self.rt, self.point = cfg, rt, point
         self.sinks = transport_recorders(rt)  # before rank 0's sinks: env.json, then metrics
         self.lock: RunLock | None = None
@@ -356,7 +364,7 @@ class Job:
         end_job(rt)
 
 
-def rank0_sinks(cfg: DictConfig, rt: Runtime, point: str | None, start_step: int) -> list:
+def rank0_sinks(cfg: TrainConfig, rt: Runtime, point: str | None, start_step: int) -> list:
     """Rank 0's run files and sinks: config.yaml and env.json, metrics.jsonl, the console,
     and W&B and TensorBoard when enabled."""
     write_run_files(cfg, rt)

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 
 from launcher import checkpoint, memory_snapshot
 from launcher.batch import BatchPlan
+from launcher.config.schema import TrainConfig, TrainerConfig
 from launcher.data import TokenData, build_eval_batches, build_train_loader
 from launcher.faults import FaultInjector
 from launcher.metrics import Interval, StepTimer, aggregate, local_vector, reset_host_peak
@@ -70,7 +70,7 @@ class Stopped(Exception):
         self.step = step
 
 
-def lr_at(step: int, tcfg: DictConfig) -> float:
+def lr_at(step: int, tcfg: TrainerConfig) -> float:
     """Linear warm-up to trainer.lr, then cosine decay to lr * min_lr_ratio at
     trainer.lr_decay_steps (default: max_steps), flat after it."""
     if step < tcfg.warmup_steps:
@@ -89,7 +89,7 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 class TrainLoop:
     def __init__(
         self,
-        cfg: DictConfig,
+        cfg: TrainConfig,
         rt: Runtime,
         strategy: Strategy,
         data: TokenData,

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
 
 from launcher import nccl_log
+from launcher.config.schema import TrainConfig
 from launcher.launch_state import LaunchState
 from launcher.watchdog import enable_flight_recorder
 
@@ -110,7 +110,7 @@ class Runtime:
 
 
 def start(
-    cfg: DictConfig, launch: LaunchState, point: str | None = None, *, needs_group: bool = False
+    cfg: TrainConfig, launch: LaunchState, point: str | None = None, *, needs_group: bool = False
 ) -> Runtime:
     """Join the job, pick the device, and agree on the run directory (created if new;
     `open_run_dir` adds the logs once the launch may use it).
@@ -262,9 +262,9 @@ def pick_backend(choice: str, device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def apply_nccl_env(cfg: DictConfig) -> None:
+def apply_nccl_env(cfg: TrainConfig) -> None:
     """Export the `nccl` group's variables; NCCL reads them once, when it first starts."""
-    for name, value in cfg.nccl.env.items():
+    for name, value in vars(cfg.nccl.env).items():
         if value is not None:
             os.environ[name] = str(value)
 
@@ -280,7 +280,7 @@ def launch_key() -> str | None:
     return None
 
 
-def choose_run_id(cfg: DictConfig) -> str:
+def choose_run_id(cfg: TrainConfig) -> str:
     """The run directory's name, decided on rank 0 and broadcast to the others.
 
     `run.id` or `LAUNCHER_RUN_ID` win. Otherwise the name is `<time>-<key>`, where key is a

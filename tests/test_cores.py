@@ -37,8 +37,9 @@ from launcher.checkpoint import (
     step_name,
 )
 from launcher.comm_stats import StepComm, bus_bandwidth, step_figures
-from launcher.config import TrainerConfig
+from launcher.config import TrainerConfig, compose, typed
 from launcher.data.loader import StepBatchSampler
+from launcher.job import is_secret_key, redacted
 from launcher.loop import lr_at
 from launcher.metrics import Interval, aggregate, local_vector, percentile
 from launcher.preemption import StopVote, install_stop_handlers, stop_requested
@@ -852,3 +853,32 @@ def test_sampler_resumes_at_the_step():
     for rank in (0, 1):
         whole = rank_steps(plan, rank, 9)
         assert rank_steps(plan, rank, 4, start_step=5) == whole[5:]
+
+
+# --- secrets in config.yaml -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "secret"),
+    [
+        ("WANDB_API_KEY", True),
+        ("hf_token", True),
+        ("db-password", True),
+        ("wandb_secret", True),
+        ("tokenizer", False),
+        ("shard_tokens", False),
+        ("keep_checkpoints", False),
+        ("monkey", False),
+    ],
+)
+def test_secret_keys_are_whole_words(key, secret):
+    """A key is masked when one of its words is a secret word, never for a word that only
+    contains one (data.tokenizer, data.shard_tokens are settings a reader needs)."""
+    assert is_secret_key(key) is secret
+
+
+def test_redacted_config_masks_secret_values_only():
+    cfg = typed(compose(["+cluster.env.WANDB_API_KEY=abc", "data.tokenizer=gpt2"]))
+    out = redacted(cfg)
+    assert out["cluster"]["env"]["WANDB_API_KEY"] == "***"
+    assert out["data"]["tokenizer"] == "gpt2" and out["data"]["shard_tokens"] == 100_000_000

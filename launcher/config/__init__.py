@@ -12,7 +12,7 @@ from launcher.config.compose import (
 )
 from launcher.config.errors import ConfigError
 from launcher.config.schema import *  # noqa: F403 - the schema's classes and choices
-from launcher.config.schema import ENGINES, TrainConfig
+from launcher.config.schema import ENGINES, TrainConfig, typed
 from launcher.config.validate import normalize, validate
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "describe_compose_error",
     "friendly_overrides",
     "normalize",
+    "typed",
     "unknown_key_line",
     "validate",
 ]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from launcher.nccl_vars import NcclEnv
 
@@ -350,3 +350,9 @@ def register_schema() -> None:
 
 
 register_schema()
+
+
+def typed(cfg: DictConfig) -> TrainConfig:
+    """The checked config as the schema's dataclasses (each `strategy` as its engine's),
+    converted once after the front door's checks: what the job's components read."""
+    return OmegaConf.to_object(cfg)

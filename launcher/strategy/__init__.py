@@ -5,8 +5,8 @@ one place that picks the engine a run names; an engine's module, and so its pack
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig
 
+from launcher.config.schema import TrainConfig
 from launcher.runtime import Runtime
 from launcher.strategy.base import Strategy
 
@@ -21,7 +21,7 @@ def needs_process_group(name: str) -> bool:
     return name in _GROUP_ENGINES
 
 
-def build_strategy(cfg: DictConfig, rt: Runtime, model: torch.nn.Module) -> Strategy:
+def build_strategy(cfg: TrainConfig, rt: Runtime, model: torch.nn.Module) -> Strategy:
     """The strategy named by `strategy.name`, set up around `model`."""
     if cfg.strategy.name == "ddp":
         from launcher.strategy.ddp import DDPStrategy

@@ -10,10 +10,10 @@ import contextlib
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 
 from launcher.comm_stats import StepComm
+from launcher.config.schema import TrainConfig
 from launcher.runtime import Runtime
 from launcher.strategy import comm_hooks, powersgd
 from launcher.strategy.base import Strategy
@@ -25,7 +25,7 @@ AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class DDPStrategy(Strategy):
-    def __init__(self, cfg: DictConfig, rt: Runtime, model: torch.nn.Module):
+    def __init__(self, cfg: TrainConfig, rt: Runtime, model: torch.nn.Module):
         t, s = cfg.trainer, cfg.strategy
         self.device = rt.device
         self.rank = rt.rank

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
 
 from launcher.comm_stats import StepComm
+from launcher.config.schema import TrainConfig
 from launcher.runtime import Runtime
 from launcher.strategy.base import Strategy
 from launcher.strategy.ds_comm import CollectiveTimer
@@ -59,7 +59,7 @@ def import_deepspeed(device: torch.device):
 
 
 class DeepSpeedStrategy(Strategy):
-    def __init__(self, cfg: DictConfig, rt: Runtime, model: torch.nn.Module):
+    def __init__(self, cfg: TrainConfig, rt: Runtime, model: torch.nn.Module):
         t, s = cfg.trainer, cfg.strategy
         self.rt = rt
         self.stage = int(s.zero_stage)

@@ -98,7 +98,10 @@ def _enabled(section) -> bool:
 
 def build_ds_config(cfg: DictConfig, world_size: int) -> dict[str, Any]:
     """The DeepSpeed config this run uses; raises DeepSpeedConfigError on a contradiction."""
-    extra = OmegaConf.to_container(cfg.strategy.extra, resolve=True) or {}
+    extra = cfg.strategy.extra  # a dict once typed; a DictConfig while being checked
+    extra = (
+        OmegaConf.to_container(extra, resolve=True) if OmegaConf.is_config(extra) else extra
+    ) or {}
     for section, why in REFUSED_SECTIONS.items():
         if section in extra:
             raise DeepSpeedConfigError(

@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from omegaconf import DictConfig
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -36,6 +35,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 from torch.distributed.tensor import DTensor
 
 from launcher.comm_stats import StepComm
+from launcher.config.schema import TrainConfig
 from launcher.runtime import Runtime
 from launcher.strategy.base import Strategy
 from launcher.strategy.dcp import is_dcp_checkpoint, load_dcp
@@ -78,7 +78,7 @@ def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 class FSDP2Strategy(Strategy):
-    def __init__(self, cfg: DictConfig, rt: Runtime, model: torch.nn.Module):
+    def __init__(self, cfg: TrainConfig, rt: Runtime, model: torch.nn.Module):
         t, s = cfg.trainer, cfg.strategy
         self.rt, self.device = rt, rt.device
         self.grad_clip = t.grad_clip

@@ -4,10 +4,11 @@ FSDP2 train the same math."""
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig
+
+from launcher.config.schema import TrainerConfig
 
 
-def build_optimizer(model: torch.nn.Module, tcfg: DictConfig):
+def build_optimizer(model: torch.nn.Module, tcfg: TrainerConfig):
     """AdamW with weight decay on matrices only (biases and LayerNorm gains are not decayed).
 
     `trainer.fused_adamw` runs the whole update as one fused kernel per parameter group
