@@ -124,6 +124,9 @@ def start(
     rank, local_rank, world = env_world()
     _configure_console_logging(rank)
     device = pick_device(cfg.trainer.device, local_rank)
+    # DeepSpeed picks its accelerator when first imported, from this variable if set: a
+    # CPU run on a GPU machine stays on the CPU.
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.type == "cuda" else "cpu")
     launched = world > 1 or "MASTER_ADDR" in os.environ
     if (launched or needs_group) and not dist.is_initialized():
         launch.backend = pick_backend(cfg.dist.backend, device)

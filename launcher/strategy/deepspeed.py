@@ -35,15 +35,14 @@ STRATEGY_FILE = "strategy.json"  # in each checkpoint: what wrote it
 RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
 
 
-def import_deepspeed(device: torch.device):
-    """Import deepspeed for `device`, without compiling anything.
+def import_deepspeed():
+    """Import deepspeed, without compiling anything.
 
-    DeepSpeed picks its accelerator when first imported (DS_ACCELERATOR wins over its
-    guess, so a CPU run on a GPU machine stays on the CPU). Its torch backend would build
-    a shared-memory all-reduce op with a C++ compiler at start-up; that op serves only
-    inference all-reduces, so it is marked incompatible: training needs no compiler.
+    DeepSpeed picks its accelerator when first imported, from DS_ACCELERATOR, which the
+    runtime set from the device it chose. Its torch backend would build a shared-memory
+    all-reduce op with a C++ compiler at start-up; that op serves only inference
+    all-reduces, so it is marked incompatible: training needs no compiler.
     """
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.type == "cuda" else "cpu")
     import deepspeed
     import deepspeed.ops
 
@@ -64,7 +63,7 @@ class DeepSpeedStrategy(Strategy):
         self.rt = rt
         self.stage = int(s.zero_stage)
         self.precision = t.precision
-        deepspeed = import_deepspeed(rt.device)
+        deepspeed = import_deepspeed()
         self._deepspeed = deepspeed
         deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
         self.ds_config = build_ds_config(cfg, rt.world_size)
