@@ -33,6 +33,7 @@ BACKENDS = ("auto", "gloo", "nccl")
 OFFLOAD_DEVICES = ("none", "cpu")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 PROFILERS = ("off", "steps", "full")
+MODEL_IMPLS = ("native", "hf")
 FAULT_KINDS = ("none", "stall", "sigstop", "exit", "oom", "loader_error", "slow")
 
 
@@ -57,6 +58,8 @@ class ModelConfig:
     vocab_multiple: int = 64
     dropout: float = 0.0
     init_from: str | None = None
+    impl: str = "hf"  # native (launcher.gpt2) or hf (transformers' GPT2LMHeadModel)
+    bias: bool = True  # biases in linears and LayerNorms (GPT-2's weights have them)
 
 
 @dataclass
@@ -523,6 +526,20 @@ def normalize(cfg: DictConfig, world_size: int) -> None:
         cfg.strategy.powersgd_warmup_steps = cfg.trainer.warmup_steps
 
 
+def _validate_model_bias(m: DictConfig) -> None:
+    """Biases can be left out of the native GPT-2 only: transformers' has them always, and
+    so do the weights model.init_from loads."""
+    if m.bias:
+        return
+    if m.impl == "hf":
+        raise ConfigError("model.bias=false needs model.impl=native (GPT2LMHeadModel has biases)")
+    if m.init_from:
+        raise ConfigError(
+            f"model.bias=false with model.init_from={m.init_from}: GPT-2 weights have biases; "
+            "use model.bias=true"
+        )
+
+
 def validate(cfg: DictConfig, world_size: int) -> None:
     """Reject impossible values and combinations before any process group or worker starts.
 
@@ -543,6 +560,8 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     _choice(cfg, "dist.backend", BACKENDS)
     _choice(cfg, "data.source", DATA_SOURCES)
     _choice(cfg, "profiler.name", PROFILERS)
+    _choice(cfg, "model.impl", MODEL_IMPLS)
+    _validate_model_bias(m)
     _validate_engine(cfg)
     per_step = t.micro_batch_size * world_size
     if t.global_batch_size % per_step:

@@ -54,7 +54,7 @@ def identity(cfg, model, world_size: int) -> dict:
     if cfg.strategy.name == "deepspeed":
         strategy.update(zero_stage=int(cfg.strategy.zero_stage), precision=cfg.trainer.precision)
     return {
-        "model": {"name": str(cfg.model.name), **shape},
+        "model": {"name": str(cfg.model.name), "impl": str(cfg.model.impl), **shape},
         "strategy": strategy,
         "world_size": int(world_size),
     }
@@ -85,6 +85,13 @@ def differences(saved: dict, now: dict) -> list[Difference]:
                 else f"model.{k}={sm[k]}"
             )
             found.append(Difference(f"model.{k} is {sm[k]} there, {nm[k]} now", fix))
+    # Checkpoints from before model.impl existed were all written by GPT2LMHeadModel.
+    if sm and sm.get("impl", "hf") != nm["impl"]:
+        what = (
+            f"model.impl is {sm.get('impl', 'hf')} there, {nm['impl']} now (the two lay "
+            "their weights out differently; python -m launcher.export converts finished runs)"
+        )
+        found.append(Difference(what, f"model.impl={sm.get('impl', 'hf')}"))
     ss, ns = saved.get("strategy") or {}, now["strategy"]
     if {ss.get("name"), ns["name"]} <= RESHARDABLE:
         return found  # DDP and FSDP2 load each other's checkpoints, at any world size
