@@ -74,9 +74,7 @@ def main() -> int:
     pairs = []
     for i in range(args.warmup + args.steps):
         order = (True, False) if i % 2 == 0 else (False, True)
-        got = {
-            timed: one_step(sides[timed], cfg.model.impl, x, y, rt.device) for timed in order
-        }
+        got = {timed: one_step(sides[timed], cfg.model.impl, x, y, rt.device) for timed in order}
         if (i + 1) % t.log_interval == 0:
             sides[True].drain_comm()  # reading the figures is part of the cost
         if i >= args.warmup:

@@ -199,8 +199,8 @@ def report(micro: dict, step: dict, memory: dict, device_name: str) -> str:
     if step:
         hf, nat = step["hf"], step["native"]
         lines.append(
-            f"| trainer step (launcher.job.run, eager, optimizer included) | {hf * 1e3:.1f} | {nat * 1e3:.1f} | "
-            f"{hf / nat:.2f}x |"
+            f"| trainer step (launcher.job.run, eager, with the optimizer) | {hf * 1e3:.1f} "
+            f"| {nat * 1e3:.1f} | {hf / nat:.2f}x |"
         )
     if memory:
         lines += ["", f"peak memory of one micro-batch, vocabulary {MEM_VOCAB}:", ""]

@@ -24,7 +24,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 # transformers' Conv1D weights, stored transposed relative to nn.Linear.
-CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+CONV1D_SUFFIXES = (
+    "attn.c_attn.weight",
+    "attn.c_proj.weight",
+    "mlp.c_fc.weight",
+    "mlp.c_proj.weight",
+)
 UNBIASED = ("transformer.wte.", "transformer.wpe.", "lm_head.")  # weights with no bias anywhere
 
 
@@ -119,9 +124,7 @@ class GPT2(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(
-        self, input_ids: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         tr = self.transformer
         pos = torch.arange(input_ids.size(1), device=input_ids.device)
         x = tr.drop(tr.wte(input_ids) + tr.wpe(pos))
