@@ -136,7 +136,7 @@ class GPT2(nn.Module):
         logits = self.lm_head(tr.ln_f(x))
         if targets is None:
             return logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
 
 def from_hf_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
