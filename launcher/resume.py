@@ -86,12 +86,13 @@ def differences(saved: dict, now: dict) -> list[Difference]:
             )
             found.append(Difference(f"model.{k} is {sm[k]} there, {nm[k]} now", fix))
     # Checkpoints from before model.impl existed were all written by GPT2LMHeadModel.
-    if sm and sm.get("impl", "hf") != nm["impl"]:
+    saved_impl, now_impl = sm.get("impl", "hf"), nm.get("impl", "hf")
+    if sm and saved_impl != now_impl:
         what = (
-            f"model.impl is {sm.get('impl', 'hf')} there, {nm['impl']} now (the two lay "
-            "their weights out differently; python -m launcher.export converts finished runs)"
+            f"model.impl is {saved_impl} there, {now_impl} now (the two lay their weights out "
+            "differently; python -m launcher.export converts finished runs)"
         )
-        found.append(Difference(what, f"model.impl={sm.get('impl', 'hf')}"))
+        found.append(Difference(what, f"model.impl={saved_impl}"))
     ss, ns = saved.get("strategy") or {}, now["strategy"]
     if {ss.get("name"), ns["name"]} <= RESHARDABLE:
         return found  # DDP and FSDP2 load each other's checkpoints, at any world size
