@@ -28,8 +28,7 @@ import torch
 from launcher.config import compose, normalize, typed
 from launcher.data import prepare_data
 from launcher.launch_state import LaunchState
-from launcher.loop import lm_loss
-from launcher.model import build_model
+from launcher.model import build_model, model_loss
 from launcher.runtime import env_world, start, teardown
 from launcher.strategy.ddp import DDPStrategy
 
@@ -37,10 +36,10 @@ BUDGET = 0.02
 DEFAULTS = ["strategy.bucket_cap_mb=0.05", "data.num_workers=0", "data.persistent_workers=false"]
 
 
-def one_step(strategy: DDPStrategy, x: torch.Tensor, y: torch.Tensor, device) -> float:
+def one_step(strategy: DDPStrategy, impl: str, x: torch.Tensor, y: torch.Tensor, device) -> float:
     begin = time.perf_counter()
     with strategy.autocast():
-        loss = lm_loss(strategy.module(input_ids=x).logits, y)
+        loss = model_loss(strategy.module, impl, x, y)
     strategy.backward(loss)
     strategy.step(1e-4)
     if device.type == "cuda":
@@ -78,7 +77,7 @@ def main() -> int:
     pairs = []
     for i in range(args.warmup + args.steps):
         order = (True, False) if i % 2 == 0 else (False, True)
-        got = {timed: one_step(sides[timed], x, y, rt.device) for timed in order}
+        got = {timed: one_step(sides[timed], cfg.model.impl, x, y, rt.device) for timed in order}
         if (i + 1) % t.log_interval == 0:
             sides[True].drain_comm()  # reading the figures is part of the cost
         if i >= args.warmup:

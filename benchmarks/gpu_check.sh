@@ -5,9 +5,11 @@
 #   here:   bash benchmarks/fetch_wheels.sh     # once: Hydra/OmegaConf wheels into .whl/
 #   there:  bash benchmarks/gpu_check.sh [OUT [overrides...]]  # about 6 minutes on one H200
 #
-# Writes doctor.txt, throughput.log, the run directory, ladder.json and ladder.log into OUT
-# (default: $OUT, else ./gpu-check) and prints a short table last. Overrides after OUT go to
-# both the experiment and the ladder (the tests use them to run this script on a CPU).
+# Writes doctor.txt, throughput.log, the run directory, ladder.json and ladder.log (and, on a
+# GPU, model_cost.json: native GPT-2 vs transformers) into OUT (default: $OUT, else
+# ./gpu-check), every figure as one record in $RESULTS_DIR (default benchmarks/results) as
+# <date>-<device>.json, and prints a short table last. Overrides after OUT go to both the
+# experiment and the ladder (the tests use them to run this script on a CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-gpu-check}}
@@ -23,6 +25,12 @@ timeout 240 python3 -m launcher.train +exp=throughput run.root="$out/runs" run.i
 read -r -a ladder_args <<< "${LADDER_ARGS:---max-micro-batch 64}"
 timeout 330 python3 benchmarks/ladder.py "${ladder_args[@]}" --out "$out/ladder.json" "$@" \
     2>&1 | tee "$out/ladder.log"
+if python3 -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+    timeout 120 python3 benchmarks/model_cost.py --skip-trainer --out "$out/model_cost.json" \
+        2>&1 | tee "$out/model_cost.log" || echo "model_cost.py did not finish: see model_cost.log"
+fi
+python3 benchmarks/results.py "$out" --dest "${RESULTS_DIR:-benchmarks/results}" \
+    --command "bash benchmarks/gpu_check.sh $out $*"
 
 python3 - "$out" <<'PY'
 import json, sys

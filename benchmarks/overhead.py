@@ -34,8 +34,8 @@ from launcher.data import prepare_data
 from launcher.data.loader import StepBatchSampler
 from launcher.job import check_or_exit, run
 from launcher.launch_state import LaunchState
-from launcher.loop import lm_loss, lr_at
-from launcher.model import build_model
+from launcher.loop import lr_at
+from launcher.model import build_model, model_loss
 from launcher.runtime import seed_everything
 from launcher.strategy.optim import build_optimizer
 
@@ -80,7 +80,7 @@ def run_bare(overrides: list[str]) -> None:
             group["lr"] = lr_at(step, t)
         for _ in range(accum):
             x, y = (torch.stack(z) for z in zip(*(data.train[i] for i in next(order)), strict=True))
-            loss = lm_loss(model(input_ids=x).logits, y)
+            loss = model_loss(model, cfg.model.impl, x, y)
             (loss / accum).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
         optimizer.step()

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from launcher import checkpoint, memory_snapshot
 from launcher.batch import BatchPlan
@@ -24,7 +23,7 @@ from launcher.config.schema import TrainConfig, TrainerConfig
 from launcher.data import TokenData, build_eval_batches, build_train_loader
 from launcher.faults import FaultInjector
 from launcher.metrics import Interval, StepTimer, aggregate, local_vector, reset_host_peak
-from launcher.model import mfu
+from launcher.model import mfu, model_loss
 from launcher.preemption import StopVote
 from launcher.profiling import build_profiler, step_region, trace_dir
 from launcher.runtime import Runtime
@@ -82,10 +81,6 @@ def lr_at(step: int, tcfg: TrainerConfig) -> float:
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (tcfg.lr - min_lr)
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
-
-
 class TrainLoop:
     def __init__(
         self,
@@ -99,6 +94,7 @@ class TrainLoop:
         ckpt_meta: dict | None = None,
     ):
         self.cfg, self.t, self.rt = cfg, cfg.trainer, rt
+        self.impl = cfg.model.impl
         self.strategy = strategy
         self.data = data
         self.sinks = sinks
@@ -313,7 +309,7 @@ class TrainLoop:
             y = y.to(rt.device, non_blocking=True)
             with self.strategy.micro_step(micro == self.accum - 1):
                 with self.strategy.autocast():
-                    loss = lm_loss(module(input_ids=x).logits, y) / self.accum
+                    loss = model_loss(module, self.impl, x, y) / self.accum
                 self.strategy.backward(loss)
             self.interval.add_loss(loss)
         self.interval.grad_norm = self.strategy.step(lr_at(step, self.t))
@@ -390,7 +386,7 @@ class TrainLoop:
         for x, y in batches:
             x, y = x.to(self.rt.device), y.to(self.rt.device)
             with self.strategy.autocast():
-                total += lm_loss(module(input_ids=x).logits, y)
+                total += model_loss(module, self.impl, x, y)
         module.train()
         per_rank = self.rt.all_gather_floats([total.item() / len(batches)])
         loss = sum(v for (v,) in per_rank) / len(per_rank)

@@ -1,4 +1,5 @@
-"""GPT-2 (transformers' GPT2LMHeadModel), its FLOPs per token, and MFU against known peaks.
+"""GPT-2 (the project's own module, or transformers' GPT2LMHeadModel: `model.impl`), its
+loss, its FLOPs per token, and MFU against known peaks.
 
 MFU is only as honest as the peak it divides by, so the peak comes from a table of dense
 bf16 figures for GPUs we know, and is `None` (reported as null) for anything else, a CPU
@@ -11,7 +12,11 @@ import logging
 import math
 
 import torch
-from omegaconf import DictConfig
+import torch.nn.functional as F
+
+from launcher.config.schema import ModelConfig
+from launcher.gpt2 import GPT2, from_hf_state_dict
+from launcher.gpt2 import GPT2Config as NativeConfig
 
 log = logging.getLogger(__name__)
 
@@ -37,17 +42,22 @@ def padded_vocab_size(vocab_size: int, multiple: int) -> int:
 
 
 def build_model(
-    model_cfg: DictConfig,
+    model_cfg: ModelConfig,
     vocab_size: int,
     *,
     eot_id: int | None = None,
     grad_checkpointing: bool = False,
 ) -> torch.nn.Module:
-    """GPT2LMHeadModel with SDPA attention, from the size's config or `model.init_from`.
+    """GPT-2 of `model.impl` (native: launcher.gpt2; hf: GPT2LMHeadModel with SDPA
+    attention), from the size's config or the weights of `model.init_from`.
 
     Gradient checkpointing recomputes each block's activations in backward instead of
     keeping them: about a third more compute for much less activation memory.
     """
+    if model_cfg.impl == "native":
+        model = _native(model_cfg, vocab_size)
+        model.grad_checkpointing = grad_checkpointing
+        return model
     model = _gpt2(model_cfg, vocab_size, eot_id)
     if grad_checkpointing:
         # transformers 5 renamed the switch; 4.x only has the old name.
@@ -58,17 +68,73 @@ def build_model(
     return model
 
 
-def _gpt2(model_cfg: DictConfig, vocab_size: int, eot_id: int | None) -> torch.nn.Module:
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy, in fp32 whatever the logits' dtype."""
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def model_loss(module: torch.nn.Module, impl: str, x: torch.Tensor, y: torch.Tensor):
+    """The loss of one micro-batch: the native module computes it inside its forward (so a
+    compiled module covers it); GPT2LMHeadModel's logits go through lm_loss."""
+    if impl == "native":
+        return module(x, targets=y)
+    return lm_loss(module(input_ids=x).logits, y)
+
+
+def _load_hf(init_from: str, vocab_size: int):
+    from transformers import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(init_from, attn_implementation="sdpa")
+    if model.config.vocab_size < vocab_size:
+        raise ValueError(
+            f"model.init_from={init_from} has a vocabulary of "
+            f"{model.config.vocab_size}, the data needs {vocab_size}"
+        )
+    return model
+
+
+def _native(model_cfg: ModelConfig, vocab_size: int) -> GPT2:
+    """launcher.gpt2's GPT-2: fresh, or converted from transformers weights."""
+    if not model_cfg.init_from:
+        return GPT2(
+            NativeConfig(
+                vocab_size=padded_vocab_size(vocab_size, model_cfg.vocab_multiple),
+                n_layer=model_cfg.n_layer,
+                n_head=model_cfg.n_head,
+                n_embd=model_cfg.n_embd,
+                n_positions=model_cfg.n_positions,
+                dropout=model_cfg.dropout,
+                bias=model_cfg.bias,
+            )
+        )
+    hf = _load_hf(model_cfg.init_from, vocab_size)
+    c = hf.config
+    if c.activation_function != "gelu_new":
+        raise ValueError(
+            f"model.init_from={model_cfg.init_from} uses activation {c.activation_function}; "
+            "the native GPT-2 has GPT-2's gelu_new only: use model.impl=hf"
+        )
+    model = GPT2(
+        NativeConfig(
+            vocab_size=c.vocab_size,
+            n_layer=c.n_layer,
+            n_head=c.n_head,
+            n_embd=c.n_embd,
+            n_positions=c.n_positions,
+            dropout=model_cfg.dropout,
+            bias=True,
+            layer_norm_epsilon=c.layer_norm_epsilon,
+        )
+    )
+    model.load_state_dict(from_hf_state_dict(hf.state_dict()))
+    return model
+
+
+def _gpt2(model_cfg: ModelConfig, vocab_size: int, eot_id: int | None) -> torch.nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     if model_cfg.init_from:
-        model = GPT2LMHeadModel.from_pretrained(model_cfg.init_from, attn_implementation="sdpa")
-        if model.config.vocab_size < vocab_size:
-            raise ValueError(
-                f"model.init_from={model_cfg.init_from} has a vocabulary of "
-                f"{model.config.vocab_size}, the data needs {vocab_size}"
-            )
-        return model
+        return _load_hf(model_cfg.init_from, vocab_size)
     config = GPT2Config(
         vocab_size=padded_vocab_size(vocab_size, model_cfg.vocab_multiple),
         n_positions=model_cfg.n_positions,

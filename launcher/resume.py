@@ -54,7 +54,7 @@ def identity(cfg, model, world_size: int) -> dict:
     if cfg.strategy.name == "deepspeed":
         strategy.update(zero_stage=int(cfg.strategy.zero_stage), precision=cfg.trainer.precision)
     return {
-        "model": {"name": str(cfg.model.name), **shape},
+        "model": {"name": str(cfg.model.name), "impl": str(cfg.model.impl), **shape},
         "strategy": strategy,
         "world_size": int(world_size),
     }
@@ -85,6 +85,14 @@ def differences(saved: dict, now: dict) -> list[Difference]:
                 else f"model.{k}={sm[k]}"
             )
             found.append(Difference(f"model.{k} is {sm[k]} there, {nm[k]} now", fix))
+    # Checkpoints from before model.impl existed were all written by GPT2LMHeadModel.
+    saved_impl, now_impl = sm.get("impl", "hf"), nm.get("impl", "hf")
+    if sm and saved_impl != now_impl:
+        what = (
+            f"model.impl is {saved_impl} there, {now_impl} now (the two lay their weights out "
+            "differently; python -m launcher.export converts finished runs)"
+        )
+        found.append(Difference(what, f"model.impl={saved_impl}"))
     ss, ns = saved.get("strategy") or {}, now["strategy"]
     if {ss.get("name"), ns["name"]} <= RESHARDABLE:
         return found  # DDP and FSDP2 load each other's checkpoints, at any world size

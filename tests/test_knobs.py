@@ -71,17 +71,24 @@ def test_compile_matches_eager(tmp_path, eager_losses):
         assert eager_losses[step] == pytest.approx(compiled[step], rel=1e-4)
 
 
-def test_init_from_a_local_folder(tmp_path):
-    """model.init_from loads pretrained weights (here: a folder this test saves)."""
-    cfg = compose([])
+def test_init_from_a_local_folder_and_export(tmp_path):
+    """model.init_from loads transformers weights (a folder this test saves) into the
+    native GPT-2, and launcher.export writes the trained model back as a folder
+    GPT2LMHeadModel reads, with the same logits."""
+    from transformers import GPT2LMHeadModel
+
+    from launcher.export import main as export_main
+    from launcher.gpt2 import from_hf_state_dict
+
     torch.manual_seed(3)
-    model = build_model(cfg.model, 512)
-    model.save_pretrained(tmp_path / "pretrained")
+    hf = build_model(compose(["model.impl=hf"]).model, 512)
+    hf.save_pretrained(tmp_path / "pretrained")
     proc = python_train(
         [
             *SHORT,
             f"run.root={tmp_path}",
             "run.id=init",
+            "model.impl=native",
             f"model.init_from={tmp_path / 'pretrained'}",
             "trainer.max_steps=1",
             "trainer.checkpoint_interval=1",
@@ -90,6 +97,14 @@ def test_init_from_a_local_folder(tmp_path):
     assert proc.returncode == 0, explain(proc)
     # One optimizer step away from the saved weights, not from a fresh initialisation.
     trained = torch.load(tmp_path / "init" / "checkpoints" / "step_00000001" / "model.pt")
-    saved = model.state_dict()
-    delta = max((trained[k] - saved[k]).abs().max().item() for k in saved if k in trained)
+    saved = from_hf_state_dict(hf.state_dict())
+    assert trained.keys() == saved.keys()
+    delta = max((trained[k] - saved[k]).abs().max().item() for k in saved)
     assert 0 < delta < 1e-2
+    assert export_main([str(tmp_path / "init"), str(tmp_path / "exported")]) == 0
+    native = build_model(compose(["model.impl=native"]).model, 512).eval()
+    native.load_state_dict(trained)
+    back = GPT2LMHeadModel.from_pretrained(tmp_path / "exported").eval()
+    x = torch.randint(0, 512, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(back(input_ids=x).logits, native(x), atol=1e-5, rtol=0)

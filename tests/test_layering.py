@@ -24,14 +24,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "paths", "intervals", "exit_codes", "ranges", "nccl_vars", "nccl_log", "batch",
             "clock", "comm_stats", "lock", "stragglers", "preemption", "memory_snapshot",
-            "watchdog", "model", "data", "data.*",
+            "watchdog", "data", "data.*",
         ),
     ),
     ("config", ("config", "config.*")),
     (
         "process",
         (
-            "launch_state", "runtime", "envinfo", "checkpoint", "resume", "faults", "sinks",
+            "launch_state", "runtime", "model", "gpt2", "envinfo", "checkpoint", "resume", "faults", "sinks",
             "metrics", "profiling", "sweep",
         ),
     ),
@@ -42,7 +42,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "front doors",
         (
-            "train", "torchrun", "doctor", "commbench", "submit", "submit.*", "analyze",
+            "train", "torchrun", "doctor", "commbench", "export", "submit", "submit.*", "analyze",
             "analyze.*", "tune", "tune.*",
         ),
     ),

@@ -18,7 +18,7 @@ from launcher.model import (
 
 
 def test_gpt2_124m_flops_match_nanogpt_formula():
-    cfg = compose(["model=gpt2"])
+    cfg = compose(["model=gpt2", "model.impl=hf"])
     model = build_model(cfg.model, 50257, grad_checkpointing=False)
     # GPT-2 124M with the vocabulary padded to 50304 (a multiple of 64), as nanoGPT does.
     assert model.config.vocab_size == 50304
@@ -28,13 +28,14 @@ def test_gpt2_124m_flops_match_nanogpt_formula():
 
 
 def test_model_uses_sdpa_attention():
-    cfg = compose([])
+    cfg = compose(["model.impl=hf"])
     model = build_model(cfg.model, 512, grad_checkpointing=False)
     assert model.config._attn_implementation == "sdpa"
 
 
 def test_grad_checkpointing_gives_the_same_gradients():
-    cfg = compose([])
+    """transformers' switch (the native module's: tests/test_gpt2.py)."""
+    cfg = compose(["model.impl=hf"])
     torch.manual_seed(0)
     plain = build_model(cfg.model, 512, grad_checkpointing=False)
     torch.manual_seed(0)

@@ -66,7 +66,9 @@ def test_gpu_check_script_end_to_end_on_cpu(tmp_path):
         capture_output=True,
         text=True,
         timeout=900,
-        env=base_env(LADDER_ARGS="--steps 4 --max-micro-batch 8"),
+        env=base_env(
+            LADDER_ARGS="--steps 4 --max-micro-batch 8", RESULTS_DIR=str(tmp_path / "results")
+        ),
         cwd=tmp_path,
     )
     assert proc.returncode == 0, explain(proc)
@@ -92,3 +94,7 @@ def test_gpu_check_script_end_to_end_on_cpu(tmp_path):
         )
     assert rows[4]["micro_batch_size"] in (2, 4, 8)
     assert "| 5 | + fused AdamW, best micro-batch |" in (tmp_path / "ladder.log").read_text()
+    (record,) = (tmp_path / "results").iterdir()  # benchmarks/results.py's format
+    rec = json.loads(record.read_text())
+    assert record.name.endswith("-cpu.json") and rec["ladder"]["rows"] == rows
+    assert rec["mfu"] is None and rec["tokens_per_s"] > 0 and rec["model_cost"] is None

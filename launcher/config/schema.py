@@ -28,6 +28,7 @@ BACKENDS = ("auto", "gloo", "nccl")
 OFFLOAD_DEVICES = ("none", "cpu")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 PROFILERS = ("off", "steps", "full")
+MODEL_IMPLS = ("native", "hf")
 FAULT_KINDS = ("none", "stall", "sigstop", "exit", "oom", "loader_error", "slow")
 
 
@@ -48,6 +49,8 @@ class ModelConfig:
     vocab_multiple: int = 64
     dropout: float = 0.0
     init_from: str | None = None
+    impl: str = "hf"  # native (launcher.gpt2) or hf (transformers' GPT2LMHeadModel)
+    bias: bool = True  # biases in linears and LayerNorms (GPT-2's weights have them)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from launcher.config.schema import (
     ENGINES,
     FAULT_KINDS,
     LOGGER_MODES,
+    MODEL_IMPLS,
     OFFLOAD_DEVICES,
     PRECISIONS,
     PROFILERS,
@@ -55,6 +56,20 @@ def normalize(cfg: DictConfig, world_size: int) -> None:
         cfg.strategy.powersgd_warmup_steps = cfg.trainer.warmup_steps
 
 
+def _validate_model_bias(m: DictConfig) -> None:
+    """Biases can be left out of the native GPT-2 only: transformers' has them always, and
+    so do the weights model.init_from loads."""
+    if m.bias:
+        return
+    if m.impl == "hf":
+        raise ConfigError("model.bias=false needs model.impl=native (GPT2LMHeadModel has biases)")
+    if m.init_from:
+        raise ConfigError(
+            f"model.bias=false with model.init_from={m.init_from}: GPT-2 weights have biases; "
+            "use model.bias=true"
+        )
+
+
 def validate(cfg: DictConfig, world_size: int) -> None:
     """Reject impossible values and combinations before any process group or worker starts.
 
@@ -75,6 +90,8 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     _choice(cfg, "dist.backend", BACKENDS)
     _choice(cfg, "data.source", DATA_SOURCES)
     _choice(cfg, "profiler.name", PROFILERS)
+    _choice(cfg, "model.impl", MODEL_IMPLS)
+    _validate_model_bias(m)
     _validate_engine(cfg)
     problem = BatchPlan.of(t, world_size).problem()
     if problem:

@@ -73,7 +73,7 @@ class _TimedReduceScatter(DefaultReduceScatter):
 
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The transformer blocks of the GPT-2 (transformers' GPT2LMHeadModel)."""
+    """The transformer blocks of the GPT-2 (both implementations keep them at transformer.h)."""
     return list(model.transformer.h)
 
 

@@ -1,0 +1,73 @@
+"""The GPU check's figures as one JSON record: benchmarks/results/<date>-<device>.json.
+
+    python benchmarks/results.py OUT [--dest benchmarks/results] [--command "..."]
+
+OUT is the folder benchmarks/gpu_check.sh wrote (runs/throughput/summary.json, ladder.json,
+and model_cost.json where a GPU ran it). One file per date and device, committed with the
+docs that quote it, so that every figure in docs/performance.md has a record of what
+measured it, when and with which versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+# The throughput run's summary.json keys a record carries, under the same names.
+SUMMARY_KEYS = ("tokens_per_s", "mfu", "step_time_s/p50", "mem/peak_gb", "mem/host_peak_gb")
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def record(out: Path, command: str, date: dt.date, device: str) -> dict:
+    """Everything one GPU check measured, with what it ran on."""
+    summary = json.loads((out / "runs" / "throughput" / "summary.json").read_text())
+    ladder = json.loads((out / "ladder.json").read_text())
+    model_cost = out / "model_cost.json"
+    return {
+        "date": date.isoformat(),
+        "device": device,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "command": command,
+        **{key: summary[key] for key in SUMMARY_KEYS},
+        "ladder": {"overrides": ladder["overrides"], "rows": ladder["rows"]},
+        "model_cost": json.loads(model_cost.read_text()) if model_cost.is_file() else None,
+    }
+
+
+def file_name(date: dt.date, device: str) -> str:
+    """`2026-12-01-nvidia-h200.json`: the device name lower-cased, runs of anything but
+    letters and digits turned into one dash."""
+    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
+    return f"{date.isoformat()}-{slug}.json"
+
+
+def write(rec: dict, dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / file_name(dt.date.fromisoformat(rec["date"]), rec["device"])
+    path.write_text(json.dumps(rec, indent=1) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="the folder gpu_check.sh wrote")
+    parser.add_argument("--dest", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--command", default="bash benchmarks/gpu_check.sh")
+    args = parser.parse_args(argv)
+    rec = record(args.out, args.command, dt.date.today(), device_name())
+    print(f"results: {write(rec, args.dest)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Export a trained model as a transformers folder: `GPT2LMHeadModel.from_pretrained` reads it.
+
+    python -m launcher.export RUN_DIR_OR_CHECKPOINT OUT_DIR
+
+RUN_DIR_OR_CHECKPOINT is a run directory (its newest complete checkpoint is exported) or
+one `checkpoints/step_<n>` folder, written by DDP (model.pt), FSDP2 (DCP shards) or
+DeepSpeed, with either model.impl: the native module's weights are converted (see
+launcher.gpt2), transformers' are copied. Bad input: one line naming the file and the fix,
+exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from launcher import checkpoint, exit_codes
+from launcher.gpt2 import config_of, hf_config, to_hf_state_dict
+
+
+class ExportError(ValueError):
+    """What is wrong with the input, worded as the one line the user sees."""
+
+
+def read_state(folder: Path) -> dict[str, torch.Tensor]:
+    """The whole model's state dict from a checkpoint of any engine, on the CPU."""
+    if (folder / "model.pt").is_file():  # DDP: the whole model, written by rank 0
+        return torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
+    if (folder / ".metadata").is_file():  # FSDP2: DCP shards, gathered into one file
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(folder, Path(tmp) / "whole.pt")
+            return torch.load(Path(tmp) / "whole.pt", map_location="cpu", weights_only=False)[
+                "model"
+            ]
+    if (folder / "strategy.json").is_file():  # DeepSpeed: ZeRO shards merged to fp32
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = get_fp32_state_dict_from_zero_checkpoint(str(folder.parent), tag=folder.name)
+        return {k: v.float() for k, v in state.items()}
+    raise ExportError(
+        f"{folder} holds no model.pt, DCP .metadata or DeepSpeed strategy.json; pass a run "
+        "directory or a checkpoints/step_<n> folder the launcher wrote"
+    )
+
+
+def export(source: Path, out: Path) -> Path:
+    """Write the model of `source`'s checkpoint into `out`; returns the checkpoint used."""
+    folder = checkpoint.find_resumable(source)
+    if folder is None:
+        raise ExportError(
+            f"{source} holds no complete checkpoint; pass a run directory with checkpoints "
+            "(trainer.checkpoint_interval > 0) or a complete checkpoints/step_<n> folder"
+        )
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"{out} exists and is not an empty folder; choose a new OUT_DIR")
+    model_meta = (checkpoint.read_meta(folder) or {}).get("model") or {}
+    if not model_meta.get("n_head"):
+        raise ExportError(
+            f"{folder / checkpoint.META} does not record model.n_head (written before the "
+            "launcher recorded the model's shape); export from a newer checkpoint"
+        )
+    state = read_state(folder)
+    if model_meta.get("impl", "hf") == "native":
+        state = to_hf_state_dict(state)
+    from transformers import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(hf_config(config_of(state, int(model_meta["n_head"]))))
+    loaded = model.load_state_dict(state, strict=False)  # older transformers: mask buffers
+    buffers = (".attn.bias", ".attn.masked_bias")
+    wrong = [k for k in loaded.missing_keys + loaded.unexpected_keys if not k.endswith(buffers)]
+    if wrong:
+        raise ExportError(
+            f"{folder}: the weights do not fit a GPT-2 (first mismatch: {sorted(wrong)[0]}); "
+            "export a checkpoint the launcher's GPT-2 wrote"
+        )
+    model.save_pretrained(out)
+    return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", type=Path, help="a run directory or a checkpoint folder")
+    parser.add_argument("out", type=Path, help="the folder to write (new or empty)")
+    args = parser.parse_args(argv)
+    try:
+        folder = export(args.source, args.out)
+    except ExportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_codes.BAD_INPUT
+    print(f"exported {folder} to {args.out} (GPT2LMHeadModel.from_pretrained reads it)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
