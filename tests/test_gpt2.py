@@ -131,17 +131,21 @@ def test_a_checkpoint_of_the_other_impl_is_refused_with_the_fix():
 
 
 STRATEGIES = """
-import json, sys, tempfile, torch
+import datetime, json, sys, tempfile, torch
 from pathlib import Path
-from launcher.config import compose, validate
+from launcher.config import compose, typed, validate
 from launcher.model import build_model, model_loss
-from launcher.runtime import Runtime
+from launcher.runtime import Runtime, init_single_process_group
 from launcher.strategy import build_strategy
+
+# What the runtime gives a one-process run whose engine needs a group (DeepSpeed, FSDP2).
+init_single_process_group("gloo", datetime.timedelta(seconds=60), torch.device("cpu"))
 
 def two_steps(overrides):
     cfg = compose(["model.impl=native", "trainer.micro_batch_size=2",
                    "trainer.global_batch_size=4", *overrides])
     validate(cfg, 1)
+    cfg = typed(cfg)
     torch.manual_seed(0)
     model = build_model(cfg.model, 256, grad_checkpointing=cfg.trainer.grad_checkpointing)
     rt = Runtime(0, 0, 1, torch.device("cpu"), None, run_dir=Path(tempfile.mkdtemp()))
