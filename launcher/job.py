@@ -160,8 +160,16 @@ def plan_resume(cfg: DictConfig, rt: Runtime, model) -> list[Path]:
     """The checkpoints to try, newest first, decided by rank 0 under the lock (see
     launcher.resume); a checkpoint that does not fit these settings stops the launch."""
     now = resume.identity(cfg, model, rt.world_size)
-    folders = decide_on_main(rt, lambda: resume.plan(cfg.resume, rt.run_dir, now).candidates)
-    return [Path(p) for p in folders]
+
+    def decide() -> list[str]:
+        folders = resume.plan(cfg.resume, rt.run_dir, now).candidates
+        if cfg.strategy.name != "deepspeed":
+            return folders
+        from launcher.strategy import ds_universal  # another world size or ZeRO stage
+
+        return ds_universal.prepare(folders, now)
+
+    return [Path(p) for p in decide_on_main(rt, decide)]
 
 
 def restore(loop: TrainLoop, rt: Runtime, folders: list[Path]) -> int:

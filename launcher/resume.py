@@ -6,7 +6,8 @@ written; the other ranks receive the decision. The rules (docs/checkpoints.md):
    ZeRO stage and precision, world size where the strategy cannot reshard) stops the
    launch with one line: what differs, the overrides that resume it, how to start fresh.
    DDP and FSDP2 checkpoints resume at any world size, and each engine resumes the other's;
-   DeepSpeed's only at the stage, precision and world size that wrote them;
+   DeepSpeed's at the precision that wrote them, at another world size or ZeRO stage (1-3)
+   through DeepSpeed's universal conversion (launcher.strategy.ds_universal);
  - what a crash or a person left behind (an incomplete checkpoint, a damaged `latest`,
    stray entries) is skipped with one warning each; a file or folder of the wrong type
    where the launcher writes stops the launch with one line;
@@ -93,16 +94,23 @@ def differences(saved: dict, now: dict) -> list[Difference]:
         if ss["name"] == "deepspeed" and "zero_stage" in ss:
             fix = f"strategy=deepspeed strategy.zero_stage={ss['zero_stage']}"
         why = ""
-        if "deepspeed" in (ss["name"], ns["name"]):
-            why = " (DeepSpeed's shards convert to no other engine, nor others' into them)"
+        if ss["name"] == "deepspeed":
+            why = (" (DeepSpeed's optimizer shards convert to no other engine; the fp32 weights "
+                   "alone: zero_to_fp32.py in the checkpoint folder)")  # fmt: skip
+        elif ns["name"] == "deepspeed":
+            why = " (DeepSpeed loads no other engine's checkpoint)"
         found.append(Difference(f"strategy is {ss['name']} there, {ns['name']} now{why}", fix))
         return found  # the engine's own settings compare only within one engine
     if ns["name"] == "deepspeed":
-        if "zero_stage" in ss and ss["zero_stage"] != ns["zero_stage"]:
+        # Another world size or ZeRO stage: the universal conversion (ds_universal) loads it,
+        # except into or out of ZeRO-0, which has no ZeRO shards.
+        old_stage = ss.get("zero_stage", ns["zero_stage"])
+        if old_stage != ns["zero_stage"] and 0 in (old_stage, ns["zero_stage"]):
             found.append(
                 Difference(
-                    f"strategy.zero_stage is {ss['zero_stage']} there, {ns['zero_stage']} now",
-                    f"strategy.zero_stage={ss['zero_stage']}",
+                    f"strategy.zero_stage is {old_stage} there, {ns['zero_stage']} now "
+                    "(DeepSpeed's universal checkpoint converts between ZeRO stages 1-3 only)",
+                    f"strategy.zero_stage={old_stage}",
                 )
             )
         if "precision" in ss and ss["precision"] != ns["precision"]:
@@ -110,15 +118,6 @@ def differences(saved: dict, now: dict) -> list[Difference]:
                 Difference(
                     f"trainer.precision is {ss['precision']} there, {ns['precision']} now",
                     f"trainer.precision={ss['precision']}",
-                )
-            )
-        ws = saved.get("world_size")
-        if ws is not None and ws != now["world_size"]:
-            found.append(
-                Difference(
-                    f"world size is {ws} there, {now['world_size']} now (DeepSpeed's shards load "
-                    "only at the world size that wrote them)",
-                    f"{ws} ranks (torchrun --nproc_per_node x nodes = {ws})",
                 )
             )
     return found

@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from launcher.checkpoint import is_complete as checkpoint_complete
 from launcher.config import ConfigError, compose, validate
 
 from launch import (
@@ -255,3 +256,38 @@ print("ok")
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=base_env()
     )
     assert proc.returncode == 0 and "ok" in proc.stdout, explain(proc)
+
+
+def test_resume_at_another_world_size_and_stage_through_universal_checkpoints(zero_sweep, tmp_path):
+    """The sweep's ZeRO-2 checkpoint of 2 ranks at step 10, resumed by 1 rank (to 13), whose
+    checkpoint ZeRO-3 resumes on 2 ranks (to 16): each time the launcher converts it with
+    DeepSpeed's universal checkpoint into checkpoints/universal/ (the original's bytes
+    untouched), says so and logs the world-size change once, and the losses continue the
+    uninterrupted ZeRO-2 run's within fp32 reduction-order rounding."""
+    sweep_dir, _ = zero_sweep
+    straight = losses(sweep_dir / "strategy=zero2")
+    cut = tmp_path / "uc" / "checkpoints"
+    shutil.copytree(sweep_dir / "strategy=zero2" / "checkpoints" / "step_00000010",
+                    cut / "step_00000010")  # fmt: skip
+    (cut / "latest").write_text("step_00000010\n")
+    before = {p.name: p.read_bytes() for p in (cut / "step_00000010").iterdir()}
+    args = [*FAST_USER_LOADER, *RUN[len(FAST) :], f"trainer.lr_decay_steps={STEPS}",
+            f"run.root={tmp_path}", "run.id=uc"]  # fmt: skip
+    one = python_train([*args, "strategy=zero2", "trainer.max_steps=13"])
+    assert one.returncode == 0, explain(one)
+    assert {p.name: p.read_bytes() for p in (cut / "step_00000010").iterdir()} == before
+    converting = [ln for ln in one.stderr.splitlines() if "converting it with DeepSpeed" in ln]
+    assert len(converting) == 1 and "2 rank(s), ZeRO-2, this launch is 1 rank(s)" in converting[0]
+    (changed,) = [ln for ln in one.stderr.splitlines() if "world size changed" in ln]
+    assert "from 2 to 1 rank(s)" in changed and "accumulation 2 -> 4" in changed
+    assert checkpoint_complete(cut / "universal" / "step_00000010")
+    assert sorted(p.name for p in (cut / "universal").iterdir()) == ["step_00000010"]
+    two = torchrun([*args, "strategy=zero3", "trainer.max_steps=16"])
+    assert two.returncode == 0, explain(two)
+    assert "1 rank(s), ZeRO-2, this launch is 2 rank(s), ZeRO-3" in two.stderr
+    assert "resumed from step 13" in two.stderr and "accumulation 4 -> 2" in two.stderr
+    resumed = losses(tmp_path / "uc")
+    assert sorted(resumed) == list(range(11, 17))
+    for step in resumed:  # ZeRO-3 against ZeRO-2: 1e-4, as in the sweep's comparison
+        assert resumed[step] == pytest.approx(straight[step], rel=2e-5 if step <= 13 else 1e-4)
+    assert summary(tmp_path / "uc")["replicas_in_sync"] is True

@@ -23,7 +23,7 @@ the stream (GPU) or in time (CPU), never a host-side wait.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,6 +37,9 @@ class StepComm:
     allreduce_s: float
     exposed_s: float
     bytes: int
+    # Where the timer tells collectives apart (CollectiveTimer: FSDP2, DeepSpeed): per kind
+    # ("all_gather", "reduce_scatter", ...), (in-flight s, exposed s, counted bytes).
+    per_kind: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
 
 def step_figures(buckets: list[tuple[float, float, int]]) -> StepComm:
