@@ -6,8 +6,8 @@ written; the other ranks receive the decision. The rules (docs/checkpoints.md):
    ZeRO stage and precision, world size where the strategy cannot reshard) stops the
    launch with one line: what differs, the overrides that resume it, how to start fresh.
    DDP and FSDP2 checkpoints resume at any world size, and each engine resumes the other's;
-   DeepSpeed's at the precision that wrote them, at another world size or ZeRO stage (1-3)
-   through DeepSpeed's universal conversion (launcher.strategy.ds_universal);
+   DeepSpeed's at the precision and (but for ZeRO-1 <-> ZeRO-2) the stage that wrote them,
+   at another world size through DeepSpeed's universal conversion (strategy.ds_universal);
  - what a crash or a person left behind (an incomplete checkpoint, a damaged `latest`,
    stray entries) is skipped with one warning each; a file or folder of the wrong type
    where the launcher writes stops the launch with one line;
@@ -102,15 +102,18 @@ def differences(saved: dict, now: dict) -> list[Difference]:
         found.append(Difference(f"strategy is {ss['name']} there, {ns['name']} now{why}", fix))
         return found  # the engine's own settings compare only within one engine
     if ns["name"] == "deepspeed":
-        # Another world size or ZeRO stage: the universal conversion (ds_universal) loads it,
-        # except into or out of ZeRO-0, which has no ZeRO shards.
+        # Another world size, or ZeRO-1 <-> ZeRO-2: the universal conversion (ds_universal)
+        # loads it. ZeRO-0 has no shards to convert; DeepSpeed 0.19.8 loads no ZeRO-1/2
+        # conversion into ZeRO-3 nor a ZeRO-3 one into ZeRO-1/2 (its loaders expect their
+        # own stage's files: tried, docs/checkpoints.md).
         old_stage = ss.get("zero_stage", ns["zero_stage"])
-        if old_stage != ns["zero_stage"] and 0 in (old_stage, ns["zero_stage"]):
+        if old_stage != ns["zero_stage"] and not {old_stage, ns["zero_stage"]} <= {1, 2}:
             found.append(
                 Difference(
                     f"strategy.zero_stage is {old_stage} there, {ns['zero_stage']} now "
-                    "(DeepSpeed's universal checkpoint converts between ZeRO stages 1-3 only)",
-                    f"strategy.zero_stage={old_stage}",
+                    "(DeepSpeed's universal checkpoint converts ZeRO-1 <-> ZeRO-2, and any "
+                    "stage 1-3 to another world size, not into or out of ZeRO-0 or ZeRO-3)",
+                    f"strategy.zero_stage={old_stage} (at any world size)",
                 )
             )
         if "precision" in ss and ss["precision"] != ns["precision"]:

@@ -260,7 +260,7 @@ print("ok")
 
 def test_resume_at_another_world_size_and_stage_through_universal_checkpoints(zero_sweep, tmp_path):
     """The sweep's ZeRO-2 checkpoint of 2 ranks at step 10, resumed by 1 rank (to 13), whose
-    checkpoint ZeRO-3 resumes on 2 ranks (to 16): each time the launcher converts it with
+    checkpoint ZeRO-1 resumes on 2 ranks (to 16): each time the launcher converts it with
     DeepSpeed's universal checkpoint into checkpoints/universal/ (the original's bytes
     untouched), says so and logs the world-size change once, and the losses continue the
     uninterrupted ZeRO-2 run's within fp32 reduction-order rounding."""
@@ -282,12 +282,12 @@ def test_resume_at_another_world_size_and_stage_through_universal_checkpoints(ze
     assert "from 2 to 1 rank(s)" in changed and "accumulation 2 -> 4" in changed
     assert checkpoint_complete(cut / "universal" / "step_00000010")
     assert sorted(p.name for p in (cut / "universal").iterdir()) == ["step_00000010"]
-    two = torchrun([*args, "strategy=zero3", "trainer.max_steps=16"])
+    two = torchrun([*args, "strategy=zero1", "trainer.max_steps=16"])
     assert two.returncode == 0, explain(two)
-    assert "1 rank(s), ZeRO-2, this launch is 2 rank(s), ZeRO-3" in two.stderr
+    assert "1 rank(s), ZeRO-2, this launch is 2 rank(s), ZeRO-1" in two.stderr
     assert "resumed from step 13" in two.stderr and "accumulation 4 -> 2" in two.stderr
     resumed = losses(tmp_path / "uc")
     assert sorted(resumed) == list(range(11, 17))
-    for step in resumed:  # ZeRO-3 against ZeRO-2: 1e-4, as in the sweep's comparison
-        assert resumed[step] == pytest.approx(straight[step], rel=2e-5 if step <= 13 else 1e-4)
+    for step in resumed:
+        assert resumed[step] == pytest.approx(straight[step], rel=2e-5), step
     assert summary(tmp_path / "uc")["replicas_in_sync"] is True
