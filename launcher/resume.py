@@ -105,7 +105,7 @@ def differences(saved: dict, now: dict) -> list[Difference]:
         # Another world size, or ZeRO-1 <-> ZeRO-2: the universal conversion (ds_universal)
         # loads it. ZeRO-0 has no shards to convert; DeepSpeed 0.19.8 loads no ZeRO-1/2
         # conversion into ZeRO-3 nor a ZeRO-3 one into ZeRO-1/2 (its loaders expect their
-        # own stage's files: tried, docs/checkpoints.md).
+        # own stage's files: tried, docs/strategies.md).
         old_stage = ss.get("zero_stage", ns["zero_stage"])
         if old_stage != ns["zero_stage"] and not {old_stage, ns["zero_stage"]} <= {1, 2}:
             found.append(

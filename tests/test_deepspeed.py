@@ -262,8 +262,9 @@ def test_resume_at_another_world_size_and_stage_through_universal_checkpoints(ze
     """The sweep's ZeRO-2 checkpoint of 2 ranks at step 10, resumed by 1 rank (to 13), whose
     checkpoint ZeRO-1 resumes on 2 ranks (to 16): each time the launcher converts it with
     DeepSpeed's universal checkpoint into checkpoints/universal/ (the original's bytes
-    untouched), says so and logs the world-size change once, and the losses continue the
-    uninterrupted ZeRO-2 run's within fp32 reduction-order rounding."""
+    untouched; what an interrupted conversion left is replaced, never loaded), says so and
+    logs the world-size change once, and the losses continue the uninterrupted ZeRO-2
+    run's within fp32 reduction-order rounding."""
     sweep_dir, _ = zero_sweep
     straight = losses(sweep_dir / "strategy=zero2")
     cut = tmp_path / "uc" / "checkpoints"
@@ -271,6 +272,10 @@ def test_resume_at_another_world_size_and_stage_through_universal_checkpoints(ze
                     cut / "step_00000010")  # fmt: skip
     (cut / "latest").write_text("step_00000010\n")
     before = {p.name: p.read_bytes() for p in (cut / "step_00000010").iterdir()}
+    # What conversions cut short would leave: a temporary folder, and one never sealed.
+    for leftover in (".tmp-step_00000010", "step_00000010"):
+        (cut / "universal" / leftover / "zero").mkdir(parents=True)
+        (cut / "universal" / leftover / "mp_rank_00_model_states.pt").write_bytes(b"half")
     args = [*FAST_USER_LOADER, *RUN[len(FAST) :], f"trainer.lr_decay_steps={STEPS}",
             f"run.root={tmp_path}", "run.id=uc"]  # fmt: skip
     one = python_train([*args, "strategy=zero2", "trainer.max_steps=13"])

@@ -184,11 +184,14 @@ class DeepSpeedStrategy(Strategy):
                 f"{folder} was written with trainer.precision={saved.get('precision')}, "
                 f"not {now['precision']}; resume it with trainer.precision={saved.get('precision')}"
             )
-        as_meta = {  # the part of resume.identity that needs_conversion compares
-            "strategy": {"name": "deepspeed", "zero_stage": now["zero_stage"]},
-            "world_size": now["world_size"],
-        }
-        if not needs_conversion(checkpoint.read_meta(folder) or {}, as_meta):
+
+        def as_meta(ident: dict) -> dict:  # the part of resume.identity compared there
+            return {
+                "strategy": {"name": ident["strategy"], "zero_stage": ident["zero_stage"]},
+                "world_size": ident["world_size"],
+            }
+
+        if not needs_conversion(as_meta(saved), as_meta(now)):
             return folder, False
         converted = converted_folder(folder)
         if not checkpoint.is_complete(converted):
