@@ -194,7 +194,8 @@ def test_elastic_membership_2_then_1_then_2_ranks(sweep, tmp_path):
 def test_ddp_resumes_at_one_rank_and_converts_both_ways(sweep, tmp_path):
     """A DDP checkpoint of 2 ranks resumed by 1 rank (to step 15), whose checkpoint FSDP2
     resumes on 2 ranks (each rank keeps its shard of the whole state DDP saved); and an
-    FSDP2 checkpoint resumed by DDP on 1 rank (the shards gathered whole)."""
+    FSDP2 checkpoint resumed by DDP on 1 rank (the shards gathered whole, to step 13),
+    whose checkpoint DDP resumes on 2 ranks (to 15)."""
     straight = losses(sweep / "strategy=ddp")
     chain = cut_at_10(sweep, "ddp", tmp_path / "chain")
     args = [*RESUME, f"run.root={tmp_path}", "run.id=chain"]
@@ -207,11 +208,14 @@ def test_ddp_resumes_at_one_rank_and_converts_both_ways(sweep, tmp_path):
     assert close(losses(chain), {s: straight[s] for s in range(11, STEPS + 1)}, REORDERED)
 
     back = cut_at_10(sweep, "fsdp2", tmp_path / "back")
-    proc = python_train([*RESUME, "strategy=ddp", "trainer.max_steps=13",
-                         f"run.root={tmp_path}", "run.id=back"])  # fmt: skip
+    args = [*RESUME, "strategy=ddp", f"run.root={tmp_path}", "run.id=back"]
+    proc = python_train([*args, "trainer.max_steps=13"])
     assert proc.returncode == 0, explain(proc)
     assert "resumed from step 10" in proc.stderr
-    assert close(losses(back), {s: straight[s] for s in range(11, 14)}, REORDERED)
+    grown = torchrun([*args, "trainer.max_steps=15"])  # and DDP itself from 1 rank to 2
+    assert grown.returncode == 0, explain(grown)
+    assert "resumed from step 13" in grown.stderr and "accumulation 4 -> 2" in grown.stderr
+    assert close(losses(back), {s: straight[s] for s in range(11, 16)}, REORDERED)
 
 
 def test_reshard_after_forward_to_2_of_4_ranks(sweep, tmp_path):
