@@ -33,7 +33,7 @@ from launcher.runtime import (
     sweep_id,
 )
 from launcher.sinks import ConsoleSink, JsonlSink, write_summary
-from launcher.strategy import build_strategy
+from launcher.strategy import build_strategy, ds_universal
 from launcher.tensorboard_sink import (  # imports no tensorboardX
     TensorBoardSink,
     code_block,
@@ -163,10 +163,7 @@ def plan_resume(cfg: DictConfig, rt: Runtime, model) -> list[Path]:
 
     def decide() -> list[str]:
         folders = resume.plan(cfg.resume, rt.run_dir, now).candidates
-        if cfg.strategy.name != "deepspeed":
-            return folders
-        from launcher.strategy import ds_universal  # another world size or ZeRO stage
-
+        # A DeepSpeed checkpoint at another world size, stage or engine: converted here.
         return ds_universal.prepare(folders, now)
 
     return [Path(p) for p in decide_on_main(rt, decide)]

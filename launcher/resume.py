@@ -7,7 +7,8 @@ written; the other ranks receive the decision. The rules (docs/checkpoints.md):
    launch with one line: what differs, the overrides that resume it, how to start fresh.
    DDP and FSDP2 checkpoints resume at any world size, and each engine resumes the other's;
    DeepSpeed's at the precision and (but for ZeRO-1 <-> ZeRO-2) the stage that wrote them,
-   at another world size through DeepSpeed's universal conversion (strategy.ds_universal);
+   at another world size, and into DDP or FSDP2, through DeepSpeed's universal conversion
+   (strategy.ds_universal); no other engine's into DeepSpeed;
  - what a crash or a person left behind (an incomplete checkpoint, a damaged `latest`,
    stray entries) is skipped with one warning each; a file or folder of the wrong type
    where the launcher writes stops the launch with one line;
@@ -89,14 +90,16 @@ def differences(saved: dict, now: dict) -> list[Difference]:
     ss, ns = saved.get("strategy") or {}, now["strategy"]
     if {ss.get("name"), ns["name"]} <= RESHARDABLE:
         return found  # DDP and FSDP2 load each other's checkpoints, at any world size
+    if ss.get("name") == "deepspeed" and ns["name"] in RESHARDABLE and ss.get("zero_stage") != 0:
+        return found  # ZeRO 1-3: its universal conversion is the whole state (ds_universal)
     if ss.get("name") and ss["name"] != ns["name"]:
         fix = f"strategy={ss['name']}"
         if ss["name"] == "deepspeed" and "zero_stage" in ss:
             fix = f"strategy=deepspeed strategy.zero_stage={ss['zero_stage']}"
         why = ""
         if ss["name"] == "deepspeed":
-            why = (" (DeepSpeed's optimizer shards convert to no other engine; the fp32 weights "
-                   "alone: zero_to_fp32.py in the checkpoint folder)")  # fmt: skip
+            why = (" (a ZeRO-0 checkpoint has no shards for DeepSpeed's universal conversion; "
+                   "the fp32 weights alone: zero_to_fp32.py in the checkpoint folder)")  # fmt: skip
         elif ns["name"] == "deepspeed":
             why = " (DeepSpeed loads no other engine's checkpoint)"
         found.append(Difference(f"strategy is {ss['name']} there, {ns['name']} now{why}", fix))

@@ -296,3 +296,29 @@ def test_resume_at_another_world_size_and_stage_through_universal_checkpoints(ze
     for step in resumed:
         assert resumed[step] == pytest.approx(straight[step], rel=2e-5), step
     assert summary(tmp_path / "uc")["replicas_in_sync"] is True
+
+
+def test_deepspeed_checkpoints_resume_as_fsdp2_and_ddp(zero_sweep, tmp_path):
+    """DeepSpeed -> the other engines, through the universal conversion, optimizer state
+    included: the sweep's ZeRO-3 checkpoint of step 10 resumed by FSDP2 on 2 ranks, and its
+    ZeRO-2 one by DDP on 1 rank, continue the uninterrupted runs' losses (steps 11-12)."""
+    sweep_dir, _ = zero_sweep
+    straight = losses(sweep_dir / "strategy=ddp")  # = ZeRO-1/2/3's, within 1e-4 (above)
+    runs = (("zero3", "strategy=fsdp2", torchrun), ("zero2", "strategy=ddp", python_train))
+    for point, engine, launch in runs:
+        cut = tmp_path / point / "checkpoints"
+        shutil.copytree(sweep_dir / f"strategy={point}" / "checkpoints" / "step_00000010",
+                        cut / "step_00000010")  # fmt: skip
+        (cut / "latest").write_text("step_00000010\n")
+        proc = launch([*FAST_USER_LOADER, *RUN[len(FAST) :], "trainer.max_steps=12",
+                       f"trainer.lr_decay_steps={STEPS}", engine, f"run.root={tmp_path}",
+                       f"run.id={point}"])  # fmt: skip
+        assert proc.returncode == 0, explain(proc)
+        assert f"this launch is {2 if launch is torchrun else 1} rank(s), {engine[9:]}" in (
+            proc.stderr
+        )
+        assert "resumed from step 10" in proc.stderr
+        resumed = losses(tmp_path / point)
+        assert sorted(resumed) == [11, 12]
+        for step in resumed:
+            assert resumed[step] == pytest.approx(straight[step], rel=2e-5), (point, step)

@@ -280,13 +280,13 @@ def test_compatible_settings_resume(tmp_path, caplog, now):
 # another: "load" (the engine loads it as saved), "convert" (DeepSpeed's universal
 # checkpoint, made by ds_universal.prepare before the engine loads it), or the refusal's
 # words. DDP and FSDP2 load each other at any world size (DDP's whole state sharded, DCP
-# gathered or resharded); DeepSpeed converts ZeRO 1-3 to another world size, and ZeRO-1 to
-# ZeRO-2 and back (DeepSpeed 0.19.8's ZeRO-3 loader takes only ZeRO-3's conversions, and
-# its ZeRO-1/2 loader no ZeRO-3 one); ZeRO-0 (no shards: the whole state in every rank's
-# file) loads at any world size.
+# gathered or resharded); DeepSpeed converts ZeRO 1-3 to another world size, to DDP and
+# FSDP2, and ZeRO-1 to ZeRO-2 and back (DeepSpeed 0.19.8's ZeRO-3 loader takes only
+# ZeRO-3's conversions, and its ZeRO-1/2 loader no ZeRO-3 one); ZeRO-0 (no shards: the
+# whole state in every rank's file) loads at any world size, into DeepSpeed only.
 ENGINES = ("ddp", "fsdp2", "zero0", "zero1", "zero2", "zero3")
 NO_DS = "strategy is {a} there, deepspeed now (DeepSpeed loads no other engine's checkpoint)"
-NO_OTHER = "strategy is deepspeed there, {b} now (DeepSpeed's optimizer shards convert to no"
+NO_OTHER = "strategy is deepspeed there, {b} now (a ZeRO-0 checkpoint has no shards for"
 STAGES = "(DeepSpeed's universal checkpoint converts ZeRO-1 <-> ZeRO-2, and any stage 1-3 to"
 
 
@@ -302,9 +302,9 @@ def outcome(a: str, b: str, same_world: bool) -> str:
         "ddp": ["load", "load", NO_DS, NO_DS, NO_DS, NO_DS],
         "fsdp2": ["load", "load", NO_DS, NO_DS, NO_DS, NO_DS],
         "zero0": [NO_OTHER, NO_OTHER, "load", STAGES, STAGES, STAGES],
-        "zero1": [NO_OTHER, NO_OTHER, STAGES, ("load", "convert"), "convert", STAGES],
-        "zero2": [NO_OTHER, NO_OTHER, STAGES, "convert", ("load", "convert"), STAGES],
-        "zero3": [NO_OTHER, NO_OTHER, STAGES, STAGES, STAGES, ("load", "convert")],
+        "zero1": ["convert", "convert", STAGES, ("load", "convert"), "convert", STAGES],
+        "zero2": ["convert", "convert", STAGES, "convert", ("load", "convert"), STAGES],
+        "zero3": ["convert", "convert", STAGES, STAGES, STAGES, ("load", "convert")],
     }
     cell = table[a][ENGINES.index(b)]
     if isinstance(cell, tuple):

@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 from launcher.runtime import Runtime
 from launcher.strategy import Strategy, comm_hooks, powersgd
 from launcher.strategy.comm_timing import CommTimer, StepComm
+from launcher.strategy.ds_universal import is_deepspeed_checkpoint, torch_state
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -134,10 +135,16 @@ class DDPStrategy(Strategy):
         whole = [folder / "model.pt", folder / "optimizer.pt"]
         if not whole[0].exists() and (folder / ".metadata").is_file():
             whole = []  # an FSDP2 checkpoint: DCP files are not torch.save archives
+        if is_deepspeed_checkpoint(folder):
+            whole = []  # read from its universal conversion, sealed with every file's size
         return whole + ([own] if own is not None and own.exists() else [])
 
     def load(self, folder: Path) -> None:
-        if (folder / "model.pt").exists() or not (folder / ".metadata").is_file():
+        if is_deepspeed_checkpoint(folder):  # the universal conversion, made by rank 0
+            model_sd, optim_sd = torch_state(folder, self.raw_model, self.optimizer)
+            self.raw_model.load_state_dict(model_sd)
+            self.optimizer.load_state_dict(optim_sd)
+        elif (folder / "model.pt").exists() or not (folder / ".metadata").is_file():
             self._load_own(folder)
         else:  # an FSDP2 (DCP) checkpoint: its shards, gathered whole on every rank
             from launcher.strategy.fsdp2 import load_dcp

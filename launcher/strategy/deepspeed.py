@@ -29,11 +29,10 @@ from launcher.strategy.comm_timing import StepComm
 from launcher.strategy.ddp import build_optimizer
 from launcher.strategy.ds_comm import CollectiveTimer
 from launcher.strategy.ds_config import build_ds_config
-from launcher.strategy.ds_universal import converted_folder, needs_conversion
+from launcher.strategy.ds_universal import STRATEGY_FILE, converted_folder, needs_conversion
 
 log = logging.getLogger("launcher")
 
-STRATEGY_FILE = "strategy.json"  # in each checkpoint: what wrote it
 RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
 
 

@@ -30,6 +30,12 @@ from launcher.paths import atomic_write
 
 log = logging.getLogger("launcher")
 
+STRATEGY_FILE = "strategy.json"  # in each DeepSpeed checkpoint: what wrote it
+
+
+def is_deepspeed_checkpoint(folder: Path) -> bool:
+    return (folder / STRATEGY_FILE).is_file()
+
 
 def converted_folder(step_dir: Path) -> Path:
     """Where the universal conversion of `step_dir` lives (beside it, never inside it)."""
@@ -38,11 +44,14 @@ def converted_folder(step_dir: Path) -> Path:
 
 def needs_conversion(saved: dict, now: dict) -> bool:
     """Whether a DeepSpeed checkpoint with meta `saved` loads into launch `now` (both
-    resume.identity dicts) only through the universal checkpoint: the ZeRO stage changed,
-    or the world size under ZeRO 1-3 (ZeRO-0 holds the whole state on every rank)."""
+    resume.identity dicts) only through the universal checkpoint: another engine (DDP,
+    FSDP2), the ZeRO stage changed, or the world size under ZeRO 1-3 (ZeRO-0 holds the
+    whole state on every rank)."""
     ss, ns = saved.get("strategy") or {}, now["strategy"]
-    if ss.get("name") != "deepspeed" or ns["name"] != "deepspeed":
+    if ss.get("name") != "deepspeed":
         return False
+    if ns["name"] != "deepspeed":
+        return True
     old_stage = ss.get("zero_stage", ns["zero_stage"])
     world_changed = saved.get("world_size", now["world_size"]) != now["world_size"]
     return old_stage != ns["zero_stage"] or (world_changed and old_stage > 0)
@@ -68,7 +77,9 @@ def prepare(candidates: list[str], now: dict) -> list[str]:
 
 def _convert_or_refuse(folder: Path, saved: dict, now: dict) -> None:
     old = f"{saved.get('world_size')} rank(s), ZeRO-{saved['strategy'].get('zero_stage')}"
-    new = f"{now['world_size']} rank(s), ZeRO-{now['strategy']['zero_stage']}"
+    engine = now["strategy"]["name"]
+    stage = f"ZeRO-{now['strategy']['zero_stage']}" if engine == "deepspeed" else engine
+    new = f"{now['world_size']} rank(s), {stage}"
     log.warning("%s was written by %s, this launch is %s: converting it with DeepSpeed's "
                 "universal checkpoint", folder, old, new)  # fmt: skip
     try:
@@ -77,7 +88,7 @@ def _convert_or_refuse(folder: Path, saved: dict, now: dict) -> None:
         raise ConfigError(
             f"{folder} (written by {old}) needs DeepSpeed's universal conversion to resume "
             f"with {new}, which failed: {' '.join(str(exc).split())[:300]}; to resume it, run "
-            f"with {saved.get('world_size')} ranks and strategy.zero_stage="
+            f"with strategy=deepspeed, {saved.get('world_size')} ranks and strategy.zero_stage="
             f"{saved['strategy'].get('zero_stage')}"
         ) from exc
 
@@ -123,3 +134,44 @@ def convert(step_dir: Path) -> Path:
     tmp.rename(final)
     log.info("converted %s to DeepSpeed's universal checkpoint %s", step_dir.name, final)
     return final
+
+
+def torch_state(folder: Path, model: torch.nn.Module, optimizer) -> tuple[dict, dict]:
+    """DeepSpeed checkpoint `folder` as DDP holds it, from its universal conversion: the
+    model's state dict and the AdamW state dict (keyed by position in `optimizer`, as
+    launcher.strategy.ddp.build_optimizer orders the parameters). The conversion holds,
+    per parameter name, the fp32 weights, both Adam moments and the step, whole: what
+    DDP's and FSDP2's AdamW need, so they continue the DeepSpeed run's optimizer."""
+    zero = converted_folder(folder) / "zero"
+
+    shapes = {n: p.shape for n, p in model.named_parameters()}  # whole, even when sharded
+
+    def read(name: str, what: str) -> torch.Tensor:
+        value = torch.load(zero / name / f"{what}.pt", map_location="cpu", weights_only=True)
+        value = value["param"] if isinstance(value, dict) else value
+        if what == "step":
+            return value
+        # ZeRO-3's conversion keeps parameters flat (and may pad them): the model's shape.
+        return value.flatten()[: shapes[name].numel()].view(shapes[name])
+
+    names = {id(p): n for n, p in model.named_parameters()}  # a tied weight: its first name
+    model_sd = model.state_dict()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        model_sd[name] = read(names[id(param)], "fp32")
+    ordered = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    # ZeRO-1/2 conversions hold each parameter's step; ZeRO-3's one step for all, in the
+    # global optimizer state (where DeepSpeed's ZeRO-3 loader reads it too).
+    glob_sd = torch.load(zero / "optimizer_state.pt", map_location="cpu", weights_only=False)
+    shared_step = glob_sd.get("optimizer_state_dict", {}).get("state", {}).get(0, {}).get("step")
+
+    def step(name: str) -> torch.Tensor:
+        if (zero / name / "step.pt").is_file():
+            return read(name, "step")
+        # A tensor of its own per parameter: AdamW increments each step in place.
+        return torch.tensor(float(shared_step), dtype=torch.float32)
+
+    state = {
+        i: {"step": step(n), "exp_avg": read(n, "exp_avg"), "exp_avg_sq": read(n, "exp_avg_sq")}
+        for i, n in enumerate(ordered)
+    }
+    return model_sd, {"state": state, "param_groups": optimizer.state_dict()["param_groups"]}
