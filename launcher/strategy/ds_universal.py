@@ -58,9 +58,10 @@ def needs_conversion(saved: dict, now: dict) -> bool:
 
 
 def prepare(candidates: list[str], now: dict) -> list[str]:
-    """The checkpoints a DeepSpeed launch may try, newest first, with the universal
-    conversion of the newest done where it needs one (rank 0). An older one that would need
-    its own conversion is left out as a fallback: one conversion per launch."""
+    """The checkpoints a launch may try, newest first, with the universal conversion of
+    the newest done where it needs one (rank 0): a DeepSpeed checkpoint at another world
+    size or stage, or resumed by DDP or FSDP2. An older one that would need its own
+    conversion is left out as a fallback: one conversion per launch."""
     kept = []
     for i, folder in enumerate(candidates):
         saved = checkpoint.read_meta(Path(folder)) or {}
