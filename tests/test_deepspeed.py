@@ -3,7 +3,9 @@
 One `+exp=zero_sweep` launch (DDP, ZeRO-1, ZeRO-2, ZeRO-3; 20 steps each, the same seed and
 data) is the reference for most tests; a ZeRO-3 run resumed from the sweep's step-10
 checkpoint and a short ZeRO-3 run with optimizer and parameter offload are compared with
-it. No test needs a compiler: the launcher keeps DeepSpeed from building its ops.
+it, and the sweep's ZeRO-2/ZeRO-3 checkpoints are resumed at another world size, stage and
+engine through DeepSpeed's universal conversion. No test needs a compiler: the launcher
+keeps DeepSpeed from building its ops.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ forward; 20 steps each, the same seed and data, checkpoints at 10 and 20) is the
 FSDP2 against DDP's losses, its comm figures and DCP checkpoints, the sweep table. Then a
 few launches that resume the sweep's step-10 checkpoints: FSDP2 at the same world size
 (bit-exact), DDP 2 -> 1 rank then into FSDP2 on 2, FSDP2 into DDP on 1 rank; FSDP2 under
-torchrun's elastic membership, 2 -> 1 -> 2 ranks; and an asynchronous checkpoint cut by
-SIGTERM. Resume launches use the default DataLoader.
+torchrun's elastic membership, 2 -> 1 -> 2 ranks; an asynchronous checkpoint cut by
+SIGTERM; and one 4-rank launch with strategy.reshard_after_forward=2. Resume launches use
+the default DataLoader.
 FSDP2_SWEEP_DIR=<a kept sweep folder> reuses a sweep, to rerun one test alone.
 """
 
