@@ -34,6 +34,7 @@ META = "meta.json"
 STEP_PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
 SUPERSEDED = "superseded"  # complete checkpoints a rewound run reached again, moved aside
+UNIVERSAL = "universal"  # DeepSpeed checkpoints converted for another world size or stage
 _STEP_NAME = re.compile(r"step_(\d+)")
 # What the writer itself leaves for an instant: its temporary folder, the folder it is
 # replacing, the pointer's temporary file.
@@ -156,7 +157,7 @@ def scan(folder: Path) -> Scan:
             steps.append((step, entry))
         elif _LEFTOVER.fullmatch(entry.name):
             result.leftovers.append(entry)
-        elif entry.name not in (LATEST, SUPERSEDED):
+        elif entry.name not in (LATEST, SUPERSEDED, UNIVERSAL):
             result.strays.append(entry)
     for _, entry in sorted(steps, key=lambda s: s[0], reverse=True):
         reason = incomplete_reason(entry)
@@ -344,6 +345,7 @@ class CheckpointWriter:
             kept += 1
             if kept > self.keep:
                 shutil.rmtree(path, ignore_errors=True)
+                shutil.rmtree(self.folder / UNIVERSAL / path.name, ignore_errors=True)
 
 
 def _fsync(path: Path) -> None:

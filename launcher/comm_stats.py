@@ -4,7 +4,7 @@ bandwidth benchmark (launcher.commbench)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from launcher.intervals import union_length
 
@@ -16,6 +16,9 @@ class StepComm:
     allreduce_s: float
     exposed_s: float
     bytes: int
+    # Where the timer tells collectives apart (CollectiveTimer: FSDP2, DeepSpeed): per kind
+    # ("all_gather", "reduce_scatter", ...), (in-flight s, exposed s, counted bytes).
+    per_kind: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
 
 def step_figures(buckets: list[tuple[float, float, int]]) -> StepComm:

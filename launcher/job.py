@@ -36,7 +36,7 @@ from launcher.runtime import (
     start,
 )
 from launcher.sinks import ConsoleSink, JsonlSink, write_summary
-from launcher.strategy import build_strategy, needs_process_group
+from launcher.strategy import build_strategy, ds_universal, needs_process_group
 from launcher.tensorboard_sink import (  # imports no tensorboardX
     TensorBoardSink,
     code_block,
@@ -167,8 +167,13 @@ def plan_resume(cfg: TrainConfig, rt: Runtime, model) -> list[Path]:
     """The checkpoints to try, newest first, decided by rank 0 under the lock (see
     launcher.resume); a checkpoint that does not fit these settings stops the launch."""
     now = resume.identity(cfg, model, rt.world_size)
-    folders = decide_on_main(rt, lambda: resume.plan(cfg.resume, rt.run_dir, now).candidates)
-    return [Path(p) for p in folders]
+
+    def decide() -> list[str]:
+        folders = resume.plan(cfg.resume, rt.run_dir, now).candidates
+        # A DeepSpeed checkpoint at another world size, stage or engine: converted here.
+        return ds_universal.prepare(folders, now)
+
+    return [Path(p) for p in decide_on_main(rt, decide)]
 
 
 def restore(loop: TrainLoop, rt: Runtime, folders: list[Path]) -> int:

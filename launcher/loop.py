@@ -22,7 +22,15 @@ from launcher.batch import BatchPlan
 from launcher.config.schema import TrainConfig, TrainerConfig
 from launcher.data import TokenData, build_eval_batches, build_train_loader
 from launcher.faults import FaultInjector
-from launcher.metrics import Interval, StepTimer, aggregate, local_vector, reset_host_peak
+from launcher.metrics import (
+    KIND_STEMS,
+    KIND_SUFFIXES,
+    Interval,
+    StepTimer,
+    aggregate,
+    local_vector,
+    reset_host_peak,
+)
 from launcher.model import mfu, model_loss
 from launcher.preemption import StopVote
 from launcher.profiling import build_profiler, step_region, trace_dir
@@ -42,6 +50,7 @@ SUMMARY_COMM_KEYS = (
     "comm/bytes",
     "comm/busbw_gbps",
     "comm/overhead_frac",
+    *(stem + suffix for stem in KIND_STEMS.values() for suffix in KIND_SUFFIXES),
 )
 
 

@@ -111,7 +111,19 @@ def device_peak_gb(device: torch.device) -> float | None:
 
 # Position of each scalar in the gathered vector; the per-step series follow them.
 _FIELDS = ("loss", "nonfinite", "grad_norm", "mem_gb", "host_gb")
-_SERIES = ("step_time_s", "data_wait_s", "comm/allreduce_s", "comm/exposed_s", "comm/bytes")
+# Per kind of collective, where the strategy tells them apart (FSDP2, DeepSpeed): the
+# metric stem of each, with `_s`, `_exposed_s`, `_bytes` series and a derived `_busbw_gbps`.
+KIND_STEMS = {"all_gather": "comm/allgather", "reduce_scatter": "comm/reducescatter"}
+KIND_SUFFIXES = ("_s", "_exposed_s", "_bytes", "_busbw_gbps")
+_KIND_SERIES = KIND_SUFFIXES[:3]  # gathered per step; the bandwidth is derived
+_SERIES = (
+    "step_time_s",
+    "data_wait_s",
+    "comm/allreduce_s",
+    "comm/exposed_s",
+    "comm/bytes",
+    *(stem + suffix for stem in KIND_STEMS.values() for suffix in _KIND_SERIES),
+)
 
 
 def local_vector(
@@ -140,6 +152,12 @@ def local_vector(
         *(c.allreduce_s for c in comm),
         *(c.exposed_s for c in comm),
         *(float(c.bytes) for c in comm),
+        *(
+            c.per_kind.get(kind, (math.nan,) * 3)[i]
+            for kind in KIND_STEMS
+            for i in range(len(_KIND_SERIES))
+            for c in comm
+        ),
     ]
 
 
@@ -262,4 +280,23 @@ def _comm_figures(samples, world_size: int, timed_step_s: float) -> dict:
             else None
         ),
         "comm/overhead_frac": sum(exposed) / timed_step_s if timed_step_s > 0 else None,
+        **_kind_figures(samples, world_size),
     }
+
+
+def _kind_figures(samples, world_size: int) -> dict:
+    """Per kind of collective: mean in-flight and exposed seconds and bytes per step, and
+    the bus bandwidth (bytes are all-reduce-equivalent, so DDP's formula holds)."""
+    out = {}
+    for stem in KIND_STEMS.values():
+        busy, exposed, nbytes = (samples(stem + suffix) for suffix in _KIND_SERIES)
+        if not busy:
+            continue
+        out[f"{stem}_s"] = sum(busy) / len(busy)
+        out[f"{stem}_exposed_s"] = sum(exposed) / len(exposed)
+        out[f"{stem}_bytes"] = sum(nbytes) / len(nbytes)
+        total = sum(busy)
+        out[f"{stem}_busbw_gbps"] = (
+            bus_bandwidth(sum(nbytes) / total / 1e9, world_size) if total > 0 else None
+        )
+    return out

@@ -6,7 +6,9 @@ written; the other ranks receive the decision. The rules (docs/checkpoints.md):
    ZeRO stage and precision, world size where the strategy cannot reshard) stops the
    launch with one line: what differs, the overrides that resume it, how to start fresh.
    DDP and FSDP2 checkpoints resume at any world size, and each engine resumes the other's;
-   DeepSpeed's only at the stage, precision and world size that wrote them;
+   DeepSpeed's at the precision and (but for ZeRO-1 <-> ZeRO-2) the stage that wrote them,
+   at another world size, and into DDP or FSDP2, through DeepSpeed's universal conversion
+   (strategy.ds_universal); no other engine's into DeepSpeed;
  - what a crash or a person left behind (an incomplete checkpoint, a damaged `latest`,
    stray entries) is skipped with one warning each; a file or folder of the wrong type
    where the launcher writes stops the launch with one line;
@@ -96,21 +98,33 @@ def differences(saved: dict, now: dict) -> list[Difference]:
     ss, ns = saved.get("strategy") or {}, now["strategy"]
     if {ss.get("name"), ns["name"]} <= RESHARDABLE:
         return found  # DDP and FSDP2 load each other's checkpoints, at any world size
+    if ss.get("name") == "deepspeed" and ns["name"] in RESHARDABLE and ss.get("zero_stage") != 0:
+        return found  # ZeRO 1-3: its universal conversion is the whole state (ds_universal)
     if ss.get("name") and ss["name"] != ns["name"]:
         fix = f"strategy={ss['name']}"
         if ss["name"] == "deepspeed" and "zero_stage" in ss:
             fix = f"strategy=deepspeed strategy.zero_stage={ss['zero_stage']}"
         why = ""
-        if "deepspeed" in (ss["name"], ns["name"]):
-            why = " (DeepSpeed's shards convert to no other engine, nor others' into them)"
+        if ss["name"] == "deepspeed":
+            why = (" (a ZeRO-0 checkpoint has no shards for DeepSpeed's universal conversion; "
+                   "the fp32 weights alone: zero_to_fp32.py in the checkpoint folder)")  # fmt: skip
+        elif ns["name"] == "deepspeed":
+            why = " (DeepSpeed loads no other engine's checkpoint)"
         found.append(Difference(f"strategy is {ss['name']} there, {ns['name']} now{why}", fix))
         return found  # the engine's own settings compare only within one engine
     if ns["name"] == "deepspeed":
-        if "zero_stage" in ss and ss["zero_stage"] != ns["zero_stage"]:
+        # Another world size, or ZeRO-1 <-> ZeRO-2: the universal conversion (ds_universal)
+        # loads it. ZeRO-0 has no shards to convert; DeepSpeed 0.19.8 loads no ZeRO-1/2
+        # conversion into ZeRO-3 nor a ZeRO-3 one into ZeRO-1/2 (its loaders expect their
+        # own stage's files: tried, docs/strategies.md).
+        old_stage = ss.get("zero_stage", ns["zero_stage"])
+        if old_stage != ns["zero_stage"] and not {old_stage, ns["zero_stage"]} <= {1, 2}:
             found.append(
                 Difference(
-                    f"strategy.zero_stage is {ss['zero_stage']} there, {ns['zero_stage']} now",
-                    f"strategy.zero_stage={ss['zero_stage']}",
+                    f"strategy.zero_stage is {old_stage} there, {ns['zero_stage']} now "
+                    "(DeepSpeed's universal checkpoint converts ZeRO-1 <-> ZeRO-2, and any "
+                    "stage 1-3 to another world size, not into or out of ZeRO-0 or ZeRO-3)",
+                    f"strategy.zero_stage={old_stage} (at any world size)",
                 )
             )
         if "precision" in ss and ss["precision"] != ns["precision"]:
@@ -118,15 +132,6 @@ def differences(saved: dict, now: dict) -> list[Difference]:
                 Difference(
                     f"trainer.precision is {ss['precision']} there, {ns['precision']} now",
                     f"trainer.precision={ss['precision']}",
-                )
-            )
-        ws = saved.get("world_size")
-        if ws is not None and ws != now["world_size"]:
-            found.append(
-                Difference(
-                    f"world size is {ws} there, {now['world_size']} now (DeepSpeed's shards load "
-                    "only at the world size that wrote them)",
-                    f"{ws} ranks (torchrun --nproc_per_node x nodes = {ws})",
                 )
             )
     return found

@@ -118,12 +118,15 @@ def test_local_vector_layout_and_missing_comm_is_nan():
     k = len(metrics._FIELDS)
     assert vec[:3] == [4.0, 0.0, 2.5]  # loss (3 + 5) / 2 steps, nonfinite flag, grad norm
     assert vec[3] == -1.0  # no device memory figure on a CPU
-    assert vec[k:] == [1.0, 2.0, 0.25, 0.5, 0.5, 0.75, 0.25, 0.125, 100.0, 200.0]
+    assert vec[k : k + 10] == [1.0, 2.0, 0.25, 0.5, 0.5, 0.75, 0.25, 0.125, 100.0, 200.0]
+    # then per kind of collective (all-gather, reduce-scatter): DDP's figures have none
+    assert all(math.isnan(v) for v in vec[k + 10 :])
+    assert len(vec) == k + 2 * len(metrics._SERIES)
     for missing in (None, comm[:1]):
         vec = rank_vector([1.0, 2.0], [0.0, 0.0], missing, [1.0, 1.0])
         assert vec[k : k + 4] == [1.0, 2.0, 0.0, 0.0]
         assert all(math.isnan(v) for v in vec[k + 4 :])
-        assert len(vec) == k + 10
+        assert len(vec) == k + 2 * len(metrics._SERIES)
 
 
 THREE_RANKS = [

@@ -3,7 +3,9 @@
 One `+exp=zero_sweep` launch (DDP, ZeRO-1, ZeRO-2, ZeRO-3; 20 steps each, the same seed and
 data) is the reference for most tests; a ZeRO-3 run resumed from the sweep's step-10
 checkpoint and a short ZeRO-3 run with optimizer and parameter offload are compared with
-it. No test needs a compiler: the launcher keeps DeepSpeed from building its ops.
+it, and the sweep's ZeRO-2/ZeRO-3 checkpoints are resumed at another world size, stage and
+engine through DeepSpeed's universal conversion. No test needs a compiler: the launcher
+keeps DeepSpeed from building its ops.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 
 import pytest
 
+from launcher.checkpoint import is_complete as checkpoint_complete
 from launcher.config import ConfigError, compose
 from launcher.preflight import check_config
 
@@ -256,3 +259,69 @@ print("ok")
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=base_env()
     )
     assert proc.returncode == 0 and "ok" in proc.stdout, explain(proc)
+
+
+def test_resume_at_another_world_size_and_stage_through_universal_checkpoints(zero_sweep, tmp_path):
+    """The sweep's ZeRO-2 checkpoint of 2 ranks at step 10, resumed by 1 rank (to 13), whose
+    checkpoint ZeRO-1 resumes on 2 ranks (to 16): each time the launcher converts it with
+    DeepSpeed's universal checkpoint into checkpoints/universal/ (the original's bytes
+    untouched; what an interrupted conversion left is replaced, never loaded), says so and
+    logs the world-size change once, and the losses continue the uninterrupted ZeRO-2
+    run's within fp32 reduction-order rounding."""
+    sweep_dir, _ = zero_sweep
+    straight = losses(sweep_dir / "strategy=zero2")
+    cut = tmp_path / "uc" / "checkpoints"
+    shutil.copytree(sweep_dir / "strategy=zero2" / "checkpoints" / "step_00000010",
+                    cut / "step_00000010")  # fmt: skip
+    (cut / "latest").write_text("step_00000010\n")
+    before = {p.name: p.read_bytes() for p in (cut / "step_00000010").iterdir()}
+    # What conversions cut short would leave: a temporary folder, and one never sealed.
+    for leftover in (".tmp-step_00000010", "step_00000010"):
+        (cut / "universal" / leftover / "zero").mkdir(parents=True)
+        (cut / "universal" / leftover / "mp_rank_00_model_states.pt").write_bytes(b"half")
+    args = [*FAST_USER_LOADER, *RUN[len(FAST) :], f"trainer.lr_decay_steps={STEPS}",
+            f"run.root={tmp_path}", "run.id=uc"]  # fmt: skip
+    one = python_train([*args, "strategy=zero2", "trainer.max_steps=13"])
+    assert one.returncode == 0, explain(one)
+    assert {p.name: p.read_bytes() for p in (cut / "step_00000010").iterdir()} == before
+    converting = [ln for ln in one.stderr.splitlines() if "converting it with DeepSpeed" in ln]
+    assert len(converting) == 1 and "2 rank(s), ZeRO-2, this launch is 1 rank(s)" in converting[0]
+    (changed,) = [ln for ln in one.stderr.splitlines() if "world size changed" in ln]
+    assert "from 2 to 1 rank(s)" in changed and "accumulation 2 -> 4" in changed
+    assert checkpoint_complete(cut / "universal" / "step_00000010")
+    assert sorted(p.name for p in (cut / "universal").iterdir()) == ["step_00000010"]
+    two = torchrun([*args, "strategy=zero1", "trainer.max_steps=16"])
+    assert two.returncode == 0, explain(two)
+    assert "1 rank(s), ZeRO-2, this launch is 2 rank(s), ZeRO-1" in two.stderr
+    assert "resumed from step 13" in two.stderr and "accumulation 4 -> 2" in two.stderr
+    resumed = losses(tmp_path / "uc")
+    assert sorted(resumed) == list(range(11, 17))
+    for step in resumed:
+        assert resumed[step] == pytest.approx(straight[step], rel=2e-5), step
+    assert summary(tmp_path / "uc")["replicas_in_sync"] is True
+
+
+def test_deepspeed_checkpoints_resume_as_fsdp2_and_ddp(zero_sweep, tmp_path):
+    """DeepSpeed -> the other engines, through the universal conversion, optimizer state
+    included: the sweep's ZeRO-3 checkpoint of step 10 resumed by FSDP2 on 2 ranks, and its
+    ZeRO-2 one by DDP on 1 rank, continue the uninterrupted runs' losses (steps 11-12)."""
+    sweep_dir, _ = zero_sweep
+    straight = losses(sweep_dir / "strategy=ddp")  # = ZeRO-1/2/3's, within 1e-4 (above)
+    runs = (("zero3", "strategy=fsdp2", torchrun), ("zero2", "strategy=ddp", python_train))
+    for point, engine, launch in runs:
+        cut = tmp_path / point / "checkpoints"
+        shutil.copytree(sweep_dir / f"strategy={point}" / "checkpoints" / "step_00000010",
+                        cut / "step_00000010")  # fmt: skip
+        (cut / "latest").write_text("step_00000010\n")
+        proc = launch([*FAST_USER_LOADER, *RUN[len(FAST) :], "trainer.max_steps=12",
+                       f"trainer.lr_decay_steps={STEPS}", engine, f"run.root={tmp_path}",
+                       f"run.id={point}"])  # fmt: skip
+        assert proc.returncode == 0, explain(proc)
+        assert f"this launch is {2 if launch is torchrun else 1} rank(s), {engine[9:]}" in (
+            proc.stderr
+        )
+        assert "resumed from step 10" in proc.stderr
+        resumed = losses(tmp_path / point)
+        assert sorted(resumed) == [11, 12]
+        for step in resumed:
+            assert resumed[step] == pytest.approx(straight[step], rel=2e-5), (point, step)

@@ -5,8 +5,9 @@ forward; 20 steps each, the same seed and data, checkpoints at 10 and 20) is the
 FSDP2 against DDP's losses, its comm figures and DCP checkpoints, the sweep table. Then a
 few launches that resume the sweep's step-10 checkpoints: FSDP2 at the same world size
 (bit-exact), DDP 2 -> 1 rank then into FSDP2 on 2, FSDP2 into DDP on 1 rank; FSDP2 under
-torchrun's elastic membership, 2 -> 1 -> 2 ranks; and an asynchronous checkpoint cut by
-SIGTERM. Resume launches use the default DataLoader.
+torchrun's elastic membership, 2 -> 1 -> 2 ranks; an asynchronous checkpoint cut by
+SIGTERM; and one 4-rank launch with strategy.reshard_after_forward=2. Resume launches use
+the default DataLoader.
 FSDP2_SWEEP_DIR=<a kept sweep folder> reuses a sweep, to rerun one test alone.
 """
 
@@ -24,6 +25,7 @@ import pytest
 
 from launcher.checkpoint import scan
 from launcher.config import ConfigError, compose, validate
+from launcher.model import build_model
 
 from launch import (
     FAST,
@@ -78,8 +80,23 @@ def close(a: dict, b: dict, rel: float) -> bool:
     return a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], rel=rel) for k in a)
 
 
+def unit_bytes(world: int) -> tuple[int, int]:
+    """fp32 bytes FSDP2 gathers for one transformer block and for the root of the tiny
+    GPT-2 of these tests: every parameter padded along dim 0 to a multiple of `world`."""
+    model = build_model(compose([]).model, 512, eot_id=0)  # data.bpe_vocab_size=512 (FAST)
+
+    def padded(params) -> int:
+        return sum(-(-p.shape[0] // world) * world * (p.numel() // p.shape[0]) * 4 for p in params)
+
+    blocks = list(model.transformer.h)
+    in_blocks = {id(p) for b in blocks for p in b.parameters()}
+    (block,) = {padded(b.parameters()) for b in blocks}
+    return block, padded(p for p in model.parameters() if id(p) not in in_blocks)
+
+
 def test_fsdp2_matches_ddp_with_comm_figures_dcp_checkpoints_and_the_table(sweep):
     ddp = losses(sweep / "strategy=ddp")
+    block, root = unit_bytes(2)
     assert sorted(ddp) == list(range(1, STEPS + 1))
     for point in ("fsdp2", "fsdp2_noreshard"):
         run_dir = sweep / f"strategy={point}"
@@ -90,15 +107,29 @@ def test_fsdp2_matches_ddp_with_comm_figures_dcp_checkpoints_and_the_table(sweep
         kinds = json.loads((run_dir / "comm_collectives.json").read_text())["per_kind"]
         assert kinds["all_gather"]["calls_per_step"] == (10 if point == "fsdp2" else 6)
         assert kinds["reduce_scatter"]["calls_per_step"] == 3
-        for r in (r for r in metrics(run_dir) if "loss" in r):
+        # Counted bytes (all-reduce-equivalent: half the full tensor for these two kinds),
+        # exactly: per micro-step (2) the root and each block gathered, the blocks again in
+        # backward when resharded; one reduce-scatter of every unit's gradients per step.
+        gathers = 2 if point == "fsdp2" else 1
+        gathered = 2 * (root + 2 * gathers * block) // 2
+        scattered = (root + 2 * block) // 2
+        s = summary(run_dir)
+        for r in [*(r for r in metrics(run_dir) if "loss" in r), s]:
             assert 0 < r["comm/exposed_s"] <= r["comm/allreduce_s"] <= r["step_time_s/max"]
-            assert 0 < r["comm/overhead_frac"] < 1 and r["comm/bytes"] > 0
+            assert 0 < r["comm/overhead_frac"] < 1
+            assert r["comm/bytes"] == gathered + scattered
+            assert r["comm/allgather_bytes"] == gathered
+            assert r["comm/reducescatter_bytes"] == scattered
+            for stem in ("comm/allgather", "comm/reducescatter"):
+                assert 0 < r[f"{stem}_exposed_s"] <= r[f"{stem}_s"] <= r["comm/allreduce_s"]
+                algbw = r[f"{stem}_bytes"] / r[f"{stem}_s"] / 1e9
+                assert r[f"{stem}_busbw_gbps"] == pytest.approx(algbw)  # 2(n-1)/n = 1 at n = 2
             algbw = r["comm/bytes"] / r["comm/allreduce_s"] / 1e9
-            assert r["comm/busbw_gbps"] == pytest.approx(algbw)  # 2(n-1)/n = 1 at n = 2
+            assert r["comm/busbw_gbps"] == pytest.approx(algbw)
         step = run_dir / "checkpoints" / "step_00000020"
         files = json.loads((step / "meta.json").read_text())["files"]
         assert {".metadata", "__0_0.distcp", "__1_0.distcp", "rng_rank1.pt"} <= files.keys()
-        assert summary(run_dir)["status"] == "completed"
+        assert s["status"] == "completed"
     with open(sweep / "sweep_summary.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [r["point"] for r in rows] == [f"strategy={p}" for p in POINTS]
@@ -164,7 +195,8 @@ def test_elastic_membership_2_then_1_then_2_ranks(sweep, tmp_path):
 def test_ddp_resumes_at_one_rank_and_converts_both_ways(sweep, tmp_path):
     """A DDP checkpoint of 2 ranks resumed by 1 rank (to step 15), whose checkpoint FSDP2
     resumes on 2 ranks (each rank keeps its shard of the whole state DDP saved); and an
-    FSDP2 checkpoint resumed by DDP on 1 rank (the shards gathered whole)."""
+    FSDP2 checkpoint resumed by DDP on 1 rank (the shards gathered whole, to step 13),
+    whose checkpoint DDP resumes on 2 ranks (to 15)."""
     straight = losses(sweep / "strategy=ddp")
     chain = cut_at_10(sweep, "ddp", tmp_path / "chain")
     args = [*RESUME, f"run.root={tmp_path}", "run.id=chain"]
@@ -177,11 +209,39 @@ def test_ddp_resumes_at_one_rank_and_converts_both_ways(sweep, tmp_path):
     assert close(losses(chain), {s: straight[s] for s in range(11, STEPS + 1)}, REORDERED)
 
     back = cut_at_10(sweep, "fsdp2", tmp_path / "back")
-    proc = python_train([*RESUME, "strategy=ddp", "trainer.max_steps=13",
-                         f"run.root={tmp_path}", "run.id=back"])  # fmt: skip
+    args = [*RESUME, "strategy=ddp", f"run.root={tmp_path}", "run.id=back"]
+    proc = python_train([*args, "trainer.max_steps=13"])
     assert proc.returncode == 0, explain(proc)
     assert "resumed from step 10" in proc.stderr
-    assert close(losses(back), {s: straight[s] for s in range(11, 14)}, REORDERED)
+    grown = torchrun([*args, "trainer.max_steps=15"])  # and DDP itself from 1 rank to 2
+    assert grown.returncode == 0, explain(grown)
+    assert "resumed from step 13" in grown.stderr and "accumulation 4 -> 2" in grown.stderr
+    assert close(losses(back), {s: straight[s] for s in range(11, 16)}, REORDERED)
+
+
+def test_reshard_after_forward_to_2_of_4_ranks(sweep, tmp_path):
+    """strategy.reshard_after_forward=2 on 4 ranks: after forward each block keeps a copy
+    sharded over 2 ranks, and backward gathers it within those 2; the arithmetic is the
+    same, so the losses are those of resharding fully and of not resharding (2 ranks,
+    another reduction order) within fp32 rounding. Six steps: accumulation 1 here."""
+    proc = torchrun([*RUN, "trainer.max_steps=6", "trainer.eval_interval=0",
+                     "trainer.checkpoint_interval=0", "strategy=fsdp2",
+                     "strategy.reshard_after_forward=2", f"run.root={tmp_path}", "run.id=r2"],
+                    nproc=4)  # fmt: skip
+    assert proc.returncode == 0, explain(proc)
+    assert "sharded over 4 ranks, reshard_after_forward=2" in proc.stderr
+    run_dir = tmp_path / "r2"
+    got = losses(run_dir)
+    assert sorted(got) == list(range(1, 7))
+    for point in ("fsdp2", "fsdp2_noreshard"):
+        reference = losses(sweep / f"strategy={point}")
+        assert close(got, {s: reference[s] for s in got}, REORDERED), (point, got)
+    # Forward gathers the 3 units from 4 shards, backward the 2 blocks from 2-rank copies.
+    kinds = json.loads((run_dir / "comm_collectives.json").read_text())["per_kind"]
+    assert kinds["all_gather"]["calls_per_step"] == 5
+    block, root = unit_bytes(4)
+    half_block, _ = unit_bytes(2)  # the 2-rank copy: padded to a multiple of 2
+    assert kinds["all_gather"]["bytes_per_step"] == (root + 2 * block + 2 * half_block) // 2
 
 
 @pytest.mark.parametrize(

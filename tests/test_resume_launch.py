@@ -3,8 +3,8 @@
 With the default DataLoader settings (workers, persistent, pinned memory): a refused
 incompatible resume, an unloadable explicit resume=<path>, one rank's unreadable file
 (all ranks fall back together), two launches on one run directory (the lock), a stale
-lock from a killed launch, and a DeepSpeed ZeRO-2 checkpoint relaunched at another world
-size. Every refused or fallback launch leaves the good checkpoints' bytes as they were.
+lock from a killed launch, and a DeepSpeed ZeRO-2 checkpoint relaunched as ZeRO-3. Every
+refused or fallback launch leaves the good checkpoints' bytes as they were.
 The damage table of the run directory is tested in-process in test_run_dir_damage.py.
 """
 
@@ -148,16 +148,19 @@ def test_one_launch_per_run_directory(tmp_path):
     assert not (run_dir / ".lock").exists()
 
 
-def test_deepspeed_checkpoint_at_another_world_size_is_refused(tmp_path):
+def test_deepspeed_checkpoint_into_zero3_is_refused(tmp_path):
+    """A ZeRO-2 checkpoint that no conversion makes loadable by ZeRO-3 (DeepSpeed 0.19.8):
+    one line, exit 2, nothing written, not even a conversion."""
     args = [*RUN, "strategy=zero2", f"run.root={tmp_path}", "run.id=ds"]
     first = torchrun(args)
     assert first.returncode == 0, explain(first)
     run_dir = tmp_path / "ds"
     before = digest(run_dir)
-    one = python_train([*args, "trainer.max_steps=12"])
+    one = python_train([*args, "strategy=zero3", "trainer.max_steps=12"])
     assert one.returncode == 2, explain(one)
     (line,) = errors(one)
-    assert "world size is 2 there, 1 now" in line and "To resume it, run with 2 ranks" in line
+    assert "strategy.zero_stage is 2 there, 3 now" in line
+    assert "To resume it, run with strategy.zero_stage=2 (at any world size)" in line
     assert digest(run_dir) == before
     # At the world size that wrote it, it resumes (each rank's shard checked, then loaded).
     two = torchrun([*args, "trainer.max_steps=12"])

@@ -19,6 +19,7 @@ from launcher.strategy import comm_hooks, powersgd
 from launcher.strategy.base import Strategy
 from launcher.strategy.comm_timing import CommTimer
 from launcher.strategy.dcp import is_dcp_checkpoint, load_dcp
+from launcher.strategy.ds_universal import is_deepspeed_checkpoint, torch_state
 from launcher.strategy.optim import build_optimizer
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -117,10 +118,16 @@ class DDPStrategy(Strategy):
         whole = [folder / "model.pt", folder / "optimizer.pt"]
         if not whole[0].exists() and is_dcp_checkpoint(folder):
             whole = []  # an FSDP2 checkpoint: DCP files are not torch.save archives
+        if is_deepspeed_checkpoint(folder):
+            whole = []  # read from its universal conversion, sealed with every file's size
         return whole + ([own] if own is not None and own.exists() else [])
 
     def load(self, folder: Path) -> None:
-        if (folder / "model.pt").exists() or not is_dcp_checkpoint(folder):
+        if is_deepspeed_checkpoint(folder):  # the universal conversion, made by rank 0
+            model_sd, optim_sd = torch_state(folder, self.raw_model, self.optimizer)
+            self.raw_model.load_state_dict(model_sd)
+            self.optimizer.load_state_dict(optim_sd)
+        elif (folder / "model.pt").exists() or not is_dcp_checkpoint(folder):
             self._load_own(folder)
         else:  # an FSDP2 (DCP) checkpoint: its shards, gathered whole on every rank
             load_dcp(self.raw_model, self.optimizer, folder)

@@ -15,46 +15,25 @@ import contextlib
 import json
 import logging
 import os
-import warnings
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from launcher import checkpoint
 from launcher.comm_stats import StepComm
 from launcher.config.schema import TrainConfig
 from launcher.runtime import Runtime
 from launcher.strategy.base import Strategy
 from launcher.strategy.ds_comm import CollectiveTimer
 from launcher.strategy.ds_config import build_ds_config
+from launcher.strategy.ds_import import import_deepspeed
+from launcher.strategy.ds_universal import STRATEGY_FILE, converted_folder, needs_conversion
 from launcher.strategy.optim import build_optimizer
 
 log = logging.getLogger("launcher")
 
-STRATEGY_FILE = "strategy.json"  # in each checkpoint: what wrote it
 RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
-
-
-def import_deepspeed():
-    """Import deepspeed, without compiling anything.
-
-    DeepSpeed picks its accelerator when first imported, from DS_ACCELERATOR, which the
-    runtime set from the device it chose. Its torch backend would build a shared-memory
-    all-reduce op with a C++ compiler at start-up; that op serves only inference
-    all-reduces, so it is marked incompatible: training needs no compiler.
-    """
-    import deepspeed
-    import deepspeed.ops
-
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    # ZeRO calls torch's all_gather_into_tensor and reduce_scatter_tensor, which torch 2.13
-    # deprecates (a warning per process and call site, not per step): noise in the logs.
-    warnings.filterwarnings(
-        "ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning
-    )
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    deepspeed.utils.logger.setLevel(logging.WARNING)
-    return deepspeed
 
 
 class DeepSpeedStrategy(Strategy):
@@ -163,8 +142,43 @@ class DeepSpeedStrategy(Strategy):
                 if (folder.parent / script).is_file():
                     os.replace(folder.parent / script, folder / script)
 
+    def _source(self, folder: Path) -> tuple[Path, bool]:
+        """The folder DeepSpeed loads for checkpoint `folder`, and whether it is the
+        universal conversion (written by ds_universal when the world size or ZeRO stage
+        changed since `folder` was saved)."""
+        written = folder / STRATEGY_FILE
+        if not written.is_file():
+            raise RuntimeError(f"{folder} was not written by strategy=deepspeed")
+        saved, now = json.loads(written.read_text()), self._identity()
+        if saved.get("precision") != now["precision"]:
+            raise RuntimeError(
+                f"{folder} was written with trainer.precision={saved.get('precision')}, "
+                f"not {now['precision']}; resume it with trainer.precision={saved.get('precision')}"
+            )
+
+        def as_meta(ident: dict) -> dict:  # the part of resume.identity compared there
+            return {
+                "strategy": {"name": ident["strategy"], "zero_stage": ident["zero_stage"]},
+                "world_size": ident["world_size"],
+            }
+
+        if not needs_conversion(as_meta(saved), as_meta(now)):
+            return folder, False
+        converted = converted_folder(folder)
+        if not checkpoint.is_complete(converted):
+            raise RuntimeError(
+                f"{folder} was written at world size {saved.get('world_size')} and ZeRO-"
+                f"{saved.get('zero_stage')}; its universal conversion {converted} is not complete"
+            )
+        return converted, True
+
     def files_to_load(self, folder: Path) -> list[Path]:
-        """This rank's model states (ZeRO-3: its partition) and optimizer shard."""
+        """This rank's model states (ZeRO-3: its partition) and optimizer shard; from a
+        universal conversion, the model states it copied (every parameter's folder is
+        listed, with its size, in the conversion's meta.json)."""
+        source, universal = self._source(folder)
+        if universal:
+            return sorted(source.glob("*model_states.pt"))
         parent, tag = str(folder.parent), folder.name
         files = [Path(self.engine._get_ckpt_name(parent, tag))]
         if self.stage > 0:
@@ -172,29 +186,26 @@ class DeepSpeedStrategy(Strategy):
         return files
 
     def load(self, folder: Path) -> None:
-        written = folder / STRATEGY_FILE
-        if not written.is_file():
-            raise RuntimeError(f"{folder} was not written by strategy=deepspeed")
-        saved, now = json.loads(written.read_text()), self._identity()
-        if saved != now:
-            changed = [k for k, v in now.items() if saved.get(k) != v]
-            diff = ", ".join(f"{k} {saved.get(k)} -> {now[k]}" for k in changed)
-            raise RuntimeError(
-                f"{folder} was written with different settings ({diff}); DeepSpeed's shards "
-                "only load into the same ZeRO stage, world size and precision"
-            )
-        if self.stage > 0:
+        source, universal = self._source(folder)
+        if self.stage > 0 and not universal:
             shard = Path(self.engine._get_zero_ckpt_name(str(folder.parent), folder.name))
             if not shard.is_file():
                 raise FileNotFoundError(f"{shard} is missing")
-        path, _ = self.engine.load_checkpoint(
-            str(folder.parent),
-            tag=folder.name,
-            load_optimizer_states=True,
-            load_lr_scheduler_states=False,
-        )
+        # DeepSpeed reads `checkpoint.load_universal` from its config at load time only:
+        # set for this load, so that the checkpoints this run writes stay ordinary ones.
+        config = self.engine._config
+        config.load_universal_checkpoint = universal
+        try:
+            path, _ = self.engine.load_checkpoint(
+                str(source.parent),
+                tag=source.name,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=False,
+            )
+        finally:
+            config.load_universal_checkpoint = False
         if path is None:
-            raise RuntimeError(f"DeepSpeed could not load {folder}")
+            raise RuntimeError(f"DeepSpeed could not load {source}")
 
     # -- the end -------------------------------------------------------------------------
     def close(self) -> None:

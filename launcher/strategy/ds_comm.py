@@ -26,7 +26,9 @@ a CPU they are wall-clock readings. From one step's collectives:
   formula (``bytes / time x 2(n-1)/n``) gives nccl-tests' bus bandwidth for each kind: an
   all-reduce of S bytes counts S; a reduce-scatter or all-gather of a full tensor of S
   bytes moves half as much per rank and counts S/2; a broadcast or reduce counts
-  S x n / (2(n-1)).
+  S x n / (2(n-1));
+- the same three figures per kind of collective (`StepComm.per_kind`): FSDP2's all-gathers
+  and reduce-scatters apart (docs/communication.md);
 
 Only collectives issued between the first micro-step of a training step and the end of its
 optimizer step count; those of evaluation, checkpointing and start-up are left out.
@@ -233,10 +235,17 @@ class CollectiveTimer:
             total[0] += 1
             total[1] += nbytes
             total[2] += done - issue
-        spans = [(issue, done) for _, issue, done, _ in ops]
-        busy = union_length(spans)
-        exposed = overlap_length(merged(blocked), spans) if spans else 0.0
-        return StepComm(busy, min(exposed, busy), int(sum(n for *_, n in ops)))
+        waits = merged(blocked)
+
+        def figures(of_ops) -> tuple[float, float, float]:
+            spans = [(issue, done) for _, issue, done, _ in of_ops]
+            busy = union_length(spans)
+            exposed = overlap_length(waits, spans) if spans else 0.0
+            return busy, min(exposed, busy), float(sum(n for *_, n in of_ops))
+
+        busy, exposed, nbytes = figures(ops)
+        per_kind = {kind: figures([o for o in ops if o[0] == kind]) for kind in {o[0] for o in ops}}
+        return StepComm(busy, exposed, int(nbytes), per_kind)
 
     def _resolve(self, step: _Step):
         """The step's completed collectives and blocked intervals, on one axis in seconds."""

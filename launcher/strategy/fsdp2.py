@@ -40,6 +40,7 @@ from launcher.runtime import Runtime
 from launcher.strategy.base import Strategy
 from launcher.strategy.dcp import is_dcp_checkpoint, load_dcp
 from launcher.strategy.ds_comm import KINDS, CollectiveTimer
+from launcher.strategy.ds_universal import is_deepspeed_checkpoint, torch_state
 from launcher.strategy.optim import build_optimizer
 
 log = logging.getLogger("launcher")
@@ -174,18 +175,20 @@ class FSDP2Strategy(Strategy):
         """A DCP checkpoint (resharded to this world size), or a DDP one converted."""
         if is_dcp_checkpoint(folder):
             load_dcp(self.raw_model, self.optimizer, folder)
+        elif is_deepspeed_checkpoint(folder):  # its universal conversion, made by rank 0
+            self._load_full(*torch_state(folder, self.raw_model, self.optimizer))
         else:
-            self._load_ddp(folder)
+            model_sd = torch.load(folder / DDP_FILES[0], map_location="cpu", weights_only=True)
+            saved = torch.load(folder / DDP_FILES[1], map_location="cpu", weights_only=True)
+            self._load_full(model_sd, saved["optimizer"])
 
-    def _load_ddp(self, folder: Path) -> None:
-        """A DDP checkpoint holds the full model and optimizer on every rank's disk: each
-        rank keeps its shard. DDP's optimizer state is keyed by position; the positions
-        are build_optimizer's parameter order, which names them."""
+    def _load_full(self, model_sd: dict, osd: dict) -> None:
+        """A whole model and optimizer state in DDP's layout (a DDP checkpoint, or a
+        DeepSpeed one through its universal conversion): each rank keeps its shard. DDP's
+        optimizer state is keyed by position; the positions are build_optimizer's
+        parameter order, which names them."""
         full = StateDictOptions(full_state_dict=True)
-        model_sd = torch.load(folder / DDP_FILES[0], map_location="cpu", weights_only=True)
         set_model_state_dict(self.raw_model, model_sd, options=full)
-        saved = torch.load(folder / DDP_FILES[1], map_location="cpu", weights_only=True)
-        osd = saved["optimizer"]
         names = {id(p): n for n, p in self.raw_model.named_parameters()}
         ordered = [names[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
         osd = {
