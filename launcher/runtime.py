@@ -196,6 +196,16 @@ def init_process_group(backend: str, timeout: dt.timedelta, device: torch.device
     )
 
 
+def launch_runtime() -> Runtime:
+    """This process's place in the launch between its jobs: rank, world size and the control
+    group the first job created, for a front door that decides on rank 0 between jobs and
+    tells the others (launcher.tune). It has no run directory of its own."""
+    rank, local_rank, world = env_world()
+    rt = Runtime(rank, local_rank, world, torch.device("cpu"), _launch.backend)
+    rt.control_group = _launch.control_group
+    return rt
+
+
 def sweep_id() -> str | None:
     """The id of the sweep this process is running, if it is running one."""
     return _launch.sweep_id
