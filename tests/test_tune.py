@@ -11,6 +11,8 @@ launches.
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 from omegaconf import OmegaConf
@@ -22,7 +24,7 @@ from launcher.tune.candidates import propose
 from launcher.tune.decision import Measured, Trial, best, judge
 from launcher.tune.report import write_tuned_yaml
 
-from launch import base_env, explain, losses, summary, torchrun_cmd
+from launch import base_env, explain, finish, losses, start, summary, torchrun_cmd, wait_for
 from wandb_readback import private_wandb_env, records
 
 TUNE_TIMEOUT = 420
@@ -165,7 +167,7 @@ def test_submit_renders_the_tuner_on_every_node(tmp_path, capfd):
 
 
 def test_bad_tune_key_is_one_line_exit_2_before_the_process_group(tmp_path):
-    proc = tune_launch([*SMALL, f"run.root={tmp_path}", "tune.loss_tolerance=-1"])
+    proc = tune_launch([*SMALL, f"run.root={tmp_path}", "tune.loss_tolerance=-1"], nproc=1)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert proc.returncode != 0 and len(errors) == 1, explain(proc)
     assert "tune.loss_tolerance=-1.0: must be 0 or more" in errors[0]
@@ -279,3 +281,19 @@ def test_nothing_to_fix_ends_after_one_round_saying_so(tmp_path):
     assert "No change kept" in (tmp_path / "fine" / "tune" / "report.md").read_text()
     tuned = OmegaConf.load(tmp_path / "fine" / "tune" / "tuned.yaml")
     assert tuned.trainer.micro_batch_size == 4 and "strategy" not in tuned
+
+
+def test_stop_during_tuning_writes_the_report_so_far_and_exits_143(tmp_path):
+    args = [*SMALL, f"run.root={tmp_path}", "run.id=stop", "tune.trial_steps=30"]
+    args += ["trainer.global_batch_size=16", "trainer.micro_batch_size=1"]
+    cmd = torchrun_cmd(args, module="launcher.tune", runner="launcher.torchrun")
+    output = tmp_path / "out.txt"
+    proc = start(cmd, output)
+    trials = tmp_path / "stop" / "tune" / "trials"
+    wait_for(lambda: (trials / "r1-profile" / "summary.json").exists(), proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    out = finish(proc, output)
+    assert proc.returncode == 143, out
+    rep = report(tmp_path / "stop")
+    assert rep["stopped"] and rep["ended_because"] == "stopped on request" and not rep["kept"]
+    assert rep["confirmation"] is None and len(rep["rounds"]) == 1
