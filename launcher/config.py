@@ -343,7 +343,8 @@ class TuneConfig:
     and by at least `min_gain` of the incumbent's step time."""
 
     budget_s: float = 1800.0  # wall time for the rounds; the confirmation runs come after
-    trial_steps: int = 12  # steps of each timed trial (the first, warm-up, is not counted)
+    trial_steps: int = 12  # steps of each timed trial, warm-up included
+    warmup_steps: int = 3  # a trial's first steps, not timed: start-up, DDP's bucket rebuild
     repeats: int = 3  # timed trials of each candidate and of the incumbent, every round
     loss_tolerance: float = 0.02  # math-changing candidates: |mean loss diff| / incumbent's
     min_gain: float = 0.05  # the smallest speed-up worth keeping, as a fraction of a step

@@ -19,7 +19,7 @@ from launcher.job import fail_bad_input
 from launcher.preflight import preflight
 from launcher.tune.report import markdown, report_dict, write_all
 from launcher.tune.rounds import Tuner
-from launcher.tune.trials import Trials
+from launcher.tune.trials import PROFILED_STEPS, Trials
 
 log = logging.getLogger("launcher")
 
@@ -44,7 +44,15 @@ def check(overrides: list[str]) -> None:
         )
     cfg = compose(overrides)
     preflight(cfg, runtime.env_world()[2], runtime.ranks_per_node())
-    Trials(overrides).config({}, cfg.tune.trial_steps, profile=True)
+    t = cfg.tune
+    for key in ("trial_steps", "confirm_steps"):
+        if t[key] < t.warmup_steps + PROFILED_STEPS:
+            raise ConfigError(
+                f"tune.{key}={t[key]} leaves fewer than {PROFILED_STEPS} steps after "
+                f"tune.warmup_steps={t.warmup_steps} to time and profile; raise it to at least "
+                f"{t.warmup_steps + PROFILED_STEPS}"
+            )
+    Trials(overrides).config({}, t.trial_steps, t.warmup_steps, profile=True)
 
 
 def tune() -> int:

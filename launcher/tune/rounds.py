@@ -48,6 +48,10 @@ class Tuner:
         self.confirmation: dict | None = None
 
     @property
+    def warmup(self) -> int:
+        return self.tune.warmup_steps
+
+    @property
     def stopped(self) -> bool:
         return self.trials.stopped
 
@@ -67,7 +71,7 @@ class Tuner:
     def round(self, n: int) -> bool:
         """One round; True when a change was kept (worth another round)."""
         steps = self.tune.trial_steps
-        profile = self.trials.run(f"r{n}-profile", self.kept, steps, profile=True)
+        profile = self.trials.run(f"r{n}-profile", self.kept, steps, self.warmup, profile=True)
         record: dict = {"round": n, "incumbent_changes": dict(self.kept), "profile": profile.label}
         self.rounds.append(record)
         if self.stopped or not profile.ok:
@@ -181,7 +185,7 @@ class Tuner:
                     self.ended_because = f"tune.budget_s={self.tune.budget_s:g} spent"
                     return measured
                 trial: Trial = self.trials.run(
-                    f"r{n}-{slug(name)}-{rep}", changes, self.tune.trial_steps
+                    f"r{n}-{slug(name)}-{rep}", changes, self.tune.trial_steps, self.warmup
                 )
                 estimate = max(estimate, trial.wall_s)
                 measured[name].trials.append(trial)
@@ -190,8 +194,8 @@ class Tuner:
     def confirm(self) -> None:
         """The baseline and the winner, each once, `tune.confirm_steps` long."""
         steps = self.tune.confirm_steps
-        base = self.trials.run("confirm-baseline", {}, steps)
-        win = self.trials.run("confirm-winner", self.kept, steps)
+        base = self.trials.run("confirm-baseline", {}, steps, self.warmup)
+        win = self.trials.run("confirm-winner", self.kept, steps, self.warmup)
         self.confirmation = {
             "steps": steps,
             "baseline": asdict(base),

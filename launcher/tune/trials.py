@@ -36,15 +36,20 @@ TRIAL_SETTINGS = (
     "logger.tensorboard=false",
 )
 NO_PROFILE = ("profiler=off",)
-# The profiled trial: step 1 (start-up) skipped, step 2 warms the profiler up, 3-4 recorded.
-PROFILE = (
-    "profiler=steps",
-    "profiler.skip_first=1",
-    "profiler.wait=0",
-    "profiler.warmup=1",
-    "profiler.active=2",
-    "profiler.repeat=1",
-)
+PROFILED_STEPS = 3  # the profiled trial, after its warm-up: 1 step warms the profiler, 2 recorded
+
+
+def profile_settings(warmup: int) -> list[str]:
+    """torch.profiler for the steps after the trial's warm-up: the evidence is about the
+    steady state, as the timing is."""
+    return [
+        "profiler=steps",
+        f"profiler.skip_first={warmup}",
+        "profiler.wait=0",
+        "profiler.warmup=1",
+        f"profiler.active={PROFILED_STEPS - 1}",
+        "profiler.repeat=1",
+    ]
 
 
 def override_key(override: str) -> str:
@@ -73,17 +78,22 @@ class Trials:
         self.run_dir: Path | None = None  # the tuning run's directory, once the first job ran
         self.last_cfg: DictConfig | None = None
 
-    def config(self, changes: dict[str, Any], steps: int, profile: bool = False) -> DictConfig:
+    def config(
+        self, changes: dict[str, Any], steps: int, warmup: int, profile: bool = False
+    ) -> DictConfig:
         """The composed, checked config of a trial (ConfigError if the change is refused)."""
         extra = [*as_overrides(changes), f"trainer.max_steps={steps}", *TRIAL_SETTINGS]
-        cfg = compose(merged(self.user, [*extra, *(PROFILE if profile else NO_PROFILE)]))
+        extra += profile_settings(warmup) if profile else NO_PROFILE
+        cfg = compose(merged(self.user, extra))
         preflight(cfg, runtime.env_world()[2], runtime.ranks_per_node())  # normalizes too
         return cfg
 
-    def run(self, label: str, changes: dict[str, Any], steps: int, profile=False) -> Trial:
+    def run(
+        self, label: str, changes: dict[str, Any], steps: int, warmup: int, profile=False
+    ) -> Trial:
         """Train one trial and return its figures (a refused or failed trial says why)."""
         try:
-            cfg = self.config(changes, steps, profile)
+            cfg = self.config(changes, steps, warmup, profile)
         except ConfigError as exc:
             return Trial(label, f"refused: {exc}")
         self.last_cfg = cfg
@@ -92,7 +102,8 @@ class Trials:
             raise RuntimeError(f"trial {label} did not end cleanly")
         self.run_dir = Path(cfg.run.root).expanduser() / runtime.sweep_id()
         rt = runtime.launch_runtime()
-        figures = read_trial(self.run_dir / TRIALS / label, label, code) if rt.is_main else None
+        trial_dir = self.run_dir / TRIALS / label
+        figures = read_trial(trial_dir, label, code, warmup) if rt.is_main else None
         now = time.monotonic() - self.started
         trial, self.elapsed_s = rt.broadcast_object((figures, now))
         stops = rt.all_gather_objects(stop_requested() or code == exit_codes.STOPPED)
@@ -100,27 +111,32 @@ class Trials:
         return trial
 
 
-def read_trial(run_dir: Path, label: str, code: int) -> Trial:
-    """The trial's figures: step time and tokens/s from summary.json (medians over the
-    steps after the first), its mean loss over every logged step from metrics.jsonl."""
+def read_trial(run_dir: Path, label: str, code: int, warmup: int) -> Trial:
+    """The trial's figures from metrics.jsonl (one row per step, aggregated over ranks):
+    step time p50/p90 and tokens/s as medians over the steps after the first `warmup`
+    (start-up, DDP's bucket rebuild and each all-reduce's first use are slow, more so for
+    some candidates than others), the mean loss over every step."""
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
-        losses = [
-            r["loss"]
-            for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-            if r.get("loss") is not None
-        ]
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     except (OSError, ValueError) as exc:
         return Trial(label, f"exit {code}: {exc}")
+    rows = [r for r in rows if r.get("loss") is not None]
+    timed = rows[warmup:]
+
+    def median(key: str) -> float | None:
+        values = [r[key] for r in timed if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
     status = summary.get("status", "?")
     if code and status == "completed":
         status = f"exit {code} ({exit_codes.MEANING.get(code, '?')})"
     return Trial(
         label,
         status,
-        p50_s=summary.get("step_time_s/p50"),
-        p90_s=summary.get("step_time_s/p90"),
-        tokens_per_s=summary.get("tokens_per_s"),
-        mean_loss=statistics.fmean(losses) if losses else None,
+        p50_s=median("step_time_s/p50"),
+        p90_s=median("step_time_s/p90"),
+        tokens_per_s=median("tokens_per_s"),
+        mean_loss=statistics.fmean(r["loss"] for r in rows) if rows else None,
         wall_s=summary.get("wall_time_s") or 0.0,
     )
