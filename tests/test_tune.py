@@ -289,14 +289,18 @@ def test_nothing_to_fix_ends_after_one_round_saying_so(tmp_path):
 def test_stop_during_tuning_writes_the_report_so_far_and_exits_143(tmp_path):
     args = [*SMALL, f"run.root={tmp_path}", "run.id=stop", "tune.trial_steps=30"]
     args += ["trainer.global_batch_size=16", "trainer.micro_batch_size=1"]
+    # Without loader workers: with them, a SIGTERM here once killed a worker on a busy
+    # machine (not yet explained; see the branch's report).
+    args += ["data.num_workers=0", "data.persistent_workers=false"]
     cmd = torchrun_cmd(args, module="launcher.tune", runner="launcher.torchrun")
     output = tmp_path / "out.txt"
     proc = start(cmd, output)
     trials = tmp_path / "stop" / "tune" / "trials"
-    wait_for(lambda: (trials / "r1-profile" / "summary.json").exists(), proc)
+    wait_for(lambda: (trials / "r1-profile" / "metrics.jsonl").exists(), proc)  # it steps
     os.kill(proc.pid, signal.SIGTERM)
     out = finish(proc, output)
     assert proc.returncode == 143, out
     rep = report(tmp_path / "stop")
     assert rep["stopped"] and rep["ended_because"] == "stopped on request" and not rep["kept"]
     assert rep["confirmation"] is None and len(rep["rounds"]) == 1
+    assert summary(trials / "r1-profile")["status"] == "stopped"  # at a step boundary

@@ -56,11 +56,12 @@ def tuned_experiment(user_overrides: list[str], kept: dict[str, Any]) -> dict:
 
 
 def write_tuned_yaml(path: Path, user_overrides: list[str], kept: dict, run_dir: Path) -> None:
+    where = run_dir.resolve()
     head = (
         "# @package _global_\n"
-        f"# Written by launcher.tune ({run_dir}): the experiment it started from with the\n"
+        f"# Written by launcher.tune ({where}): the experiment it started from with the\n"
         "# changes it kept. Use it with:\n"
-        f"#   torchrun ... -m launcher.train 'hydra.searchpath=[file://{run_dir}]' +tune=tuned\n"
+        f"#   torchrun ... -m launcher.train 'hydra.searchpath=[file://{where}]' +tune=tuned\n"
         "# or copy it into your config directory's exp/ and use +exp=tuned.\n"
     )
     body = yaml.safe_dump(tuned_experiment(user_overrides, kept), sort_keys=False)
@@ -98,8 +99,10 @@ def headline(report: dict) -> str:
     kept = ", ".join(f"`{k}={v}`" for k, v in report["kept"].items())
     if c and c["speedup"]:
         base, win = c["baseline"], c["winner"]
+        ratio = c["speedup"] if c["speedup"] >= 1 else 1 / c["speedup"]
+        faster = "faster" if c["speedup"] >= 1 else "SLOWER (the gain did not hold)"
         return (
-            f"**{c['speedup']:.2f}x faster per step** in the confirmation runs of "
+            f"**{ratio:.2f}x {faster} per step** in the confirmation runs of "
             f"{c['steps']} steps: {_ms(base['p50_s'])} ms -> {_ms(win['p50_s'])} ms (p50), "
             f"{_rate(base['tokens_per_s'])} -> {_rate(win['tokens_per_s'])} tokens/s, "
             f"with {kept}."
