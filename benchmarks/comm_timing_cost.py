@@ -25,11 +25,12 @@ from pathlib import Path
 
 import torch
 
-from launcher.config import compose, normalize
+from launcher.config import compose, normalize, typed
 from launcher.data import prepare_data
+from launcher.launch_state import LaunchState
 from launcher.loop import lm_loss
 from launcher.model import build_model
-from launcher.runtime import start, teardown
+from launcher.runtime import env_world, start, teardown
 from launcher.strategy.ddp import DDPStrategy
 
 BUDGET = 0.02
@@ -55,8 +56,10 @@ def main() -> int:
     args = parser.parse_args()
     root = Path(tempfile.gettempdir()) / "launcher-bench"  # the same path on every rank
     cfg = compose([*DEFAULTS, *args.overrides, f"run.root={root}", "run.id=comm_timing"])
-    rt = start(cfg)
-    normalize(cfg, rt.world_size)
+    launch = LaunchState()
+    normalize(cfg, env_world()[2])
+    cfg = typed(cfg)
+    rt = start(cfg, launch)
     if not rt.distributed:
         raise SystemExit("run under torchrun: there is no communication to time otherwise")
     t = cfg.trainer
@@ -85,7 +88,7 @@ def main() -> int:
     for side in sides.values():
         side.close()
     sides.clear()
-    teardown()
+    teardown(launch)
     if rt.rank != 0:
         return 0
     ratio = statistics.median(p[True] / p[False] for p in pairs)

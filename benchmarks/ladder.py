@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 from launcher.config import compose
-from launcher.job import run
+from launcher.job import check_or_exit, run
+from launcher.launch_state import LaunchState
 
 GPU_BASE = ["model=gpt2", "data=synthetic", "trainer.seq_len=1024", "trainer.micro_batch_size=16"]
 CPU_BASE = [
@@ -73,8 +74,9 @@ GAIN = 1.03  # a larger micro-batch must add at least 3% tokens/s to be worth it
 def train_once(overrides: list[str], root: Path, name: str) -> dict:
     """One short run through the real trainer; its summary.json figures."""
     cfg = compose([*overrides, f"run.root={root}", f"run.id={name}", "resume=never"])
+    check_or_exit(cfg)
     try:
-        code = run(cfg)
+        code = run(cfg, LaunchState())
     finally:
         torch._dynamo.reset()
         gc.collect()

@@ -28,14 +28,16 @@ import time
 
 import torch
 
+from launcher.batch import BatchPlan
 from launcher.config import compose
 from launcher.data import prepare_data
 from launcher.data.loader import StepBatchSampler
-from launcher.job import run
+from launcher.job import check_or_exit, run
+from launcher.launch_state import LaunchState
 from launcher.loop import lm_loss, lr_at
 from launcher.model import build_model
 from launcher.runtime import seed_everything
-from launcher.strategy.ddp import build_optimizer
+from launcher.strategy.optim import build_optimizer
 
 BUDGET = 0.03  # the trainer may be at most 3% slower per step than the bare loop
 SHORT, LONG = 20, 100
@@ -55,7 +57,8 @@ DEFAULTS = [
 def run_trainer(overrides: list[str]) -> None:
     with tempfile.TemporaryDirectory() as root:
         cfg = compose([*overrides, f"run.root={root}", "run.id=trainer", "resume=never"])
-        if run(cfg) != 0:
+        check_or_exit(cfg)
+        if run(cfg, LaunchState()) != 0:
             raise SystemExit("the trainer run failed")
 
 
@@ -68,16 +71,9 @@ def run_bare(overrides: list[str]) -> None:
     seed_everything(t.seed)
     model = build_model(cfg.model, data.vocab_size, eot_id=data.eot_id)
     optimizer = build_optimizer(model, t)
-    accum = t.global_batch_size // t.micro_batch_size
-    sampler = StepBatchSampler(
-        len(data.train),
-        global_batch=t.global_batch_size,
-        micro_batch=t.micro_batch_size,
-        rank=0,
-        world_size=1,
-        seed=t.seed,
-        start_step=0,
-    )
+    plan = BatchPlan.of(t, world_size=1)
+    accum = plan.accum
+    sampler = StepBatchSampler(len(data.train), plan, rank=0, seed=t.seed, start_step=0)
     order = iter(sampler)
     for step in range(t.max_steps):
         for group in optimizer.param_groups:

@@ -307,7 +307,9 @@ class CheckpointWriter:
         rewound past it, or could not read it) is kept under superseded/; anything else
         (an incomplete folder, a stray file) is replaced."""
         if final.is_dir() and is_complete(final):
-            aside = self.folder / SUPERSEDED / f"{final.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+            aside = self._free_name(
+                self.folder / SUPERSEDED / f"{final.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+            )
             aside.parent.mkdir(exist_ok=True)
             final.rename(aside)
             log.warning("moved the earlier %s to %s before replacing it", final.name, aside)
@@ -319,6 +321,16 @@ class CheckpointWriter:
             shutil.rmtree(stale, ignore_errors=True)
         else:
             stale.unlink(missing_ok=True)
+
+    @staticmethod
+    def _free_name(path: Path) -> Path:
+        """`path`, or `path-2`, `path-3`...: the same step superseded twice within a second
+        keeps both."""
+        candidate, n = path, 1
+        while candidate.exists() or candidate.is_symlink():
+            n += 1
+            candidate = path.with_name(f"{path.name}-{n}")
+        return candidate
 
     def _prune(self, newest: int) -> None:
         kept = 0

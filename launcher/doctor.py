@@ -10,9 +10,9 @@ import json
 import sys
 
 from launcher import envinfo
-from launcher.config import ConfigError, compose, friendly_overrides, validate
+from launcher.config import ConfigError, compose, friendly_overrides
 from launcher.data.shm import human_bytes
-from launcher.preflight import machine_problems, shm_need
+from launcher.preflight import check_config, machine_problems, shm_need
 from launcher.runtime import env_world, ranks_per_node
 
 USAGE = """usage: python -m launcher.doctor [--json] [overrides...]
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     facts = envinfo.collect(need)
     problems = []
     try:  # what the trainer refuses, in the order it would: the config, then this machine
-        validate(cfg, env_world()[2])
+        check_config(cfg, env_world()[2])
     except ConfigError as exc:
         problems.append(str(exc))
     else:

@@ -7,20 +7,24 @@ a clean process-group teardown behind, whatever happened.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import re
 import sys
 import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher import checkpoint, envinfo, exit_codes, nccl_log, resume
-from launcher.config import ConfigError
+from launcher import checkpoint, envinfo, exit_codes, resume
+from launcher.config import ConfigError, TrainConfig, normalize, typed
 from launcher.data import prepare_data
+from launcher.launch_state import LaunchState
 from launcher.lock import LockHeld, RunLock
 from launcher.loop import NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
 from launcher.model import build_model, count_params, flops_per_token, peak_flops
+from launcher.nccl_transport import transport_recorders
 from launcher.preflight import preflight, shm_need
 from launcher.runtime import (
     Runtime,
@@ -30,10 +34,9 @@ from launcher.runtime import (
     open_run_dir,
     ranks_per_node,
     start,
-    sweep_id,
 )
 from launcher.sinks import ConsoleSink, JsonlSink, write_summary
-from launcher.strategy import build_strategy
+from launcher.strategy import build_strategy, needs_process_group
 from launcher.tensorboard_sink import (  # imports no tensorboardX
     TensorBoardSink,
     code_block,
@@ -44,7 +47,9 @@ from launcher.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
 log = logging.getLogger("launcher")
 
 BAD_INPUT_LINGER_S = 20.0
-SECRET_WORDS = ("key", "token", "secret", "password")
+# A key is secret when one of its words (split at _ - .) is one of these: WANDB_API_KEY,
+# hf_token, db_password; not `data.tokenizer` or `data.shard_tokens`.
+SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd"})
 
 
 def fail_bad_input(exc: ConfigError) -> None:
@@ -69,30 +74,32 @@ def check_or_exit(cfg: DictConfig) -> None:
         fail_bad_input(exc)
 
 
-def redacted(cfg: DictConfig) -> dict:
+def is_secret_key(key) -> bool:
+    """Whether a config key names a secret (its value is masked in config.yaml and W&B)."""
+    return any(word in SECRET_WORDS for word in re.split(r"[_\-.]", str(key).lower()))
+
+
+def redacted(cfg: TrainConfig) -> dict:
     """The resolved config with values of secret-looking keys masked."""
 
     def mask(node):
         if isinstance(node, dict):
-            return {
-                k: "***" if any(w in str(k).lower() for w in SECRET_WORDS) and v else mask(v)
-                for k, v in node.items()
-            }
+            return {k: "***" if is_secret_key(k) and v else mask(v) for k, v in node.items()}
         if isinstance(node, list):
             return [mask(v) for v in node]
         return node
 
-    return mask(OmegaConf.to_container(cfg, resolve=True))
+    return mask(dataclasses.asdict(cfg))
 
 
-def write_run_files(cfg: DictConfig, rt: Runtime) -> None:
+def write_run_files(cfg: TrainConfig, rt: Runtime) -> None:
     (rt.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(redacted(cfg))))
     env = envinfo.collect(shm_need(cfg))
     env.update(world_size=rt.world_size, backend=rt.backend, run_id=rt.run_id)
     (rt.run_dir / "env.json").write_text(json.dumps(env, indent=1))
 
 
-def wandb_sink(cfg: DictConfig, rt: Runtime, point: str | None) -> WandbSink:
+def wandb_sink(cfg: TrainConfig, rt: Runtime, point: str | None) -> WandbSink:
     """The run's one W&B run (rank 0 only): config is the redacted config plus env.json.
 
     A sweep point's run is named by its point and grouped under the sweep's id."""
@@ -102,7 +109,7 @@ def wandb_sink(cfg: DictConfig, rt: Runtime, point: str | None) -> WandbSink:
         run_dir=rt.run_dir,
         run_id=rt.run_id,
         config={**redacted(cfg), "env": env},
-        group=cfg.logger.group or (sweep_id() if point else None),
+        group=cfg.logger.group or (rt.launch.sweep_id if point else None),
         name=cfg.logger.name or point or rt.run_id,
     )
 
@@ -156,7 +163,7 @@ def claim_run_dir(rt: Runtime) -> RunLock | None:
     return taken[0] if taken else None
 
 
-def plan_resume(cfg: DictConfig, rt: Runtime, model) -> list[Path]:
+def plan_resume(cfg: TrainConfig, rt: Runtime, model) -> list[Path]:
     """The checkpoints to try, newest first, decided by rank 0 under the lock (see
     launcher.resume); a checkpoint that does not fit these settings stops the launch."""
     now = resume.identity(cfg, model, rt.world_size)
@@ -233,7 +240,7 @@ def already_completed(rt: Runtime) -> bool:
     return rt.broadcast_object(done)
 
 
-def build_data_and_model(cfg: DictConfig, rt: Runtime):
+def build_data_and_model(cfg: TrainConfig, rt: Runtime):
     """The token data (prepared once per node) and the model; FLOPs per token for MFU."""
     t = cfg.trainer
     try:
@@ -260,78 +267,113 @@ def build_data_and_model(cfg: DictConfig, rt: Runtime):
     return data, model, fpt
 
 
-def run(cfg: DictConfig, point: str | None = None) -> int:
-    """Train once with a composed config; returns the process exit code.
+def run(cfg: DictConfig, launch: LaunchState, point: str | None = None) -> int:
+    """Train once with a composed config that the front door has checked (`check_or_exit`);
+    returns the process exit code. The job's components read it as the schema's
+    dataclasses (`typed`), converted here once.
 
-    `point` names a sweep point (see launcher.sweep): the run goes to
-    `<sweep_id>/<point>/`, and a point a requeued sweep already completed is not redone.
+    `launch` holds what outlives this job (the process group a sweep's points share).
+    `point` names a sweep point: the run goes to `<sweep_id>/<point>/`, and a point a
+    requeued sweep already completed is not redone.
     """
-    check_or_exit(cfg)  # normalizes too; train.py has already checked every point
-    rt = start(cfg, point)
-    strategy = loop = None
-    sinks = nccl_log.transport_recorders(rt)  # before rank 0's sinks: env.json, then metrics
-    summary: dict = {}
-    code = 0
+    normalize(cfg, env_world()[2])  # Hydra composed this job's config anew
+    cfg = typed(cfg)
+    rt = start(cfg, launch, point, needs_group=needs_process_group(cfg.strategy.name))
     if point is not None and cfg.resume == "auto" and already_completed(rt):
         log.info("sweep point %s already completed in %s; not run again", point, rt.run_dir)
         end_job(rt)
-        return 0
-    lock = None
+        return exit_codes.DONE
+    job = Job(cfg, rt, point)
+    code, summary = exit_codes.CRASH, {}
     try:
-        lock = claim_run_dir(rt)  # nothing in the run directory is written before this
+        summary = job.train()
+        code = exit_codes.DONE
+    except Exception as exc:
+        code, summary = job.ending(exc)
+        if code == exit_codes.CRASH:
+            raise
+    finally:
+        job.close(summary, code)
+    return code
+
+
+# How a job that raised ends: exit code, summary.json's status, and which ranks say why
+# ("main": rank 0, as every rank stops for the same reason; "own": each rank that raised).
+ENDINGS: dict[type, tuple[int, str, str | None]] = {
+    Stopped: (exit_codes.STOPPED, "stopped", None),
+    NonFiniteLoss: (exit_codes.NONFINITE, "failed: non-finite loss", "main"),
+    OutOfMemory: (exit_codes.OOM, "failed: out of memory", "own"),
+}
+
+
+class Job:
+    """One training job's parts, built in order, and torn down whatever happened."""
+
+    def __init__(self, cfg: TrainConfig, rt: Runtime, point: str | None):
+        self.cfg, self.rt, self.point = cfg, rt, point
+        self.sinks = transport_recorders(rt)  # before rank 0's sinks: env.json, then metrics
+        self.lock: RunLock | None = None
+        self.strategy = self.loop = None
+
+    def train(self) -> dict:
+        """Claim the run directory, build, resume, run the loop; the end-of-run summary."""
+        cfg, rt = self.cfg, self.rt
+        self.lock = claim_run_dir(rt)  # nothing in the run directory is written before this
         data, model, fpt = build_data_and_model(cfg, rt)
         folders = plan_resume(cfg, rt, model)
-        strategy = build_strategy(cfg, rt, model)
-        loop = TrainLoop(
-            cfg,
-            rt,
-            strategy,
-            data,
-            sinks,
-            fpt,
-            peak_flops(rt.device),
-            ckpt_meta=resume.identity(cfg, model, rt.world_size),
+        self.strategy = build_strategy(cfg, rt, model)
+        meta = resume.identity(cfg, model, rt.world_size)
+        self.loop = TrainLoop(
+            cfg, rt, self.strategy, data, self.sinks, fpt, peak_flops(rt.device), ckpt_meta=meta
         )
-        start_step = restore(loop, rt, folders)
+        start_step = restore(self.loop, rt, folders)
         if rt.is_main:
-            write_run_files(cfg, rt)
-            sinks += [
-                JsonlSink(rt.run_dir / "metrics.jsonl", start_step),
-                ConsoleSink(cfg.trainer.max_steps, start_step),
-            ]
-            if wandb_enabled(cfg.logger):
-                sinks.append(wandb_sink(cfg, rt, point))
-            if tensorboard_enabled(cfg.logger):
-                sinks.append(tensorboard_sink(rt, start_step))
-        summary = loop.run(start_step)
-    except ConfigError as exc:
-        (log.error if rt.is_main else log.info)("error: %s", exc)
-        code = exit_codes.BAD_INPUT
-    except Stopped as stop:
-        summary = loop.summary("stopped", stop.step)
-        code = exit_codes.STOPPED
-    except NonFiniteLoss as exc:
-        (log.error if rt.is_main else log.info)("%s", exc)  # every rank stops; one says why
-        summary = loop.summary("failed: non-finite loss", exc.step)
-        code = exit_codes.NONFINITE
-    except OutOfMemory as exc:  # only the ranks that ran out say so, each with its snapshot
-        log.error("error: %s", exc)
-        summary = loop.summary("failed: out of memory", exc.step)
-        code = exit_codes.OOM
-    except Exception as exc:
-        summary = {"status": f"failed: {type(exc).__name__}: {exc}", "run_id": rt.run_id}
-        code = exit_codes.CRASH
-        raise
-    finally:
-        for sink in sinks:
+            self.sinks += rank0_sinks(cfg, rt, self.point, start_step)
+        return self.loop.run(start_step)
+
+    def ending(self, exc: Exception) -> tuple[int, dict]:
+        """The exit code and summary of a job that raised `exc` (CRASH: re-raise it)."""
+        rt = self.rt
+        if isinstance(exc, ConfigError):  # every rank found it; rank 0 prints the one line
+            (log.error if rt.is_main else log.info)("error: %s", exc)
+            return exit_codes.BAD_INPUT, {}
+        for kind, (code, status, who) in ENDINGS.items():
+            if isinstance(exc, kind):
+                if who == "own":
+                    log.error("error: %s", exc)
+                elif who == "main":
+                    (log.error if rt.is_main else log.info)("%s", exc)
+                return code, self.loop.summary(status, exc.step)
+        status = f"failed: {type(exc).__name__}: {exc}"
+        return exit_codes.CRASH, {"status": status, "run_id": rt.run_id}
+
+    def close(self, summary: dict, code: int) -> None:
+        """Close the sinks (with the summary), write summary.json, drop the engine, release
+        the lock, end the job's logging; the process group stays for the next job."""
+        rt = self.rt
+        for sink in self.sinks:
             sink.close(summary)
         if rt.is_main and summary:
             write_summary(rt.run_dir, summary)
-        if strategy is not None:
-            strategy.close()
-        del strategy, loop
+        if self.strategy is not None:
+            self.strategy.close()
+        self.strategy = self.loop = None
         log.info("run %s ended with code %d", rt.run_id, code)
-        if lock is not None:
-            lock.release()
+        if self.lock is not None:
+            self.lock.release()
         end_job(rt)
-    return code
+
+
+def rank0_sinks(cfg: TrainConfig, rt: Runtime, point: str | None, start_step: int) -> list:
+    """Rank 0's run files and sinks: config.yaml and env.json, metrics.jsonl, the console,
+    and W&B and TensorBoard when enabled."""
+    write_run_files(cfg, rt)
+    sinks = [
+        JsonlSink(rt.run_dir / "metrics.jsonl", start_step),
+        ConsoleSink(cfg.trainer.max_steps, start_step),
+    ]
+    if wandb_enabled(cfg.logger):
+        sinks.append(wandb_sink(cfg, rt, point))
+    if tensorboard_enabled(cfg.logger):
+        sinks.append(tensorboard_sink(rt, start_step))
+    return sinks

@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 
 from launcher import checkpoint, memory_snapshot
+from launcher.batch import BatchPlan
+from launcher.config.schema import TrainConfig, TrainerConfig
 from launcher.data import TokenData, build_eval_batches, build_train_loader
 from launcher.faults import FaultInjector
 from launcher.metrics import Interval, StepTimer, aggregate, local_vector, reset_host_peak
@@ -69,7 +70,7 @@ class Stopped(Exception):
         self.step = step
 
 
-def lr_at(step: int, tcfg: DictConfig) -> float:
+def lr_at(step: int, tcfg: TrainerConfig) -> float:
     """Linear warm-up to trainer.lr, then cosine decay to lr * min_lr_ratio at
     trainer.lr_decay_steps (default: max_steps), flat after it."""
     if step < tcfg.warmup_steps:
@@ -88,7 +89,7 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 class TrainLoop:
     def __init__(
         self,
-        cfg: DictConfig,
+        cfg: TrainConfig,
         rt: Runtime,
         strategy: Strategy,
         data: TokenData,
@@ -103,8 +104,9 @@ class TrainLoop:
         self.sinks = sinks
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
-        self.accum = self.t.global_batch_size // (self.t.micro_batch_size * rt.world_size)
-        self.tokens_per_step = self.t.global_batch_size * self.t.seq_len
+        self.batch = BatchPlan.of(self.t, rt.world_size)
+        self.accum = self.batch.accum
+        self.tokens_per_step = self.batch.tokens_per_step
         self.records: list[dict] = []
         self.ckpt = checkpoint.CheckpointWriter(
             rt.run_dir / "checkpoints",
@@ -158,7 +160,7 @@ class TrainLoop:
             self.rt.world_size,
             meta.get("accum", "?"),
             self.accum,
-            self.t.global_batch_size,
+            self.batch.global_batch,
         )
 
     def files_to_load(self, folder: Path) -> list[Path]:
@@ -221,10 +223,8 @@ class TrainLoop:
         t, rt = self.t, self.rt
         loader = build_train_loader(
             self.data.train,
-            global_batch=t.global_batch_size,
-            micro_batch=t.micro_batch_size,
+            self.batch,
             rank=rt.rank,
-            world_size=rt.world_size,
             seed=t.seed,
             start_step=start_step,
             num_workers=self.cfg.data.num_workers,
@@ -381,7 +381,7 @@ class TrainLoop:
         # sequences whatever the world size, so eval losses compare across runs.
         batches = build_eval_batches(
             self.data.val,
-            micro_batch=self.t.micro_batch_size,
+            micro_batch=self.batch.micro_batch,
             num_batches=self.t.eval_batches * self.accum,
             rank=self.rt.rank,
             world_size=self.rt.world_size,

@@ -12,46 +12,34 @@ import contextlib
 import math
 import resource
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
 
-from launcher.strategy.comm_timing import StepComm, bus_bandwidth
+from launcher.clock import EventClock
+from launcher.comm_stats import StepComm, bus_bandwidth
 
 
 class StepTimer:
     """Collects per-step durations; `drain()` returns them in seconds (syncing only then)."""
 
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self._pending: list = []
-        self._t0 = 0.0
+        self.clock = EventClock(device)
+        self._pending: list = []  # (start, end) stamps of each step
+        self._t0 = None
 
     def start(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self._t0 = event
-        else:
-            self._t0 = time.perf_counter()
+        self._t0 = self.clock.now()
 
     def stop(self) -> None:
-        if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._pending.append((self._t0, end))
-        else:
-            self._pending.append(time.perf_counter() - self._t0)
+        self._pending.append((self._t0, self.clock.now()))
 
     def drain(self) -> list[float]:
-        if self.cuda and self._pending:
-            self._pending[-1][1].synchronize()
-            times = [s.elapsed_time(e) / 1000.0 for s, e in self._pending]
-        else:
-            times = list(self._pending)
+        stamps = [s for pair in self._pending for s in pair]
+        times = self.clock.seconds(stamps)
+        self.clock.release(stamps)
         self._pending.clear()
-        return times
+        return [times[2 * i + 1] - times[2 * i] for i in range(len(times) // 2)]
 
 
 @dataclass
@@ -215,7 +203,13 @@ def aggregate(gathered: list[list[float]], world_size: int) -> Aggregate:
         "mem/peak_gb": max(mems) if mems else None,
         "mem/host_peak_gb": max(r["host_gb"] for r in per_rank),
     }
-    figures.update(_comm_figures(samples, world_size))
+    timed_step_s = sum(  # the step time of the (rank, step) samples with comm figures
+        t
+        for times, exposed in zip(series["step_time_s"], series["comm/exposed_s"], strict=True)
+        for t, e in zip(times, exposed, strict=True)
+        if math.isfinite(e)
+    )
+    figures.update(_comm_figures(samples, world_size, timed_step_s))
     return Aggregate(
         loss=sum(r["loss"] for r in per_rank) / len(per_rank),
         nonfinite_ranks=[
@@ -246,8 +240,10 @@ def _compute_spread(compute: list[float]) -> dict:
     return {"compute_s/slowest_rank": slowest, "compute_s/excess_frac": excess}
 
 
-def _comm_figures(samples, world_size: int) -> dict:
-    """Communication figures, or nothing when no rank measured any."""
+def _comm_figures(samples, world_size: int, timed_step_s: float) -> dict:
+    """Communication figures, or nothing when no rank measured any. The overhead is the
+    exposed time over the step time of the same samples (`timed_step_s`): a rank that
+    measured nothing counts in neither."""
     allreduce, exposed, nbytes = (
         samples("comm/allreduce_s"),
         samples("comm/exposed_s"),
@@ -265,5 +261,5 @@ def _comm_figures(samples, world_size: int) -> dict:
             if busy > 0 and world_size > 1
             else None
         ),
-        "comm/overhead_frac": sum(exposed) / sum(samples("step_time_s")),
+        "comm/overhead_frac": sum(exposed) / timed_step_s if timed_step_s > 0 else None,
     }

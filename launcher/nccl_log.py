@@ -15,10 +15,13 @@ is given a device, which opens NCCL's log file):
    the run directory);
 2. `adopt_debug_file`, once the run directory exists: rename that file into
    `<run_dir>/logs/` (NCCL's open file follows the rename) and point the variable there;
-3. `TransportRecorder`, a sink on every rank: at the first logged interval (communicators
-   connect lazily, at their first collective, so only after a training step is the log
-   complete) each rank parses its own log, and rank 0 gathers the summaries into
-   env.json's `nccl_transport`.
+3. `launcher.nccl_transport.TransportRecorder`, a sink on every rank: at the first logged
+   interval (communicators connect lazily, at their first collective, so only after a
+   training step is the log complete) each rank parses its own log (`read_own_log`), and
+   rank 0 gathers the summaries into env.json's `nccl_transport`.
+
+What a process has staged is a `Capture`, kept by the caller (the launch state): NCCL
+opens its log once per process, so a later job of a sweep must know the earlier one's.
 
 `parse_nccl_log` is pure and also reads a user's captured stdout:
 `python -m launcher.nccl_log FILE...` prints the summary of each process found.
@@ -37,13 +40,6 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-from launcher.paths import atomic_write
-from launcher.sinks import Sink
-
-if TYPE_CHECKING:
-    from launcher.runtime import Runtime
 
 log = logging.getLogger("launcher")
 
@@ -177,12 +173,12 @@ def merge(entries: list[dict]) -> dict:
 
 
 @dataclass
-class _Capture:
+class Capture:
+    """Where this process's NCCL writes its INFO log, and from where the lines are this
+    job's."""
+
     path: Path  # where this process's NCCL writes its log
     offset: int  # bytes already there when this job's process group was created
-
-
-_capture: _Capture | None = None  # per process, like NCCL's own log file
 
 
 def _short_host() -> str:
@@ -211,18 +207,19 @@ def logs_to_file(backend: str | None) -> bool:
     return backend == "nccl" and level in LOGGING_LEVELS
 
 
-def stage_debug_file(run_root: str, backend: str | None, rank: int) -> None:
-    """Before the process group exists: give NCCL's INFO log a file of this process's own.
+def stage_debug_file(
+    run_root: str, backend: str | None, rank: int, earlier: Capture | None = None
+) -> Capture | None:
+    """Before the process group exists: give NCCL's INFO log a file of this process's own;
+    None when NCCL will not log to a file the launcher reads.
 
     A user's NCCL_DEBUG_FILE is kept. The process group, and so this, comes once per
-    process (a sweep's points share it); should a process create another one, NCCL keeps
-    appending to the file it opened first, and only the lines after its present size are
-    the new group's.
+    process (a sweep's points share it); should a process create another one (`earlier`
+    is the first one's capture), NCCL keeps appending to the file it opened first, and only
+    the lines after its present size are the new group's.
     """
-    global _capture
-    earlier, _capture = _capture, None
     if not logs_to_file(backend):
-        return
+        return None
     if not os.environ.get("NCCL_DEBUG_FILE"):
         staging = Path(run_root).expanduser().resolve() / STAGING_DIR
         staging.mkdir(parents=True, exist_ok=True)
@@ -232,18 +229,19 @@ def stage_debug_file(run_root: str, backend: str | None, rank: int) -> None:
     # NCCL opens (and truncates) its file once per process: only a file an earlier job of
     # this process already logged to holds lines that are not this job's.
     still_open = earlier is not None and earlier.path == path and path.exists()
-    _capture = _Capture(path, path.stat().st_size if still_open else 0)
+    return Capture(path, path.stat().st_size if still_open else 0)
 
 
-def adopt_debug_file(run_dir: Path) -> Path | None:
-    """Once the run directory exists: move a staged NCCL log into `<run_dir>/logs/`.
+def adopt_debug_file(capture: Capture | None, run_dir: Path) -> Path | None:
+    """Once the run directory exists: move a staged NCCL log into `<run_dir>/logs/`
+    (`capture` follows it).
 
     NCCL keeps writing to the renamed file. If NCCL has not opened it yet, pointing the
     variable at the final place is enough (NCCL reads it when it first logs).
     """
-    if _capture is None:
+    if capture is None:
         return None
-    staged = _capture.path
+    staged = capture.path
     if staged.parent.name == STAGING_DIR:
         final = (run_dir / "logs" / staged.name).absolute()
         try:
@@ -253,85 +251,20 @@ def adopt_debug_file(run_dir: Path) -> Path | None:
             log.warning("NCCL's log stays at %s: moving it to %s failed: %s", staged, final, exc)
             return staged
         os.environ["NCCL_DEBUG_FILE"] = _literal(final)
-        _capture.path = final
+        capture.path = final
         with contextlib.suppress(OSError):  # the last rank to move its log removes the folder
             staged.parent.rmdir()
-    log.info("NCCL's INFO log goes to %s (one file per rank)", _capture.path)
-    return _capture.path
+    log.info("NCCL's INFO log goes to %s (one file per rank)", capture.path)
+    return capture.path
 
 
-def read_own_log() -> str | None:
+def read_own_log(capture: Capture | None) -> str | None:
     """What this process's NCCL has logged since this job's process group was created."""
-    if _capture is None or not _capture.path.exists():
+    if capture is None or not capture.path.exists():
         return None
-    with open(_capture.path, "rb") as f:
-        f.seek(_capture.offset)
+    with open(capture.path, "rb") as f:
+        f.seek(capture.offset)
         return f.read().decode("utf-8", errors="replace")
-
-
-class TransportRecorder(Sink):
-    """At the first logged interval, every rank parses its NCCL log; rank 0 writes them all
-    to env.json as `nccl_transport`: `ranks` (one summary per rank, with `rank`, `host` and
-    `log`, the log's path relative to the run directory) and `job` (see `merge`).
-
-    The gather is a collective on the CPU control group: it relies on the loop calling its
-    sinks on every rank at the same steps, which it does (rank 0 merely has more sinks).
-    """
-
-    def __init__(self, rt: Runtime):
-        self.rt = rt
-        self.done = False
-
-    def log(self, record: dict) -> None:
-        if self.done:
-            return
-        self.done = True
-        from launcher.envinfo import nccl_version  # torch: only where training runs
-
-        entry = {
-            "rank": self.rt.rank,
-            "host": socket.gethostname(),
-            "nccl_library": nccl_version(),  # only rank 0's log names the version
-            "log": None,
-        }
-        try:
-            text = read_own_log()
-            if text is not None:
-                path = _capture.path.resolve()
-                run_dir = self.rt.run_dir.resolve()
-                entry["log"] = str(
-                    path.relative_to(run_dir) if path.is_relative_to(run_dir) else path
-                )
-                entry.update(parse_nccl_log(text))
-        except OSError as exc:  # every rank must still reach the gather
-            entry["error"] = f"reading NCCL's log failed: {exc}"
-        entries = gather_objects(self.rt, entry)
-        if self.rt.is_main:
-            write_transport(self.rt.run_dir, entries)
-
-
-def gather_objects(rt: Runtime, obj) -> list:
-    """Every rank's small picklable `obj`, in rank order, on every rank (CPU group)."""
-    if not rt.distributed:
-        return [obj]
-    import torch.distributed as dist
-
-    out = [None] * rt.world_size
-    dist.all_gather_object(out, obj, group=rt.control_group)
-    return out
-
-
-def write_transport(run_dir: Path, entries: list[dict]) -> None:
-    """Add `nccl_transport` to the run's env.json (written whole, then renamed)."""
-    path = run_dir / "env.json"
-    env = json.loads(path.read_text()) if path.exists() else {}
-    env["nccl_transport"] = {"job": merge(entries), "ranks": entries}
-    atomic_write(path, json.dumps(env, indent=1))
-
-
-def transport_recorders(rt: Runtime) -> list[Sink]:
-    """The recorder when this job's NCCL writes a log the launcher reads, else nothing."""
-    return [TransportRecorder(rt)] if _capture is not None and rt.backend == "nccl" else []
 
 
 # -- python -m launcher.nccl_log FILE... --------------------------------------------------

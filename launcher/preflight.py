@@ -1,14 +1,17 @@
 """Checks that must pass before any process group or DataLoader worker starts.
 
-`validate` judges the config alone; this adds what depends on the machine the job is about
-to run on: the device asked for, the folders the run will write and read, the optional
-packages its settings need, and whether /dev/shm can hold what the DataLoader workers will
-put there. `machine_problems` lists every problem (what `launcher.doctor` prints);
+`validate` judges the config alone. `check_config` adds what the layers above the config
+judge of it (DeepSpeed's own config, built from these keys), wherever the job will run;
+`machine_problems` what depends on the machine the job is about to run on: the device
+asked for, the files and folders the run will read and write (data, a checkpoint to resume,
+the run root, caches), the optional packages its settings need, and whether /dev/shm can
+hold what the DataLoader workers will put there. `launcher.doctor` prints every problem;
 `preflight` refuses the first, as one line.
 """
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import netrc
 import os
@@ -17,6 +20,7 @@ from urllib.parse import urlsplit
 
 from omegaconf import DictConfig
 
+from launcher.checkpoint import find_resumable
 from launcher.config import ConfigError, validate
 from launcher.data.cache import CACHE_ENV, cache_root
 from launcher.data.shm import check_shm, shm_need_bytes
@@ -39,10 +43,24 @@ def shm_need(cfg: DictConfig) -> int:
 
 def preflight(cfg: DictConfig, world_size: int, ranks_per_node: int) -> None:
     """Raise ConfigError, worded for the user, on anything that would fail later."""
-    validate(cfg, world_size)
+    check_config(cfg, world_size)
     problems = machine_problems(cfg, ranks_per_node)
     if problems:
         raise ConfigError(problems[0])
+
+
+def check_config(cfg: DictConfig, world_size: int) -> None:
+    """The config alone (`validate`, which normalises it too), then DeepSpeed's config as
+    these keys and `strategy.extra` build it: what a submission checks before it reaches
+    the cluster."""
+    validate(cfg, world_size)
+    if cfg.strategy.name == "deepspeed":
+        from launcher.strategy.ds_config import DeepSpeedConfigError, build_ds_config
+
+        try:
+            build_ds_config(cfg, world_size)
+        except DeepSpeedConfigError as exc:
+            raise ConfigError(str(exc)) from exc
 
 
 def machine_problems(cfg: DictConfig, ranks_per_node: int) -> list[str]:
@@ -58,13 +76,21 @@ def machine_problems(cfg: DictConfig, ranks_per_node: int) -> list[str]:
 
 
 def device_problems(cfg: DictConfig) -> list[str]:
-    """A CUDA device or NCCL asked for on a machine without a visible GPU."""
-    wants_cuda = cfg.trainer.device == "cuda" or cfg.dist.backend == "nccl"
-    if not wants_cuda:
-        return []
+    """A CUDA device or NCCL asked for on a machine without a visible GPU; fp16 DeepSpeed
+    on a CPU that DeepSpeed refuses it on."""
     import torch
 
-    if torch.cuda.is_available():
+    t = cfg.trainer
+    on_cpu = t.device == "cpu" or (t.device == "auto" and not torch.cuda.is_available())
+    deepspeed_fp16 = cfg.strategy.name == "deepspeed" and t.precision == "fp16"
+    if deepspeed_fp16 and on_cpu and not cpu_has_fp16():
+        return [
+            "trainer.precision=fp16 with strategy=deepspeed needs a GPU or a CPU with "
+            "AVX-512 FP16 (DeepSpeed refuses fp16 on this CPU); use trainer.precision="
+            "bf16 or fp32"
+        ]
+    wants_cuda = t.device == "cuda" or cfg.dist.backend == "nccl"
+    if not wants_cuda or torch.cuda.is_available():
         return []
     key = "trainer.device=cuda" if cfg.trainer.device == "cuda" else "dist.backend=nccl"
     return [
@@ -74,10 +100,22 @@ def device_problems(cfg: DictConfig) -> list[str]:
     ]
 
 
+def cpu_has_fp16() -> bool:
+    """Whether this CPU's oneDNN has fp16: DeepSpeed's own check."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def path_problems(cfg: DictConfig) -> list[str]:
     """The folders the run writes (run.root, the token cache, W&B's files) and the local
-    files it reads (pretrained weights, a tokenizer) exist or can be made."""
-    problems = [_writable_key("run.root", cfg.run.root)]
+    files it reads (data, a checkpoint to resume, pretrained weights, a tokenizer) exist or
+    can be made."""
+    problems = [*data_file_problems(cfg.data), resume_problem(cfg.resume)]
+    problems.append(_writable_key("run.root", cfg.run.root))
     if cfg.data.source in ("stdlib", "text_files", "wikitext2"):  # tokenized into the cache
         cache, key = cache_root(cfg.data.cache_dir), "data.cache_dir"
         key = CACHE_ENV if os.environ.get(CACHE_ENV) else key
@@ -90,6 +128,35 @@ def path_problems(cfg: DictConfig) -> list[str]:
     if cfg.data.source in ("stdlib", "text_files", "wikitext2"):
         problems.append(tokenizer_path_problem(str(cfg.data.tokenizer)))
     return [p for p in problems if p]
+
+
+def data_file_problems(d: DictConfig) -> list[str]:
+    """Every text glob matches a file; every pre-tokenized file is there."""
+    if d.source == "text_files":
+        return [
+            f"data.paths: no file matches {pattern!r}; fix the glob or path"
+            for pattern in d.paths
+            if not glob.glob(os.path.expanduser(pattern), recursive=True)
+        ]
+    if d.source == "memmap":
+        return [
+            f"data.paths: {path} does not exist; give pre-tokenized files"
+            for path in [*d.paths, *d.val_paths]
+            if not Path(os.path.expanduser(path)).is_file()
+        ]
+    return []
+
+
+def resume_problem(resume: str) -> str | None:
+    """`resume=<path>` points at a complete checkpoint (the keywords need nothing)."""
+    if resume in ("auto", "never", "archive"):
+        return None
+    if find_resumable(Path(os.path.expanduser(resume))) is None:
+        return (
+            f"resume={resume}: no complete checkpoint there; give a run directory, "
+            f"its checkpoints/ folder or a step_<n> folder, or use resume=auto"
+        )
+    return None
 
 
 def _writable_key(key: str, value: str) -> str | None:

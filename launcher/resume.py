@@ -49,7 +49,7 @@ ARCHIVED = ("checkpoints", "metrics.jsonl", "summary.json", "config.yaml", "env.
 def identity(cfg, model, world_size: int) -> dict:
     """What a checkpoint must share with a launch to be resumed by it (goes in meta.json)."""
     mc = getattr(model, "config", None)
-    shape = {k: int(getattr(mc, k, None) or cfg.model.get(k) or 0) for k in MODEL_KEYS}
+    shape = {k: int(getattr(mc, k, None) or getattr(cfg.model, k, None) or 0) for k in MODEL_KEYS}
     strategy = {"name": str(cfg.strategy.name)}
     if cfg.strategy.name == "deepspeed":
         strategy.update(zero_stage=int(cfg.strategy.zero_stage), precision=cfg.trainer.precision)

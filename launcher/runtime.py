@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
 
 from launcher import nccl_log
+from launcher.config.schema import TrainConfig
+from launcher.launch_state import LaunchState
 from launcher.watchdog import enable_flight_recorder
 
 log = logging.getLogger("launcher")
@@ -58,6 +59,7 @@ class Runtime:
     run_dir: Path = field(default_factory=Path)
     control_group: object | None = None
     log_file: logging.Handler | None = None
+    launch: LaunchState = field(default_factory=LaunchState)  # what outlives this job
 
     @property
     def is_main(self) -> bool:
@@ -89,6 +91,15 @@ class Runtime:
         dist.all_gather_object(out, obj, group=self.control_group)
         return out
 
+    def side_group(self, purpose: str):
+        """A gloo group of every rank for one purpose (e.g. a background checkpoint
+        writer's collectives), made the first time it is asked for (every rank must ask at
+        the same point) and kept for the rest of the process, as the process group is."""
+        groups = self.launch.side_groups
+        if purpose not in groups:
+            groups[purpose] = dist.new_group(backend="gloo")
+        return groups[purpose]
+
     def broadcast_object(self, obj):
         """Rank 0's value of `obj` on every rank."""
         if not self.distributed:
@@ -98,48 +109,49 @@ class Runtime:
         return box[0]
 
 
-@dataclass
-class _Launch:
-    """What outlives one job of this process: the process group is created by the first
-    job and reused by the next ones of a sweep (torch allows one default group per
-    process), together with its control group and the sweep's id."""
-
-    backend: str | None = None
-    control_group: object | None = None
-    sweep_id: str | None = None
-
-
-_launch = _Launch()
-
-
-def start(cfg: DictConfig, point: str | None = None) -> Runtime:
+def start(
+    cfg: TrainConfig, launch: LaunchState, point: str | None = None, *, needs_group: bool = False
+) -> Runtime:
     """Join the job, pick the device, and agree on the run directory (created if new;
     `open_run_dir` adds the logs once the launch may use it).
 
-    `point` names a sweep point: its run directory is `<sweep_id>/<point>`, the sweep id
-    being chosen once, by the first point, as a run id would be.
+    The process group is created by the first job of the process and kept in `launch` for
+    the next ones; a one-process run gets a group of one only when its engine cannot run
+    without one (`needs_group`: DeepSpeed, FSDP2). `point` names a sweep point: its run
+    directory is `<sweep_id>/<point>`, the sweep id being chosen once, by the first point,
+    as a run id would be.
     """
     rank, local_rank, world = env_world()
     _configure_console_logging(rank)
     device = pick_device(cfg.trainer.device, local_rank)
-    if (world > 1 or "MASTER_ADDR" in os.environ) and not dist.is_initialized():
-        _launch.backend = pick_backend(cfg.dist.backend, device)
+    # DeepSpeed picks its accelerator when first imported, from this variable if set: a
+    # CPU run on a GPU machine stays on the CPU.
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.type == "cuda" else "cpu")
+    launched = world > 1 or "MASTER_ADDR" in os.environ
+    if (launched or needs_group) and not dist.is_initialized():
+        launch.backend = pick_backend(cfg.dist.backend, device)
         apply_nccl_env(cfg)
         enable_flight_recorder(cfg.watchdog.flight_recorder_entries)
-        nccl_log.stage_debug_file(cfg.run.root, _launch.backend, rank)
-        init_process_group(_launch.backend, dt.timedelta(seconds=cfg.dist.timeout_s), device)
+        launch.nccl_capture = nccl_log.stage_debug_file(
+            cfg.run.root, launch.backend, rank, launch.nccl_capture
+        )
+        timeout = dt.timedelta(seconds=cfg.dist.timeout_s)
+        if launched:
+            init_process_group(launch.backend, timeout, device)
+        else:
+            init_single_process_group(launch.backend, timeout, device)
         # Control traffic (barriers, metric gathers, stop votes) goes over gloo on the CPU
         # so it never queues behind, or is timed with, gradient communication.
-        _launch.control_group = dist.new_group(backend="gloo")
-        log.info("process group created: %s, %d ranks", _launch.backend, world)
-    rt = Runtime(rank, local_rank, world, device, _launch.backend)
-    rt.control_group = _launch.control_group
+        launch.control_group = dist.new_group(backend="gloo")
+        log.info("process group created: %s, %d ranks", launch.backend, world)
+    rt = Runtime(rank, local_rank, world, device, launch.backend, launch=launch)
+    rt.control_group = launch.control_group
     if point is None:
         rt.run_id = rt.broadcast_object(choose_run_id(cfg) if rt.is_main else None)
     else:
-        if _launch.sweep_id is None:
-            _launch.sweep_id = rt.broadcast_object(choose_run_id(cfg) if rt.is_main else None)
-        rt.run_id = f"{_launch.sweep_id}/{point}"
+        if launch.sweep_id is None:
+            launch.sweep_id = rt.broadcast_object(choose_run_id(cfg) if rt.is_main else None)
+        rt.run_id = f"{launch.sweep_id}/{point}"
     rt.run_dir = Path(cfg.run.root).expanduser() / rt.run_id
     if rt.is_main:
         rt.run_dir.mkdir(parents=True, exist_ok=True)
@@ -156,7 +168,7 @@ def open_run_dir(rt: Runtime) -> None:
     if rt.is_main:
         (rt.run_dir / "logs").mkdir(exist_ok=True)
     rt.barrier()
-    nccl_log.adopt_debug_file(rt.run_dir)
+    nccl_log.adopt_debug_file(rt.launch.nccl_capture, rt.run_dir)
     rt.log_file = _add_file_logging(rt)
     log.info(
         "rank %d/%d (local %d, pid %d) on host %s, device %s, backend %s, run dir %s",
@@ -196,19 +208,29 @@ def init_process_group(backend: str, timeout: dt.timedelta, device: torch.device
     )
 
 
-def launch_runtime() -> Runtime:
+def init_single_process_group(backend: str, timeout: dt.timedelta, device: torch.device) -> None:
+    """A process group of this one process (`python -m launcher.train`), with the variables
+    torchrun would have set, which DeepSpeed reads."""
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(name, value)
+    dist.init_process_group(
+        backend=backend,
+        store=dist.HashStore(),
+        rank=0,
+        world_size=1,
+        timeout=timeout,
+        device_id=device if device.type == "cuda" else None,
+    )
+
+
+def launch_runtime(launch: LaunchState) -> Runtime:
     """This process's place in the launch between its jobs: rank, world size and the control
     group the first job created, for a front door that decides on rank 0 between jobs and
     tells the others (launcher.tune). It has no run directory of its own."""
     rank, local_rank, world = env_world()
-    rt = Runtime(rank, local_rank, world, torch.device("cpu"), _launch.backend)
-    rt.control_group = _launch.control_group
+    rt = Runtime(rank, local_rank, world, torch.device("cpu"), launch.backend, launch=launch)
+    rt.control_group = launch.control_group
     return rt
-
-
-def sweep_id() -> str | None:
-    """The id of the sweep this process is running, if it is running one."""
-    return _launch.sweep_id
 
 
 def end_job(rt: Runtime) -> None:
@@ -223,7 +245,7 @@ def end_job(rt: Runtime) -> None:
         rt.log_file.close()
 
 
-def teardown() -> None:
+def teardown(launch: LaunchState) -> None:
     """Leave the process group, once, after the last job of the process.
 
     A DDP reducer still alive while the process group is destroyed can hang the exit on
@@ -232,7 +254,7 @@ def teardown() -> None:
     gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-    _launch.backend = _launch.control_group = _launch.sweep_id = None
+    launch.forget_process_group()
 
 
 def pick_device(choice: str, local_rank: int) -> torch.device:
@@ -253,9 +275,9 @@ def pick_backend(choice: str, device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def apply_nccl_env(cfg: DictConfig) -> None:
+def apply_nccl_env(cfg: TrainConfig) -> None:
     """Export the `nccl` group's variables; NCCL reads them once, when it first starts."""
-    for name, value in cfg.nccl.env.items():
+    for name, value in vars(cfg.nccl.env).items():
         if value is not None:
             os.environ[name] = str(value)
 
@@ -271,7 +293,7 @@ def launch_key() -> str | None:
     return None
 
 
-def choose_run_id(cfg: DictConfig) -> str:
+def choose_run_id(cfg: TrainConfig) -> str:
     """The run directory's name, decided on rank 0 and broadcast to the others.
 
     `run.id` or `LAUNCHER_RUN_ID` win. Otherwise the name is `<time>-<key>`, where key is a

@@ -32,7 +32,7 @@ WRITER_PACKAGE = "tensorboardX"
 def tensorboard_enabled(logger_cfg) -> bool:
     """Whether this config asks for TensorBoard event files (`logger=tensorboard`, or
     `logger.tensorboard=true`). A run directory written before the key existed has none."""
-    return bool(logger_cfg.get("tensorboard", False))
+    return bool(getattr(logger_cfg, "tensorboard", False))
 
 
 def _writer(logdir: Path, purge_step: int):

@@ -23,45 +23,42 @@ from launcher import exit_codes, runtime, sweep, tensorboard_sink, wandb_sink
 from launcher.config import ConfigError, compose, friendly_overrides
 from launcher.data.loader import reap_workers
 from launcher.job import check_or_exit, fail_bad_input, run
+from launcher.launch_state import LaunchState
 from launcher.preemption import install_stop_handlers
 
 log = logging.getLogger("launcher")
 
 
-class _Launch:
-    """This process's jobs: the keys a sweep varies, each job's exit code, and the run
-    directories of the sweep points run so far."""
+def hydra_entry(launch: LaunchState):
+    """The function `@hydra.main` runs once per job (once per point of a sweep), recording
+    each job's exit code and run directory in `launch`."""
 
-    swept_keys: list[str] = []
-    codes: list[int] = []
-    points: list[Path] = []
-    cfg: DictConfig | None = None  # the last point's, for where the summary goes
+    @hydra.main(config_path="pkg://launcher.conf", config_name="train", version_base="1.3")
+    def run_job(cfg: DictConfig) -> None:
+        hc = HydraConfig.get()
+        point = None
+        if hc.mode == RunMode.MULTIRUN:
+            # A stop request ends the sweep; a requeue resumes it.
+            if exit_codes.STOPPED in launch.codes:
+                return
+            point = sweep.point_label(list(hc.overrides.task), launch.swept_keys)
+        try:
+            code = run(cfg, launch, point)
+        except Exception:
+            log.exception("the run failed")
+            code = None
+        if code is None:
+            # The ranks may disagree about where they are: end the process (torchrun then
+            # stops the others) rather than start the next sweep point out of step. Raised
+            # outside the `except`, so that no traceback keeps the run's model, DDP reducer
+            # and loader workers alive while the process group is torn down.
+            raise SystemExit(exit_codes.CRASH)
+        launch.codes.append(code)
+        launch.last_cfg = cfg
+        if point is not None:
+            launch.points.append(Path(cfg.run.root).expanduser() / launch.sweep_id / point)
 
-
-@hydra.main(config_path="pkg://launcher.conf", config_name="train", version_base="1.3")
-def _hydra_entry(cfg: DictConfig) -> None:
-    hc = HydraConfig.get()
-    point = None
-    if hc.mode == RunMode.MULTIRUN:
-        # A stop request ends the sweep; a requeue resumes it.
-        if exit_codes.STOPPED in _Launch.codes:
-            return
-        point = sweep.point_label(list(hc.overrides.task), _Launch.swept_keys)
-    try:
-        code = run(cfg, point)
-    except Exception:
-        log.exception("the run failed")
-        code = None
-    if code is None:
-        # The ranks may disagree about where they are: end the process (torchrun then
-        # stops the others) rather than start the next sweep point out of step. Raised
-        # outside the `except`, so that no traceback keeps the run's model, DDP reducer
-        # and loader workers alive while the process group is torn down.
-        raise SystemExit(exit_codes.CRASH)
-    _Launch.codes.append(code)
-    _Launch.cfg = cfg
-    if point is not None:
-        _Launch.points.append(Path(cfg.run.root).expanduser() / runtime.sweep_id() / point)
+    return run_job
 
 
 def check_points(overrides: list[str], multirun: bool) -> sweep.Plan:
@@ -80,19 +77,19 @@ def check_points(overrides: list[str], multirun: bool) -> sweep.Plan:
     return plan
 
 
-def write_sweep_summary() -> None:
-    if runtime.env_world()[0] != 0 or not _Launch.points:
+def write_sweep_summary(launch: LaunchState) -> None:
+    if runtime.env_world()[0] != 0 or not launch.points:
         return
-    dirs = _Launch.points
-    sweep_id = runtime.sweep_id()
+    dirs = launch.points
+    sweep_id = launch.sweep_id
     title = f"sweep {sweep_id}"
     rows, paths = sweep.summarize(dirs, dirs[0].parent, title=title)
     log.info("sweep summary:\n%s", sweep.markdown_table(rows, title))
     for path in paths:
         log.info("wrote %s", path)
-    root = Path(_Launch.cfg.run.root).expanduser()
+    root = Path(launch.last_cfg.run.root).expanduser()
     for sink in (wandb_sink, tensorboard_sink):  # each imports its package only when enabled
-        sink.log_sweep_summary(_Launch.cfg.logger, root, sweep_id, rows, paths[-1])
+        sink.log_sweep_summary(launch.last_cfg.logger, root, sweep_id, rows, paths[-1])
 
 
 def train() -> int:
@@ -102,14 +99,15 @@ def train() -> int:
     friendly = dict(zip(args.overrides, friendly_overrides(args.overrides), strict=True))
     sys.argv[1:] = [friendly.get(a, a) for a in sys.argv[1:]]  # what Hydra will compose
     args.overrides = [friendly[o] for o in args.overrides]
+    launch = LaunchState()
     if not (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion):
-        _Launch.swept_keys = check_points(args.overrides, args.multirun).swept_keys
+        launch.swept_keys = check_points(args.overrides, args.multirun).swept_keys
     try:
-        _hydra_entry()
-        write_sweep_summary()
+        hydra_entry(launch)()
+        write_sweep_summary(launch)
     finally:
-        runtime.teardown()
-    return next((c for c in _Launch.codes if c), exit_codes.DONE)
+        runtime.teardown(launch)
+    return next((c for c in launch.codes if c), exit_codes.DONE)
 
 
 def main(entry: Callable[[], int] = train) -> None:

@@ -24,7 +24,7 @@ from launcher.config import (
     validate,
 )
 from launcher.data.shm import shm_available_bytes
-from launcher.preflight import init_from_problem, logger_problems
+from launcher.preflight import cpu_has_fp16, init_from_problem, logger_problems
 from launcher.ranges import RANGES, Range, numeric_keys
 from launcher.sweep import main as sweep_main
 from launcher.train import main
@@ -120,6 +120,11 @@ CASES = [
         ["data=text_files", "data.paths=/nonexistent/*.txt"],  # a single glob is a list of one
         "data.paths: no file matches '/nonexistent/*.txt'",
     ),
+    (["data=text_files"], "data.paths is empty; give text file globs"),
+    (
+        ["data=memmap", "data.paths=[a.bin]", "data.vocab_size=null"],
+        "data.vocab_size is not set; memmap data needs",
+    ),
     (["model.init_from=/nonexistent/gpt2"], "model.init_from=/nonexistent/gpt2: no such folder"),
     (
         ["data.tokenizer=/nonexistent/gpt2.tiktoken"],
@@ -139,6 +144,16 @@ def test_bad_override_is_one_line(monkeypatch, capsys, args, expected):
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("error: ") and expected in lines[0], lines[0]
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available() or cpu_has_fp16(), reason="needs a machine DeepSpeed refuses fp16 on"
+)
+def test_deepspeed_fp16_on_this_cpu_is_refused(monkeypatch, capsys):
+    code, err = run_main(monkeypatch, capsys, ["strategy=zero1", "trainer.precision=fp16"])
+    assert code == 2
+    assert err.startswith("error: trainer.precision=fp16 with strategy=deepspeed needs a GPU")
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_resume_path_without_checkpoint(monkeypatch, capsys, tmp_path):

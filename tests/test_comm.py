@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
+from launcher.comm_stats import step_figures
 from launcher.intervals import overlap_length, union_length
-from launcher.strategy.comm_timing import step_figures
 
 from launch import FAST, base_env, explain, losses, metrics, summary, torchrun, torchrun_cmd
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from launcher.batch import BatchPlan
 from launcher.config import DataConfig
 from launcher.data import (
     TokenWindows,
@@ -343,12 +344,11 @@ def test_publish_dir_discards_the_slower_builders_copy(tmp_path):
 
 
 def loader(windows, *, world_size=1, rank=0, seed=0, start_step=0, num_workers=0, **kw):
+    plan = BatchPlan(kw.get("global_batch", 8), kw.get("micro_batch", 2), world_size, seq_len=8)
     return build_train_loader(
         windows,
-        global_batch=kw.get("global_batch", 8),
-        micro_batch=kw.get("micro_batch", 2),
+        plan,
         rank=rank,
-        world_size=world_size,
         seed=seed,
         start_step=start_step,
         num_workers=num_workers,

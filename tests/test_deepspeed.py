@@ -16,7 +16,8 @@ import sys
 
 import pytest
 
-from launcher.config import ConfigError, compose, validate
+from launcher.config import ConfigError, compose
+from launcher.preflight import check_config
 
 from launch import (
     FAST,
@@ -217,7 +218,7 @@ def test_zero3_offload_to_cpu_without_a_compiler(zero_sweep, tmp_path):
 def test_contradictory_settings_are_refused(overrides, message):
     cfg = compose(overrides)
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("+", r"\+")):
-        validate(cfg, 2)
+        check_config(cfg, 2)
 
 
 def test_bad_config_is_one_line_before_anything_starts(tmp_path):

@@ -19,6 +19,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from launcher.batch import BatchPlan
+
 
 class StepBatchSampler(Sampler[list[int]]):
     """Yields this rank's micro-batches of window indices, step after step, forever."""
@@ -26,25 +28,21 @@ class StepBatchSampler(Sampler[list[int]]):
     def __init__(
         self,
         num_windows: int,
+        plan: BatchPlan,
         *,
-        global_batch: int,
-        micro_batch: int,
         rank: int,
-        world_size: int,
         seed: int,
         start_step: int,
     ):
         if num_windows < 1:
             raise ValueError("the training split has no window; it needs seq_len + 1 tokens")
-        if global_batch % (micro_batch * world_size):
-            raise ValueError(
-                f"global batch {global_batch} is not a multiple of micro batch {micro_batch} "
-                f"x world size {world_size}"
-            )
+        problem = plan.problem()
+        if problem:
+            raise ValueError(problem)
         self.num_windows = num_windows
-        self.global_batch = global_batch
-        self.micro_batch = micro_batch
-        self.per_rank = global_batch // world_size
+        self.global_batch = plan.global_batch
+        self.micro_batch = plan.micro_batch
+        self.per_rank = plan.per_rank
         self.rank = rank
         self.seed = seed
         self.start_step = start_step
@@ -116,11 +114,9 @@ def reap_workers() -> None:
 
 def build_train_loader(
     windows: Dataset,
+    plan: BatchPlan,
     *,
-    global_batch: int,
-    micro_batch: int,
     rank: int,
-    world_size: int,
     seed: int,
     start_step: int,
     num_workers: int,
@@ -129,19 +125,11 @@ def build_train_loader(
     prefetch_factor: int,
     wrap_windows: Callable[[Dataset, StepBatchSampler], Dataset] | None = None,
 ) -> DataLoader:
-    """An endless loader of (x, y) micro-batches [micro_batch, seq_len] in step order.
+    """An endless loader of (x, y) micro-batches [plan.micro_batch, seq_len] in step order.
 
     `wrap_windows` may replace the dataset once the sampler exists (fault injection uses it
     to fail one step's fetch in the worker)."""
-    sampler = StepBatchSampler(
-        len(windows),
-        global_batch=global_batch,
-        micro_batch=micro_batch,
-        rank=rank,
-        world_size=world_size,
-        seed=seed,
-        start_step=start_step,
-    )
+    sampler = StepBatchSampler(len(windows), plan, rank=rank, seed=seed, start_step=start_step)
     worker_opts = (
         {
             "persistent_workers": persistent_workers,

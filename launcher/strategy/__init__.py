@@ -1,79 +1,27 @@
-"""The one interface the training loop talks to, whatever engine does the work.
-
-The loop never touches DDP, DeepSpeed or FSDP2 directly: it asks the strategy for the
-module to call, a context for each micro-step, and to run backward and the optimizer step.
-"""
+"""The strategies (one module per engine) behind one interface (`base.Strategy`), and the
+one place that picks the engine a run names; an engine's module, and so its package
+(deepspeed), is imported only when chosen."""
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from concurrent.futures import Future
-from contextlib import AbstractContextManager
-from pathlib import Path
-
 import torch
-from omegaconf import DictConfig
 
+from launcher.config.schema import TrainConfig
 from launcher.runtime import Runtime
-from launcher.strategy.comm_timing import StepComm
+from launcher.strategy.base import Strategy
+
+__all__ = ["Strategy", "build_strategy", "needs_process_group"]
+
+# Engines that run only inside a process group, even a group of one process.
+_GROUP_ENGINES = ("deepspeed", "fsdp2")
 
 
-class Strategy(ABC):
-    """Wraps a model and its optimizer for one way of data-parallel training."""
-
-    module: torch.nn.Module  # what the loop calls forward on
-
-    @abstractmethod
-    def micro_step(self, is_last: bool) -> AbstractContextManager:
-        """Context for one micro-step; gradients are only synchronised on the last one."""
-
-    @abstractmethod
-    def autocast(self) -> AbstractContextManager:
-        """Context for the forward pass in the configured precision."""
-
-    @abstractmethod
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward of an already accumulation-scaled loss."""
-
-    @abstractmethod
-    def step(self, lr: float) -> torch.Tensor:
-        """Clip, step the optimizer at `lr`, zero grads; return the pre-clip grad norm."""
-
-    @abstractmethod
-    def save(self, folder: Path, rank: int) -> Future | None:
-        """Write this rank's share of the model/optimizer state into `folder`; an engine
-        that writes asynchronously (trainer.async_checkpoint) returns the future of it."""
-
-    @abstractmethod
-    def load(self, folder: Path) -> None:
-        """Restore model/optimizer state written by `save`."""
-
-    def files_to_load(self, folder: Path) -> list[Path]:
-        """The files of `folder` that this rank's `load` reads: checked on every rank before
-        any rank loads, so that one rank's unreadable file makes all ranks skip the
-        checkpoint together, before an engine's load enters a collective."""
-        return []
-
-    def replica_fingerprint(self) -> list[float] | None:
-        """Numbers equal on every rank exactly when the model replicas are identical
-        (None where the engine shards parameters and ranks hold different parts)."""
-        return None
-
-    def drain_comm(self) -> list[StepComm] | None:
-        """Each step's gradient-communication figures since the last call, oldest first
-        (None where nothing is timed: one process, or `strategy.time_comm=false`)."""
-        return None
-
-    def comm_buckets(self) -> int | None:
-        """Gradient buckets communicated per step, where the engine has such a notion."""
-        return None
-
-    @abstractmethod
-    def close(self) -> None:
-        """Drop engine objects before the process group goes away."""
+def needs_process_group(name: str) -> bool:
+    """Whether strategy `name` needs a process group when the run has one process."""
+    return name in _GROUP_ENGINES
 
 
-def build_strategy(cfg: DictConfig, rt: Runtime, model: torch.nn.Module) -> Strategy:
+def build_strategy(cfg: TrainConfig, rt: Runtime, model: torch.nn.Module) -> Strategy:
     """The strategy named by `strategy.name`, set up around `model`."""
     if cfg.strategy.name == "ddp":
         from launcher.strategy.ddp import DDPStrategy

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
 
+from launcher.config.schema import DDPConfig
 from launcher.strategy.comm_timing import CommTimer
 from launcher.strategy.powersgd import PowerSGDState, powersgd_hook
 
@@ -63,7 +63,7 @@ def make_hook(wire_dtype: torch.dtype | None, timer: CommTimer | None):
     return allreduce_hook
 
 
-def register(ddp, scfg: DictConfig, timer: CommTimer | None) -> PowerSGDState | None:
+def register(ddp, scfg: DDPConfig, timer: CommTimer | None) -> PowerSGDState | None:
     """Register the hook named by `strategy.comm_hook` on `ddp`, timed when `timer` is
     given; return PowerSGD's state (for checkpoints), else None.
 

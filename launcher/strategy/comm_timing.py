@@ -22,30 +22,10 @@ the stream (GPU) or in time (CPU), never a host-side wait.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-
 import torch
 
-from launcher.intervals import union_length
-
-
-@dataclass
-class StepComm:
-    """One step's gradient communication, as one rank saw it."""
-
-    allreduce_s: float
-    exposed_s: float
-    bytes: int
-
-
-def step_figures(buckets: list[tuple[float, float, int]]) -> StepComm:
-    """(ready, done, bytes) per bucket -> the step's communication figures."""
-    if not buckets:
-        return StepComm(0.0, 0.0, 0)
-    spans = [(ready, done) for ready, done, _ in buckets]
-    exposed = max(done for _, done in spans) - max(ready for ready, _ in spans)
-    return StepComm(union_length(spans), max(exposed, 0.0), sum(b for *_, b in buckets))
+from launcher.clock import EventClock
+from launcher.comm_stats import StepComm, step_figures
 
 
 class CommTimer:
@@ -53,30 +33,20 @@ class CommTimer:
 
     A hook calls `bucket_ready()` when DDP hands it a bucket and calls the function it
     returns, with the bytes it sent, once the bucket is reduced. Call `end_step()` after
-    every optimizer step and `drain()` at a log step. CUDA events are pooled: a step
-    records two per bucket, and creating them anew every step would cost more than
-    recording them.
+    every optimizer step and `drain()` at a log step.
     """
 
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+        self.clock = EventClock(device)
         self._current: list = []
         self._steps: list[list] = []
-        self._pool: list = []
-
-    def _now(self):
-        if not self.cuda:
-            return time.perf_counter()
-        event = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
 
     def bucket_ready(self):
-        entry = [self._now(), None, 0]
+        entry = [self.clock.now(), None, 0]
         self._current.append(entry)
 
         def done(nbytes: int) -> None:
-            entry[1] = self._now()
+            entry[1] = self.clock.now()
             entry[2] = nbytes
 
         return done
@@ -91,18 +61,7 @@ class CommTimer:
         return [step_figures(self._resolve(buckets)) for buckets in steps]
 
     def _resolve(self, buckets: list) -> list[tuple[float, float, int]]:
-        if not self.cuda or not buckets:
-            return [tuple(b) for b in buckets]
-        origin = buckets[0][0]
-        for _, done, _ in buckets:
-            done.synchronize()
-        resolved = [
-            (origin.elapsed_time(r) / 1e3, origin.elapsed_time(d) / 1e3, n) for r, d, n in buckets
-        ]
-        self._pool.extend(e for r, d, _ in buckets for e in (r, d))
-        return resolved
-
-
-def bus_bandwidth(algbw: float, world: int) -> float:
-    """nccl-tests' all-reduce bus bandwidth: what each link of a ring carries."""
-    return algbw * 2 * (world - 1) / world
+        stamps = [e for ready, done, _ in buckets for e in (ready, done)]
+        times = self.clock.seconds(stamps)
+        self.clock.release(stamps)
+        return [(times[2 * i], times[2 * i + 1], n) for i, (*_, n) in enumerate(buckets)]

@@ -10,39 +10,22 @@ import contextlib
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 
+from launcher.comm_stats import StepComm
+from launcher.config.schema import TrainConfig
 from launcher.runtime import Runtime
-from launcher.strategy import Strategy, comm_hooks, powersgd
-from launcher.strategy.comm_timing import CommTimer, StepComm
+from launcher.strategy import comm_hooks, powersgd
+from launcher.strategy.base import Strategy
+from launcher.strategy.comm_timing import CommTimer
+from launcher.strategy.dcp import is_dcp_checkpoint, load_dcp
+from launcher.strategy.optim import build_optimizer
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def build_optimizer(model: torch.nn.Module, tcfg: DictConfig):
-    """AdamW with weight decay on matrices only (biases and LayerNorm gains are not decayed).
-
-    `trainer.fused_adamw` runs the whole update as one fused kernel per parameter group
-    instead of PyTorch's multi-tensor ("foreach") loop: fewer launches on a GPU.
-    """
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": tcfg.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(
-        groups,
-        lr=tcfg.lr,
-        betas=(tcfg.beta1, tcfg.beta2),
-        fused=tcfg.fused_adamw,
-    )
-
-
 class DDPStrategy(Strategy):
-    def __init__(self, cfg: DictConfig, rt: Runtime, model: torch.nn.Module):
+    def __init__(self, cfg: TrainConfig, rt: Runtime, model: torch.nn.Module):
         t, s = cfg.trainer, cfg.strategy
         self.device = rt.device
         self.rank = rt.rank
@@ -132,16 +115,14 @@ class DDPStrategy(Strategy):
     def files_to_load(self, folder: Path) -> list[Path]:
         own = powersgd.state_file(folder, self.rank) if self.comm_state is not None else None
         whole = [folder / "model.pt", folder / "optimizer.pt"]
-        if not whole[0].exists() and (folder / ".metadata").is_file():
+        if not whole[0].exists() and is_dcp_checkpoint(folder):
             whole = []  # an FSDP2 checkpoint: DCP files are not torch.save archives
         return whole + ([own] if own is not None and own.exists() else [])
 
     def load(self, folder: Path) -> None:
-        if (folder / "model.pt").exists() or not (folder / ".metadata").is_file():
+        if (folder / "model.pt").exists() or not is_dcp_checkpoint(folder):
             self._load_own(folder)
         else:  # an FSDP2 (DCP) checkpoint: its shards, gathered whole on every rank
-            from launcher.strategy.fsdp2 import load_dcp
-
             load_dcp(self.raw_model, self.optimizer, folder)
         powersgd.load_state(self.comm_state, folder, self.rank, self.device)
 

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
 
+from launcher.comm_stats import StepComm
+from launcher.config.schema import TrainConfig
 from launcher.runtime import Runtime
-from launcher.strategy import Strategy
-from launcher.strategy.comm_timing import StepComm
-from launcher.strategy.ddp import build_optimizer
+from launcher.strategy.base import Strategy
 from launcher.strategy.ds_comm import CollectiveTimer
 from launcher.strategy.ds_config import build_ds_config
+from launcher.strategy.optim import build_optimizer
 
 log = logging.getLogger("launcher")
 
@@ -35,15 +35,14 @@ STRATEGY_FILE = "strategy.json"  # in each checkpoint: what wrote it
 RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
 
 
-def import_deepspeed(device: torch.device):
-    """Import deepspeed for `device`, without compiling anything.
+def import_deepspeed():
+    """Import deepspeed, without compiling anything.
 
-    DeepSpeed picks its accelerator when first imported (DS_ACCELERATOR wins over its
-    guess, so a CPU run on a GPU machine stays on the CPU). Its torch backend would build
-    a shared-memory all-reduce op with a C++ compiler at start-up; that op serves only
-    inference all-reduces, so it is marked incompatible: training needs no compiler.
+    DeepSpeed picks its accelerator when first imported, from DS_ACCELERATOR, which the
+    runtime set from the device it chose. Its torch backend would build a shared-memory
+    all-reduce op with a C++ compiler at start-up; that op serves only inference
+    all-reduces, so it is marked incompatible: training needs no compiler.
     """
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.type == "cuda" else "cpu")
     import deepspeed
     import deepspeed.ops
 
@@ -59,18 +58,13 @@ def import_deepspeed(device: torch.device):
 
 
 class DeepSpeedStrategy(Strategy):
-    def __init__(self, cfg: DictConfig, rt: Runtime, model: torch.nn.Module):
+    def __init__(self, cfg: TrainConfig, rt: Runtime, model: torch.nn.Module):
         t, s = cfg.trainer, cfg.strategy
         self.rt = rt
         self.stage = int(s.zero_stage)
         self.precision = t.precision
-        deepspeed = import_deepspeed(rt.device)
+        deepspeed = import_deepspeed()
         self._deepspeed = deepspeed
-        if not dist.is_initialized():  # one process (python -m launcher.train): a group of 1
-            backend = "nccl" if rt.device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-            for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-                os.environ.setdefault(name, value)  # DeepSpeed reads them, as torchrun sets them
         deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
         self.ds_config = build_ds_config(cfg, rt.world_size)
         optimizer = build_optimizer(model, t)

@@ -36,15 +36,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from launcher.clock import EventClock
+from launcher.comm_stats import StepComm
 from launcher.intervals import merged, overlap_length, union_length
-from launcher.strategy.comm_timing import StepComm
 
 # Methods of DeepSpeed's TorchBackend that communicate: the kind each is counted as, and
 # its parameters in order (they mirror torch.distributed's; DeepSpeed's wrappers hide the
@@ -146,12 +146,11 @@ class CollectiveTimer:
     """Times DeepSpeed's collectives per training step; `drain()` gives StepComm figures."""
 
     def __init__(self, device: torch.device, world_size: int):
-        self.cuda = device.type == "cuda"
+        self.clock = EventClock(device)
         self.world = world_size
         self.active = False  # True from a step's first micro-step to the end of its step
         self._current = _Step()
         self._steps: list[_Step] = []
-        self._pool: list = []
         self._installed: list[tuple[object, str]] = []
         # Per kind, over every timed step: calls, counted bytes, in-flight seconds.
         self.totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
@@ -159,11 +158,7 @@ class CollectiveTimer:
 
     # -- timestamps ------------------------------------------------------------------
     def now(self):
-        if not self.cuda:
-            return time.perf_counter()
-        event = self._pool.pop() if self._pool else torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+        return self.clock.now()
 
     def block(self, start, end) -> None:
         if self.active:
@@ -244,28 +239,18 @@ class CollectiveTimer:
         return StepComm(busy, min(exposed, busy), int(sum(n for *_, n in ops)))
 
     def _resolve(self, step: _Step):
+        """The step's completed collectives and blocked intervals, on one axis in seconds."""
         ops = [op for op in step.ops if op.done is not None]
-        if not self.cuda:
-            return [(o.kind, o.issue, o.done, o.nbytes) for o in ops], step.blocked
-        if not ops:
-            return [], []
-        origin = ops[0].issue
-        for op in ops:
-            op.done.synchronize()
-
-        def t(event) -> float:
-            return origin.elapsed_time(event) / 1e3
-
-        resolved = [(o.kind, t(o.issue), t(o.done), o.nbytes) for o in ops]
-        return resolved, [(t(a), t(b)) for a, b in step.blocked]
+        stamps = [e for op in ops for e in (op.issue, op.done)]
+        stamps += [e for pair in step.blocked for e in pair]
+        times = iter(self.clock.seconds(stamps))
+        resolved = [(o.kind, next(times), next(times), o.nbytes) for o in ops]
+        return resolved, [(next(times), next(times)) for _ in step.blocked]
 
     def _recycle(self, step: _Step) -> None:
-        if not self.cuda:
-            return
+        # A blocking call's two events are also its blocked interval: released once.
         events = [e for op in step.ops for e in (op.issue, op.done)]
-        events += [e for pair in step.blocked for e in pair]
-        unique = {id(e): e for e in events if e is not None}  # a blocking call's two events
-        self._pool.extend(unique.values())  # are also its blocked interval
+        self.clock.release(events + [e for pair in step.blocked for e in pair])
 
     def write_summary(self, run_dir, rank: int) -> None:
         """comm_collectives.json in the run directory: `per_kind` of this rank's steps."""

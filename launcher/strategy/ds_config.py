@@ -15,6 +15,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.batch import BatchPlan
+
 # Sections DeepSpeed would build its own optimizer or LR schedule from: the launcher passes
 # its AdamW (trainer.lr, betas, weight_decay) and sets the LR of every step itself.
 REFUSED_SECTIONS = {
@@ -42,11 +44,11 @@ def derived_config(cfg: DictConfig, world_size: int) -> dict[str, Any]:
         zero["offload_optimizer"] = {"device": s.offload_optimizer}
     if s.offload_param != "none":
         zero["offload_param"] = {"device": s.offload_param}
-    accum = t.global_batch_size // (t.micro_batch_size * world_size)
+    batch = BatchPlan.of(t, world_size)
     return {
-        "train_batch_size": int(t.global_batch_size),
-        "train_micro_batch_size_per_gpu": int(t.micro_batch_size),
-        "gradient_accumulation_steps": int(accum),
+        "train_batch_size": batch.global_batch,
+        "train_micro_batch_size_per_gpu": batch.micro_batch,
+        "gradient_accumulation_steps": batch.accum,
         "gradient_clipping": float(t.grad_clip),
         "bf16": {"enabled": t.precision == "bf16"},
         "fp16": {"enabled": t.precision == "fp16"},
@@ -96,7 +98,10 @@ def _enabled(section) -> bool:
 
 def build_ds_config(cfg: DictConfig, world_size: int) -> dict[str, Any]:
     """The DeepSpeed config this run uses; raises DeepSpeedConfigError on a contradiction."""
-    extra = OmegaConf.to_container(cfg.strategy.extra, resolve=True) or {}
+    extra = cfg.strategy.extra  # a dict once typed; a DictConfig while being checked
+    extra = (
+        OmegaConf.to_container(extra, resolve=True) if OmegaConf.is_config(extra) else extra
+    ) or {}
     for section, why in REFUSED_SECTIONS.items():
         if section in extra:
             raise DeepSpeedConfigError(

@@ -20,13 +20,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from omegaconf import DictConfig
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
-    set_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -36,32 +34,18 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 )
 from torch.distributed.tensor import DTensor
 
+from launcher.comm_stats import StepComm
+from launcher.config.schema import TrainConfig
 from launcher.runtime import Runtime
-from launcher.strategy import Strategy
-from launcher.strategy.comm_timing import StepComm
-from launcher.strategy.ddp import build_optimizer
+from launcher.strategy.base import Strategy
+from launcher.strategy.dcp import is_dcp_checkpoint, load_dcp
 from launcher.strategy.ds_comm import KINDS, CollectiveTimer
+from launcher.strategy.optim import build_optimizer
 
 log = logging.getLogger("launcher")
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-DCP_METADATA = ".metadata"  # what DCP writes last (rank 0): marks a DCP checkpoint
 DDP_FILES = ("model.pt", "optimizer.pt")  # a DDP checkpoint (launcher.strategy.ddp)
-
-
-_ASYNC_GROUP: list = []  # one per process: the group outlives a sweep's points
-
-
-def _async_save_group():
-    """A gloo group for the background writer's collectives (made at the first save, which
-    every rank reaches at the same step)."""
-    if not _ASYNC_GROUP:
-        _ASYNC_GROUP.append(dist.new_group(backend="gloo"))
-    return _ASYNC_GROUP[0]
-
-
-def is_dcp_checkpoint(folder: Path) -> bool:
-    return (folder / DCP_METADATA).is_file()
 
 
 class _TimedAllGather(DefaultAllGather):
@@ -94,14 +78,11 @@ def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 class FSDP2Strategy(Strategy):
-    def __init__(self, cfg: DictConfig, rt: Runtime, model: torch.nn.Module):
+    def __init__(self, cfg: TrainConfig, rt: Runtime, model: torch.nn.Module):
         t, s = cfg.trainer, cfg.strategy
         self.rt, self.device = rt, rt.device
         self.grad_clip = t.grad_clip
         self.async_checkpoint = t.async_checkpoint
-        if not dist.is_initialized():  # one process (python -m launcher.train): a group of 1
-            backend = "nccl" if rt.device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         mesh = init_device_mesh(rt.device.type, (dist.get_world_size(),))
         policy = MixedPrecisionPolicy(
             param_dtype=DTYPES.get(t.precision),  # None: the parameters' own (fp32)
@@ -184,7 +165,9 @@ class FSDP2Strategy(Strategy):
             dcp.save(self._state(), checkpoint_id=folder)
             return None
         return dcp.async_save(
-            self._state(), checkpoint_id=folder, process_group=_async_save_group()
+            self._state(),
+            checkpoint_id=folder,
+            process_group=self.rt.side_group("async_checkpoint"),
         )
 
     def load(self, folder: Path) -> None:
@@ -218,14 +201,3 @@ class FSDP2Strategy(Strategy):
         if self.comm_timer is not None and self.rt.is_main:
             self.comm_timer.write_summary(self.rt.run_dir, self.rt.rank)
         self.module = self.raw_model = self.optimizer = None
-
-
-def load_dcp(model: torch.nn.Module, optimizer, folder: Path) -> None:
-    """A DCP checkpoint into `model` and `optimizer`, sharded (FSDP2, at any world size) or
-    whole (a DDP replica on every rank): DCP reads each rank's part of every tensor."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=folder)
-    set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
-    )

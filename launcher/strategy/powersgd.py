@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -108,6 +109,17 @@ def _orthonormalize(columns: torch.Tensor, epsilon: float) -> None:
             rest.sub_((col * rest).sum(dim=0, keepdim=True) * col)
 
 
+@dataclass
+class _Matrix:
+    """One compressed gradient of a bucket, through the two rounds."""
+
+    name: str
+    grad: torch.Tensor  # the gradient viewed as n x m: receives P Q^T
+    target: torch.Tensor  # gradient + last error: what is approximated
+    q: torch.Tensor  # m x r, orthonormalised (warm start: last step's Q)
+    p: torch.Tensor | None = None  # n x r, a view into round 1's message
+
+
 def powersgd_hook(state, bucket):
     """PowerSGD (Vogels et al., 2019) with error feedback and warm start, for one bucket.
 
@@ -127,20 +139,51 @@ def powersgd_hook(state, bucket):
     (No annotations: DDP rejects a hook whose annotations are not the real GradBucket
     and Future[Tensor] objects, and `from __future__ import annotations` makes them strings.)
     """
-    group = dist.group.WORLD
     buffer = bucket.buffer()
-    if bucket.is_last():  # DDP hands buckets over in index order; the last ends the step
-        current, state.step = state.step, state.step + 1
-    else:
-        current = state.step
-    if current < state.start_step:
+    if not _counts_step(state, bucket):
         return state.plain_hook(None, bucket)
     mark_done = state.timer.bucket_ready() if state.timer is not None else None
+    world = dist.group.WORLD.size()
+    plain, matrices = _split(state, bucket)
 
-    world = group.size()
+    # Round 1: the plain tensors and every P in one message; the hook waits for it (on
+    # NCCL, wait() only orders the streams), so that round 2 is issued from here too.
+    first = _pack_first(plain, matrices, buffer)
+    dist.all_reduce(first, async_op=True).wait()
+    _unpack_plain(first, plain, world)
+    if not matrices:
+        if mark_done is not None:
+            mark_done(first.numel() * first.element_size())
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(buffer)
+        return fut
+
+    second = _pack_second(matrices, state.epsilon, buffer)
+
+    def decompress(fut: torch.futures.Future) -> torch.Tensor:
+        _unpack_matrices(state, matrices, fut.value()[0].div_(world))
+        if mark_done is not None:
+            mark_done((first.numel() + second.numel()) * first.element_size())
+        return buffer
+
+    # Round 2: every Q. Its callback only computes, whichever thread runs it.
+    return dist.all_reduce(second, async_op=True).get_future().then(decompress)
+
+
+def _counts_step(state, bucket) -> bool:
+    """Advance the step count at a step's last bucket (DDP hands buckets over in index
+    order); whether this step is past PowerSGD's warm-up."""
+    current = state.step
+    if bucket.is_last():
+        state.step += 1
+    return current >= state.start_step
+
+
+def _split(state, bucket) -> tuple[list[torch.Tensor], list[_Matrix]]:
+    """The bucket's gradients sent as they are, and the matrices to compress, each with
+    last step's error added and its Q (last step's, or a fresh one) orthonormalised."""
     plain: list[torch.Tensor] = []
-    # (name, M as n x m, the M + error that was compressed, Q, P's offset in `first`)
-    compressed: list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
+    matrices: list[_Matrix] = []
     for grad, param in zip(bucket.gradients(), bucket.parameters(), strict=True):
         r = state.compressed_rank(grad)
         if not r:
@@ -157,64 +200,49 @@ def powersgd_hook(state, bucket):
         else:
             q = q.clone()
         _orthonormalize(q, state.epsilon)
-        compressed.append((name, matrix, matrix.clone(), q, 0))
+        matrices.append(_Matrix(name, matrix, matrix.clone(), q))
+    return plain, matrices
 
-    plain_numel = sum(g.numel() for g in plain)
-    p_numel = sum(m.shape[0] * q.shape[1] for _, m, _, q, _ in compressed)
-    first = torch.empty(plain_numel + p_numel, device=buffer.device, dtype=buffer.dtype)
-    offset = 0
+
+def _pack_first(plain: list[torch.Tensor], matrices: list[_Matrix], like: torch.Tensor):
+    """Round 1's message: the plain gradients, then P = M Q of every matrix (each
+    matrix's `p` becomes a view into it)."""
+    sizes = [g.numel() for g in plain] + [m.grad.shape[0] * m.q.shape[1] for m in matrices]
+    first = torch.empty(sum(sizes), device=like.device, dtype=like.dtype)
+    parts = iter(first.split(sizes))
     for g in plain:
-        first[offset : offset + g.numel()].copy_(g.view(-1))
-        offset += g.numel()
-    for i, (name, matrix, target, q, _) in enumerate(compressed):
-        n, r = matrix.shape[0], q.shape[1]
-        torch.matmul(target, q, out=first[offset : offset + n * r].view(n, r))
-        compressed[i] = (name, matrix, target, q, offset)
-        offset += n * r
+        next(parts).copy_(g.view(-1))
+    for m in matrices:
+        m.p = next(parts).view(m.grad.shape[0], m.q.shape[1])
+        torch.matmul(m.target, m.q, out=m.p)
+    return first
 
-    # Round 1: the plain tensors and every P in one message; the hook waits for it (on
-    # NCCL, wait() only orders the streams), so that round 2 is issued from here too.
-    dist.all_reduce(first, group=group, async_op=True).wait()
+
+def _unpack_plain(first: torch.Tensor, plain: list[torch.Tensor], world: int) -> None:
+    """The averaged plain gradients, back in place."""
     offset = 0
     for g in plain:
         g.copy_(first[offset : offset + g.numel()].view_as(g)).div_(world)
         offset += g.numel()
-    if not compressed:
-        if mark_done is not None:
-            mark_done(first.numel() * first.element_size())
-        fut: torch.futures.Future = torch.futures.Future()
-        fut.set_result(buffer)
-        return fut
 
-    ps = []
-    second = torch.empty(
-        sum(q.numel() for _, _, _, q, _ in compressed), device=buffer.device, dtype=buffer.dtype
-    )
-    q_offset = 0
-    for _, matrix, target, q, p_offset in compressed:
-        n, (m, r) = matrix.shape[0], q.shape
-        p = first[p_offset : p_offset + n * r].view(n, r)
-        _orthonormalize(p, state.epsilon)
-        torch.matmul(target.t(), p, out=second[q_offset : q_offset + m * r].view(m, r))
-        ps.append(p)
-        q_offset += m * r
 
-    def decompress(fut: torch.futures.Future) -> torch.Tensor:
-        qs = fut.value()[0].div_(world)
-        q_offset = 0
-        for (name, matrix, target, q, _), p in zip(compressed, ps, strict=True):
-            m, r = q.shape
-            q_new = qs[q_offset : q_offset + m * r].view(m, r)
-            torch.matmul(p, q_new.t(), out=matrix)
-            state.errors[name] = target.sub_(matrix)
-            state.qs[name] = q_new.clone()
-            q_offset += m * r
-        if mark_done is not None:
-            mark_done((first.numel() + second.numel()) * first.element_size())
-        return buffer
+def _pack_second(matrices: list[_Matrix], epsilon: float, like: torch.Tensor):
+    """Round 2's message: Q = M^T P of every matrix, P orthonormalised first."""
+    sizes = [m.q.numel() for m in matrices]
+    second = torch.empty(sum(sizes), device=like.device, dtype=like.dtype)
+    for m, part in zip(matrices, second.split(sizes), strict=True):
+        _orthonormalize(m.p, epsilon)
+        torch.matmul(m.target.t(), m.p, out=part.view(m.q.shape))
+    return second
 
-    # Round 2: every Q. Its callback only computes, whichever thread runs it.
-    return dist.all_reduce(second, group=group, async_op=True).get_future().then(decompress)
+
+def _unpack_matrices(state, matrices: list[_Matrix], qs: torch.Tensor) -> None:
+    """Each gradient becomes P Q^T with the averaged Q; the error and Q are kept."""
+    for m, q_new in zip(matrices, qs.split([m.q.numel() for m in matrices]), strict=True):
+        q_new = q_new.view(m.q.shape)
+        torch.matmul(m.p, q_new.t(), out=m.grad)
+        state.errors[m.name] = m.target.sub_(m.grad)
+        state.qs[m.name] = q_new.clone()
 
 
 def state_file(folder: Path, rank: int) -> Path:

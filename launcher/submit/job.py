@@ -22,8 +22,9 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from launcher import sweep
-from launcher.config import ConfigError, compose, validate
+from launcher.config import ConfigError, compose
 from launcher.paths import can_create_in
+from launcher.preflight import check_config
 
 SUBMIT_DIR = "submit"
 # What each node runs in place of `torchrun` (same arguments; exits with the contract code).
@@ -168,7 +169,7 @@ def prepare(target: str, overrides: list[str], check_paths: bool = True) -> Subm
     world = cfg.cluster.nodes * procs_per_node(cfg.cluster)
     for point in configs:
         try:
-            validate(point, world)
+            check_config(point, world)
         except ConfigError as exc:
             raise ConfigError(
                 f"{exc} (world size {world} = cluster.nodes={cfg.cluster.nodes} x "

@@ -76,7 +76,7 @@ def tune() -> int:
             for path in write_all(tuner, run_dir, overrides, cfg.logger):
                 log.info("wrote %s", path)
             print(markdown(report_dict(tuner, run_dir, overrides)))
-        runtime.teardown()
+        runtime.teardown(tuner.trials.launch)
     return exit_codes.STOPPED if tuner.stopped else exit_codes.DONE
 
 

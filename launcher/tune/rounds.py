@@ -157,7 +157,7 @@ class Tuner:
 
     def evidence(self, label: str) -> tuple[list[dict], bool, str | None]:
         """The analyser's advice for the profiled trial (rank 0 analyses, all get it)."""
-        rt = runtime.launch_runtime()
+        rt = runtime.launch_runtime(self.trials.launch)
         found: tuple[list[dict], bool, str | None] = ([], False, None)
         if rt.is_main:
             run_dir = self.trials.run_dir / TRIALS / label

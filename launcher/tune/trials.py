@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from launcher import exit_codes, job, runtime
 from launcher.config import ConfigError, compose
+from launcher.launch_state import LaunchState
 from launcher.preemption import stop_requested
 from launcher.preflight import preflight
 from launcher.tune.candidates import override_value
@@ -72,6 +73,7 @@ class Trials:
 
     def __init__(self, user_overrides: list[str]):
         self.user = list(user_overrides)
+        self.launch = LaunchState()  # the process group and run id the trials share
         self.started = time.monotonic()
         self.elapsed_s = 0.0
         self.stopped = False
@@ -97,11 +99,11 @@ class Trials:
         except ConfigError as exc:
             return Trial(label, f"refused: {exc}")
         self.last_cfg = cfg
-        code = job.run(cfg, f"{TRIALS}/{label}")
+        code = job.run(cfg, self.launch, f"{TRIALS}/{label}")
         if code is None:
             raise RuntimeError(f"trial {label} did not end cleanly")
-        self.run_dir = Path(cfg.run.root).expanduser() / runtime.sweep_id()
-        rt = runtime.launch_runtime()
+        self.run_dir = Path(cfg.run.root).expanduser() / self.launch.sweep_id
+        rt = runtime.launch_runtime(self.launch)
         trial_dir = self.run_dir / TRIALS / label
         figures = read_trial(trial_dir, label, code, warmup) if rt.is_main else None
         now = time.monotonic() - self.started

@@ -1,0 +1,60 @@
+"""The batch arithmetic of a run, computed once: who processes how many sequences per step.
+
+The global batch (sequences per optimizer step, all ranks together) is what the
+experiment fixes; the micro-batch (sequences per forward/backward on one rank) is what
+fits in memory; the world size is what the job got. Accumulation makes up the
+difference, so changing the world size or the micro-batch keeps the math of a step. The
+loop, the data order, DeepSpeed's config and the checkpoint metadata all read this one
+object instead of each dividing the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    global_batch: int  # sequences per optimizer step, all ranks
+    micro_batch: int  # sequences per forward/backward on one rank
+    world_size: int
+    seq_len: int
+
+    @classmethod
+    def of(cls, trainer, world_size: int) -> BatchPlan:
+        """The plan of a `trainer` config section; a null global batch means one
+        micro-batch per rank (no accumulation)."""
+        micro = int(trainer.micro_batch_size)
+        global_batch = trainer.global_batch_size
+        return cls(
+            global_batch=int(global_batch) if global_batch is not None else micro * world_size,
+            micro_batch=micro,
+            world_size=world_size,
+            seq_len=int(trainer.seq_len),
+        )
+
+    def problem(self) -> str | None:
+        """Why this plan cannot run (the one line a user sees), or None."""
+        per_step = self.micro_batch * self.world_size
+        if self.global_batch % per_step:
+            return (
+                f"trainer.global_batch_size={self.global_batch} is not divisible by "
+                f"trainer.micro_batch_size={self.micro_batch} x world size {self.world_size} "
+                f"= {per_step}; choose a global batch that is a multiple of {per_step}"
+            )
+        return None
+
+    @property
+    def per_rank(self) -> int:
+        """Sequences one rank processes per optimizer step."""
+        return self.global_batch // self.world_size
+
+    @property
+    def accum(self) -> int:
+        """Micro-steps per optimizer step on each rank (gradient accumulation)."""
+        return self.per_rank // self.micro_batch
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens one optimizer step trains on, all ranks together."""
+        return self.global_batch * self.seq_len

@@ -1,0 +1,33 @@
+"""The communication figures of one step, and the bus-bandwidth convention, shared by the
+trainer's timers (launcher.strategy), the metrics they feed (launcher.metrics) and the
+bandwidth benchmark (launcher.commbench)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.intervals import union_length
+
+
+@dataclass
+class StepComm:
+    """One step's gradient communication, as one rank saw it."""
+
+    allreduce_s: float
+    exposed_s: float
+    bytes: int
+
+
+def step_figures(buckets: list[tuple[float, float, int]]) -> StepComm:
+    """(ready, done, bytes) per DDP bucket -> the step's communication figures (the
+    definitions are in launcher.strategy.comm_timing)."""
+    if not buckets:
+        return StepComm(0.0, 0.0, 0)
+    spans = [(ready, done) for ready, done, _ in buckets]
+    exposed = max(done for _, done in spans) - max(ready for ready, _ in spans)
+    return StepComm(union_length(spans), max(exposed, 0.0), sum(b for *_, b in buckets))
+
+
+def bus_bandwidth(algbw: float, world: int) -> float:
+    """nccl-tests' all-reduce bus bandwidth: what each link of a ring carries."""
+    return algbw * 2 * (world - 1) / world

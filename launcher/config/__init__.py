@@ -1,0 +1,29 @@
+"""The configuration: its typed schema (`schema`), composition and one-line error wording
+(`compose`), and the semantic check of a composed config (`validate`). Checks that need the
+machine, files or other layers are launcher.preflight's."""
+
+from __future__ import annotations
+
+from launcher.config.compose import (
+    compose,
+    describe_compose_error,
+    friendly_overrides,
+    unknown_key_line,
+)
+from launcher.config.errors import ConfigError
+from launcher.config.schema import *  # noqa: F403 - the schema's classes and choices
+from launcher.config.schema import ENGINES, TrainConfig, typed
+from launcher.config.validate import normalize, validate
+
+__all__ = [
+    "ENGINES",
+    "ConfigError",
+    "TrainConfig",
+    "compose",
+    "describe_compose_error",
+    "friendly_overrides",
+    "normalize",
+    "typed",
+    "unknown_key_line",
+    "validate",
+]

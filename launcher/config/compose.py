@@ -1,0 +1,149 @@
+"""Composing the config as `launcher.train` would, outside `@hydra.main`, and Hydra's and
+OmegaConf's multi-line errors worded as the one line a user sees."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import fields, is_dataclass
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from launcher.config.errors import ConfigError
+from launcher.config.schema import CONFIG_MODULE, CONFIG_NAME, ENGINES, TrainConfig
+
+
+def compose(overrides: list[str], sweep: bool = False) -> DictConfig:
+    """Compose the training config as `launcher.train` would, raising `ConfigError`.
+
+    Used by the front doors that do not run under `@hydra.main` (doctor, submit) and by
+    `launcher.train` to check the overrides before Hydra starts any job. `sweep=True`
+    composes as Hydra's multirun does (sweep values such as `key=a,b` are accepted) and
+    keeps the `hydra` node, whose `mode` and `sweeper.params` say what a sweep will run.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+            if not sweep:
+                return hydra_compose(config_name=CONFIG_NAME, overrides=overrides)
+            return GlobalHydra.instance().hydra.compose_config(
+                config_name=CONFIG_NAME,
+                overrides=overrides,
+                run_mode=RunMode.MULTIRUN,
+                validate_sweep_overrides=False,
+            )
+    except Exception as exc:  # noqa: BLE001 - every composition failure becomes one line
+        raise ConfigError(describe_compose_error(exc)) from exc
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def friendly_overrides(overrides: list[str]) -> list[str]:
+    """The overrides with a single value given to a list key made a one-element list.
+
+    `data.paths=/data/*.txt` means `data.paths=[/data/*.txt]`; the schema would refuse the
+    string. Sweeps (`key=a,b`) and anything that does not parse are left as they are, for
+    Hydra to judge. The entry points apply this to the command line before composing, so
+    Hydra's own composition of each job sees the same overrides.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType, ValueType
+    from hydra.errors import HydraException
+
+    out = []
+    for text in overrides:
+        try:
+            (override,) = OverridesParser.create().parse_overrides([text])
+        except HydraException:
+            out.append(text)
+            continue
+        value = override.value() if override.value_type == ValueType.ELEMENT else None
+        wrap = (
+            override.type in (OverrideType.CHANGE, OverrideType.ADD, OverrideType.FORCE_ADD)
+            and value is not None
+            and not isinstance(value, (list, dict))
+            and isinstance(_schema_node(override.key_or_group), ListConfig)
+        )
+        prefix = text[: len(text) - len(text.lstrip("+~"))]
+        element = override.get_value_element_as_str() if wrap else ""
+        out.append(f"{prefix}{override.key_or_group}=[{element}]" if wrap else text)
+    return out
+
+
+def _schema_node(key: str) -> Any:
+    """The schema's node at a dotted key (engine keys looked up in every engine), or None."""
+    head, _, rest = key.partition(".")
+    if head == "strategy" and rest:
+        engines = (OmegaConf.structured(schema) for schema in ENGINES.values())
+        nodes = (e._get_node(rest, validate_access=False) for e in engines)
+        return next((n for n in nodes if n is not None), None)
+    parent, _, leaf = key.rpartition(".")
+    root = OmegaConf.structured(TrainConfig)
+    holder = OmegaConf.select(root, parent, default=None) if parent else root
+    return holder._get_node(leaf, validate_access=False) if isinstance(holder, DictConfig) else None
+
+
+def describe_compose_error(exc: BaseException) -> str:
+    """Turn Hydra's and OmegaConf's multi-line errors into one line naming key and fix."""
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import (
+        ConfigAttributeError,
+        ConfigKeyError,
+        OmegaConfBaseException,
+        ValidationError,
+    )
+
+    chain: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and cur not in chain:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    for err in chain:
+        if isinstance(err, MissingConfigException):
+            group = (err.missing_cfg_file or "").split("/")[0]
+            options = ", ".join(sorted(err.options or []))
+            wanted = (err.missing_cfg_file or "").split("/")[-1]
+            if options:
+                return f"{group}={wanted}: no such option; choose one of: {options}"
+            return f"{err.missing_cfg_file}: config not found"
+    for err in chain:
+        if isinstance(err, (ConfigKeyError, ConfigAttributeError)):
+            key = str(err.full_key or getattr(err, "key", "?"))
+            return unknown_key_line(key, err.object_type, "check the spelling, or see")
+        if isinstance(err, ValidationError):
+            key = err.full_key or "?"
+            if isinstance(_schema_node(key), ListConfig):
+                return (
+                    f"{key}: a list is expected; write {key}='[{err.value}]' "
+                    f"(quoted, so the shell keeps the brackets), or [a,b] for several"
+                )
+            first = str(err.msg).splitlines()[0]
+            return f"{key}: {first}; give a value of the right type"
+        if isinstance(err, OmegaConfBaseException) and getattr(err, "full_key", None):
+            return f"{err.full_key}: {str(err.msg).splitlines()[0]}"
+    text = " ".join(str(exc).split())
+    return f"bad override: {text}"
+
+
+def unknown_key_line(key: str, parent_type: Any, advice: str = "see") -> str:
+    """`<key>: unknown key` with the closest keys of its parent's schema, and, for a key of
+    another engine than the chosen one, which engine has it."""
+    parent, _, leaf = key.rpartition(".")
+    known = [f.name for f in fields(parent_type)] if is_dataclass(parent_type) else []
+    close = difflib.get_close_matches(leaf, known, n=3)
+    hint = f" (did you mean {', '.join(f'{parent}.{c}' if parent else c for c in close)}?)"
+    hint = hint if close else ""
+    if parent == "strategy" and is_dataclass(parent_type):
+        chosen = next((n for n, s in ENGINES.items() if s is parent_type), "?")
+        owners = [n for n, s in ENGINES.items() if leaf in {f.name for f in fields(s)}]
+        if owners:
+            hint = (
+                f" for strategy={chosen}: it is a key of strategy={'/'.join(owners)}, "
+                f"which this engine does not read"
+            )
+    return f"{key}: unknown key{hint}; {advice} docs/configuration.md"

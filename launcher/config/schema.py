@@ -1,0 +1,381 @@
+"""The typed configuration schema: one dataclass per config group, one per strategy engine.
+
+Hydra composes `conf/train.yaml` from its groups on top of `TrainConfig` (registered in
+Hydra's ConfigStore as `train_schema`), so a wrong key or type is rejected while composing.
+The `strategy` node takes the chosen engine's schema (`conf/strategy/<engine>.yaml` names
+`<engine>_schema` first), so a key of another engine is an unknown key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from launcher.nccl_vars import NcclEnv
+
+CONFIG_MODULE = "launcher.conf"
+CONFIG_NAME = "train"
+
+LOGGER_MODES = ("online", "offline", "disabled")
+PRECISIONS = ("fp32", "bf16", "fp16")
+COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
+DATA_SOURCES = ("stdlib", "text_files", "wikitext2", "memmap", "synthetic")
+DEVICES = ("auto", "cpu", "cuda")
+BACKENDS = ("auto", "gloo", "nccl")
+OFFLOAD_DEVICES = ("none", "cpu")
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+PROFILERS = ("off", "steps", "full")
+FAULT_KINDS = ("none", "stall", "sigstop", "exit", "oom", "loader_error", "slow", "slow_data")
+
+
+@dataclass
+class RunConfig:
+    root: str = "runs"
+    id: str | None = None
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    n_layer: int = MISSING
+    n_head: int = MISSING
+    n_embd: int = MISSING
+    n_positions: int = 1024
+    vocab_size: int | None = None
+    vocab_multiple: int = 64
+    dropout: float = 0.0
+    init_from: str | None = None
+
+
+@dataclass
+class DataConfig:
+    source: str = "stdlib"
+    paths: list[str] = field(default_factory=list)
+    val_paths: list[str] = field(default_factory=list)
+    max_bytes: int | None = None
+    hf_path: str = "Salesforce/wikitext"
+    hf_name: str | None = "wikitext-2-raw-v1"
+    dtype: str = "uint16"
+    vocab_size: int | None = None
+    tokenizer: str = "auto"
+    bpe_vocab_size: int = 8192
+    val_fraction: float = 0.05
+    cache_dir: str = "~/.cache/launcher"
+    shard_tokens: int = 100_000_000
+    num_workers: int = 2
+    pin_memory: bool = True
+    persistent_workers: bool | None = None  # null: true when num_workers > 0
+    prefetch_factor: int = 2
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 200
+    global_batch_size: int | None = 16
+    micro_batch_size: int = 4
+    seq_len: int = 128
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    lr_decay_steps: int | None = None
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    fused_adamw: bool = True
+    precision: str = "fp32"
+    compile: str = "off"
+    grad_checkpointing: bool = False
+    seed: int = 1337
+    device: str = "auto"
+    log_interval: int = 10
+    eval_interval: int = 100
+    eval_batches: int = 4
+    checkpoint_interval: int = 100
+    keep_checkpoints: int = 2
+    async_checkpoint: bool = False  # strategy=fsdp2: files written while training goes on
+
+
+@dataclass
+class StrategyConfig:
+    """What every engine has. Each engine's schema extends it and is registered as that
+    option's schema (`conf/strategy/<engine>.yaml` names `<engine>_schema` first), so a key
+    of another engine is an unknown key, not a setting silently ignored."""
+
+    name: str = MISSING
+    time_comm: bool = True
+
+
+@dataclass
+class DDPConfig(StrategyConfig):
+    name: str = "ddp"
+    bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = True
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+    broadcast_buffers: bool = True
+    comm_hook: str = "none"
+    powersgd_rank: int = 4
+    powersgd_warmup_steps: int | None = None  # null: trainer.warmup_steps
+    powersgd_min_compression_rate: float = 2.0
+
+
+@dataclass
+class DeepSpeedConfig(StrategyConfig):
+    """strategy=deepspeed (and its presets zero1-3); see docs/deepspeed.md."""
+
+    name: str = "deepspeed"
+    zero_stage: int = 2
+    offload_optimizer: str = "none"  # none | cpu: optimizer states and step on the CPU
+    offload_param: str = "none"  # none | cpu: ZeRO-3 parameters live on the CPU
+    overlap_comm: bool | None = None  # null: DeepSpeed's default for the stage
+    reduce_bucket_size: int = 500_000_000  # elements per gradient reduction bucket
+    allgather_bucket_size: int = 500_000_000  # elements per parameter all-gather (ZeRO-1/2)
+    extra: dict[str, Any] = field(default_factory=dict)  # any other DeepSpeed config key
+
+
+@dataclass
+class FSDP2Config(StrategyConfig):
+    """strategy=fsdp2: torch's fully_shard per GPT-2 block, then the root; see
+    docs/strategies.md."""
+
+    name: str = "fsdp2"
+    reshard_after_forward: Any = True  # true | false | an int: reshard to that many ranks
+    reduce_dtype: str = "fp32"  # fp32 | bf16: the dtype gradients are reduce-scattered in
+    offload: str = "none"  # none | cpu: sharded parameters, gradients, optimizer on the CPU
+
+
+# `strategy.name` -> its schema. A new engine adds its schema here and a
+# conf/strategy/<name>.yaml whose defaults list starts with `<name>_schema`.
+ENGINES: dict[str, type[StrategyConfig]] = {
+    "ddp": DDPConfig,
+    "deepspeed": DeepSpeedConfig,
+    "fsdp2": FSDP2Config,
+}
+
+
+@dataclass
+class DistConfig:
+    backend: str = "auto"
+    timeout_s: int = 900
+
+
+@dataclass
+class WatchdogConfig:
+    """Hang detection on every rank (docs/faults.md). A hang is no completed step for
+    max(min_s, step_multiple x the recent median step time); then every rank that can still
+    run writes its stacks and flight-recorder buffer to logs/ and the job exits with 5."""
+
+    enabled: bool = True
+    step_multiple: float = 10.0
+    min_s: float = 120.0  # never sooner: log, eval and checkpoint steps take longer
+    first_step_s: float = 600.0  # the first step of a launch: compilation, warm-up, caches
+    checkpoint_s: float = 600.0  # while a checkpoint is written
+    flight_recorder_entries: int = 2000  # recent collectives kept per rank; 0: recorder off
+    straggler_frac: float = 0.2  # a rank whose compute is this much above the others'...
+    straggler_intervals: int = 3  # ...for this many log intervals in a row is named
+
+
+@dataclass
+class FaultConfig:
+    """Rehearse a failure on purpose (docs/faults.md); `kind=none` (the default) does nothing.
+
+    stall: rank `rank` sleeps `seconds` when step `step` starts; sigstop: it stops itself
+    (SIGSTOP: frozen, as a process stuck in a driver is); exit: it exits with `exit_code`;
+    oom: it raises an out-of-memory error; loader_error: its data loader raises for that
+    step; slow: it spends `seconds` more in every step from `step` on (a straggler);
+    slow_data: every rank's data source takes `seconds` for each micro-batch it reads (storage
+    with a high latency, such as a busy network file system; `rank` and `step` do not apply).
+    """
+
+    kind: str = "none"
+    rank: int = 0
+    step: int = 1
+    seconds: float = 60.0
+    exit_code: int = 1
+    once: bool = True  # fire in one attempt only: a restart or requeue then resumes past it
+
+
+@dataclass
+class NcclConfig:
+    name: str = "default"
+    env: NcclEnv = field(default_factory=NcclEnv)
+
+
+@dataclass
+class ProfilerConfig:
+    name: str = "off"
+    ranks: list[int] = field(default_factory=list)  # empty: every rank
+    skip_first: int = 10
+    wait: int = 0
+    warmup: int = 2
+    active: int = 3
+    repeat: int = 1
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    memory_snapshot: bool = False  # GPU: allocation history and a snapshot per trace
+
+
+@dataclass
+class LoggerConfig:
+    """Where metrics go besides metrics.jsonl (see docs/logging.md): Weights & Biases unless
+    `mode` is disabled (`logger=none` keeps it so), and TensorBoard when `tensorboard` is
+    true (`logger=tensorboard`; both: `logger=[wandb,tensorboard]`). The API key is never a
+    config key: wandb reads WANDB_API_KEY from the environment."""
+
+    mode: str = "disabled"
+    project: str = "launcher"
+    entity: str | None = None
+    tags: list[str] = field(default_factory=list)
+    group: str | None = None
+    name: str | None = None  # the W&B run's name; null: the run id
+    dir: str | None = None  # W&B files go to <dir>/wandb/; null: the run directory
+    tensorboard: bool = False  # event files in <run dir>/tb/ (rank 0)
+
+
+@dataclass
+class SlurmConfig:
+    """sbatch settings (cluster=slurm); see docs/slurm.md. A null leaves the choice to the
+    cluster's defaults (no `#SBATCH` line is written for it)."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    cpus_per_task: int | None = None  # CPUs for one node's torchrun and all its workers
+    mem: str | None = None  # per node, as sbatch takes it: 500G, 0 (all of the node's)
+    exclusive: bool = False
+    constraint: str | None = None
+    gpu_request: str = "gpus-per-node"  # or gres: --gres=gpu:N (clusters without cons_tres)
+    extra_sbatch: list[str] = field(default_factory=list)  # more `#SBATCH` options, verbatim
+    container_image: str | None = None  # pyxis/enroot: srun --container-image
+    container_mounts: list[str] = field(default_factory=list)  # besides workdir and run root
+    modules: list[str] = field(default_factory=list)  # `module load` each, in order
+    venv: str | None = None  # a virtual environment to activate on every node
+    signal_lead_s: int = 300  # Slurm warns (USR1) this long before the time limit
+    requeue: bool = True  # on the warning or a hang: requeue while the checkpoint advances
+    max_requeues: int | None = 20  # requeues of one job (SLURM_RESTART_COUNT); null: no cap
+    rdzv_port_range: int = 1000  # rendezvous port: cluster.rdzv_port + job id mod this
+    step_time_s: float | None = None  # a measured step time: checks time_limit (docs/slurm.md)
+
+
+@dataclass
+class K8sConfig:
+    """Kubernetes manifest settings (cluster=k8s); see docs/kubernetes.md.
+
+    Every pod runs one torchrun for one node; memory and /dev/shm are per pod.
+    """
+
+    kind: str = "job"  # job (Indexed Job + headless Service), jobset, pytorchjob
+    name: str | None = None  # the objects' name; null: <cluster.job_name>-<run id>
+    namespace: str | None = None  # null: kubectl's current namespace
+    image: str = "launcher:latest"  # an image with this project and its torch installed
+    image_pull_policy: str | None = None  # null: Always for :latest/untagged, else IfNotPresent
+    image_pull_secrets: list[str] = field(default_factory=list)
+    service_account: str | None = None
+    cpu: str | None = None  # CPU request per pod; null: processes x (1 + DataLoader workers)
+    memory: str = "64Gi"  # for the processes; the container limit adds /dev/shm's size
+    guaranteed: bool = False  # Guaranteed QoS: CPU limit = request (whole CPUs)
+    gpu_resource: str = "nvidia.com/gpu"  # the extended resource cluster.gpus_per_node counts
+    rdma_resource: str | None = None  # e.g. rdma/ib: RDMA devices for nccl=infiniband
+    rdma_per_node: int = 1  # how many of rdma_resource each pod requests
+    shm_size: str | None = None  # /dev/shm sizeLimit; null: the loaders' need + shm_margin
+    shm_margin: str = "1Gi"  # on top of the loaders' need: NCCL's shared-memory transport etc.
+    runs_pvc: str = "launcher-runs"  # PersistentVolumeClaim (ReadWriteMany) mounted at run.root
+    wandb_secret: str | None = "wandb"  # Secret holding WANDB_API_KEY; null: none
+    wandb_secret_key: str = "api-key"  # the key inside that Secret
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[Any] = field(default_factory=list)
+    affinity: dict[str, Any] = field(default_factory=dict)
+    priority_class: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)  # added to every object and pod
+    annotations: dict[str, str] = field(default_factory=dict)  # added to the pods
+    security: str = "default"  # or restricted: Pod Security 'restricted' (docs/kubernetes.md)
+    run_as_user: int = 1000  # the UID with security=restricted (runAsNonRoot needs one)
+    gang: str = "none"  # none, kueue (queue-name label, suspended) or volcano (min members)
+    queue: str | None = None  # the Kueue LocalQueue or the Volcano queue
+    backoff_limit_per_node: int = 3  # failed pods tolerated per node (disruptions not counted)
+    max_restarts: int = 3  # torchrun --max-restarts: re-rendezvous when a peer pod is replaced
+    rdzv_timeout_s: int = 900  # how long torchrun waits for all pods to join (join_timeout)
+    termination_grace_s: int = 120  # SIGTERM -> SIGKILL: time to write the stop checkpoint
+    step_time_s: float | None = None  # a measured step time: checks termination_grace_s
+    checkpoint_write_s: float = 30  # how long one checkpoint write takes (measure; docs)
+    ttl_after_finished_s: int | None = None  # delete the finished Job after this long
+
+
+@dataclass
+class ClusterConfig:
+    """Where the job runs. `local` is torchrun on this machine; `slurm` and `k8s` are what
+    `python -m launcher.submit` renders (docs/slurm.md, docs/kubernetes.md)."""
+
+    name: str = "local"
+    nodes: int = 1
+    gpus_per_node: int = 0  # 0: a CPU-only job (gloo)
+    procs_per_node: int | None = None  # null: gpus_per_node, or 1 without GPUs
+    job_name: str | None = None  # null: launcher-<exp or model>, e.g. launcher-bucket_sweep
+    time_limit: str | None = None  # [D-]HH:MM:SS; null: the cluster's default
+    rdzv_port: int = 29500  # c10d rendezvous on the first node (Slurm: the range's start)
+    workdir: str | None = None  # where the job starts (the checkout); null: submit's cwd
+    setup: list[str] = field(default_factory=list)  # shell lines run before torchrun
+    env: dict[str, str] = field(default_factory=dict)  # extra environment variables
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    k8s: K8sConfig = field(default_factory=K8sConfig)
+
+
+@dataclass
+class TuneConfig:
+    """`python -m launcher.tune`'s rounds (docs/tuning.md); launcher.train ignores it.
+
+    A candidate is kept when its median step time beats the incumbent's by more than
+    `noise_multiple` x the measured noise (the larger spread of the two sets of repeats)
+    and by at least `min_gain` of the incumbent's step time."""
+
+    budget_s: float = 1800.0  # wall time for the rounds; the confirmation runs come after
+    trial_steps: int = 12  # steps of each timed trial, warm-up included
+    warmup_steps: int = 3  # a trial's first steps, not timed: start-up, DDP's bucket rebuild
+    repeats: int = 3  # timed trials of each candidate and of the incumbent, every round
+    loss_tolerance: float = 0.02  # math-changing candidates: |mean loss diff| / incumbent's
+    min_gain: float = 0.05  # the smallest speed-up worth keeping, as a fraction of a step
+    noise_multiple: float = 1.0  # how many measured spreads a gain must exceed
+    max_rounds: int = 6
+    confirm_steps: int = 40  # steps of each confirmation run (baseline and winner)
+    skip: list[str] = field(default_factory=list)  # keys never to change: [strategy.comm_hook]
+
+
+@dataclass
+class TrainConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    resume: str = "auto"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    nccl: NcclConfig = field(default_factory=NcclConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
+
+
+def register_schema() -> None:
+    """Register `TrainConfig` so `train.yaml` can name it first in its defaults list, and
+    each engine's schema for its `strategy` option to name first in its own."""
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=TrainConfig)
+    for name, schema in ENGINES.items():
+        store.store(group="strategy", name=f"{name}_schema", node=schema)
+
+
+register_schema()
+
+
+def typed(cfg: DictConfig) -> TrainConfig:
+    """The checked config as the schema's dataclasses (each `strategy` as its engine's),
+    converted once after the front door's checks: what the job's components read."""
+    return OmegaConf.to_object(cfg)

@@ -1,0 +1,266 @@
+"""The semantic check of a composed config, judged alone (no machine, no files, no other
+layer): values with a spelled-out default resolved (`normalize`), then every value and
+combination that cannot run refused (`validate`), naming the key path. What needs the
+machine, the files or an engine's own config is launcher.preflight's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, is_dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.batch import BatchPlan
+from launcher.config.compose import unknown_key_line
+from launcher.config.errors import ConfigError
+from launcher.config.schema import (
+    BACKENDS,
+    COMM_HOOKS,
+    COMPILE_MODES,
+    DATA_SOURCES,
+    DEVICES,
+    ENGINES,
+    FAULT_KINDS,
+    LOGGER_MODES,
+    OFFLOAD_DEVICES,
+    PRECISIONS,
+    PROFILERS,
+)
+from launcher.ranges import range_problem
+
+
+def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
+    value = OmegaConf.select(cfg, key)
+    if value not in allowed:
+        raise ConfigError(f"{key}={value}: not one of {', '.join(allowed)}")
+
+
+def normalize(cfg: DictConfig, world_size: int) -> None:
+    """Resolve the values that have a spelled-out default.
+
+    YAML's boolean spellings of `trainer.compile` (off/on/true/false) become modes, a
+    null `trainer.global_batch_size` becomes one micro-batch per rank (no accumulation),
+    and a null `data.persistent_workers` follows `data.num_workers` (workers kept when
+    there are any).
+    """
+    mode = str(cfg.trainer.compile).lower()
+    cfg.trainer.compile = {"false": "off", "none": "off", "true": "default", "on": "default"}.get(
+        mode, mode
+    )
+    if cfg.trainer.global_batch_size is None and isinstance(cfg.trainer.micro_batch_size, int):
+        cfg.trainer.global_batch_size = cfg.trainer.micro_batch_size * world_size
+    if cfg.data.persistent_workers is None and isinstance(cfg.data.num_workers, int):
+        cfg.data.persistent_workers = cfg.data.num_workers > 0
+    if cfg.strategy.get("powersgd_warmup_steps", 0) is None:
+        cfg.strategy.powersgd_warmup_steps = cfg.trainer.warmup_steps
+
+
+def validate(cfg: DictConfig, world_size: int) -> None:
+    """Reject impossible values and combinations before any process group or worker starts.
+
+    Order matters: unknown keys, then every numeric key's range (docs/configuration.md),
+    then choices, then the rules that relate keys, so that each later check may assume
+    the earlier ones held (no division by a zero `model.n_head`).
+    """
+    normalize(cfg, world_size)
+    _reject_unknown_keys(cfg, "")
+    problem = range_problem(cfg)
+    if problem:
+        raise ConfigError(problem)
+    t, d, m = cfg.trainer, cfg.data, cfg.model
+    _choice(cfg, "logger.mode", LOGGER_MODES)
+    _choice(cfg, "trainer.precision", PRECISIONS)
+    _choice(cfg, "trainer.compile", COMPILE_MODES)
+    _choice(cfg, "trainer.device", DEVICES)
+    _choice(cfg, "dist.backend", BACKENDS)
+    _choice(cfg, "data.source", DATA_SOURCES)
+    _choice(cfg, "profiler.name", PROFILERS)
+    _validate_engine(cfg)
+    problem = BatchPlan.of(t, world_size).problem()
+    if problem:
+        raise ConfigError(problem)
+    if t.seq_len > m.n_positions:
+        raise ConfigError(
+            f"trainer.seq_len={t.seq_len} exceeds model.n_positions={m.n_positions}; "
+            f"shorten the sequence or raise model.n_positions"
+        )
+    if m.n_embd % m.n_head:
+        raise ConfigError(f"model.n_embd={m.n_embd} is not divisible by model.n_head={m.n_head}")
+    if d.num_workers == 0 and d.persistent_workers:
+        raise ConfigError(
+            "data.persistent_workers=true needs data.num_workers>0; "
+            "set data.persistent_workers=false (or leave it null) or add workers"
+        )
+    _validate_data_source(d)
+    _validate_profiler(cfg.profiler, t.max_steps, world_size)
+    _validate_watchdog(cfg.watchdog, cfg.dist.timeout_s)
+    _validate_fault(cfg, world_size)
+    if t.async_checkpoint and cfg.strategy.name != "fsdp2":
+        raise ConfigError(
+            f"trainer.async_checkpoint=true needs strategy=fsdp2 (DCP's asynchronous save); "
+            f"strategy={cfg.strategy.name} writes its checkpoints synchronously"
+        )
+    engine_rules = {
+        "ddp": _validate_ddp,
+        "deepspeed": _validate_deepspeed,
+        "fsdp2": _validate_fsdp2,
+    }
+    if cfg.strategy.name in engine_rules:
+        engine_rules[cfg.strategy.name](cfg, world_size)
+
+
+def _validate_engine(cfg: DictConfig) -> None:
+    """`strategy.name` must be the engine whose schema the strategy option loaded."""
+    name, loaded = cfg.strategy.name, OmegaConf.get_type(cfg.strategy)
+    if name not in ENGINES:
+        raise ConfigError(f"strategy.name={name}: not one of {', '.join(ENGINES)}")
+    if ENGINES[name] is not loaded:
+        chosen = next((n for n, s in ENGINES.items() if s is loaded), "?")
+        raise ConfigError(
+            f"strategy.name={name} does not match the strategy option (strategy={chosen}); "
+            f"choose the engine with strategy={name}, not with strategy.name"
+        )
+
+
+def _validate_profiler(p: DictConfig, max_steps: int, world_size: int) -> None:
+    outside = [r for r in p.ranks if not r < world_size]
+    if outside:
+        raise ConfigError(
+            f"profiler.ranks={list(p.ranks)}: rank(s) {outside} do not exist in a job of "
+            f"{world_size} rank(s); give ranks 0..{world_size - 1} or [] for all"
+        )
+    if p.name == "off":
+        return
+    cycle = p.wait + p.warmup + p.active
+    cycles = max(p.repeat, 1)
+    needed = p.skip_first + cycles * cycle
+    if needed <= max_steps:
+        return
+    first = p.skip_first + p.wait + p.warmup + 1
+    recorded = (
+        "nothing would be recorded"
+        if first > max_steps
+        else f"only steps {first}-{min(first + p.active - 1, max_steps)} would be recorded"
+    )
+    raise ConfigError(
+        f"profiler: profiler.skip_first={p.skip_first} then {cycles} cycle(s) of "
+        f"wait={p.wait} + warmup={p.warmup} + active={p.active} steps need {needed} steps but "
+        f"trainer.max_steps={max_steps}, so {recorded}; lower profiler.skip_first "
+        f"(or repeat, wait, warmup, active) or raise trainer.max_steps"
+    )
+
+
+def _validate_watchdog(w: DictConfig, dist_timeout_s: int) -> None:
+    """The allowances must end before a collective times out (ranges are in ranges.py)."""
+    if not w.enabled:
+        return
+    for key in ("min_s", "first_step_s", "checkpoint_s"):
+        if w[key] >= dist_timeout_s:
+            raise ConfigError(
+                f"watchdog.{key}={w[key]} is not below dist.timeout_s={dist_timeout_s}: a "
+                "collective would time out before the hang is explained; lower it or raise "
+                "dist.timeout_s"
+            )
+
+
+def _validate_fault(cfg: DictConfig, world_size: int) -> None:
+    f = cfg.fault
+    _choice(cfg, "fault.kind", FAULT_KINDS)
+    if f.kind == "none":
+        return
+    if not 0 <= f.rank < world_size:
+        raise ConfigError(
+            f"fault.rank={f.rank}: no such rank in a job of {world_size}; give 0..{world_size - 1}"
+        )
+    if not 1 <= f.step <= cfg.trainer.max_steps:
+        raise ConfigError(
+            f"fault.step={f.step}: the fault would never fire; give a step within "
+            f"1..trainer.max_steps={cfg.trainer.max_steps}"
+        )
+
+
+def _validate_ddp(cfg: DictConfig, world_size: int) -> None:
+    """strategy=ddp: the compression hook, and what PowerSGD cannot do."""
+    s = cfg.strategy
+    _choice(cfg, "strategy.comm_hook", COMM_HOOKS)
+    if s.comm_hook == "powersgd" and cfg.trainer.precision == "fp16":
+        raise ConfigError(
+            "strategy.comm_hook=powersgd does not work with trainer.precision=fp16: its error "
+            "feedback would keep loss-scaled (and overflowed) gradients; use bf16 or fp32"
+        )
+
+
+def _validate_deepspeed(cfg: DictConfig, world_size: int) -> None:
+    """strategy=deepspeed: the stage and offload (`strategy.extra` against trainer.* is
+    judged where DeepSpeed's config is built: launcher.preflight.check_config)."""
+    s, t = cfg.strategy, cfg.trainer
+    _choice(cfg, "strategy.offload_optimizer", OFFLOAD_DEVICES)
+    _choice(cfg, "strategy.offload_param", OFFLOAD_DEVICES)
+    if s.offload_optimizer != "none" and s.zero_stage == 0:
+        raise ConfigError(
+            "strategy.offload_optimizer=cpu needs ZeRO: set strategy.zero_stage to 1, 2 or 3"
+        )
+    if s.offload_param != "none" and s.zero_stage != 3:
+        raise ConfigError(
+            f"strategy.offload_param={s.offload_param} needs strategy.zero_stage=3 (only ZeRO-3 "
+            f"partitions parameters; zero_stage is {s.zero_stage})"
+        )
+    if t.compile != "off":
+        raise ConfigError(
+            f"trainer.compile={t.compile} is not supported with strategy=deepspeed; "
+            "use trainer.compile=off (or strategy=ddp to compile)"
+        )
+
+
+def _validate_fsdp2(cfg: DictConfig, world_size: int) -> None:
+    """strategy=fsdp2: reshard_after_forward's three forms, dtypes, offload."""
+    s = cfg.strategy
+    _choice(cfg, "strategy.reduce_dtype", ("fp32", "bf16"))
+    _choice(cfg, "strategy.offload", OFFLOAD_DEVICES)
+    raf = s.reshard_after_forward
+    if not isinstance(raf, bool):
+        divides = isinstance(raf, int) and 1 < raf < world_size and world_size % raf == 0
+        if not divides:
+            raise ConfigError(
+                f"strategy.reshard_after_forward={raf}: give true, false, or a number of ranks "
+                f"to reshard to that divides the world size {world_size} (neither 1 nor "
+                f"{world_size} itself)"
+            )
+    if cfg.trainer.precision == "fp16":
+        raise ConfigError(
+            "trainer.precision=fp16 is not supported with strategy=fsdp2 (it would need a "
+            "sharded loss scaler); use trainer.precision=bf16 or fp32"
+        )
+
+
+def _reject_unknown_keys(node: DictConfig, prefix: str) -> None:
+    """Catch keys added with Hydra's `+key=value`, which composition lets through. Each
+    node is judged by its own schema: the `strategy` node by the chosen engine's."""
+    schema_type = OmegaConf.get_type(node)
+    if not is_dataclass(schema_type):
+        return  # a free-form mapping such as strategy.extra or cluster.env
+    known = {f.name for f in fields(schema_type)}
+    for key in node:
+        path = f"{prefix}{key}"
+        if key not in known:
+            raise ConfigError(unknown_key_line(path, schema_type))
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            _reject_unknown_keys(child, f"{path}.")
+
+
+def _validate_data_source(d: DictConfig) -> None:
+    """What each data source needs set (whether its files exist is launcher.preflight's)."""
+    wanted = {
+        "text_files": "text file globs, e.g. data.paths=[a/*.txt]",
+        "memmap": "pre-tokenized .bin files",
+    }
+    if d.source in wanted and not d.paths:
+        raise ConfigError(f"data.paths is empty; give {wanted[d.source]}")
+    if d.source in ("memmap", "synthetic"):
+        if d.dtype not in ("uint16", "uint32"):
+            raise ConfigError(f"data.dtype={d.dtype}: not one of uint16, uint32")
+        if d.vocab_size is None:
+            raise ConfigError(
+                f"data.vocab_size is not set; {d.source} data needs its vocabulary size"
+            )
