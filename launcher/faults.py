@@ -34,7 +34,7 @@ class FaultInjector:
     def __init__(self, cfg: DictConfig, *, rank: int, run_dir: Path):
         self.cfg = cfg
         self.marker = run_dir / "logs" / f"fault.rank{rank}"
-        self.armed = cfg.kind != "none" and rank == cfg.rank
+        self.armed = cfg.kind == "slow_data" or (cfg.kind != "none" and rank == cfg.rank)
         if self.armed and cfg.once and self.marker.exists():
             log.info("fault.kind=%s already fired in an earlier attempt; not again", cfg.kind)
             self.armed = False
@@ -48,7 +48,7 @@ class FaultInjector:
             if step >= cfg.step:
                 time.sleep(cfg.seconds)
             return
-        if step != cfg.step or kind == "loader_error":  # loader_error fires in the loader
+        if step != cfg.step or kind in ("loader_error", "slow_data"):  # fire in the loader
             return
         self.armed = False
         self.marker.write_text(f"{kind} at step {step}\n")
@@ -65,7 +65,10 @@ class FaultInjector:
             raise torch.OutOfMemoryError(f"injected by fault.kind=oom at step {step}")
 
     def wrap_windows(self, windows: Dataset, sampler: StepBatchSampler) -> Dataset:
-        """With `kind=loader_error`, the dataset whose worker fails on the fault's step."""
+        """With `kind=loader_error`, the dataset whose worker fails on the fault's step;
+        with `kind=slow_data`, one whose every micro-batch read takes `seconds`."""
+        if self.armed and self.cfg.kind == "slow_data":
+            return _SlowWindows(windows, self.cfg.seconds)
         if not (self.armed and self.cfg.kind == "loader_error"):
             return windows
         poisoned = sampler.rank_batch(self.cfg.step - 1)[: sampler.micro_batch]
@@ -91,4 +94,23 @@ class _FailingWindows(Dataset):
         if list(indices) == self.poisoned:
             self.marker.write_text("loader_error\n")
             raise InjectedFault(f"fault.kind=loader_error: reading micro-batch {indices}")
+        return [self.windows[i] for i in indices]
+
+
+class _SlowWindows(Dataset):
+    """Windows read from high-latency storage: each micro-batch read waits `seconds` (in
+    the DataLoader worker when there are workers, which is what hides it)."""
+
+    def __init__(self, windows: Dataset, seconds: float):
+        self.windows = windows
+        self.seconds = seconds
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, index: int):
+        return self.windows[index]
+
+    def __getitems__(self, indices: list[int]):
+        time.sleep(self.seconds)
         return [self.windows[i] for i in indices]

@@ -144,6 +144,15 @@ RANGES: dict[str, Range] = {
     "cluster.k8s.rdzv_timeout_s": AT_LEAST_1,
     "cluster.k8s.termination_grace_s": NON_NEGATIVE,
     "cluster.k8s.ttl_after_finished_s": NON_NEGATIVE,
+    "tune.budget_s": POSITIVE,
+    "tune.trial_steps": Range(low=4, why="and tune.warmup_steps + 3: warm-up, then 3 profiled"),
+    "tune.warmup_steps": Range(low=1, why="the first step holds start-up"),
+    "tune.repeats": Range(low=2, why="one trial cannot measure noise"),
+    "tune.loss_tolerance": Range(low=0.0, why="0: a math-changing candidate must match exactly"),
+    "tune.min_gain": BELOW_1,
+    "tune.noise_multiple": NON_NEGATIVE,
+    "tune.max_rounds": AT_LEAST_1,
+    "tune.confirm_steps": Range(low=4, why="and tune.warmup_steps + 3"),
 }
 
 _ABSENT = object()

@@ -223,6 +223,16 @@ def init_single_process_group(backend: str, timeout: dt.timedelta, device: torch
     )
 
 
+def launch_runtime(launch: LaunchState) -> Runtime:
+    """This process's place in the launch between its jobs: rank, world size and the control
+    group the first job created, for a front door that decides on rank 0 between jobs and
+    tells the others (launcher.tune). It has no run directory of its own."""
+    rank, local_rank, world = env_world()
+    rt = Runtime(rank, local_rank, world, torch.device("cpu"), launch.backend, launch=launch)
+    rt.control_group = launch.control_group
+    return rt
+
+
 def end_job(rt: Runtime) -> None:
     """Close this job's log file; the process group stays for the next job of a sweep.
 

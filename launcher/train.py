@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import hydra
@@ -109,12 +110,13 @@ def train() -> int:
     return next((c for c in launch.codes if c), exit_codes.DONE)
 
 
-def main() -> None:
-    """Train, and leave the exit code where `launcher.torchrun` reads it, however it ends."""
+def main(entry: Callable[[], int] = train) -> None:
+    """Train (or run another front door's `entry`, launcher.tune's), and leave the exit
+    code where `launcher.torchrun` reads it, however it ends."""
     install_stop_handlers()  # before anything slow: a stop while starting up is kept
     code = exit_codes.CRASH
     try:
-        code = train()
+        code = entry()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
         raise

@@ -118,11 +118,20 @@ class WandbSink(Sink):
 
 
 def log_sweep_summary(
-    logger_cfg, run_root_dir, sweep_id: str, rows: list[dict], png_path=None
+    logger_cfg,
+    run_root_dir,
+    sweep_id: str,
+    rows: list[dict],
+    png_path=None,
+    *,
+    job_type: str = "sweep_summary",
+    name: str | None = None,
+    plot_key: str = "sweep_plot",
 ) -> str | None:
     """One short W&B run (job_type `sweep_summary`, grouped with the sweep's points by
     `group=sweep_id`) holding the sweep's table as `sweep_summary` and its plot as
-    `sweep_plot`. Returns the W&B run id, or None when W&B is disabled.
+    `sweep_plot`. Returns the W&B run id, or None when W&B is disabled. launcher.tune logs
+    its rounds the same way (job_type `tune_report`, plot `tune_plot`).
 
     `run_root_dir` is `run.root`: the files go to `<run_root_dir>/<sweep_id>/wandb/`, next
     to sweep_summary.{csv,md,png}, unless `logger.dir` is set. The id is derived from the
@@ -143,17 +152,17 @@ def log_sweep_summary(
         wandb,
         logger_cfg,
         directory,
-        id=wandb_run_id(f"{sweep_id}-sweep_summary"),
+        id=wandb_run_id(f"{sweep_id}-{job_type}"),
         resume="allow",
-        name=f"{sweep_id} summary",
+        name=name or f"{sweep_id} summary",
         group=sweep_id,
-        job_type="sweep_summary",
+        job_type=job_type,
         config={"sweep_id": sweep_id, "points": len(rows)},
     )
     with _finishing(run):
-        logged = {"sweep_summary": table}
+        logged = {job_type: table}
         if png_path is not None and Path(png_path).is_file():
-            logged["sweep_plot"] = wandb.Image(str(png_path))
+            logged[plot_key] = wandb.Image(str(png_path))
         elif png_path is not None:
             log.warning("sweep plot %s not found; the W&B summary has the table only", png_path)
         run.log(logged)

@@ -429,3 +429,17 @@ def test_an_all_reduce_closed_after_its_step_counts_only_inside_it(tmp_path):
     assert row.comm_s == pytest.approx(500e-6) and row.comm_s < row.step_s
     assert row.exposed_comm_s == pytest.approx(400e-6)  # 600-1000: nothing else ran
     assert row.collectives["all_reduce"] == (1, pytest.approx(500e-6))
+
+
+def test_advice_names_accumulation_beyond_need_unless_memory_is_the_problem(tmp_path):
+    rows = run_breakdown(cuda_trace(tmp_path / "a", [("elementwise", 0.0, 90.0)]))
+    many = RunFacts(micro_batch_size=1, global_batch_size=16, world_size=2)
+    (found,) = advise(rows, facts=many)
+    assert found.kind == "accumulation" and "up to 8, no accumulation" in found.knobs
+    assert "8 micro-steps of 1 sequence(s) per rank" in found.evidence
+    assert (
+        advise(rows, facts=RunFacts(micro_batch_size=4, global_batch_size=16, world_size=2)) == []
+    )
+    tight = cuda_trace(tmp_path / "b", [("elementwise", 0.0, 90.0)], calls=[("cudaFree", 20.0)])
+    kinds = [a.kind for a in advise(run_breakdown(tight), facts=many)]
+    assert kinds == ["memory_pressure"]  # a larger micro-batch would make it worse

@@ -24,11 +24,15 @@ HALF_KERNEL = re.compile(r"bf16|f16|fp16|half|h1688|h16816|e4m3|e5m2|hgemm", re.
 NEXT_COMPILE = {"off": "default", "default": "reduce-overhead"}
 
 
+ACCUM_STEPS = 4  # micro-steps per rank and step from which a larger micro-batch is advised
+
+
 @dataclass
 class Advice:
     finding: str
     knobs: str
     evidence: str
+    kind: str = ""  # which rule found it (data_wait, exposed_comm, ...): what launcher.tune reads
 
 
 def _mean(values: list[float]) -> float:
@@ -47,16 +51,21 @@ def advise(
         return []
     facts = facts or RunFacts()
     gpu = [r for r in rows if r.gpu]
-    found = [
-        _data_wait(rows),
-        _exposed_comm(rows, waited_for or {}),
-        _pageable_copies(rows),
-        _syncs(rows),
-        _launch_bound(gpu, facts),
-        _fp32_matmuls(gpu, facts),
-        _memory_pressure(rows, facts),
-    ]
-    return [a for a in found if a is not None]
+    memory = _memory_pressure(rows, facts)
+    found = {
+        "data_wait": _data_wait(rows),
+        "exposed_comm": _exposed_comm(rows, waited_for or {}),
+        "pageable_copies": _pageable_copies(rows),
+        "syncs": _syncs(rows),
+        "launch_bound": _launch_bound(gpu, facts),
+        "fp32_matmuls": _fp32_matmuls(gpu, facts),
+        "memory_pressure": memory,
+        "accumulation": None if memory else _accumulation(rows, facts),
+    }
+    for kind, advice in found.items():
+        if advice is not None:
+            advice.kind = kind
+    return [a for a in found.values() if a is not None]
 
 
 def _data_wait(rows: list[StepBreakdown]) -> Advice | None:
@@ -220,3 +229,24 @@ def _memory_pressure(rows: list[StepBreakdown], facts: RunFacts) -> Advice | Non
         "trainer.global_batch_size (gradient accumulation makes up the rest)"
     )
     return Advice("memory pressure", ", or ".join(knobs), "; ".join(evidence))
+
+
+def _accumulation(rows: list[StepBreakdown], facts: RunFacts) -> Advice | None:
+    """Many micro-steps per optimizer step with memory to spare: each runs the model on a
+    small batch (per-call overhead, small kernels) where fewer, larger micro-batches do the
+    same work; the global batch stays, so accumulation still makes it up. (Under memory
+    pressure the memory rule asks for the opposite, so this one is silent then.)"""
+    micro, world = facts.micro_batch_size, facts.world_size
+    if not (micro and facts.global_batch_size and world):
+        return None
+    accum = facts.global_batch_size // (micro * world)
+    if accum < ACCUM_STEPS:
+        return None
+    step = _mean([r.step_s for r in rows])
+    return Advice(
+        "gradient accumulation far beyond need: many small micro-batches per step",
+        f"a larger trainer.micro_batch_size (up to {micro * accum}, no accumulation) with "
+        f"the same trainer.global_batch_size={facts.global_batch_size}",
+        f"{accum} micro-steps of {micro} sequence(s) per rank in every {step * 1e3:.1f} ms "
+        f"step (global batch {facts.global_batch_size} over {world} ranks), no memory pressure",
+    )

@@ -20,6 +20,7 @@ class RunFacts:
     grad_checkpointing: bool | None = None
     micro_batch_size: int | None = None
     global_batch_size: int | None = None
+    world_size: int | None = None  # from env.json
     peak_mem_gb: float | None = None  # mem/peak_gb in summary.json: the device's peak
     device_mem_gb: float | None = None  # the first GPU's size, from env.json
 
@@ -35,13 +36,15 @@ def read_facts(run_dir: Path) -> RunFacts:
     config = _read(run_dir / "config.yaml", yaml.safe_load)
     trainer = config.get("trainer") or {}
     summary = _read(run_dir / "summary.json", json.loads)
-    devices = _read(run_dir / "env.json", json.loads).get("devices") or [{}]
+    env = _read(run_dir / "env.json", json.loads)
+    devices = env.get("devices") or [{}]
     return RunFacts(
         precision=trainer.get("precision"),
         compile=None if "compile" not in trainer else str(trainer["compile"]),
         grad_checkpointing=trainer.get("grad_checkpointing"),
         micro_batch_size=trainer.get("micro_batch_size"),
         global_batch_size=trainer.get("global_batch_size"),
+        world_size=env.get("world_size"),
         peak_mem_gb=summary.get("mem/peak_gb"),
         device_mem_gb=devices[0].get("memory_gb"),
     )

@@ -29,7 +29,7 @@ OFFLOAD_DEVICES = ("none", "cpu")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 PROFILERS = ("off", "steps", "full")
 MODEL_IMPLS = ("native", "hf")
-FAULT_KINDS = ("none", "stall", "sigstop", "exit", "oom", "loader_error", "slow")
+FAULT_KINDS = ("none", "stall", "sigstop", "exit", "oom", "loader_error", "slow", "slow_data")
 
 
 @dataclass
@@ -189,7 +189,9 @@ class FaultConfig:
     stall: rank `rank` sleeps `seconds` when step `step` starts; sigstop: it stops itself
     (SIGSTOP: frozen, as a process stuck in a driver is); exit: it exits with `exit_code`;
     oom: it raises an out-of-memory error; loader_error: its data loader raises for that
-    step; slow: it spends `seconds` more in every step from `step` on (a straggler).
+    step; slow: it spends `seconds` more in every step from `step` on (a straggler);
+    slow_data: every rank's data source takes `seconds` for each micro-batch it reads (storage
+    with a high latency, such as a busy network file system; `rank` and `step` do not apply).
     """
 
     kind: str = "none"
@@ -327,6 +329,26 @@ class ClusterConfig:
 
 
 @dataclass
+class TuneConfig:
+    """`python -m launcher.tune`'s rounds (docs/tuning.md); launcher.train ignores it.
+
+    A candidate is kept when its median step time beats the incumbent's by more than
+    `noise_multiple` x the measured noise (the larger spread of the two sets of repeats)
+    and by at least `min_gain` of the incumbent's step time."""
+
+    budget_s: float = 1800.0  # wall time for the rounds; the confirmation runs come after
+    trial_steps: int = 12  # steps of each timed trial, warm-up included
+    warmup_steps: int = 3  # a trial's first steps, not timed: start-up, DDP's bucket rebuild
+    repeats: int = 3  # timed trials of each candidate and of the incumbent, every round
+    loss_tolerance: float = 0.02  # math-changing candidates: |mean loss diff| / incumbent's
+    min_gain: float = 0.05  # the smallest speed-up worth keeping, as a fraction of a step
+    noise_multiple: float = 1.0  # how many measured spreads a gain must exceed
+    max_rounds: int = 6
+    confirm_steps: int = 40  # steps of each confirmation run (baseline and winner)
+    skip: list[str] = field(default_factory=list)  # keys never to change: [strategy.comm_hook]
+
+
+@dataclass
 class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
     resume: str = "auto"
@@ -341,6 +363,7 @@ class TrainConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
 
 
 def register_schema() -> None:

@@ -19,12 +19,15 @@ from launcher.submit.job import prepare
 
 TARGETS = {"slurm": "launcher.submit.slurm", "k8s": "launcher.submit.k8s"}
 
-USAGE = """usage: python -m launcher.submit {slurm,k8s} [--dry-run] [overrides...]
+USAGE = """usage: python -m launcher.submit {slurm,k8s} [--dry-run] [--tune] [overrides...]
 
 Render the training experiment (the same overrides launcher.train takes, sweeps included)
 as a cluster job: an sbatch script (slurm) or an Indexed Job and its Service (k8s). The
 files go to <run.root>/<run.id>/submit/; without --dry-run they are submitted (sbatch,
-kubectl apply). Cluster settings are the cluster.* keys: docs/slurm.md, docs/kubernetes.md."""
+kubectl apply). --tune: every node runs launcher.tune instead of launcher.train (tuning
+rounds, docs/tuning.md). Cluster settings are the cluster.* keys: docs/slurm.md,
+docs/kubernetes.md."""
+TUNE_MODULE = "launcher.tune"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,11 +41,18 @@ def main(argv: list[str] | None = None) -> int:
             f"error: unknown target {target!r}; use one of: {', '.join(TARGETS)}", file=sys.stderr
         )
         return exit_codes.BAD_INPUT
-    dry_run = "--dry-run" in rest
-    overrides = [a for a in rest if a != "--dry-run"]
+    dry_run, tune = "--dry-run" in rest, "--tune" in rest
+    overrides = [a for a in rest if a not in ("--dry-run", "--tune")]
     renderer = importlib.import_module(TARGETS[target])
     try:
         job = prepare(target, overrides)
+        if tune:
+            if len(job.points) > 1:
+                raise ConfigError(
+                    "--tune tunes one experiment, but the overrides sweep several points; "
+                    "give one value per key"
+                )
+            job.module = TUNE_MODULE
         files = renderer.render(job)
         paths = job.write(files)
         for path in paths:

@@ -44,6 +44,7 @@ class SubmitJob:
     workdir: Path
     points: list[DictConfig] = field(default_factory=list)  # every sweep point's config
     warnings: list[str] = field(default_factory=list)  # one line each, printed by submit
+    module: str = "launcher.train"  # what each node's torchrun runs; --tune: launcher.tune
 
     @property
     def cluster(self) -> DictConfig:
@@ -97,7 +98,7 @@ class SubmitJob:
             f"--rdzv-id={self.run_id}",
             *rank,
             "-m",
-            "launcher.train",
+            self.module,
             *self.train_overrides(),
         ]
 

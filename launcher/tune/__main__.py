@@ -1,0 +1,88 @@
+"""`torchrun [--standalone --nproc_per_node=N] -m launcher.tune [overrides]`: tune the
+experiment the overrides describe, in rounds, inside this one launch (docs/tuning.md).
+
+The overrides are composed and checked as launcher.train would, together with the tuner's
+own `tune.*` keys and the trials' settings, so a bad value is one line and exit code 2
+before any process group starts. Then the rounds run (launcher.tune.rounds), and rank 0
+writes tune/report.{md,json}, tune/step_time.png and tune/tuned.yaml into the run
+directory, also when a stop request ends the tuning early (exit code 143).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from launcher import exit_codes, runtime, sweep, train
+from launcher.config import ConfigError, compose, friendly_overrides
+from launcher.job import fail_bad_input
+from launcher.preflight import preflight
+from launcher.tune.report import markdown, report_dict, write_all
+from launcher.tune.rounds import Tuner
+from launcher.tune.trials import PROFILED_STEPS, Trials
+
+log = logging.getLogger("launcher")
+
+USAGE = """usage: torchrun [--standalone --nproc_per_node=N] -m launcher.tune [overrides...]
+
+Tune the training experiment the overrides describe (the same overrides launcher.train
+takes, one experiment, not a sweep): rounds of a profiled run, the analyser's evidence,
+timed trials of the changes it points at, keeping what beats the incumbent by more than
+the noise. Writes <run dir>/tune/report.{md,json}, step_time.png and tuned.yaml.
+Settings: tune.budget_s, tune.trial_steps, tune.repeats, tune.loss_tolerance, ...
+(docs/tuning.md, docs/configuration.md)."""
+
+
+def check(overrides: list[str]) -> None:
+    """Everything a user can get wrong, before anything starts (ConfigError)."""
+    plan = sweep.plan(overrides, False, compose(overrides, sweep=True).hydra)
+    if len(plan.points) > 1 or plan.swept_keys:
+        raise ConfigError(
+            f"launcher.tune tunes one experiment, but the overrides sweep "
+            f"{', '.join(plan.swept_keys) or 'several points'}; give one value per key "
+            "(the tuner chooses the values to try)"
+        )
+    cfg = compose(overrides)
+    preflight(cfg, runtime.env_world()[2], runtime.ranks_per_node())
+    t = cfg.tune
+    for key in ("trial_steps", "confirm_steps"):
+        if t[key] < t.warmup_steps + PROFILED_STEPS:
+            raise ConfigError(
+                f"tune.{key}={t[key]} leaves fewer than {PROFILED_STEPS} steps after "
+                f"tune.warmup_steps={t.warmup_steps} to time and profile; raise it to at least "
+                f"{t.warmup_steps + PROFILED_STEPS}"
+            )
+    Trials(overrides).config({}, t.trial_steps, t.warmup_steps, profile=True)
+
+
+def tune() -> int:
+    """Check, run the rounds, write the report; returns the exit code."""
+    args = sys.argv[1:]
+    if any(a in ("-h", "--help") for a in args):
+        print(USAGE)
+        return exit_codes.DONE
+    overrides = friendly_overrides(args)
+    try:
+        check(overrides)
+    except ConfigError as exc:
+        fail_bad_input(exc)
+    cfg = compose(overrides)
+    tuner = Tuner(cfg, overrides)
+    try:
+        tuner.run()
+    finally:
+        run_dir = tuner.trials.run_dir
+        if run_dir is not None and runtime.env_world()[0] == 0:
+            for path in write_all(tuner, run_dir, overrides, cfg.logger):
+                log.info("wrote %s", path)
+            print(markdown(report_dict(tuner, run_dir, overrides)))
+        runtime.teardown(tuner.trials.launch)
+    return exit_codes.STOPPED if tuner.stopped else exit_codes.DONE
+
+
+def main() -> None:
+    train.main(tune)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The analyser's findings -> the config changes worth a timed trial.
+
+No candidate without evidence: each finding of launcher.analyze.advice (its `kind`) maps to
+the knobs that address it, given the incumbent's settings, so a setting the run already has
+is never proposed again, and a change the config would refuse (a micro-batch that does not
+divide the global batch) is never proposed at all. Memory knobs (gradient checkpointing, a
+smaller micro-batch) come only from memory pressure. Changes that alter the numbers the
+model sees (precision, gradient compression, the micro-batch's rounding) are marked, so the
+decision checks their loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+DEFAULT_BUCKET_MB = 25.0  # DDP's own default: where a sweep of bucket_cap_mb starts
+NEXT_COMPILE = {"off": "default", "default": "reduce-overhead"}
+
+
+@dataclass
+class Candidate:
+    """One change to try: config overrides (key -> value) and the finding behind it."""
+
+    changes: dict[str, Any]
+    evidence: str  # the advice kind that pointed here
+    changes_math: bool = False
+
+    @property
+    def name(self) -> str:
+        return ",".join(f"{k}={override_value(v)}" for k, v in self.changes.items())
+
+
+def override_value(value: Any) -> str:
+    """A value as a Hydra override writes it (true/false, 0.25, bf16)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def propose(advice: list[dict], cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
+    """The candidates that `advice` (report.json's list) points at for the incumbent `cfg`,
+    each once, in the order of the findings; none that changes a key in `tune.skip`."""
+    rules = {
+        "data_wait": _data_wait,
+        "pageable_copies": _pinned,
+        "exposed_comm": _exposed_comm,
+        "launch_bound": _launch_bound,
+        "fp32_matmuls": _precision,
+        "memory_pressure": _memory,
+        "accumulation": _accumulation,
+    }
+    out: list[Candidate] = []
+    for finding in advice:
+        rule = rules.get(finding.get("kind", ""))
+        for cand in rule(cfg, world_size, gpu) if rule else []:
+            skipped = set(cand.changes) & set(cfg.tune.skip)
+            if not skipped and all(cand.changes != c.changes for c in out):
+                out.append(cand)
+    return out
+
+
+def _data_wait(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
+    workers = int(cfg.data.num_workers)
+    out = [Candidate({"data.num_workers": max(2, 2 * workers)}, "data_wait")]
+    return out + _pinned(cfg, world_size, gpu, "data_wait")
+
+
+def _pinned(cfg: DictConfig, world_size: int, gpu: bool, kind="pageable_copies"):
+    """Pinned host memory only matters for copies to a GPU."""
+    if not gpu or cfg.data.pin_memory:
+        return []
+    return [Candidate({"data.pin_memory": True}, kind)]
+
+
+def _exposed_comm(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
+    """DDP's bucket size (its default, and 4x either way of the current one), its two
+    flags that save copies and re-planning, and bf16 compression of the gradients."""
+    s = cfg.strategy
+    if s.name != "ddp":
+        return []
+    cap = float(s.bucket_cap_mb)
+    caps = {DEFAULT_BUCKET_MB, cap * 4} | ({cap / 4} if cap > 1 else set())
+    out = [Candidate({"strategy.bucket_cap_mb": c}, "exposed_comm") for c in sorted(caps - {cap})]
+    if not s.gradient_as_bucket_view:
+        out.append(Candidate({"strategy.gradient_as_bucket_view": True}, "exposed_comm"))
+    if not s.static_graph:
+        out.append(Candidate({"strategy.static_graph": True}, "exposed_comm"))
+    if s.comm_hook == "none" and cfg.trainer.precision != "fp16":
+        out.append(Candidate({"strategy.comm_hook": "bf16"}, "exposed_comm", changes_math=True))
+    return out
+
+
+def _launch_bound(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
+    out = []
+    mode = NEXT_COMPILE.get(str(cfg.trainer.compile))
+    if mode and cfg.strategy.name != "deepspeed":
+        out.append(Candidate({"trainer.compile": mode}, "launch_bound"))
+    return out + _micro_batches(cfg, world_size, "launch_bound", [2])
+
+
+def _precision(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
+    if cfg.trainer.precision in ("bf16", "fp16"):
+        return []
+    return [Candidate({"trainer.precision": "bf16"}, "fp32_matmuls", changes_math=True)]
+
+
+def _memory(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
+    out = []
+    if not cfg.trainer.grad_checkpointing:
+        out.append(Candidate({"trainer.grad_checkpointing": True}, "memory_pressure"))
+    return out + _micro_batches(cfg, world_size, "memory_pressure", [0.5])
+
+
+def _accumulation(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
+    """4x the micro-batch, and the whole per-rank batch at once (no accumulation)."""
+    per_rank = cfg.trainer.global_batch_size // world_size
+    return _micro_batches(
+        cfg, world_size, "accumulation", [4, per_rank / cfg.trainer.micro_batch_size]
+    )
+
+
+def _micro_batches(cfg: DictConfig, world_size: int, kind: str, factors) -> list[Candidate]:
+    """Micro-batch sizes `factors` x the current one that keep the global batch (it must
+    still divide it over the ranks): the same sequences per step, accumulated differently."""
+    t = cfg.trainer
+    out = []
+    for factor in factors:
+        micro = int(t.micro_batch_size * factor)
+        divides = micro >= 1 and t.global_batch_size % (micro * world_size) == 0
+        if divides and micro != t.micro_batch_size:
+            change = {"trainer.micro_batch_size": micro}
+            if all(c.changes != change for c in out):
+                out.append(Candidate(change, kind, changes_math=True))
+    return out

@@ -1,0 +1,241 @@
+"""What a tuning launch leaves in `<run dir>/tune/`: report.json and report.md (one row per
+round, then each round's evidence and candidates), step_time.png (step time per round),
+and tuned.yaml, the winner as an experiment file; the same table and plot go to W&B when
+the experiment logs there.
+
+tuned.yaml holds the user's overrides and the kept changes (the tuning run's own keys,
+`run.*`, `resume` and `tune.*`, left out), as a `_global_` experiment with the user's group
+choices as `override` defaults, so that
+
+    torchrun ... -m launcher.train 'hydra.searchpath=[file://RUN_DIR]' +tune=tuned
+
+(or `+exp=tuned` after copying it into a config directory's exp/) composes the winner.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+
+from launcher import wandb_sink
+from launcher.tune.trials import merged
+
+NOT_TUNED = ("run", "resume", "tune", "hydra")
+
+
+def config_groups() -> set[str]:
+    """The config groups of launcher.conf (model, data, strategy, ...)."""
+    conf = importlib.resources.files("launcher.conf")
+    return {p.name for p in conf.iterdir() if p.is_dir() and not p.name.startswith("_")}
+
+
+def tuned_experiment(user_overrides: list[str], kept: dict[str, Any]) -> dict:
+    """The experiment file's content: group choices as defaults, values nested."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from launcher.tune.trials import as_overrides
+
+    groups = config_groups()
+    defaults: list[Any] = []
+    values = OmegaConf.create({})
+    parsed = OverridesParser.create().parse_overrides(merged(user_overrides, as_overrides(kept)))
+    for o in parsed:
+        key = o.key_or_group
+        if key.split(".")[0] in NOT_TUNED or o.is_delete():
+            continue
+        if key in groups:
+            defaults.append({f"override /{key}" if not o.is_add() else f"/{key}": o.value()})
+        else:
+            OmegaConf.update(values, key, o.value(), force_add=True)
+    return {"defaults": [*defaults, "_self_"], **OmegaConf.to_container(values)}
+
+
+def write_tuned_yaml(path: Path, user_overrides: list[str], kept: dict, run_dir: Path) -> None:
+    where = run_dir.resolve()
+    head = (
+        "# @package _global_\n"
+        f"# Written by launcher.tune ({where}): the experiment it started from with the\n"
+        "# changes it kept. Use it with:\n"
+        f"#   torchrun ... -m launcher.train 'hydra.searchpath=[file://{where}]' +tune=tuned\n"
+        "# or copy it into your config directory's exp/ and use +exp=tuned.\n"
+    )
+    body = yaml.safe_dump(tuned_experiment(user_overrides, kept), sort_keys=False)
+    path.write_text(head + body)
+
+
+def report_dict(tuner, run_dir: Path, user_overrides: list[str]) -> dict:
+    return {
+        "run_dir": str(run_dir),
+        "overrides": list(user_overrides),
+        "tune": OmegaConf.to_container(tuner.tune),
+        "kept": tuner.kept,
+        "ended_because": tuner.ended_because,
+        "stopped": tuner.stopped,
+        "baseline_step_time_p50_s": tuner.baseline_s,
+        "rounds": tuner.rounds,
+        "confirmation": tuner.confirmation,
+    }
+
+
+def _ms(value, spread=None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1e3:.1f}" + (f" ±{spread * 1e3 / 2:.1f}" if spread is not None else "")
+
+
+def _rate(value, spread=None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" + (f" ±{spread / 2:,.0f}" if spread is not None else "")
+
+
+def headline(report: dict) -> str:
+    c = report["confirmation"]
+    kept = ", ".join(f"`{k}={v}`" for k, v in report["kept"].items())
+    if c and c["speedup"]:
+        base, win = c["baseline"], c["winner"]
+        ratio = c["speedup"] if c["speedup"] >= 1 else 1 / c["speedup"]
+        faster = "faster" if c["speedup"] >= 1 else "SLOWER (the gain did not hold)"
+        return (
+            f"**{ratio:.2f}x {faster} per step** in the confirmation runs of "
+            f"{c['steps']} steps: {_ms(base['p50_s'])} ms -> {_ms(win['p50_s'])} ms (p50), "
+            f"{_rate(base['tokens_per_s'])} -> {_rate(win['tokens_per_s'])} tokens/s, "
+            f"with {kept}."
+        )
+    if report["kept"]:
+        return f"Kept {kept}; no confirmation run ({report['ended_because']})."
+    return f"No change kept: {report['ended_because']}."
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        f"# Tuning report: {report['run_dir']}",
+        "",
+        headline(report),
+        "",
+        f"Ended: {report['ended_because']}. Step times in ms (median of the repeats ± half "
+        "their spread); a change is kept when it beats the incumbent by more than the noise.",
+        "",
+        "| round | evidence | candidates | incumbent p50 | incumbent p90 | tokens/s | kept | "
+        "p50 after | speed-up so far |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in report["rounds"]:
+        inc = r.get("incumbent") or {}
+        evidence = ", ".join(a["kind"] for a in r.get("evidence", [])) or "none"
+        speedup = r.get("cumulative_speedup")
+        lines.append(
+            f"| {r['round']} | {evidence} | {len(r.get('candidates', []))} | "
+            f"{_ms(inc.get('step_time_p50_s'), inc.get('step_time_p50_spread_s'))} | "
+            f"{_ms(inc.get('step_time_p90_s'))} | "
+            f"{_rate(inc.get('tokens_per_s'), inc.get('tokens_per_s_spread'))} | "
+            f"{'`' + r['kept'] + '`' if r.get('kept') else '-'} | "
+            f"{_ms(r.get('step_time_p50_s'))} | {f'{speedup:.2f}x' if speedup else '-'} |"
+        )
+    for r in report["rounds"]:
+        lines += ["", f"## Round {r['round']}", ""]
+        changes = ", ".join(f"`{k}={v}`" for k, v in r["incumbent_changes"].items())
+        lines.append(f"Incumbent: {changes or 'the experiment as given'}.")
+        lines += ["", "Evidence (profiled trial `" + r["profile"] + "`):"]
+        for a in r.get("evidence", []):
+            lines.append(f"- **{a['finding']}** ({a['kind']}): {a['evidence']}.")
+        if not r.get("evidence"):
+            lines.append("- " + r.get("evidence_error", "nothing crossed a threshold"))
+        if r.get("candidates"):
+            lines += [
+                "",
+                "| candidate | from | p50 | p90 | tokens/s | mean loss | verdict | reason |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            ]
+            inc = r.get("incumbent") or {}
+            for c in [{"name": "incumbent", "evidence": "", **inc}, *r["candidates"]]:
+                loss = c.get("mean_loss")
+                lines.append(
+                    f"| `{c['name']}` | {c['evidence']} | "
+                    f"{_ms(c.get('step_time_p50_s'), c.get('step_time_p50_spread_s'))} | "
+                    f"{_ms(c.get('step_time_p90_s'))} | "
+                    f"{_rate(c.get('tokens_per_s'), c.get('tokens_per_s_spread'))} | "
+                    f"{'-' if loss is None else f'{loss:.5f}'} | {c.get('verdict', '')} | "
+                    f"{c.get('reason', '')} |"
+                )
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> None:
+    """Step time (p50) of the incumbent at the start and after each round, and the
+    confirmation runs, each with its spread."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, values, spreads = [], [], []
+    for r in report["rounds"]:
+        inc = r.get("incumbent") or {}
+        labels.append(f"round {r['round']}\nincumbent")
+        values.append((inc.get("step_time_p50_s") or r.get("step_time_p50_s") or 0) * 1e3)
+        spreads.append((inc.get("step_time_p50_spread_s") or 0) * 1e3 / 2)
+        if r.get("kept"):
+            kept = next(c for c in r["candidates"] if c["name"] == r["kept"])
+            labels.append(f"round {r['round']}\n{r['kept']}")
+            values.append(kept["step_time_p50_s"] * 1e3)
+            spreads.append((kept.get("step_time_p50_spread_s") or 0) * 1e3 / 2)
+    c = report["confirmation"]
+    for side in ("baseline", "winner") if c else ():
+        labels.append(f"confirm\n{side}")
+        values.append((c[side]["p50_s"] or 0) * 1e3)
+        spreads.append(0.0)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(labels)), 4.0))
+    colors = ["#de2d26" if "confirm" in lb else "#3182bd" for lb in labels]
+    ax.bar(range(len(labels)), values, yerr=spreads, capsize=4, color=colors)
+    ax.set_xticks(range(len(labels)), labels, fontsize="small", rotation=15, ha="right")
+    ax.set_ylabel("step time p50 (ms)")
+    ax.set_title("step time per tuning round")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def table_rows(report: dict) -> list[dict]:
+    """One flat row per round, for W&B."""
+    return [
+        {
+            "round": r["round"],
+            "evidence": ", ".join(a["kind"] for a in r.get("evidence", [])),
+            "candidates": ", ".join(c["name"] for c in r.get("candidates", [])),
+            "incumbent_p50_s": (r.get("incumbent") or {}).get("step_time_p50_s"),
+            "incumbent_p50_spread_s": (r.get("incumbent") or {}).get("step_time_p50_spread_s"),
+            "kept": r.get("kept") or "",
+            "step_time_p50_s": r.get("step_time_p50_s"),
+            "cumulative_speedup": r.get("cumulative_speedup"),
+        }
+        for r in report["rounds"]
+    ]
+
+
+def write_all(tuner, run_dir: Path, user_overrides: list[str], logger_cfg) -> list[Path]:
+    """Every file of tune/ (rank 0), and the W&B table and image when W&B is on."""
+    out = run_dir / "tune"
+    out.mkdir(parents=True, exist_ok=True)
+    report = report_dict(tuner, run_dir, user_overrides)
+    paths = [out / "report.json", out / "report.md", out / "step_time.png", out / "tuned.yaml"]
+    paths[0].write_text(json.dumps(report, indent=1))
+    paths[1].write_text(markdown(report))
+    plot(report, paths[2])
+    write_tuned_yaml(paths[3], user_overrides, tuner.kept, run_dir)
+    wandb_sink.log_sweep_summary(
+        logger_cfg,
+        run_dir.parent,
+        run_dir.name,
+        table_rows(report),
+        paths[2],
+        job_type="tune_report",
+        name=f"{run_dir.name} tune",
+        plot_key="tune_plot",
+    )
+    return paths

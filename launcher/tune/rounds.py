@@ -1,0 +1,209 @@
+"""The tuning rounds: profile the incumbent, read the analyser's evidence, time the
+candidates it points at against the incumbent, keep the best real improvement, repeat.
+
+Knobs interact (bucket size and compilation, workers and micro-batch), so every round
+measures its candidates against the incumbent as it is now, not against the starting
+point; the incumbent is re-timed in every round, interleaved with the candidates, so that
+drift of the machine over the round affects both alike. The rounds end when the evidence
+points at nothing, nothing beats the incumbent by more than the noise, `tune.max_rounds`
+or `tune.budget_s` is reached, or a stop is requested; then, if anything was kept, the
+baseline and the winner run once more for `tune.confirm_steps`, and that comparison is
+the headline.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from typing import Any
+
+from omegaconf import DictConfig
+
+from launcher import runtime
+from launcher.analyze.report import analyze, write
+from launcher.analyze.trace import TraceError
+from launcher.tune.candidates import Candidate, propose
+from launcher.tune.decision import Measured, Trial, Verdict, best, judge
+from launcher.tune.trials import TRIALS, Trials
+
+log = logging.getLogger("launcher")
+
+INCUMBENT = "incumbent"
+
+
+def slug(name: str) -> str:
+    return name.replace("/", "_").replace(",", "+")
+
+
+class Tuner:
+    """The state of one tuning launch: the changes kept so far and the rounds' records."""
+
+    def __init__(self, cfg: DictConfig, user_overrides: list[str]):
+        self.tune = cfg.tune
+        self.trials = Trials(user_overrides)
+        self.kept: dict[str, Any] = {}
+        self.rounds: list[dict] = []
+        self.baseline_s: float | None = None
+        self.ended_because = ""
+        self.confirmation: dict | None = None
+
+    @property
+    def warmup(self) -> int:
+        return self.tune.warmup_steps
+
+    @property
+    def stopped(self) -> bool:
+        return self.trials.stopped
+
+    def run(self) -> None:
+        for n in range(1, self.tune.max_rounds + 1):
+            if not self.round(n) or self.stopped:
+                self.ended_because = self.ended_because or "stopped on request"
+                break
+        else:
+            self.ended_because = f"tune.max_rounds={self.tune.max_rounds} reached"
+        if self.kept and not self.stopped:
+            self.confirm()
+
+    def _time_left(self, estimate_s: float) -> bool:
+        return self.trials.elapsed_s + estimate_s <= self.tune.budget_s
+
+    def round(self, n: int) -> bool:
+        """One round; True when a change was kept (worth another round)."""
+        steps = self.tune.trial_steps
+        profile = self.trials.run(f"r{n}-profile", self.kept, steps, self.warmup, profile=True)
+        record: dict = {"round": n, "incumbent_changes": dict(self.kept), "profile": profile.label}
+        self.rounds.append(record)
+        if self.stopped or not profile.ok:
+            self.ended_because = (
+                "stopped on request"
+                if self.stopped
+                else (f"the profiled run of the incumbent failed ({profile.status})")
+            )
+            return False
+        advice, gpu, problem = self.evidence(profile.label)
+        record["evidence"] = advice
+        if problem:
+            record["evidence_error"] = problem
+        cands = propose(advice, self.trials.last_cfg, runtime.env_world()[2], gpu)
+        record["candidates"] = [
+            {
+                "name": c.name,
+                "changes": c.changes,
+                "evidence": c.evidence,
+                "changes_math": c.changes_math,
+            }
+            for c in cands
+        ]
+        if not cands:
+            record["step_time_p50_s"] = profile.p50_s
+            self.baseline_s = self.baseline_s or profile.p50_s
+            self._close(record, profile.p50_s)
+            self.ended_because = (
+                "nothing to fix: the evidence points at no knob"
+                if not advice
+                else "the evidence points at no knob the tuner can turn"
+            )
+            return False
+        measured = self.measure(n, cands)
+        record["incumbent"] = measured[INCUMBENT].figures()
+        incumbent_s = measured[INCUMBENT].median()
+        self.baseline_s = self.baseline_s or incumbent_s
+        verdicts = {
+            c.name: judge(
+                measured[INCUMBENT],
+                measured[c.name],
+                changes_math=c.changes_math,
+                loss_tolerance=self.tune.loss_tolerance,
+                min_gain=self.tune.min_gain,
+                noise_multiple=self.tune.noise_multiple,
+            )
+            for c in cands
+            if measured[c.name].trials
+        }
+        winner = best(verdicts) if not self.stopped else None
+        for entry, cand in zip(record["candidates"], cands, strict=True):
+            entry.update(measured[cand.name].figures())
+            verdict = verdicts.get(cand.name, Verdict(False, "not run: the budget ran out"))
+            entry["verdict"] = (
+                "kept"
+                if cand.name == winner
+                else ("better, not the best" if verdict.better else "rejected")
+            )
+            entry["reason"] = verdict.reason
+        if winner:
+            cand = next(c for c in cands if c.name == winner)
+            self.kept.update(cand.changes)
+            record["kept"] = winner
+            self._close(record, measured[winner].median())
+            log.info("tune round %d: kept %s (%s)", n, winner, verdicts[winner].reason)
+            if not self._time_left(0.0):
+                self.ended_because = f"tune.budget_s={self.tune.budget_s:g} spent"
+            return not self.ended_because
+        self._close(record, incumbent_s)
+        self.ended_because = self.ended_because or (
+            "stopped on request"
+            if self.stopped
+            else "no candidate beat the incumbent by more than the measured noise"
+        )
+        return False
+
+    def _close(self, record: dict, step_s: float | None) -> None:
+        record.setdefault("kept", None)
+        record["step_time_p50_s"] = step_s
+        record["cumulative_speedup"] = (
+            self.baseline_s / step_s if self.baseline_s and step_s else None
+        )
+
+    def evidence(self, label: str) -> tuple[list[dict], bool, str | None]:
+        """The analyser's advice for the profiled trial (rank 0 analyses, all get it)."""
+        rt = runtime.launch_runtime(self.trials.launch)
+        found: tuple[list[dict], bool, str | None] = ([], False, None)
+        if rt.is_main:
+            run_dir = self.trials.run_dir / TRIALS / label
+            try:
+                report = analyze(run_dir)
+                write(run_dir, report)
+                found = (report["advice"], report["device"] == "gpu", None)
+            except (OSError, TraceError) as exc:
+                found = ([], False, f"{type(exc).__name__}: {exc}")
+        return rt.broadcast_object(found)
+
+    def measure(self, n: int, cands: list[Candidate]) -> dict[str, Measured]:
+        """`tune.repeats` timed trials of the incumbent and of each candidate, interleaved,
+        while the budget lasts (a trial is started only if one more fits)."""
+        measured = {INCUMBENT: Measured(), **{c.name: Measured() for c in cands}}
+        plan = [(INCUMBENT, dict(self.kept))] + [
+            (c.name, {**self.kept, **c.changes}) for c in cands
+        ]
+        estimate = 0.0
+        for rep in range(1, self.tune.repeats + 1):
+            for name, changes in plan:
+                if self.stopped:
+                    return measured
+                if not self._time_left(estimate):
+                    self.ended_because = f"tune.budget_s={self.tune.budget_s:g} spent"
+                    return measured
+                trial: Trial = self.trials.run(
+                    f"r{n}-{slug(name)}-{rep}", changes, self.tune.trial_steps, self.warmup
+                )
+                estimate = max(estimate, trial.wall_s)
+                measured[name].trials.append(trial)
+        return measured
+
+    def confirm(self) -> None:
+        """The baseline and the winner, each once, `tune.confirm_steps` long."""
+        steps = self.tune.confirm_steps
+        base = self.trials.run("confirm-baseline", {}, steps, self.warmup)
+        win = self.trials.run("confirm-winner", self.kept, steps, self.warmup)
+        self.confirmation = {
+            "steps": steps,
+            "baseline": asdict(base),
+            "winner": asdict(win),
+            "speedup": base.p50_s / win.p50_s if base.ok and win.ok else None,
+            "tokens_per_s_gain": (
+                win.tokens_per_s / base.tokens_per_s
+                if base.ok and win.ok and base.tokens_per_s
+                else None
+            ),
+        }

@@ -1,0 +1,144 @@
+"""One trial: a fresh, short training job of the experiment with some changes, in its own
+run directory `tune/trials/<label>/` of the tuning run, on the launch's process group.
+
+Every trial starts from the same weights (the seed) and the same data position (the
+step-indexed sampler) with `resume=never`, checkpoints and evaluation off, and logs every
+step, so that trials differ only in the change under test. Rank 0 reads the trial's
+summary.json and metrics.jsonl and every rank gets the same figures, so that all ranks take
+the same decisions afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from launcher import exit_codes, job, runtime
+from launcher.config import ConfigError, compose
+from launcher.launch_state import LaunchState
+from launcher.preemption import stop_requested
+from launcher.preflight import preflight
+from launcher.tune.candidates import override_value
+from launcher.tune.decision import Trial
+
+TRIALS = "tune/trials"
+# What makes a trial a measurement: fresh, every step logged, nothing else in the steps.
+TRIAL_SETTINGS = (
+    "resume=never",
+    "trainer.log_interval=1",
+    "trainer.eval_interval=0",
+    "trainer.checkpoint_interval=0",
+    "logger.mode=disabled",
+    "logger.tensorboard=false",
+)
+NO_PROFILE = ("profiler=off",)
+PROFILED_STEPS = 3  # the profiled trial, after its warm-up: 1 step warms the profiler, 2 recorded
+
+
+def profile_settings(warmup: int) -> list[str]:
+    """torch.profiler for the steps after the trial's warm-up: the evidence is about the
+    steady state, as the timing is."""
+    return [
+        "profiler=steps",
+        f"profiler.skip_first={warmup}",
+        "profiler.wait=0",
+        "profiler.warmup=1",
+        f"profiler.active={PROFILED_STEPS - 1}",
+        "profiler.repeat=1",
+    ]
+
+
+def override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def merged(user: list[str], extra: list[str]) -> list[str]:
+    """The user's overrides with `extra` on top: a key both give takes extra's value."""
+    mine = {override_key(o) for o in extra}
+    return [o for o in user if override_key(o) not in mine] + list(extra)
+
+
+def as_overrides(changes: dict[str, Any]) -> list[str]:
+    return [f"{k}={override_value(v)}" for k, v in changes.items()]
+
+
+class Trials:
+    """Runs trials one after another in this process and keeps the launch's clock: the
+    elapsed time and a stop request are rank 0's and any rank's, the same on every rank."""
+
+    def __init__(self, user_overrides: list[str]):
+        self.user = list(user_overrides)
+        self.launch = LaunchState()  # the process group and run id the trials share
+        self.started = time.monotonic()
+        self.elapsed_s = 0.0
+        self.stopped = False
+        self.run_dir: Path | None = None  # the tuning run's directory, once the first job ran
+        self.last_cfg: DictConfig | None = None
+
+    def config(
+        self, changes: dict[str, Any], steps: int, warmup: int, profile: bool = False
+    ) -> DictConfig:
+        """The composed, checked config of a trial (ConfigError if the change is refused)."""
+        extra = [*as_overrides(changes), f"trainer.max_steps={steps}", *TRIAL_SETTINGS]
+        extra += profile_settings(warmup) if profile else NO_PROFILE
+        cfg = compose(merged(self.user, extra))
+        preflight(cfg, runtime.env_world()[2], runtime.ranks_per_node())  # normalizes too
+        return cfg
+
+    def run(
+        self, label: str, changes: dict[str, Any], steps: int, warmup: int, profile=False
+    ) -> Trial:
+        """Train one trial and return its figures (a refused or failed trial says why)."""
+        try:
+            cfg = self.config(changes, steps, warmup, profile)
+        except ConfigError as exc:
+            return Trial(label, f"refused: {exc}")
+        self.last_cfg = cfg
+        code = job.run(cfg, self.launch, f"{TRIALS}/{label}")
+        if code is None:
+            raise RuntimeError(f"trial {label} did not end cleanly")
+        self.run_dir = Path(cfg.run.root).expanduser() / self.launch.sweep_id
+        rt = runtime.launch_runtime(self.launch)
+        trial_dir = self.run_dir / TRIALS / label
+        figures = read_trial(trial_dir, label, code, warmup) if rt.is_main else None
+        now = time.monotonic() - self.started
+        trial, self.elapsed_s = rt.broadcast_object((figures, now))
+        stops = rt.all_gather_objects(stop_requested() or code == exit_codes.STOPPED)
+        self.stopped = self.stopped or any(stops)
+        return trial
+
+
+def read_trial(run_dir: Path, label: str, code: int, warmup: int) -> Trial:
+    """The trial's figures from metrics.jsonl (one row per step, aggregated over ranks):
+    step time p50/p90 and tokens/s as medians over the steps after the first `warmup`
+    (start-up, DDP's bucket rebuild and each all-reduce's first use are slow, more so for
+    some candidates than others), the mean loss over every step."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    except (OSError, ValueError) as exc:
+        return Trial(label, f"exit {code}: {exc}")
+    rows = [r for r in rows if r.get("loss") is not None]
+    timed = rows[warmup:]
+
+    def median(key: str) -> float | None:
+        values = [r[key] for r in timed if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    status = summary.get("status", "?")
+    if code and status == "completed":
+        status = f"exit {code} ({exit_codes.MEANING.get(code, '?')})"
+    return Trial(
+        label,
+        status,
+        p50_s=median("step_time_s/p50"),
+        p90_s=median("step_time_s/p90"),
+        tokens_per_s=median("tokens_per_s"),
+        mean_loss=statistics.fmean(r["loss"] for r in rows) if rows else None,
+        wall_s=summary.get("wall_time_s") or 0.0,
+    )
