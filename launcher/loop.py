@@ -21,6 +21,7 @@ from launcher import checkpoint, memory_snapshot
 from launcher.batch import BatchPlan
 from launcher.config.schema import TrainConfig, TrainerConfig
 from launcher.data import TokenData, build_eval_batches, build_train_loader
+from launcher.data.loader import stop_signals_held
 from launcher.faults import FaultInjector
 from launcher.metrics import (
     KIND_STEMS,
@@ -238,7 +239,8 @@ class TrainLoop:
             prefetch_factor=self.cfg.data.prefetch_factor,
             wrap_windows=self.fault.wrap_windows,
         )
-        batches = iter(loader)
+        with stop_signals_held():  # workers start deaf to a stop meant for the trainer
+            batches = iter(loader)
         timer = StepTimer(rt.device)
         self.interval = Interval()
         self.start_time = time.perf_counter()

@@ -7,10 +7,13 @@ standard library or from files the tests write, and the cache lives under tmp_pa
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import multiprocessing
 import os
 import pickle
 import random
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +35,7 @@ from launcher.data import (
 from launcher.data.bpe import train_bpe
 from launcher.data.cache import publish_dir
 from launcher.data.holdout import assign_splits
+from launcher.data.loader import ignore_stop_signals, stop_signals_held
 from launcher.data.shards import ShardWriter, token_dtype
 from launcher.data.shm import human_bytes
 from launcher.data.tokenizer import cached_gpt2_tiktoken, resolve_tokenizer
@@ -449,3 +453,32 @@ def test_check_shm_reports_both_numbers_and_the_fixes(tmp_path):
     assert human_bytes(free_before) in message or human_bytes(free_after) in message
     assert "--shm-size" in message and "--ipc=host" in message and "emptyDir" in message
     assert "data.num_workers" in message and "\n" not in message
+
+
+def _worker_start_with_a_stop_signal_in_between(queue) -> None:
+    """What a DataLoader worker does at start-up, with a SIGTERM (torchrun's killpg)
+    arriving between torch's worker signal handlers and the init function."""
+    from torch.utils.data._utils import signal_handling
+
+    signal_handling._set_worker_signal_handlers()  # torch's: SIGTERM kills the worker
+    os.kill(os.getpid(), signal.SIGTERM)
+    ignore_stop_signals(0)
+    queue.put("alive")
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_a_stop_signal_while_a_worker_starts_does_not_kill_it(held):
+    """Workers started under stop_signals_held are born with the stop signals blocked, so
+    one that arrives before their init function ignores it is discarded, not fatal; the
+    same start without the hold dies of it (the defect this guards against)."""
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    with stop_signals_held() if held else contextlib.nullcontext():
+        worker = ctx.Process(target=_worker_start_with_a_stop_signal_in_between, args=(queue,))
+        worker.start()
+    worker.join(timeout=60)
+    if held:
+        assert worker.exitcode == 0 and queue.get(timeout=5) == "alive"
+    else:
+        assert worker.exitcode == -signal.SIGTERM
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == set()  # the test process unblocked

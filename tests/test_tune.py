@@ -289,9 +289,8 @@ def test_nothing_to_fix_ends_after_one_round_saying_so(tmp_path):
 def test_stop_during_tuning_writes_the_report_so_far_and_exits_143(tmp_path):
     args = [*SMALL, f"run.root={tmp_path}", "run.id=stop", "tune.trial_steps=30"]
     args += ["trainer.global_batch_size=16", "trainer.micro_batch_size=1"]
-    # Without loader workers: with them, a SIGTERM here once killed a worker on a busy
-    # machine (not yet explained; see the branch's report).
-    args += ["data.num_workers=0", "data.persistent_workers=false"]
+    # With the default loader workers: every trial starts new ones, and a SIGTERM while one
+    # starts must not kill it (launcher.data.loader.stop_signals_held).
     cmd = torchrun_cmd(args, module="launcher.tune", runner="launcher.torchrun")
     output = tmp_path / "out.txt"
     proc = start(cmd, output)

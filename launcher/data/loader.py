@@ -10,6 +10,7 @@ what an uninterrupted one would, without replaying the stream to get there.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import signal
 from collections.abc import Callable, Iterator
@@ -97,6 +98,27 @@ def ignore_stop_signals(_worker_id: int) -> None:
     """
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    # Born with them blocked (`stop_signals_held`): one that arrived in between is
+    # discarded now that it is ignored.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+@contextlib.contextmanager
+def stop_signals_held():
+    """Start DataLoader workers (`iter(loader)`) inside this: they are forked with the stop
+    signals blocked, until `ignore_stop_signals` ignores them.
+
+    Between its fork and its init function a worker runs torch's own SIGTERM handler,
+    which kills it: a stop signal sent to the whole process group at that moment (torchrun
+    and Slurm do, and a tuner starts workers for every trial) would take a worker down
+    instead of becoming the trainer's stop checkpoint. The trainer process itself loses
+    nothing: its signals are held only in this thread, and delivered when the block ends.
+    """
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def reap_workers() -> None:
