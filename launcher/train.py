@@ -101,7 +101,13 @@ def train() -> int:
     args.overrides = [friendly[o] for o in args.overrides]
     launch = LaunchState()
     if not (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion):
-        launch.swept_keys = check_points(args.overrides, args.multirun).swept_keys
+        checked = args.overrides
+        if args.config_dir:  # Hydra searches it first (e.g. exp/ of the user's own, or tuned)
+            where = Path(args.config_dir).expanduser().resolve()
+            if not where.is_dir():
+                fail_bad_input(ConfigError(f"--config-dir {args.config_dir}: no such directory"))
+            checked = [f"hydra.searchpath=[file://{where}]", *checked]
+        launch.swept_keys = check_points(checked, args.multirun).swept_keys
     try:
         hydra_entry(launch)()
         write_sweep_summary(launch)

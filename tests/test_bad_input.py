@@ -156,6 +156,19 @@ def test_deepspeed_fp16_on_this_cpu_is_refused(monkeypatch, capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+def test_config_dir_is_read_by_the_check_too(monkeypatch, capsys, tmp_path):
+    """`--config-dir DIR +exp=mine` reaches the experiments in DIR/exp/ (a tuned.yaml copied
+    there, say): the check before Hydra starts composes with it, so a mistake inside the
+    file is the usual one line, and a missing directory is named."""
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "mine.yaml").write_text("# @package _global_\ntrainer:\n  max_stpes: 3\n")
+    code, err = run_main(monkeypatch, capsys, ["--config-dir", str(tmp_path), "+exp=mine"])
+    assert code == 2
+    assert err.startswith("error: trainer.max_stpes: unknown key (did you mean trainer.max_steps")
+    code, err = run_main(monkeypatch, capsys, ["--config-dir", str(tmp_path / "no"), "+exp=mine"])
+    assert (code, err.strip()) == (2, f"error: --config-dir {tmp_path / 'no'}: no such directory")
+
+
 def test_resume_path_without_checkpoint(monkeypatch, capsys, tmp_path):
     code, err = run_main(monkeypatch, capsys, [f"resume={tmp_path}"])
     assert code == 2

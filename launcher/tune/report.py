@@ -9,7 +9,7 @@ choices as `override` defaults, so that
 
     torchrun ... -m launcher.train 'hydra.searchpath=[file://RUN_DIR]' +tune=tuned
 
-(or `+exp=tuned` after copying it into a config directory's exp/) composes the winner.
+(or `--config-dir DIR +exp=tuned` after copying it into DIR/exp/) composes the winner.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def write_tuned_yaml(path: Path, user_overrides: list[str], kept: dict, run_dir:
         f"# Written by launcher.tune ({where}): the experiment it started from with the\n"
         "# changes it kept. Use it with:\n"
         f"#   torchrun ... -m launcher.train 'hydra.searchpath=[file://{where}]' +tune=tuned\n"
-        "# or copy it into your config directory's exp/ and use +exp=tuned.\n"
+        "# or copy it into DIR/exp/ and use --config-dir DIR +exp=tuned.\n"
     )
     body = yaml.safe_dump(tuned_experiment(user_overrides, kept), sort_keys=False)
     path.write_text(head + body)
