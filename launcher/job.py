@@ -8,6 +8,7 @@ a clean process-group teardown behind, whatever happened.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import re
@@ -18,11 +19,12 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from launcher import checkpoint, envinfo, exit_codes, resume
+from launcher.batch import BatchPlan
 from launcher.config import ConfigError, TrainConfig, normalize, typed
-from launcher.data import prepare_data
+from launcher.data import TokenData, build_train_loader, prepare_data
 from launcher.launch_state import LaunchState
 from launcher.lock import LockHeld, RunLock
-from launcher.loop import NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
+from launcher.loop import LoopConfig, NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
 from launcher.model import build_model, count_params, flops_per_token, peak_flops
 from launcher.nccl_transport import transport_recorders
 from launcher.preflight import preflight, shm_need
@@ -327,9 +329,16 @@ class Job:
         data, model, fpt = build_data_and_model(cfg, rt)
         folders = plan_resume(cfg, rt, model)
         self.strategy = build_strategy(cfg, rt, model)
-        meta = resume.identity(cfg, model, rt.world_size)
         self.loop = TrainLoop(
-            cfg, rt, self.strategy, data, self.sinks, fpt, peak_flops(rt.device), ckpt_meta=meta
+            LoopConfig.of(cfg),
+            rt,
+            self.strategy,
+            loader_opener(cfg, rt, data),
+            data.val,
+            self.sinks,
+            fpt,
+            peak_flops(rt.device),
+            ckpt_meta=resume.identity(cfg, model, rt.world_size),
         )
         start_step = restore(self.loop, rt, folders)
         if rt.is_main:
@@ -367,6 +376,23 @@ class Job:
         if self.lock is not None:
             self.lock.release()
         end_job(rt)
+
+
+def loader_opener(cfg: TrainConfig, rt: Runtime, data: TokenData):
+    """This rank's training loader with the run's data settings, opened by the loop at the
+    step it starts from (see launcher.data.build_train_loader)."""
+    d = cfg.data
+    return functools.partial(
+        build_train_loader,
+        data.train,
+        BatchPlan.of(cfg.trainer, rt.world_size),
+        rank=rt.rank,
+        seed=cfg.trainer.seed,
+        num_workers=d.num_workers,
+        pin_memory=d.pin_memory and rt.device.type == "cuda",
+        persistent_workers=d.persistent_workers,
+        prefetch_factor=d.prefetch_factor,
+    )
 
 
 def rank0_sinks(cfg: TrainConfig, rt: Runtime, point: str | None, start_step: int) -> list:

@@ -12,15 +12,24 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 from launcher import checkpoint, memory_snapshot
 from launcher.batch import BatchPlan
-from launcher.config.schema import TrainConfig, TrainerConfig
-from launcher.data import TokenData, build_eval_batches, build_train_loader
+from launcher.config.schema import (
+    FaultConfig,
+    ProfilerConfig,
+    TrainConfig,
+    TrainerConfig,
+    WatchdogConfig,
+)
+from launcher.data import build_eval_batches
 from launcher.data.loader import stop_signals_held
 from launcher.faults import FaultInjector
 from launcher.metrics import (
@@ -91,22 +100,46 @@ def lr_at(step: int, tcfg: TrainerConfig) -> float:
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (tcfg.lr - min_lr)
 
 
+@dataclass
+class LoopConfig:
+    """The sections of the checked config the loop reads: its own numbers (`trainer`), how
+    to profile, to watch for hangs and to rehearse faults, and which GPT-2 computes the
+    loss. The data it reads comes as a loader, built by the job."""
+
+    trainer: TrainerConfig
+    profiler: ProfilerConfig
+    watchdog: WatchdogConfig
+    fault: FaultConfig
+    impl: str  # model.impl
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> LoopConfig:
+        return cls(cfg.trainer, cfg.profiler, cfg.watchdog, cfg.fault, cfg.model.impl)
+
+
+# open_loader(start_step=..., wrap_windows=...): this rank's training batches in step order
+# from `start_step` (launcher.data.build_train_loader with the run's data settings).
+OpenLoader = Callable[..., DataLoader]
+
+
 class TrainLoop:
     def __init__(
         self,
-        cfg: TrainConfig,
+        cfg: LoopConfig,
         rt: Runtime,
         strategy: Strategy,
-        data: TokenData,
+        open_loader: OpenLoader,
+        val: Dataset,
         sinks: list[Sink],
         flops_per_token: float,
         peak_flops: float | None,
         ckpt_meta: dict | None = None,
     ):
         self.cfg, self.t, self.rt = cfg, cfg.trainer, rt
-        self.impl = cfg.model.impl
+        self.impl = cfg.impl
         self.strategy = strategy
-        self.data = data
+        self.open_loader = open_loader
+        self.val = val
         self.sinks = sinks
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
@@ -227,18 +260,7 @@ class TrainLoop:
     # -- the loop ----------------------------------------------------------------------
     def run(self, start_step: int) -> dict:
         t, rt = self.t, self.rt
-        loader = build_train_loader(
-            self.data.train,
-            self.batch,
-            rank=rt.rank,
-            seed=t.seed,
-            start_step=start_step,
-            num_workers=self.cfg.data.num_workers,
-            pin_memory=self.cfg.data.pin_memory and rt.device.type == "cuda",
-            persistent_workers=self.cfg.data.persistent_workers,
-            prefetch_factor=self.cfg.data.prefetch_factor,
-            wrap_windows=self.fault.wrap_windows,
-        )
+        loader = self.open_loader(start_step=start_step, wrap_windows=self.fault.wrap_windows)
         with stop_signals_held():  # workers start deaf to a stop meant for the trainer
             batches = iter(loader)
         timer = StepTimer(rt.device)
@@ -387,7 +409,7 @@ class TrainLoop:
         # eval_batches global batches of held-out windows, split over the ranks: the same
         # sequences whatever the world size, so eval losses compare across runs.
         batches = build_eval_batches(
-            self.data.val,
+            self.val,
             micro_batch=self.batch.micro_batch,
             num_batches=self.t.eval_batches * self.accum,
             rank=self.rt.rank,
