@@ -70,7 +70,7 @@ def main() -> int:
         cfg.strategy.time_comm = timed
         torch.manual_seed(t.seed)
         model = build_model(cfg.model, data.vocab_size, eot_id=data.eot_id)
-        sides[timed] = DDPStrategy(cfg, rt, model)
+        sides[timed] = DDPStrategy(cfg.strategy, cfg.trainer, rt, model)
     windows = [data.train[i] for i in range(t.micro_batch_size)]
     x = torch.stack([w[0] for w in windows]).to(rt.device)
     y = torch.stack([w[1] for w in windows]).to(rt.device)

@@ -328,7 +328,7 @@ class Job:
         self.lock = claim_run_dir(rt)  # nothing in the run directory is written before this
         data, model, fpt = build_data_and_model(cfg, rt)
         folders = plan_resume(cfg, rt, model)
-        self.strategy = build_strategy(cfg, rt, model)
+        self.strategy = build_strategy(cfg.strategy, cfg.trainer, rt, model)
         self.loop = TrainLoop(
             LoopConfig.of(cfg),
             rt,

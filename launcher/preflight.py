@@ -58,7 +58,7 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
         from launcher.strategy.ds_config import DeepSpeedConfigError, build_ds_config
 
         try:
-            build_ds_config(cfg, world_size)
+            build_ds_config(cfg.strategy, cfg.trainer, world_size)
         except DeepSpeedConfigError as exc:
             raise ConfigError(str(exc)) from exc
 

@@ -251,7 +251,8 @@ from launcher import job, loop, train  # every module a DDP run imports
 cfg = compose(["strategy=ddp"])
 validate(cfg, 1)
 model = build_model(cfg.model, 512, eot_id=0, grad_checkpointing=False)
-strategy = build_strategy(cfg, Runtime(0, 0, 1, torch.device("cpu"), None), model)
+rt = Runtime(0, 0, 1, torch.device("cpu"), None)
+strategy = build_strategy(cfg.strategy, cfg.trainer, rt, model)
 assert "deepspeed" not in sys.modules, "deepspeed was imported"
 print("ok")
 """

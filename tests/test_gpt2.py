@@ -149,7 +149,7 @@ def two_steps(overrides):
     torch.manual_seed(0)
     model = build_model(cfg.model, 256, grad_checkpointing=cfg.trainer.grad_checkpointing)
     rt = Runtime(0, 0, 1, torch.device("cpu"), None, run_dir=Path(tempfile.mkdtemp()))
-    strategy = build_strategy(cfg, rt, model)
+    strategy = build_strategy(cfg.strategy, cfg.trainer, rt, model)
     g = torch.Generator().manual_seed(1)
     losses = []
     for _ in range(2):

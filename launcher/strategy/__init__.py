@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from launcher.config.schema import TrainConfig
+from launcher.config.schema import StrategyConfig, TrainerConfig
 from launcher.runtime import Runtime
 from launcher.strategy.base import Strategy
 
@@ -21,20 +21,20 @@ def needs_process_group(name: str) -> bool:
     return name in _GROUP_ENGINES
 
 
-def build_strategy(cfg: TrainConfig, rt: Runtime, model: torch.nn.Module) -> Strategy:
+def build_strategy(
+    s: StrategyConfig, t: TrainerConfig, rt: Runtime, model: torch.nn.Module
+) -> Strategy:
     """The strategy named by `strategy.name`, set up around `model`."""
-    if cfg.strategy.name == "ddp":
+    if s.name == "ddp":
         from launcher.strategy.ddp import DDPStrategy
 
-        return DDPStrategy(cfg, rt, model)
-    if cfg.strategy.name == "deepspeed":  # imports deepspeed: only when chosen
+        return DDPStrategy(s, t, rt, model)
+    if s.name == "deepspeed":  # imports deepspeed: only when chosen
         from launcher.strategy.deepspeed import DeepSpeedStrategy
 
-        return DeepSpeedStrategy(cfg, rt, model)
-    if cfg.strategy.name == "fsdp2":
+        return DeepSpeedStrategy(s, t, rt, model)
+    if s.name == "fsdp2":
         from launcher.strategy.fsdp2 import FSDP2Strategy
 
-        return FSDP2Strategy(cfg, rt, model)
-    raise ValueError(
-        f"strategy.name={cfg.strategy.name}: unknown strategy; use ddp, deepspeed or fsdp2"
-    )
+        return FSDP2Strategy(s, t, rt, model)
+    raise ValueError(f"strategy.name={s.name}: unknown strategy; use ddp, deepspeed or fsdp2")

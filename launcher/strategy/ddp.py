@@ -13,7 +13,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from launcher.comm_stats import StepComm
-from launcher.config.schema import TrainConfig
+from launcher.config.schema import DDPConfig, TrainerConfig
 from launcher.runtime import Runtime
 from launcher.strategy import comm_hooks, powersgd
 from launcher.strategy.base import Strategy
@@ -26,8 +26,7 @@ AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class DDPStrategy(Strategy):
-    def __init__(self, cfg: TrainConfig, rt: Runtime, model: torch.nn.Module):
-        t, s = cfg.trainer, cfg.strategy
+    def __init__(self, s: DDPConfig, t: TrainerConfig, rt: Runtime, model: torch.nn.Module):
         self.device = rt.device
         self.rank = rt.rank
         self.precision = t.precision

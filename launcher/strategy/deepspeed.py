@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from launcher import checkpoint
 from launcher.comm_stats import StepComm
-from launcher.config.schema import TrainConfig
+from launcher.config.schema import DeepSpeedConfig, TrainerConfig
 from launcher.runtime import Runtime
 from launcher.strategy.base import Strategy
 from launcher.strategy.ds_comm import CollectiveTimer
@@ -37,15 +37,14 @@ RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
 
 
 class DeepSpeedStrategy(Strategy):
-    def __init__(self, cfg: TrainConfig, rt: Runtime, model: torch.nn.Module):
-        t, s = cfg.trainer, cfg.strategy
+    def __init__(self, s: DeepSpeedConfig, t: TrainerConfig, rt: Runtime, model: torch.nn.Module):
         self.rt = rt
         self.stage = int(s.zero_stage)
         self.precision = t.precision
         deepspeed = import_deepspeed()
         self._deepspeed = deepspeed
         deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
-        self.ds_config = build_ds_config(cfg, rt.world_size)
+        self.ds_config = build_ds_config(s, t, rt.world_size)
         optimizer = build_optimizer(model, t)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model.to(rt.device), optimizer=optimizer, config=self.ds_config

@@ -13,9 +13,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from launcher.batch import BatchPlan
+from launcher.config.schema import DeepSpeedConfig, TrainerConfig
 
 # Sections DeepSpeed would build its own optimizer or LR schedule from: the launcher passes
 # its AdamW (trainer.lr, betas, weight_decay) and sets the LR of every step itself.
@@ -30,9 +31,8 @@ class DeepSpeedConfigError(ValueError):
     """A contradiction between `strategy.extra` and the launcher's keys (one line)."""
 
 
-def derived_config(cfg: DictConfig, world_size: int) -> dict[str, Any]:
+def derived_config(s: DeepSpeedConfig, t: TrainerConfig, world_size: int) -> dict[str, Any]:
     """What the launcher's own keys say, before `strategy.extra` is merged in."""
-    s, t = cfg.strategy, cfg.trainer
     zero: dict[str, Any] = {
         "stage": int(s.zero_stage),
         "reduce_bucket_size": int(s.reduce_bucket_size),
@@ -96,9 +96,9 @@ def _enabled(section) -> bool:
     return isinstance(section, dict) and bool(section.get("enabled", False))
 
 
-def build_ds_config(cfg: DictConfig, world_size: int) -> dict[str, Any]:
+def build_ds_config(s: DeepSpeedConfig, t: TrainerConfig, world_size: int) -> dict[str, Any]:
     """The DeepSpeed config this run uses; raises DeepSpeedConfigError on a contradiction."""
-    extra = cfg.strategy.extra  # a dict once typed; a DictConfig while being checked
+    extra = s.extra  # a dict once typed; a DictConfig while being checked
     extra = (
         OmegaConf.to_container(extra, resolve=True) if OmegaConf.is_config(extra) else extra
     ) or {}
@@ -107,7 +107,7 @@ def build_ds_config(cfg: DictConfig, world_size: int) -> dict[str, Any]:
             raise DeepSpeedConfigError(
                 f"strategy.extra.{section} is not accepted: {why}; remove it"
             )
-    base = derived_config(cfg, world_size)
+    base = derived_config(s, t, world_size)
     for path, owner in OWNED:
         given, derived = _get(extra, path), _get(base, path)
         if given is None:
@@ -126,9 +126,9 @@ def build_ds_config(cfg: DictConfig, world_size: int) -> dict[str, Any]:
     if fp16 and bf16:
         raise DeepSpeedConfigError(
             "fp16 and bf16 are both enabled (strategy.extra turns one on while "
-            f"trainer.precision={cfg.trainer.precision}); choose one with trainer.precision"
+            f"trainer.precision={t.precision}); choose one with trainer.precision"
         )
-    wanted = cfg.trainer.precision
+    wanted = t.precision
     got = "fp16" if fp16 else "bf16" if bf16 else "fp32"
     if got != wanted:
         raise DeepSpeedConfigError(

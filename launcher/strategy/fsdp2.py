@@ -35,7 +35,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 from torch.distributed.tensor import DTensor
 
 from launcher.comm_stats import StepComm
-from launcher.config.schema import TrainConfig
+from launcher.config.schema import FSDP2Config, TrainerConfig
 from launcher.runtime import Runtime
 from launcher.strategy.base import Strategy
 from launcher.strategy.dcp import is_dcp_checkpoint, load_dcp
@@ -79,8 +79,7 @@ def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 class FSDP2Strategy(Strategy):
-    def __init__(self, cfg: TrainConfig, rt: Runtime, model: torch.nn.Module):
-        t, s = cfg.trainer, cfg.strategy
+    def __init__(self, s: FSDP2Config, t: TrainerConfig, rt: Runtime, model: torch.nn.Module):
         self.rt, self.device = rt, rt.device
         self.grad_clip = t.grad_clip
         self.async_checkpoint = t.async_checkpoint
