@@ -29,7 +29,7 @@ from launcher.config import compose, normalize, typed
 from launcher.data import prepare_data
 from launcher.launch_state import LaunchState
 from launcher.model import build_model, model_loss
-from launcher.runtime import env_world, start, teardown
+from launcher.runtime import RuntimeConfig, env_world, start, teardown
 from launcher.strategy.ddp import DDPStrategy
 
 BUDGET = 0.02
@@ -58,7 +58,7 @@ def main() -> int:
     launch = LaunchState()
     normalize(cfg, env_world()[2])
     cfg = typed(cfg)
-    rt = start(cfg, launch)
+    rt = start(RuntimeConfig.of(cfg), launch)
     if not rt.distributed:
         raise SystemExit("run under torchrun: there is no communication to time otherwise")
     t = cfg.trainer

@@ -30,6 +30,7 @@ from launcher.nccl_transport import transport_recorders
 from launcher.preflight import preflight, shm_need
 from launcher.runtime import (
     Runtime,
+    RuntimeConfig,
     end_job,
     env_world,
     launch_key,
@@ -285,7 +286,8 @@ def run(cfg: DictConfig, launch: LaunchState, point: str | None = None) -> int:
     """
     normalize(cfg, env_world()[2])  # Hydra composed this job's config anew
     cfg = typed(cfg)
-    rt = start(cfg, launch, point, needs_group=needs_process_group(cfg.strategy.name))
+    needs_group = needs_process_group(cfg.strategy.name)
+    rt = start(RuntimeConfig.of(cfg), launch, point, needs_group=needs_group)
     if point is not None and cfg.resume == "auto" and already_completed(rt):
         log.info("sweep point %s already completed in %s; not run again", point, rt.run_dir)
         end_job(rt)

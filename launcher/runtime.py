@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from launcher import nccl_log
-from launcher.config.schema import TrainConfig
+from launcher.config.schema import DistConfig, NcclConfig, RunConfig, TrainConfig
 from launcher.launch_state import LaunchState
 from launcher.watchdog import enable_flight_recorder
 
@@ -109,8 +109,33 @@ class Runtime:
         return box[0]
 
 
+@dataclass
+class RuntimeConfig:
+    """The sections of the checked config the runtime reads: where runs go (`run`), the
+    process group (`dist`, `nccl`), the device, the seed, and the flight recorder's size
+    (it must be set before the process group exists)."""
+
+    run: RunConfig
+    dist: DistConfig
+    nccl: NcclConfig
+    device: str  # trainer.device
+    seed: int  # trainer.seed
+    flight_recorder_entries: int  # watchdog.flight_recorder_entries
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> RuntimeConfig:
+        t = cfg.trainer
+        return cls(
+            cfg.run, cfg.dist, cfg.nccl, t.device, t.seed, cfg.watchdog.flight_recorder_entries
+        )
+
+
 def start(
-    cfg: TrainConfig, launch: LaunchState, point: str | None = None, *, needs_group: bool = False
+    cfg: RuntimeConfig,
+    launch: LaunchState,
+    point: str | None = None,
+    *,
+    needs_group: bool = False,
 ) -> Runtime:
     """Join the job, pick the device, and agree on the run directory (created if new;
     `open_run_dir` adds the logs once the launch may use it).
@@ -123,15 +148,15 @@ def start(
     """
     rank, local_rank, world = env_world()
     _configure_console_logging(rank)
-    device = pick_device(cfg.trainer.device, local_rank)
+    device = pick_device(cfg.device, local_rank)
     # DeepSpeed picks its accelerator when first imported, from this variable if set: a
     # CPU run on a GPU machine stays on the CPU.
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.type == "cuda" else "cpu")
     launched = world > 1 or "MASTER_ADDR" in os.environ
     if (launched or needs_group) and not dist.is_initialized():
         launch.backend = pick_backend(cfg.dist.backend, device)
-        apply_nccl_env(cfg)
-        enable_flight_recorder(cfg.watchdog.flight_recorder_entries)
+        apply_nccl_env(cfg.nccl)
+        enable_flight_recorder(cfg.flight_recorder_entries)
         launch.nccl_capture = nccl_log.stage_debug_file(
             cfg.run.root, launch.backend, rank, launch.nccl_capture
         )
@@ -147,15 +172,15 @@ def start(
     rt = Runtime(rank, local_rank, world, device, launch.backend, launch=launch)
     rt.control_group = launch.control_group
     if point is None:
-        rt.run_id = rt.broadcast_object(choose_run_id(cfg) if rt.is_main else None)
+        rt.run_id = rt.broadcast_object(choose_run_id(cfg.run) if rt.is_main else None)
     else:
         if launch.sweep_id is None:
-            launch.sweep_id = rt.broadcast_object(choose_run_id(cfg) if rt.is_main else None)
+            launch.sweep_id = rt.broadcast_object(choose_run_id(cfg.run) if rt.is_main else None)
         rt.run_id = f"{launch.sweep_id}/{point}"
     rt.run_dir = Path(cfg.run.root).expanduser() / rt.run_id
     if rt.is_main:
         rt.run_dir.mkdir(parents=True, exist_ok=True)
-    seed_everything(cfg.trainer.seed)
+    seed_everything(cfg.seed)
     return rt
 
 
@@ -275,9 +300,9 @@ def pick_backend(choice: str, device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def apply_nccl_env(cfg: TrainConfig) -> None:
+def apply_nccl_env(nccl: NcclConfig) -> None:
     """Export the `nccl` group's variables; NCCL reads them once, when it first starts."""
-    for name, value in vars(cfg.nccl.env).items():
+    for name, value in vars(nccl.env).items():
         if value is not None:
             os.environ[name] = str(value)
 
@@ -293,20 +318,20 @@ def launch_key() -> str | None:
     return None
 
 
-def choose_run_id(cfg: TrainConfig) -> str:
+def choose_run_id(run: RunConfig) -> str:
     """The run directory's name, decided on rank 0 and broadcast to the others.
 
     `run.id` or `LAUNCHER_RUN_ID` win. Otherwise the name is `<time>-<key>`, where key is a
     hash of the launch's shared id (torchrun's rendezvous id, Slurm's job id): a restarted
     or requeued launch finds its earlier directory by that key and resumes in it.
     """
-    if cfg.run.id:
-        return str(cfg.run.id)
+    if run.id:
+        return str(run.id)
     if os.environ.get("LAUNCHER_RUN_ID"):
         return os.environ["LAUNCHER_RUN_ID"]
     key = launch_key()
     suffix = hashlib.sha1(key.encode()).hexdigest()[:8] if key else secrets.token_hex(4)
-    root = Path(cfg.run.root).expanduser()
+    root = Path(run.root).expanduser()
     if key and root.is_dir():
         earlier = sorted(p.name for p in root.glob(f"*-{suffix}") if p.is_dir())
         if earlier:
