@@ -103,7 +103,7 @@ def convert(step_dir: Path) -> Path:
         return final
     from launcher.strategy.ds_import import import_deepspeed
 
-    import_deepspeed(torch.device("cpu"))
+    import_deepspeed()
     from deepspeed.checkpoint import ds_to_universal
 
     tmp = final.with_name(f"{checkpoint.TMP_PREFIX}{final.name}")
