@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from launcher.analyze.advice import advise
-from launcher.analyze.breakdown import run_breakdown
+from launcher.analyze.breakdown import breakdown, run_breakdown
 from launcher.analyze.facts import RunFacts, read_facts
-from launcher.analyze.trace import LOOP_READ, load, rank_trace_files
+from launcher.analyze.trace import LOOP_READ, Step, load, rank_trace_files
 
 from launch import FAST, base_env, explain, losses, metrics, summary, torchrun
 from tb_readback import read_runs
@@ -443,3 +443,17 @@ def test_advice_names_accumulation_beyond_need_unless_memory_is_the_problem(tmp_
     tight = cuda_trace(tmp_path / "b", [("elementwise", 0.0, 90.0)], calls=[("cudaFree", 20.0)])
     kinds = [a.kind for a in advise(run_breakdown(tight), facts=many)]
     assert kinds == ["memory_pressure"]  # a larger micro-batch would make it worse
+
+
+def test_cpu_operators_inside_the_data_wait_count_as_data_wait():
+    """Without loader workers the batch is collated in the training process, inside the
+    data wait: those operators are data loading, not compute, so that compute, data wait
+    and idle add up to the step (they once added up to more, failing the sweep test)."""
+    step = Step(number=1, start=0.0, end=100.0)
+    step.data_wait = [(0.0, 20.0)]
+    step.compute = [(5.0, 15.0), (20.0, 70.0)]  # aten::stack while collating, then forward
+    step.comm = [(60.0, 90.0)]
+    row = breakdown(step, rank=0, gpu=False)
+    us = {k: getattr(row, k) * 1e6 for k in ("compute_s", "data_wait_s", "idle_s", "step_s")}
+    assert us == pytest.approx({"compute_s": 50, "data_wait_s": 20, "idle_s": 10, "step_s": 100})
+    # the other 20 us: communication nothing else overlaps (70-90)

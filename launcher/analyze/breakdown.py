@@ -52,13 +52,16 @@ def breakdown(step: Step, rank: int, gpu: bool) -> StepBreakdown:
         idle = span - union_length(busy)
     else:
         idle = (step.end - step.start) - union_length(busy + step.data_wait)
+    compute = union_length(step.compute)
+    if not gpu:  # operators run while the loop waits for a batch (collating it in this
+        compute -= overlap_length(step.compute, step.data_wait)  # process) are data wait
     ordered = sorted(step.comm)
     return StepBreakdown(
         rank=rank,
         step=step.number,
         gpu=gpu,
         step_s=(step.end - step.start) * US,
-        compute_s=union_length(step.compute) * US,
+        compute_s=compute * US,
         comm_s=comm * US,
         exposed_comm_s=(comm - hidden) * US,
         overlap_ratio=hidden / comm if comm else None,
