@@ -165,3 +165,18 @@ def test_cycle_finder(graph, expected):
 def test_architecture_doc_names_every_layer():
     doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
     assert [name for name, _ in LAYERS if f"| {name} |" not in doc] == []
+
+
+def test_every_package_ships_in_a_wheel():
+    """pyproject.toml lists packages by name: a new subpackage missing there works in the
+    editable install the tests use and is absent from a wheel (an image's `pip install .`)."""
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]
+                 ["setuptools"]["packages"])  # fmt: skip
+    found = {
+        ".".join(("launcher", *init.parent.relative_to(PACKAGE).parts))
+        for init in PACKAGE.rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert found - listed == set()
