@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from omegaconf import DictConfig
 
 from launcher.checkpoint import find_resumable
-from launcher.config import ConfigError, validate
+from launcher.config import ConfigError, typed, validate
 from launcher.data.cache import CACHE_ENV, cache_root
 from launcher.data.shm import check_shm, shm_need_bytes
 from launcher.data.tokenizer import tokenizer_path_problem
@@ -57,8 +57,9 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
     if cfg.strategy.name == "deepspeed":
         from launcher.strategy.ds_config import DeepSpeedConfigError, build_ds_config
 
+        checked = typed(cfg)  # the dataclasses the strategy will get
         try:
-            build_ds_config(cfg.strategy, cfg.trainer, world_size)
+            build_ds_config(checked.strategy, checked.trainer, world_size)
         except DeepSpeedConfigError as exc:
             raise ConfigError(str(exc)) from exc
 

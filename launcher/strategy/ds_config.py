@@ -13,8 +13,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from launcher.batch import BatchPlan
 from launcher.config.schema import DeepSpeedConfig, TrainerConfig
 
@@ -98,10 +96,7 @@ def _enabled(section) -> bool:
 
 def build_ds_config(s: DeepSpeedConfig, t: TrainerConfig, world_size: int) -> dict[str, Any]:
     """The DeepSpeed config this run uses; raises DeepSpeedConfigError on a contradiction."""
-    extra = s.extra  # a dict once typed; a DictConfig while being checked
-    extra = (
-        OmegaConf.to_container(extra, resolve=True) if OmegaConf.is_config(extra) else extra
-    ) or {}
+    extra = s.extra or {}
     for section, why in REFUSED_SECTIONS.items():
         if section in extra:
             raise DeepSpeedConfigError(
