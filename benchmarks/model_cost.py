@@ -10,7 +10,8 @@ micro-batch 12, vocabulary 256), fp32:
      module computes the loss inside its forward; GPT2LMHeadModel's logits go through
      launcher.model.lm_loss, as the trainer does it;
   2. the trainer's step (launcher.job.run with model.impl=hf and =native: the real loop,
-     optimizer and data), step_time_s/p50 of summary.json;
+     optimizer and data), step_time_s/p50 of summary.json (wall clock, as the trainer
+     measures its steps; runs interleaved);
   3. peak memory of one micro-batch's forward + backward (GPT-2's vocabulary, 50,304, where
      the logits matter), each path in a fresh process: on a GPU torch.cuda's peak allocated
      bytes, on the CPU the rise of the process's peak resident memory (VmHWM) over the
@@ -109,17 +110,19 @@ def micro_batch_times(device: torch.device, iters: int) -> dict[str, float]:
 
 
 def trainer_step_times(steps: int, rounds: int, device: torch.device) -> dict[str, float]:
-    """Seconds per step of the real trainer for each impl: the difference between a run of
-    2 x `steps` and one of `steps` (start-up cancels out) over `steps`, in CPU time on the
-    CPU (wall time on a GPU); the median over interleaved rounds."""
-    from launcher.job import run
+    """Seconds per step of the real trainer for each impl: `step_time_s/p50` of each run's
+    summary.json (the trainer's own wall-clock step, first step left out), runs of both
+    impls interleaved over `rounds`, the median per impl."""
+    from launcher.job import check_or_exit, run
+    from launcher.launch_state import LaunchState
 
     common = [
         *SHAPE,
         "data=synthetic",
         f"data.vocab_size={VOCAB}",
         "trainer.global_batch_size=12",
-        "trainer.log_interval=5",
+        f"trainer.max_steps={steps}",
+        f"trainer.log_interval={steps}",
         "trainer.eval_interval=0",
         "trainer.checkpoint_interval=0",
         "data.num_workers=0",
@@ -127,23 +130,18 @@ def trainer_step_times(steps: int, rounds: int, device: torch.device) -> dict[st
         "logger=none",
         "resume=never",
     ]
-    now = time.perf_counter if device.type == "cuda" else time.process_time
     found: dict[str, list[float]] = {impl: [] for impl in IMPLS}
     with tempfile.TemporaryDirectory() as root:
         for r in range(rounds):
             for impl in IMPLS:
-                spent = {}
-                for n in (steps, 2 * steps):
-                    name = f"{impl}{r}-{n}"
-                    cfg = compose(
-                        [*common, f"model.impl={impl}", f"trainer.max_steps={n}"]
-                        + [f"run.root={root}", f"run.id={name}"]
-                    )
-                    begin = now()
-                    if run(cfg) != 0:
-                        raise SystemExit(f"the trainer run with model.impl={impl} failed")
-                    spent[n] = now() - begin
-                found[impl].append((spent[2 * steps] - spent[steps]) / steps)
+                cfg = compose(
+                    [*common, f"model.impl={impl}", f"run.root={root}", f"run.id={impl}{r}"]
+                )
+                check_or_exit(cfg)
+                if run(cfg, LaunchState()) != 0:
+                    raise SystemExit(f"the trainer run with model.impl={impl} failed")
+                summary = json.loads((Path(root) / f"{impl}{r}" / "summary.json").read_text())
+                found[impl].append(summary["step_time_s/p50"])
     return {impl: statistics.median(ts) for impl, ts in found.items()}
 
 
@@ -212,8 +210,8 @@ def report(micro: dict, step: dict, memory: dict, device_name: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=30, help="timed micro-batches per row")
-    parser.add_argument("--steps", type=int, default=20, help="trainer steps (and twice)")
-    parser.add_argument("--rounds", type=int, default=2, help="trainer runs per impl")
+    parser.add_argument("--steps", type=int, default=20, help="trainer steps per run")
+    parser.add_argument("--rounds", type=int, default=3, help="trainer runs per impl")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (torch)")
     parser.add_argument("--skip-trainer", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")

@@ -49,7 +49,7 @@ class ModelConfig:
     vocab_multiple: int = 64
     dropout: float = 0.0
     init_from: str | None = None
-    impl: str = "hf"  # native (launcher.gpt2) or hf (transformers' GPT2LMHeadModel)
+    impl: str = "native"  # native (launcher.gpt2) or hf (transformers' GPT2LMHeadModel)
     bias: bool = True  # biases in linears and LayerNorms (GPT-2's weights have them)
 
 

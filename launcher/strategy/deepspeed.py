@@ -27,7 +27,7 @@ from launcher.runtime import Runtime
 from launcher.strategy.base import Strategy
 from launcher.strategy.ds_comm import CollectiveTimer
 from launcher.strategy.ds_config import build_ds_config
-from launcher.strategy.ds_import import import_deepspeed
+from launcher.strategy.ds_import import import_deepspeed, restore_torch_linear
 from launcher.strategy.ds_universal import STRATEGY_FILE, converted_folder, needs_conversion
 from launcher.strategy.optim import build_optimizer
 
@@ -215,5 +215,6 @@ class DeepSpeedStrategy(Strategy):
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.destroy()
+            restore_torch_linear()
         self.module = None
         self.optimizer = None

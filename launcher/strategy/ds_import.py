@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import warnings
 
+import torch
+
 
 def import_deepspeed():
     """Import deepspeed, without compiling anything.
@@ -28,3 +30,20 @@ def import_deepspeed():
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     deepspeed.utils.logger.setLevel(logging.WARNING)
     return deepspeed
+
+
+def restore_torch_linear() -> None:
+    """Undo the one patch DeepSpeed leaves in torch after its engine is gone.
+
+    ZeRO-3 (with `memory_efficient_linear`, on by default) replaces
+    `torch.nn.functional.linear` with its own autograd function and never restores it: a
+    later job of the same process, a sweep's next point, would run every `nn.Linear`
+    through DeepSpeed's linear and round differently from the same job run alone (an FSDP2
+    point after a ZeRO-3 one lost bit-exact resume). DeepSpeed keeps the original as
+    `linear_bk` and patches again only when it finds the original in place.
+    """
+    from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses
+
+    original = getattr(InsertPostInitMethodToModuleSubClasses, "linear_bk", None)
+    if original is not None:
+        torch.nn.functional.linear = original
