@@ -3,9 +3,10 @@
     python benchmarks/results.py OUT [--dest benchmarks/results] [--command "..."]
 
 OUT is the folder benchmarks/gpu_check.sh wrote (runs/throughput/summary.json, ladder.json,
-and model_cost.json where a GPU ran it). One file per date and device, committed with the
-docs that quote it, so that every figure in docs/performance.md has a record of what
-measured it, when and with which versions.
+the analysis of runs/profile, multirank.json, and model_cost.json where a GPU ran it; the
+last three are null in the record when that part did not finish). One file per date and
+device, committed with the docs that quote it, so that every figure in docs/performance.md
+has a record of what measured it, when and with which versions.
 """
 
 from __future__ import annotations
@@ -27,11 +28,27 @@ def device_name() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
+def _optional(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def profile_figures(out: Path) -> dict | None:
+    """What the analyser found in the profiled throughput steps: time by kernel class with
+    achieved TFLOP/s, the compute/memory-bound split, the breakdown per rank, the advice."""
+    report = _optional(out / "runs" / "profile" / "analysis" / "report.json")
+    if report is None:
+        return None
+    keys = ("kernel_classes", "bound_shares", "peak_flops", "per_rank", "top_ops")
+    return {
+        **{key: report[key] for key in keys},
+        "advice": [{"kind": a["kind"], "finding": a["finding"]} for a in report["advice"]],
+    }
+
+
 def record(out: Path, command: str, date: dt.date, device: str) -> dict:
     """Everything one GPU check measured, with what it ran on."""
     summary = json.loads((out / "runs" / "throughput" / "summary.json").read_text())
     ladder = json.loads((out / "ladder.json").read_text())
-    model_cost = out / "model_cost.json"
     return {
         "date": date.isoformat(),
         "device": device,
@@ -40,7 +57,9 @@ def record(out: Path, command: str, date: dt.date, device: str) -> dict:
         "command": command,
         **{key: summary[key] for key in SUMMARY_KEYS},
         "ladder": {"overrides": ladder["overrides"], "rows": ladder["rows"]},
-        "model_cost": json.loads(model_cost.read_text()) if model_cost.is_file() else None,
+        "profile": profile_figures(out),
+        "multirank": _optional(out / "multirank.json"),
+        "model_cost": _optional(out / "model_cost.json"),
     }
 
 

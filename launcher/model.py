@@ -1,9 +1,9 @@
 """GPT-2 (the project's own module, or transformers' GPT2LMHeadModel: `model.impl`), its
 loss, its FLOPs per token, and MFU against known peaks.
 
-MFU is only as honest as the peak it divides by, so the peak comes from a table of dense
-bf16 figures for GPUs we know, and is `None` (reported as null) for anything else, a CPU
-included: never a guessed figure.
+MFU is only as honest as the peak it divides by: the peak comes from launcher.peaks' table
+of dense bf16 figures for GPUs we know, and is `None` (reported as null) for anything
+else, a CPU included: never a guessed figure.
 """
 
 from __future__ import annotations
@@ -17,23 +17,9 @@ import torch.nn.functional as F
 from launcher.config.schema import ModelConfig
 from launcher.gpt2 import GPT2, from_hf_state_dict
 from launcher.gpt2 import GPT2Config as NativeConfig
+from launcher.peaks import peak_for_name
 
 log = logging.getLogger(__name__)
-
-# Dense (non-sparse) bf16 tensor-core peaks in FLOP/s, matched against the device name.
-# Order matters: the first substring that matches wins ("H100 PCIe" before "H100").
-PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
-    ("H200", 989e12),
-    ("H100 PCIe", 756e12),
-    ("H100", 989e12),
-    ("GH200", 989e12),
-    ("B200", 2250e12),
-    ("A100", 312e12),
-    ("A10G", 70e12),
-    ("A10", 125e12),
-    ("L40S", 362e12),
-    ("L4", 121e12),
-)
 
 
 def padded_vocab_size(vocab_size: int, multiple: int) -> int:
@@ -169,15 +155,15 @@ def flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
 
 
 def peak_flops(device: torch.device) -> float | None:
-    """Dense bf16 peak of one device, or None where it is not known (CPUs included)."""
+    """Dense bf16 peak of one device (launcher.peaks), or None where it is not known (CPUs
+    included)."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    for key, peak in PEAK_BF16_FLOPS:
-        if key in name:
-            return peak
-    log.warning("no known bf16 peak for %r: MFU will be reported as null", name)
-    return None
+    peak = peak_for_name(name)
+    if peak is None:
+        log.warning("no known bf16 peak for %r: MFU will be reported as null", name)
+    return peak
 
 
 def mfu(

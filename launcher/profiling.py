@@ -52,6 +52,7 @@ def build_profiler(pcfg: DictConfig, rt: Runtime) -> tp.profile | None:
         ),
         on_trace_ready=on_trace_ready,
         record_shapes=pcfg.record_shapes,
+        with_flops=pcfg.with_flops,
         profile_memory=pcfg.profile_memory,
         with_stack=pcfg.with_stack,
     )

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "foundations",
         (
-            "paths", "intervals", "exit_codes", "ranges", "nccl_vars", "nccl_log", "batch",
+            "paths", "peaks", "intervals", "exit_codes", "ranges", "nccl_vars", "nccl_log", "batch",
             "clock", "comm_stats", "lock", "stragglers", "preemption", "memory_snapshot",
             "watchdog", "data", "data.*",
         ),

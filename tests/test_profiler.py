@@ -8,11 +8,16 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from launcher.analyze.advice import advise
 from launcher.analyze.breakdown import breakdown, run_breakdown
 from launcher.analyze.facts import RunFacts, read_facts
+from launcher.analyze.kernels import SDPA_OP, classify, op_flops
+from launcher.analyze.report import analyze
 from launcher.analyze.trace import LOOP_READ, Step, load, rank_trace_files
+from launcher.config import compose
+from launcher.model import build_model
 
 from launch import FAST, base_env, explain, losses, metrics, summary, torchrun
 from tb_readback import read_runs
@@ -182,6 +187,8 @@ EXPOSED = "gradient communication is exposed (not hidden behind compute)"
 LAUNCH_BOUND = "many small kernels with the GPU idle between them (launch-bound)"
 FP32_MATMULS = "matrix multiplications run in fp32 (no bf16 tensor-core work)"
 MEMORY = "memory pressure"
+MEMORY_BOUND = "memory-bound kernels take a large share of GPU compute"
+BF16_GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"  # a kernel no rule speaks about
 
 
 def gpu_findings(rows, facts=None):
@@ -193,13 +200,13 @@ def test_advice_names_small_kernels_and_launch_gaps(tmp_path):
     kernels = [(f"elementwise_{i % 3}", 2.5 * i, 2.5 * i + 2.0) for i in range(40)]
     rows = run_breakdown(cuda_trace(tmp_path, kernels))
     found = gpu_findings(rows)
-    assert list(found) == [LAUNCH_BOUND]
+    assert list(found) == [LAUNCH_BOUND, MEMORY_BOUND]  # elementwise only: both point at compile
     assert "trainer.compile=default" in found[LAUNCH_BOUND].knobs
     evidence = found[LAUNCH_BOUND].evidence
     assert "40 kernels per step, median 2.0 us; the GPU idles 0.02 ms per step (20%" in evidence
-    compiled = gpu_findings(rows, RunFacts(compile="default"))[LAUNCH_BOUND]
+    compiled = gpu_findings(rows, RunFacts(compile="default", impl="native"))[LAUNCH_BOUND]
     assert "trainer.compile=reduce-overhead" in compiled.knobs  # CUDA graphs next
-    assert gpu_findings(rows, RunFacts(compile="reduce-overhead")) == {}
+    assert gpu_findings(rows, RunFacts(compile="reduce-overhead", impl="native")) == {}
 
 
 def test_advice_names_fp32_matrix_work(tmp_path):
@@ -231,7 +238,12 @@ def test_advice_names_memory_pressure(tmp_path):
     (row,) = run_breakdown(run)
     assert row.device_allocs == {"cudaFree": 1, "cudaMalloc": 1}
     facts = RunFacts(
-        peak_mem_gb=133.0, device_mem_gb=140.4, grad_checkpointing=False, micro_batch_size=16
+        peak_mem_gb=133.0,
+        device_mem_gb=140.4,
+        grad_checkpointing=False,
+        micro_batch_size=16,
+        compile="default",  # compiled, native: the elementwise kernel is no finding
+        impl="native",
     )
     found = gpu_findings([row], facts)
     assert list(found) == [MEMORY]
@@ -240,7 +252,8 @@ def test_advice_names_memory_pressure(tmp_path):
     assert "peak 133.0 GB of the device's 140.4 GB (95%)" in found[MEMORY].evidence
     assert "`cudaFree` x1.0" in found[MEMORY].evidence
     roomy = cuda_trace(tmp_path / "roomy", [("elementwise", 0.0, 90.0)])
-    assert gpu_findings(run_breakdown(roomy), RunFacts(peak_mem_gb=60.0, device_mem_gb=140.4)) == {}
+    roomy_facts = RunFacts(peak_mem_gb=60.0, device_mem_gb=140.4, compile="default", impl="native")
+    assert gpu_findings(run_breakdown(roomy), roomy_facts) == {}
 
 
 def test_run_facts_come_from_the_run_directory(profiled_run):
@@ -281,9 +294,190 @@ def test_analyze_writes_report_and_merged_trace(analyzed, profiled_sweep):
         for s in report["stragglers"]:
             assert sum(s["waited_for"].values()) == buckets  # one verdict per all-reduce
         assert "## Advice" in (run / "analysis" / "report.md").read_text()
+        assert_kernel_classes(report, run)
         merged = json.loads((run / "analysis" / "merged_trace.json").read_text())
         lanes = {e["pid"] for e in merged["traceEvents"] if e.get("ph") == "X"}
         assert lanes == {0, 1}
+
+
+def assert_kernel_classes(report: dict, run) -> None:
+    """Compute by kernel class on a real CPU trace: the FLOPs counted from the operators'
+    shapes are exactly the model's (6 per linear weight and token; causal attention's two
+    products, half the score matrix, forward and twice backward), whichever GPT-2 it is."""
+    classes = {r["class"]: r for r in report["kernel_classes"]}
+    assert sum(r["share"] for r in classes.values()) == pytest.approx(1.0)
+    assert sum(report["bound_shares"].values()) == pytest.approx(1.0)
+    assert classes["matmul"]["bound"] == "compute" and classes["elementwise"]["bound"] == "memory"
+    model = build_model(compose([]).model, 512)  # data.bpe_vocab_size=512 (FAST)
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    cfg = model.config
+    sequences, seq_len = 4, 64  # per rank and step: global batch 8 over 2 ranks
+    assert classes["matmul"]["flops_per_step"] == 6 * linear * sequences * seq_len
+    attention = 6 * cfg.n_layer * cfg.n_embd * seq_len**2 * sequences
+    assert classes["attention"]["flops_per_step"] == attention
+    for name in ("matmul", "attention"):
+        row = classes[name]
+        assert row["tflops"] == pytest.approx(
+            row["flops_per_step"] / row["seconds_per_step"] / 1e12
+        )
+        assert row["peak_share"] is None  # a CPU has no known peak
+    assert (
+        "## Compute by kernel class (top-level CPU operators)"
+        in (run / "analysis" / "report.md").read_text()
+    )
+
+
+# Kernel and operator names as the profiler records them (H100/H200 cuBLAS, flash, cuDNN,
+# Triton, ATen's CUDA kernels; CPU top-level operators), and the class each belongs to.
+NAMED_KERNELS = {
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1": "matmul",
+    "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT": "matmul",
+    "ampere_sgemm_128x64_tn": "matmul",
+    "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn>": "matmul",
+    "triton_tem_fused_addmm_0": "matmul",
+    "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, cutlass::bfloat16_t>>": (
+        "attention"
+    ),
+    "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128": "attention",
+    "fmha_cutlassB_bf16_aligned_64x64_k64_sm80(PyTorchMemEffAttention::AttentionBackwardKernel)": (
+        "attention"
+    ),
+    "void at::native::vectorized_layer_norm_kernel<c10::BFloat16, float>": "normalization",
+    "triton_per_fused_add_native_layer_norm_0": "normalization",
+    "void at::native::cunn_SoftMaxForward<4, float, float, LogSoftMaxForwardEpilogue>": (
+        "softmax and loss"
+    ),
+    "void at::native::nll_loss_forward_reduce_cuda_kernel_2d<float, float, long>": (
+        "softmax and loss"
+    ),
+    "void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>, FusedAdamMathFunctor>": (
+        "optimizer"
+    ),
+    "void at::native::reduce_kernel<512, 1, ReduceOp<float, func_wrapper_t<float, sum>>>": (
+        "reduction"
+    ),
+    "triton_red_fused_sum_3": "reduction",
+    "void at::native::vectorized_elementwise_kernel<4, GeluCUDAKernelImpl>": "elementwise",
+    "triton_poi_fused_gelu_1": "elementwise",
+    "void at::native::indexSelectLargeIndex<float, long>": "elementwise",
+    "aten::linear": "matmul",
+    "autograd::engine::evaluate_function: AddmmBackward0": "matmul",
+    "aten::scaled_dot_product_attention": "attention",
+    "autograd::engine::evaluate_function: ScaledDotProductFlashAttentionForCpuBackward0": (
+        "attention"
+    ),
+    "autograd::engine::evaluate_function: NativeLayerNormBackward0": "normalization",
+    "aten::cross_entropy_loss": "softmax and loss",
+    "aten::_fused_adamw_": "optimizer",
+    "aten::_foreach_norm": "optimizer",
+    "aten::sum": "reduction",
+    "autograd::engine::evaluate_function: GeluBackward0": "elementwise",
+    "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad": "elementwise",
+    "aten::gelu": "elementwise",
+    "my_custom_kernel": "other",
+}
+
+
+@pytest.mark.parametrize("name", NAMED_KERNELS)
+def test_kernel_classes_of_named_kernels(name):
+    assert classify(name).name == NAMED_KERNELS[name]
+
+
+def test_flops_of_matrix_products_from_their_shapes():
+    mm = {"Input Dims": [[64, 128], [128, 256]]}
+    assert op_flops("aten::mm", mm) == 2 * 64 * 128 * 256
+    assert op_flops("aten::addmm", {"Input Dims": [[256], [64, 128], [128, 256]]}) == (
+        2 * 64 * 128 * 256
+    )
+    assert op_flops("aten::bmm", {"Input Dims": [[4, 64, 32], [4, 32, 16]]}) == 2 * 4 * 64 * 32 * 16
+    assert op_flops("aten::baddbmm", {"Input Dims": [[4, 64, 16], [4, 64, 32], [4, 32, 16]]}) == (
+        2 * 4 * 64 * 32 * 16
+    )
+    assert op_flops("aten::linear", mm) == 0  # counted once, by the aten::mm it calls
+    assert op_flops("aten::mm", {}) == 0  # no shapes recorded: no figure, not a guess
+
+
+def sdpa_schemas() -> list:
+    """Every SDPA kernel of the installed torch, forward and backward, every overload."""
+    return [s for s in torch._C._jit_get_all_schemas() if SDPA_OP.match(s.name)]
+
+
+@pytest.mark.parametrize("schema", sdpa_schemas(), ids=lambda s: f"{s.name}.{s.overload_name}")
+def test_attention_flops_of_every_sdpa_kernel(schema):
+    """Query, key and is_causal are found in each kernel's own argument list (they sit at
+    different positions), and the FLOPs are attention's two products: 4·b·h·t·s·d forward,
+    twice that backward, half when causal."""
+    names = [a.name for a in schema.arguments]
+    dims: list = [[] for _ in names]
+    dims[names.index("query")] = [2, 4, 64, 32]
+    dims[names.index("key")] = [2, 4, 128, 32]
+    concrete = [""] * len(names)
+    forward = 4 * 2 * 4 * 64 * 128 * 32
+    expected = 2 * forward if schema.name.endswith("_backward") else forward
+    assert op_flops(schema.name, {"Input Dims": dims, "Concrete Inputs": concrete}) == expected
+    if "is_causal" in names:
+        concrete[names.index("is_causal")] = "True"
+        causal = op_flops(schema.name, {"Input Dims": dims, "Concrete Inputs": concrete})
+        assert causal == expected / 2
+
+
+def test_sdpa_kernels_are_found_in_this_torch():
+    found = {s.name for s in sdpa_schemas()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in found
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" in found
+    assert "aten::_scaled_dot_product_cudnn_attention_backward" in found
+    assert not any(name.startswith("aten::scaled_dot") for name in found)  # the wrapper
+
+
+def test_gpu_kernel_classes_achieved_flops_and_share_of_peak(tmp_path):
+    """A CUDA trace of an H200 run: a bf16 GEMM of 2·1024·1024·4096 FLOPs in 100 us is
+    85.9 TFLOP/s, 8.7% of 989; elementwise work is memory-bound time without FLOPs."""
+    run = cuda_trace(
+        tmp_path,
+        [("sm90_xmma_gemm_bf16bf16_bf16f32", 0.0, 100.0), ("vectorized_elementwise", 100.0, 150.0)],
+    )
+    trace = run / "traces" / "rank0" / "rank0.1.pt.trace.json"
+    data = json.loads(trace.read_text())
+    data["traceEvents"].append(
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0.5,
+            "dur": 1.0,
+            "args": {"Input Dims": [[1024, 1024], [1024, 4096]]},
+        }
+    )
+    trace.write_text(json.dumps(data))
+    (run / "env.json").write_text(json.dumps({"devices": [{"name": "NVIDIA H200"}]}))
+    report = analyze(run)
+    classes = {r["class"]: r for r in report["kernel_classes"]}
+    flops = 2 * 1024 * 1024 * 4096
+    assert classes["matmul"]["flops_per_step"] == flops
+    assert classes["matmul"]["tflops"] == pytest.approx(flops / 100e-6 / 1e12)
+    assert classes["matmul"]["peak_share"] == pytest.approx(flops / 100e-6 / 989e12)
+    assert classes["elementwise"]["tflops"] is None
+    assert report["bound_shares"] == pytest.approx({"compute": 2 / 3, "memory": 1 / 3, "other": 0})
+    assert report["peak_flops"] == 989e12
+
+
+def test_advice_names_memory_bound_kernels(tmp_path):
+    """Elementwise kernels at 60% of GPU time: compile first; compiled with transformers'
+    GPT-2, the native one (its loss inside the compiled region); compiled native: nothing."""
+    kernels = [("vectorized_elementwise_kernel", 0.0, 60.0), ("sm90_xmma_gemm_bf16", 60.0, 100.0)]
+    rows = run_breakdown(cuda_trace(tmp_path, kernels))
+    found = gpu_findings(rows, RunFacts(compile="off"))
+    assert list(found) == [MEMORY_BOUND]
+    assert found[MEMORY_BOUND].knobs.startswith("trainer.compile=default")
+    assert "0.06 ms per step (60% of kernel time)" in found[MEMORY_BOUND].evidence
+    hf = gpu_findings(rows, RunFacts(compile="default", impl="hf"))[MEMORY_BOUND]
+    assert hf.knobs.startswith("model.impl=native")
+    assert gpu_findings(rows, RunFacts(compile="default", impl="native")) == {}
+    assert gpu_findings(rows, RunFacts(compile="default", impl="hf"))  # kind for the tuner
+    (advice,) = advise(rows, facts=RunFacts(compile="off"))
+    assert advice.kind == "memory_bound"
 
 
 def test_analysis_goes_to_the_runs_wandb_run(analyzed, profiled_run, tmp_path):
@@ -432,7 +626,7 @@ def test_an_all_reduce_closed_after_its_step_counts_only_inside_it(tmp_path):
 
 
 def test_advice_names_accumulation_beyond_need_unless_memory_is_the_problem(tmp_path):
-    rows = run_breakdown(cuda_trace(tmp_path / "a", [("elementwise", 0.0, 90.0)]))
+    rows = run_breakdown(cuda_trace(tmp_path / "a", [(BF16_GEMM, 0.0, 90.0)]))
     many = RunFacts(micro_batch_size=1, global_batch_size=16, world_size=2)
     (found,) = advise(rows, facts=many)
     assert found.kind == "accumulation" and "up to 8, no accumulation" in found.knobs
@@ -440,7 +634,7 @@ def test_advice_names_accumulation_beyond_need_unless_memory_is_the_problem(tmp_
     assert (
         advise(rows, facts=RunFacts(micro_batch_size=4, global_batch_size=16, world_size=2)) == []
     )
-    tight = cuda_trace(tmp_path / "b", [("elementwise", 0.0, 90.0)], calls=[("cudaFree", 20.0)])
+    tight = cuda_trace(tmp_path / "b", [(BF16_GEMM, 0.0, 90.0)], calls=[("cudaFree", 20.0)])
     kinds = [a.kind for a in advise(run_breakdown(tight), facts=many)]
     assert kinds == ["memory_pressure"]  # a larger micro-batch would make it worse
 

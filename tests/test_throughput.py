@@ -49,7 +49,8 @@ def test_throughput_experiment_reports_consistent_figures(tmp_path):
 
 def test_gpu_check_script_end_to_end_on_cpu(tmp_path):
     """The script a GPU machine runs, with overrides that make it CPU-sized: the doctor,
-    the throughput experiment, and every rung of the optimisation ladder."""
+    the throughput experiment, its profile read by the analyser, every rung of the
+    optimisation ladder, and two ranks stopped by SIGTERM (benchmarks/multirank_check.sh)."""
     tiny = [
         "model=gpt2-tiny",
         "trainer.seq_len=64",
@@ -75,11 +76,18 @@ def test_gpu_check_script_end_to_end_on_cpu(tmp_path):
     for name in (
         "doctor.txt",
         "throughput.log",
+        "profile_report.md",
         "ladder.json",
         "ladder.log",
+        "multirank.json",
         "runs/throughput/summary.json",
     ):
         assert (tmp_path / name).is_file(), name
+    checks = (tmp_path / "multirank_checks.txt").read_text().splitlines()
+    assert len(checks) == 6 and all(line.startswith("multirank: ok") for line in checks), checks
+    multirank = json.loads((tmp_path / "multirank.json").read_text())
+    assert (multirank["exit_code"], multirank["status"]) == (143, "stopped")
+    assert multirank["comm"]["comm/allreduce_s"] > 0 and multirank["traces"] == ["rank0", "rank1"]
     last = proc.stdout.strip().splitlines()
     assert last[-6].startswith("ladder on CPU") and last[-1].lstrip().startswith("5. + fused AdamW")
     rows = json.loads((tmp_path / "ladder.json").read_text())["rows"]
@@ -98,3 +106,7 @@ def test_gpu_check_script_end_to_end_on_cpu(tmp_path):
     rec = json.loads(record.read_text())
     assert record.name.endswith("-cpu.json") and rec["ladder"]["rows"] == rows
     assert rec["mfu"] is None and rec["tokens_per_s"] > 0 and rec["model_cost"] is None
+    assert rec["multirank"] == multirank
+    classes = {c["class"]: c for c in rec["profile"]["kernel_classes"]}
+    assert classes["matmul"]["flops_per_step"] > 0 and classes["matmul"]["tflops"] > 0
+    assert "## Compute by kernel class" in (tmp_path / "profile_report.md").read_text()

@@ -94,6 +94,15 @@ def test_candidates_follow_the_evidence_and_only_it():
         c.name for c in propose([{"kind": "exposed_comm"}], skip, 2, gpu=False)
     ]
     assert propose([{"kind": "syncs"}], cfg, 2, gpu=False) == []  # no knob for it
+    # Memory-bound kernels: compile; compiled already, the native GPT-2 (loss compiled too).
+    fuse = propose([{"kind": "memory_bound"}], cfg_of("model.impl=hf"), 2, gpu=True)
+    assert [c.name for c in fuse] == ["trainer.compile=default"]
+    compiled = cfg_of("model.impl=hf", "trainer.compile=default")
+    assert [c.name for c in propose([{"kind": "memory_bound"}], compiled, 2, gpu=True)] == [
+        "model.impl=native"
+    ]
+    native = cfg_of("trainer.compile=default")  # native is the default
+    assert propose([{"kind": "memory_bound"}], native, 2, gpu=True) == []
 
 
 def measured(*p50s: float, loss: float = 6.0) -> Measured:

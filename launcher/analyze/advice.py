@@ -10,15 +10,16 @@ from dataclasses import dataclass
 
 from launcher.analyze.breakdown import StepBreakdown
 from launcher.analyze.facts import RunFacts
+from launcher.analyze.kernels import class_table, classify
 from launcher.analyze.trace import LOOP_READ
 
 SHARE = 0.05  # a cost worth a knob: 5% of the step
 IDLE_SHARE = 0.10  # GPU idle between kernels worth compiling away
 SMALL_KERNEL_US = 20.0  # a kernel this short finishes before the CPU launches the next
 MATMUL_SHARE = 0.25  # matrix kernels' share of GPU compute that bf16 would speed up
+MEMORY_BOUND_SHARE = 0.30  # memory-bound kernels' share of GPU compute worth fusing away
 MEMORY_FULL = 0.90  # peak memory / device memory
 
-MATMUL_KERNEL = re.compile(r"gemm|matmul|xmma|cutlass|cublas|wgmma|nvjet", re.IGNORECASE)
 HALF_KERNEL = re.compile(r"bf16|f16|fp16|half|h1688|h16816|e4m3|e5m2|hgemm", re.IGNORECASE)
 # The next compile mode that removes more launch overhead (reduce-overhead: CUDA graphs).
 NEXT_COMPILE = {"off": "default", "default": "reduce-overhead"}
@@ -59,6 +60,7 @@ def advise(
         "syncs": _syncs(rows),
         "launch_bound": _launch_bound(gpu, facts),
         "fp32_matmuls": _fp32_matmuls(gpu, facts),
+        "memory_bound": _memory_bound(gpu, facts),
         "memory_pressure": memory,
         "accumulation": None if memory else _accumulation(rows, facts),
     }
@@ -180,7 +182,7 @@ def _fp32_matmuls(gpu: list[StepBreakdown], facts: RunFacts) -> Advice | None:
     matmul: dict[str, float] = {}
     for r in gpu:
         for name, durs in r.ops.items():
-            if MATMUL_KERNEL.search(name):
+            if classify(name).name == "matmul":
                 matmul[name] = matmul.get(name, 0.0) + sum(durs) * 1e-6
     total = sum(matmul.values())
     half = sum(t for name, t in matmul.items() if HALF_KERNEL.search(name))
@@ -193,6 +195,35 @@ def _fp32_matmuls(gpu: list[StepBreakdown], facts: RunFacts) -> Advice | None:
         "trainer.precision=bf16 (autocast: matmuls in bf16, weights and optimizer in fp32)",
         f"{total / len(gpu) * 1e3:.2f} ms per step in matrix kernels ({total / compute:.0%} of "
         f"GPU compute), {half / total:.0%} of it in bf16/fp16; largest `{top[:80]}`{said}",
+    )
+
+
+def _memory_bound(gpu: list[StepBreakdown], facts: RunFacts) -> Advice | None:
+    """Memory-bound kernels (elementwise, normalisation, softmax and loss, reductions, the
+    optimizer) taking a large share of GPU compute: each is a pass over memory for little
+    arithmetic, and compilation fuses them into fewer passes. Compiled already, with
+    transformers' GPT-2, the loss stays outside the compiled region on fp32 logits; the
+    native GPT-2 computes it inside."""
+    if not gpu:
+        return None
+    table = class_table([r.ops for r in gpu], [r.flops for r in gpu], None)
+    memory = [r for r in table if r["bound"] == "memory"]
+    share = sum(r["share"] for r in memory)
+    if share <= MEMORY_BOUND_SHARE:
+        return None
+    if (facts.compile or "off") == "off":
+        knobs = "trainer.compile=default (fuses elementwise, normalisation and loss kernels)"
+    elif facts.impl == "hf":
+        knobs = "model.impl=native (its loss runs inside the compiled region)"
+    else:
+        return None
+    top = ", ".join(f"{r['class']} {r['share']:.0%}" for r in memory[:3])
+    per_step = sum(r["seconds_per_step"] for r in memory)
+    return Advice(
+        "memory-bound kernels take a large share of GPU compute",
+        knobs,
+        f"{per_step * 1e3:.2f} ms per step ({share:.0%} of kernel time) in memory-bound "
+        f"kernels: {top}",
     )
 
 

@@ -39,6 +39,7 @@ class StepBreakdown:
     comm_starts: list[float] = field(default_factory=list)  # gradient all-reduces, in order
     comm_ends: list[float] = field(default_factory=list)
     ops: dict[str, list[float]] = field(default_factory=dict)
+    flops: dict[str, float] = field(default_factory=dict)  # kernel class -> FLOPs
 
 
 def breakdown(step: Step, rank: int, gpu: bool) -> StepBreakdown:
@@ -79,6 +80,7 @@ def breakdown(step: Step, rank: int, gpu: bool) -> StepBreakdown:
         comm_starts=[lo for lo, _ in ordered],
         comm_ends=[hi for _, hi in ordered],
         ops=step.ops,
+        flops=step.flops,
     )
 
 

@@ -1,6 +1,6 @@
 """The analysis of a run directory's traces: per rank and step breakdown, overlap,
-stragglers, top operators, advice; written as analysis/report.{md,json} and a merged
-trace."""
+stragglers, top operators, compute by kernel class, advice; written as
+analysis/report.{md,json} and a merged trace."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from pathlib import Path
 from launcher.analyze.advice import advise
 from launcher.analyze.breakdown import StepBreakdown, run_breakdown
 from launcher.analyze.facts import read_facts
+from launcher.analyze.kernels import bound_shares, class_table
 from launcher.analyze.merge import clock_offsets, write_merged_trace
+from launcher.peaks import peak_for_name
 
 TOP = 10
 COLUMNS = (
@@ -82,9 +84,16 @@ def analyze(run_dir: Path) -> dict:
     out.mkdir(exist_ok=True)
     merged = write_merged_trace(run_dir, offsets, out / "merged_trace.json")
     per_step = [
-        {k: v for k, v in asdict(r).items() if k not in ("ops", "comm_starts", "comm_ends")}
+        {
+            k: v
+            for k, v in asdict(r).items()
+            if k not in ("ops", "flops", "comm_starts", "comm_ends")
+        }
         for r in rows
     ]
+    facts = read_facts(run_dir)
+    peak = peak_for_name(facts.device_name) if rows[0].gpu else None
+    classes = class_table([r.ops for r in rows], [r.flops for r in rows], peak)
     return {
         "run_dir": str(run_dir),
         "device": "gpu" if rows[0].gpu else "cpu",
@@ -100,7 +109,10 @@ def analyze(run_dir: Path) -> dict:
         },
         "stragglers": late,
         "top_ops": top_ops(rows),
-        "advice": [asdict(a) for a in advise(rows, waited, read_facts(run_dir))],
+        "kernel_classes": classes,
+        "bound_shares": bound_shares(classes),
+        "peak_flops": peak,
+        "advice": [asdict(a) for a in advise(rows, waited, facts)],
         "clock_offsets_us": offsets,
         "merged_trace": str(merged.relative_to(run_dir)),
     }
@@ -156,6 +168,7 @@ def markdown(report: dict) -> str:
         f"| `{o['name'][:90]}` | {_ms(o['seconds_per_step'])} | {o['calls_per_step']:.1f} |"
         for o in report["top_ops"]
     ]
+    lines += kernel_class_lines(report)
     lines += ["", "## Advice", ""]
     if report["advice"]:
         for a in report["advice"]:
@@ -168,6 +181,37 @@ def markdown(report: dict) -> str:
         "(open in https://ui.perfetto.dev).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def kernel_class_lines(report: dict) -> list[str]:
+    """The "compute by kernel class" section: time, bound, achieved FLOP/s."""
+    table, gpu = report["kernel_classes"], report["device"] == "gpu"
+    unit = "GPU kernels" if gpu else "top-level CPU operators"
+    shares = report["bound_shares"]
+    lines = [
+        "",
+        f"## Compute by kernel class ({unit})",
+        "",
+        f"Compute-bound (matmul, attention) {shares['compute']:.0%}, memory-bound "
+        f"{shares['memory']:.0%}, other {shares['other']:.0%} of the classified time. "
+        "FLOPs from the operators' input shapes (profiler.with_flops); "
+        + (
+            f"peak: {report['peak_flops'] / 1e12:.0f} TFLOP/s dense bf16."
+            if report["peak_flops"]
+            else "no known peak for this device."
+        ),
+        "",
+        "| class | bound | ms per step | share | calls per step | achieved TFLOP/s | of peak |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in table:
+        tflops = "-" if r["tflops"] is None else f"{r['tflops']:.3g}"
+        of_peak = "-" if r["peak_share"] is None else f"{r['peak_share']:.0%}"
+        lines.append(
+            f"| {r['class']} | {r['bound'] or '-'} | {_ms(r['seconds_per_step'])} | "
+            f"{r['share']:.0%} | {r['calls_per_step']:.1f} | {tflops} | {of_peak} |"
+        )
+    return lines
 
 
 def write(run_dir: Path, report: dict) -> list[Path]:

@@ -14,6 +14,8 @@ communication spans and computation spans, on CPU/gloo and CUDA/NCCL traces alik
   (`aten::_local_scalar_dense`, what `.item()`, `float()` and `bool()` of a tensor run)
   and CUDA's stream, device and event synchronise calls; `cudaMalloc`/`cudaFree` calls
   inside a step are the caching allocator running out of cached memory.
+- FLOPs are counted on the operators that carry them (matrix products, SDPA's kernels; on
+  any thread but gloo's, backward's included), by kernel class (launcher.analyze.kernels).
 
 On a GPU a kernel belongs to the step whose region contains the CPU call that launched it
 (matched by correlation id), since kernels run after their launch.
@@ -26,6 +28,8 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from launcher.analyze.kernels import classify, op_flops
 
 STEP = re.compile(r"^launcher/step (\d+)$")
 DATA_WAIT = "enumerate(DataLoader)"
@@ -62,9 +66,16 @@ class Step:
     syncs: dict[str, list[Span]] = field(default_factory=dict)
     device_allocs: dict[str, int] = field(default_factory=dict)  # cudaMalloc/cudaFree calls
     ops: dict[str, list[float]] = field(default_factory=dict)  # name -> durations (us)
+    flops: dict[str, float] = field(default_factory=dict)  # kernel class -> FLOPs
 
     def add_op(self, name: str, dur: float) -> None:
         self.ops.setdefault(name, []).append(dur)
+
+    def add_flops(self, name: str, args: dict) -> None:
+        work = op_flops(name, args)
+        if work:
+            cls = classify(name).name
+            self.flops[cls] = self.flops.get(cls, 0.0) + work
 
 
 @dataclass
@@ -147,6 +158,7 @@ class RankTrace:
                     step.syncs.setdefault(label, []).append(span)
                 if cpu_compute and not name.startswith(COMM_LAUNCH_OPS):
                     step.compute.append(span)
+                step.add_flops(name, e.get("args") or {})
 
     def _fill_gpu(self, steps: list[Step]) -> None:
         """GPU activities, each in the step whose region holds the call that launched it."""

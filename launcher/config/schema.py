@@ -218,6 +218,7 @@ class ProfilerConfig:
     active: int = 3
     repeat: int = 1
     record_shapes: bool = False
+    with_flops: bool = True  # input shapes of matmuls and SDPA: FLOP/s per kernel class
     profile_memory: bool = False
     with_stack: bool = False
     memory_snapshot: bool = False  # GPU: allocation history and a snapshot per trace

@@ -49,6 +49,7 @@ def propose(advice: list[dict], cfg: DictConfig, world_size: int, gpu: bool) -> 
         "exposed_comm": _exposed_comm,
         "launch_bound": _launch_bound,
         "fp32_matmuls": _precision,
+        "memory_bound": _memory_bound,
         "memory_pressure": _memory,
         "accumulation": _accumulation,
     }
@@ -99,6 +100,17 @@ def _launch_bound(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate
     if mode and cfg.strategy.name != "deepspeed":
         out.append(Candidate({"trainer.compile": mode}, "launch_bound"))
     return out + _micro_batches(cfg, world_size, "launch_bound", [2])
+
+
+def _memory_bound(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
+    """Fuse the memory-bound kernels: compile, or (compiled already) the native GPT-2,
+    whose loss runs inside the compiled region."""
+    mode = NEXT_COMPILE.get(str(cfg.trainer.compile))
+    if str(cfg.trainer.compile) == "off" and cfg.strategy.name != "deepspeed":
+        return [Candidate({"trainer.compile": mode}, "memory_bound")]
+    if cfg.model.impl == "hf" and not cfg.model.init_from:
+        return [Candidate({"model.impl": "native"}, "memory_bound", changes_math=True)]
+    return []
 
 
 def _precision(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
