@@ -274,11 +274,7 @@ def _comm_figures(samples, world_size: int, timed_step_s: float) -> dict:
         **_spread("comm/allreduce_s", allreduce, mean_as_bare=True),
         **_spread("comm/exposed_s", exposed, mean_as_bare=True),
         "comm/bytes": sum(nbytes) / len(nbytes),
-        "comm/busbw_gbps": (  # one rank sends nothing over a bus
-            bus_bandwidth(sum(nbytes) / busy / 1e9, world_size)
-            if busy > 0 and world_size > 1
-            else None
-        ),
+        "comm/busbw_gbps": _busbw(sum(nbytes), busy, world_size),
         "comm/overhead_frac": sum(exposed) / timed_step_s if timed_step_s > 0 else None,
         **_kind_figures(samples, world_size),
     }
@@ -295,8 +291,13 @@ def _kind_figures(samples, world_size: int) -> dict:
         out[f"{stem}_s"] = sum(busy) / len(busy)
         out[f"{stem}_exposed_s"] = sum(exposed) / len(exposed)
         out[f"{stem}_bytes"] = sum(nbytes) / len(nbytes)
-        total = sum(busy)
-        out[f"{stem}_busbw_gbps"] = (
-            bus_bandwidth(sum(nbytes) / total / 1e9, world_size) if total > 0 else None
-        )
+        out[f"{stem}_busbw_gbps"] = _busbw(sum(nbytes), sum(busy), world_size)
     return out
+
+
+def _busbw(nbytes: float, busy_s: float, world_size: int) -> float | None:
+    """Bus bandwidth in GB/s of `nbytes` moved in `busy_s`; None for one rank, which
+    sends nothing over a bus, or when nothing was timed."""
+    if busy_s <= 0 or world_size <= 1:
+        return None
+    return bus_bandwidth(nbytes / busy_s / 1e9, world_size)

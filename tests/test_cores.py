@@ -223,11 +223,19 @@ def test_aggregate_without_comm_figures_and_with_one_rank_missing_them():
 
 
 def test_aggregate_busbw_is_none_for_one_rank():
-    """One rank sends nothing over a bus: no bandwidth, but the other comm figures stay."""
+    """One rank sends nothing over a bus: no bandwidth, per kind of collective either, but
+    the other comm figures stay."""
     f = aggregate([rank_vector(**THREE_RANKS[0])], world_size=1).figures
     assert f["comm/busbw_gbps"] is None
     assert f["comm/overhead_frac"] == pytest.approx(0.5 / 3.0)
     assert f["compute_s/excess_frac"] == 0.0  # no other rank to be slower than
+    kinds = {"all_gather": (0.4, 0.1, 800.0), "reduce_scatter": (0.2, 0.1, 400.0)}
+    one = {**THREE_RANKS[0], "comm": [StepComm(0.6, 0.2, 1200, kinds)] * 2}
+    f = aggregate([rank_vector(**one)], world_size=1).figures
+    assert f["comm/allgather_bytes"] == 800.0 and f["comm/allgather_s"] == pytest.approx(0.4)
+    assert f["comm/allgather_busbw_gbps"] is None and f["comm/reducescatter_busbw_gbps"] is None
+    f = aggregate([rank_vector(**one)] * 2, world_size=2).figures
+    assert f["comm/allgather_busbw_gbps"] == pytest.approx(bus_bandwidth(800 / 0.4 / 1e9, 2))
 
 
 def test_aggregate_nonfinite_ranks_and_device_memory():
