@@ -109,7 +109,7 @@ def micro_batch_times(device: torch.device, iters: int) -> dict[str, float]:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def trainer_step_times(steps: int, rounds: int, device: torch.device) -> dict[str, float]:
+def trainer_step_times(steps: int, rounds: int) -> dict[str, float]:
     """Seconds per step of the real trainer for each impl: `step_time_s/p50` of each run's
     summary.json (the trainer's own wall-clock step, first step left out), runs of both
     impls interleaved over `rounds`, the median per impl."""
@@ -226,7 +226,7 @@ def main() -> int:
         print(peak_memory(args.memory_path, device))
         return 0
     micro = micro_batch_times(device, args.iters)
-    step = {} if args.skip_trainer else trainer_step_times(args.steps, args.rounds, device)
+    step = {} if args.skip_trainer else trainer_step_times(args.steps, args.rounds)
     memory = {} if args.skip_memory else memory_rows(device)
     device_name = torch.cuda.get_device_name(0) if gpu else f"CPU, {args.threads} thread(s)"
     print(report(micro, step, memory, device_name))

@@ -105,9 +105,8 @@ def _launch_bound(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate
 def _memory_bound(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
     """Fuse the memory-bound kernels: compile, or (compiled already) the native GPT-2,
     whose loss runs inside the compiled region."""
-    mode = NEXT_COMPILE.get(str(cfg.trainer.compile))
     if str(cfg.trainer.compile) == "off" and cfg.strategy.name != "deepspeed":
-        return [Candidate({"trainer.compile": mode}, "memory_bound")]
+        return [Candidate({"trainer.compile": NEXT_COMPILE["off"]}, "memory_bound")]
     if cfg.model.impl == "hf" and not cfg.model.init_from:
         return [Candidate({"model.impl": "native"}, "memory_bound", changes_math=True)]
     return []
