@@ -10,8 +10,9 @@
 # report of the profiled throughput steps: kernel classes, achieved TFLOP/s, advice),
 # ladder.json and ladder.log, multirank.json (two gloo ranks on the one device, stopped by
 # SIGTERM: benchmarks/multirank_check.sh) and, on a GPU, model_cost.json (native GPT-2 vs
-# transformers) into OUT (default: $OUT, else ./gpu-check); every figure as one record in
-# $RESULTS_DIR (default benchmarks/results) as <date>-<device>.json; a short table last.
+# transformers) and overhead.json (the trainer against a bare loop, compiled) into OUT
+# (default: $OUT, else ./gpu-check); every figure as one record in $RESULTS_DIR (default
+# benchmarks/results) as <date>-<device>.json; a short table last.
 # Overrides after OUT go to every run (the tests use them to run this script on a CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +42,10 @@ timeout 200 bash benchmarks/multirank_check.sh "$out" "$@" | tee "$out/multirank
 if python3 -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
     timeout 120 python3 benchmarks/model_cost.py --skip-trainer --out "$out/model_cost.json" \
         2>&1 | tee "$out/model_cost.log" || echo "model_cost.py did not finish: see model_cost.log"
+    # The launcher's own cost against a bare loop, compiled, at the throughput configuration.
+    timeout 200 python3 benchmarks/overhead.py --pairs 2 --steps 30 --out "$out/overhead.json" \
+        +exp=throughput "$@" 2>&1 | tee "$out/overhead.log" | grep -v " INFO " \
+        || echo "overhead.py: see overhead.log (exit 1: over its 3% budget)"
 fi
 python3 benchmarks/results.py "$out" --dest "${RESULTS_DIR:-benchmarks/results}" \
     --command "bash benchmarks/gpu_check.sh $out $*"

@@ -3,8 +3,8 @@
     python benchmarks/results.py OUT [--dest benchmarks/results] [--command "..."]
 
 OUT is the folder benchmarks/gpu_check.sh wrote (runs/throughput/summary.json, ladder.json,
-the analysis of runs/profile, multirank.json, and model_cost.json where a GPU ran it; the
-last three are null in the record when that part did not finish). One file per date and
+the analysis of runs/profile, multirank.json, and model_cost.json and overhead.json where a
+GPU ran them; these four are null in the record when that part did not finish). One file per date and
 device, committed with the docs that quote it, so that every figure in docs/performance.md
 has a record of what measured it, when and with which versions.
 """
@@ -60,6 +60,7 @@ def record(out: Path, command: str, date: dt.date, device: str) -> dict:
         "profile": profile_figures(out),
         "multirank": _optional(out / "multirank.json"),
         "model_cost": _optional(out / "model_cost.json"),
+        "overhead": _optional(out / "overhead.json"),
     }
 
 

@@ -37,8 +37,8 @@ CASES = {
         (0,),
     ),
     "overhead": (
-        script("overhead.py", "--rounds", "1", *TINY),
-        ["trainer / bare"],
+        script("overhead.py", "--pairs", "1", "--steps", "20", *TINY),
+        ["| trainer |", "trainer / bare, median of paired runs"],
         (0, 1),  # 1: over the 3% budget on this noisy machine, still a verdict
     ),
     "profiler_cost": (
@@ -68,3 +68,21 @@ def test_benchmark_runs_end_to_end(name, tmp_path):
         figures = json.loads((tmp_path / "cost.json").read_text())
         assert set(figures["trainer_step_s"]) == {"hf", "native"}
         assert all(v > 0 for v in figures["peak_bytes"].values())
+
+
+def test_overhead_refuses_a_window_it_cannot_time(tmp_path):
+    """The window runs from the first logged step to the last: --steps must be a multiple
+    of trainer.log_interval above it, said in one line before anything runs."""
+    proc = subprocess.run(
+        script("overhead.py", "--steps", "15", *TINY),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=base_env(),
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "--steps=15 must be a multiple of trainer.log_interval=10 above it: the window runs "
+        "from the first logged step to the last"
+    )

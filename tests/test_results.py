@@ -57,4 +57,5 @@ def test_the_record_holds_every_figure_under_a_dated_device_name(tmp_path):
         "profile": None,  # parts that did not finish are null, the rest still recorded
         "multirank": None,
         "model_cost": None,
+        "overhead": None,
     }

@@ -106,6 +106,7 @@ def test_gpu_check_script_end_to_end_on_cpu(tmp_path):
     rec = json.loads(record.read_text())
     assert record.name.endswith("-cpu.json") and rec["ladder"]["rows"] == rows
     assert rec["mfu"] is None and rec["tokens_per_s"] > 0 and rec["model_cost"] is None
+    assert rec["overhead"] is None  # measured on a GPU only
     assert rec["multirank"] == multirank
     classes = {c["class"]: c for c in rec["profile"]["kernel_classes"]}
     assert classes["matmul"]["flops_per_step"] > 0 and classes["matmul"]["tflops"] > 0
