@@ -177,7 +177,7 @@ def main() -> int:
             file=sys.stderr,
         )
 
-    tokens_per_step = cfg.trainer.global_batch_size * cfg.trainer.seq_len
+    tokens_per_step = BatchPlan.of(cfg.trainer, world_size=1).tokens_per_step
     threads = torch.get_num_threads()
     print(f"\n{last - first}-step window, {args.pairs} pairs, {device}, {threads} thread(s)")
     print("| loop    | ms/step (median) | tokens/s |")

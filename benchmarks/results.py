@@ -4,9 +4,9 @@
 
 OUT is the folder benchmarks/gpu_check.sh wrote (runs/throughput/summary.json, ladder.json,
 the analysis of runs/profile, multirank.json, and model_cost.json and overhead.json where a
-GPU ran them; these four are null in the record when that part did not finish). One file per date and
-device, committed with the docs that quote it, so that every figure in docs/performance.md
-has a record of what measured it, when and with which versions.
+GPU ran them; these four are null in the record when that part did not finish). One file
+per date and device, committed with the docs that quote it, so that every figure in
+docs/performance.md has a record of what measured it, when and with which versions.
 """
 
 from __future__ import annotations
