@@ -41,7 +41,7 @@ from launcher.metrics import (
     local_vector,
     reset_host_peak,
 )
-from launcher.model import mfu, model_loss
+from launcher.model import attention_backend, mfu, model_loss
 from launcher.preemption import StopVote
 from launcher.profiling import build_profiler, step_region, trace_dir
 from launcher.runtime import Runtime
@@ -111,10 +111,12 @@ class LoopConfig:
     watchdog: WatchdogConfig
     fault: FaultConfig
     impl: str  # model.impl
+    attention: str  # model.attention
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> LoopConfig:
-        return cls(cfg.trainer, cfg.profiler, cfg.watchdog, cfg.fault, cfg.model.impl)
+        m = cfg.model
+        return cls(cfg.trainer, cfg.profiler, cfg.watchdog, cfg.fault, m.impl, m.attention)
 
 
 # open_loader(start_step=..., wrap_windows=...): this rank's training batches in step order
@@ -341,7 +343,7 @@ class TrainLoop:
             x = x.to(rt.device, non_blocking=True)
             y = y.to(rt.device, non_blocking=True)
             with self.strategy.micro_step(micro == self.accum - 1):
-                with self.strategy.autocast():
+                with self.strategy.autocast(), attention_backend(self.cfg.attention):
                     loss = model_loss(module, self.impl, x, y) / self.accum
                 self.strategy.backward(loss)
             self.interval.add_loss(loss)
@@ -418,7 +420,7 @@ class TrainLoop:
         total = torch.zeros((), device=self.rt.device)
         for x, y in batches:
             x, y = x.to(self.rt.device), y.to(self.rt.device)
-            with self.strategy.autocast():
+            with self.strategy.autocast(), attention_backend(self.cfg.attention):
                 total += model_loss(module, self.impl, x, y)
         module.train()
         per_rank = self.rt.all_gather_floats([total.item() / len(batches)])

@@ -8,12 +8,14 @@ else, a CPU included: never a guessed figure.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 
 import torch
 import torch.nn.functional as F
 
+from launcher.config.errors import ConfigError
 from launcher.config.schema import ModelConfig
 from launcher.gpt2 import GPT2, from_hf_state_dict
 from launcher.gpt2 import GPT2Config as NativeConfig
@@ -65,6 +67,42 @@ def model_loss(module: torch.nn.Module, impl: str, x: torch.Tensor, y: torch.Ten
     if impl == "native":
         return module(x, targets=y)
     return lm_loss(module(input_ids=x).logits, y)
+
+
+@contextlib.contextmanager
+def attention_backend(choice: str):
+    """The context the loss is computed in for `model.attention`: SDPA restricted to one
+    kernel, or PyTorch's own pick (`auto`: the first of its kernels the inputs allow).
+    Entered around the forward, so that a compiled module is traced with the same choice;
+    the backward runs the kernel its forward recorded. A kernel the device, dtype or shape
+    rules out fails the step as one line naming the key, not as SDPA's warnings."""
+    if choice == "auto":
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    try:
+        with sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[choice])):
+            yield
+    except RuntimeError as exc:
+        if not any(text in str(exc) for text in NO_KERNEL):
+            raise
+        raise ConfigError(
+            f"model.attention={choice}: SDPA cannot run that kernel for these inputs on this "
+            "device (its warnings above say why); use model.attention=auto"
+        ) from None
+
+
+# What SDPA raises when the allowed kernels cannot take the inputs: on the CPU, on a GPU.
+NO_KERNEL = ("No viable backend for scaled_dot_product_attention", "No available kernel")
+
+# model.attention -> torch.nn.attention.SDPBackend member
+SDPA_BACKENDS = {
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+    "math": "MATH",
+}
 
 
 def _load_hf(init_from: str, vocab_size: int):

@@ -78,7 +78,8 @@ def machine_problems(cfg: DictConfig, ranks_per_node: int) -> list[str]:
 
 def device_problems(cfg: DictConfig) -> list[str]:
     """A CUDA device or NCCL asked for on a machine without a visible GPU; fp16 DeepSpeed
-    on a CPU that DeepSpeed refuses it on."""
+    on a CPU that DeepSpeed refuses it on; an attention kernel the device or precision
+    does not have."""
     import torch
 
     t = cfg.trainer
@@ -90,6 +91,9 @@ def device_problems(cfg: DictConfig) -> list[str]:
             "AVX-512 FP16 (DeepSpeed refuses fp16 on this CPU); use trainer.precision="
             "bf16 or fp32"
         ]
+    attention = attention_problem(cfg.model.attention, on_cpu, t.precision)
+    if attention:
+        return [attention]
     wants_cuda = t.device == "cuda" or cfg.dist.backend == "nccl"
     if not wants_cuda or torch.cuda.is_available():
         return []
@@ -99,6 +103,23 @@ def device_problems(cfg: DictConfig) -> list[str]:
         f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); use trainer.device=auto "
         "and dist.backend=auto, or run where a GPU is"
     ]
+
+
+def attention_problem(attention: str, on_cpu: bool, precision: str) -> str | None:
+    """SDPA on the CPU has a flash kernel and the math one only; on a GPU the flash and
+    cuDNN kernels take bf16 or fp16 inputs only (autocast gives them that)."""
+    key = f"model.attention={attention}"
+    if on_cpu and attention in ("efficient", "cudnn"):
+        return (
+            f"{key} needs a CUDA GPU (on the CPU SDPA has flash and math); use "
+            "model.attention=auto, flash or math"
+        )
+    if not on_cpu and attention in ("flash", "cudnn") and precision == "fp32":
+        return (
+            f"{key} takes bf16 or fp16 inputs only, and trainer.precision=fp32 gives it "
+            "fp32; use trainer.precision=bf16, or model.attention=auto or efficient"
+        )
+    return None
 
 
 def cpu_has_fp16() -> bool:

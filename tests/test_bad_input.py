@@ -45,6 +45,14 @@ CASES = [
     (["trainer.max_steps=abc"], "trainer.max_steps:"),
     (["model=gpt3"], "model=gpt3: no such option; choose one of: gpt2, gpt2-large"),
     (["trainer.precision=fp64"], "trainer.precision=fp64: not one of fp32, bf16, fp16"),
+    (
+        ["model.attention=xformers"],
+        "model.attention=xformers: not one of auto, flash, efficient, cudnn, math",
+    ),
+    (
+        ["model.attention=cudnn", "trainer.device=cpu"],
+        "model.attention=cudnn needs a CUDA GPU (on the CPU SDPA has flash and math)",
+    ),
     (["trainer.compile=fast"], "trainer.compile=fast: not one of off, default"),
     (
         ["trainer.global_batch_size=10", "trainer.micro_batch_size=4"],

@@ -29,6 +29,7 @@ OFFLOAD_DEVICES = ("none", "cpu")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 PROFILERS = ("off", "steps", "full")
 MODEL_IMPLS = ("native", "hf")
+ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
 FAULT_KINDS = ("none", "stall", "sigstop", "exit", "oom", "loader_error", "slow", "slow_data")
 
 
@@ -51,6 +52,7 @@ class ModelConfig:
     init_from: str | None = None
     impl: str = "native"  # native (launcher.gpt2) or hf (transformers' GPT2LMHeadModel)
     bias: bool = True  # biases in linears and LayerNorms (GPT-2's weights have them)
+    attention: str = "auto"  # SDPA's kernel: auto (PyTorch picks), flash, efficient, cudnn, math
 
 
 @dataclass

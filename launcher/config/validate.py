@@ -14,6 +14,7 @@ from launcher.batch import BatchPlan
 from launcher.config.compose import unknown_key_line
 from launcher.config.errors import ConfigError
 from launcher.config.schema import (
+    ATTENTION_BACKENDS,
     BACKENDS,
     COMM_HOOKS,
     COMPILE_MODES,
@@ -91,6 +92,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     _choice(cfg, "data.source", DATA_SOURCES)
     _choice(cfg, "profiler.name", PROFILERS)
     _choice(cfg, "model.impl", MODEL_IMPLS)
+    _choice(cfg, "model.attention", ATTENTION_BACKENDS)
     _validate_model_bias(m)
     _validate_engine(cfg)
     problem = BatchPlan.of(t, world_size).problem()
