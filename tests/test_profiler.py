@@ -188,6 +188,7 @@ LAUNCH_BOUND = "many small kernels with the GPU idle between them (launch-bound)
 FP32_MATMULS = "matrix multiplications run in fp32 (no bf16 tensor-core work)"
 MEMORY = "memory pressure"
 MEMORY_BOUND = "memory-bound kernels take a large share of GPU compute"
+ATTENTION = "attention kernels take a large share of GPU compute"
 BF16_GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"  # a kernel no rule speaks about
 
 
@@ -478,6 +479,34 @@ def test_advice_names_memory_bound_kernels(tmp_path):
     assert gpu_findings(rows, RunFacts(compile="default", impl="hf"))  # kind for the tuner
     (advice,) = advise(rows, facts=RunFacts(compile="off"))
     assert advice.kind == "memory_bound"
+
+
+def test_advice_names_heavy_attention_and_the_other_fused_kernel(tmp_path):
+    """Attention kernels at 30% of GPU time in a bf16 run: time SDPA's other fused kernel
+    (both when PyTorch picked, the other one when the run chose); 20% or less, an fp32 run
+    (neither fused kernel takes fp32) or a CPU trace: nothing."""
+    heavy = [
+        ("pytorch_flash::flash_fwd_kernel", 0.0, 20.0),
+        ("pytorch_flash::flash_bwd_dq_dk_dv_loop_kernel", 20.0, 30.0),
+        (BF16_GEMM, 30.0, 100.0),
+    ]
+    rows = run_breakdown(cuda_trace(tmp_path / "heavy", heavy))
+    found = gpu_findings(rows, RunFacts(precision="bf16", attention="auto"))
+    assert list(found) == [ATTENTION]
+    advice = found[ATTENTION]
+    assert advice.knobs.startswith("model.attention=cudnn or model.attention=flash (")
+    assert advice.evidence == (
+        "0.03 ms per step (30% of kernel time) in attention kernels: "
+        "`pytorch_flash::flash_fwd_kernel`, `pytorch_flash::flash_bwd_dq_dk_dv_loop_kernel`"
+    )
+    chose = gpu_findings(rows, RunFacts(precision="bf16", attention="flash"))[ATTENTION]
+    assert chose.knobs.startswith("model.attention=cudnn (")
+    assert gpu_findings(rows, RunFacts(precision="fp32", attention="auto")) == {}
+    (advice,) = advise(rows, facts=RunFacts(precision="bf16"))
+    assert advice.kind == "attention"
+    light = [("pytorch_flash::flash_fwd_kernel", 0.0, 20.0), (BF16_GEMM, 20.0, 100.0)]
+    rows = run_breakdown(cuda_trace(tmp_path / "light", light))
+    assert gpu_findings(rows, RunFacts(precision="bf16")) == {}
 
 
 def test_analysis_goes_to_the_runs_wandb_run(analyzed, profiled_run, tmp_path):

@@ -103,6 +103,15 @@ def test_candidates_follow_the_evidence_and_only_it():
     ]
     native = cfg_of("trainer.compile=default")  # native is the default
     assert propose([{"kind": "memory_bound"}], native, 2, gpu=True) == []
+    bf16 = cfg_of("trainer.precision=bf16")
+    attention = [c.name for c in propose([{"kind": "attention"}], bf16, 2, gpu=True)]
+    assert attention == ["model.attention=cudnn", "model.attention=flash"]
+    chose = cfg_of("trainer.precision=bf16", "model.attention=cudnn")
+    assert [c.name for c in propose([{"kind": "attention"}], chose, 2, gpu=True)] == [
+        "model.attention=flash"
+    ]
+    assert propose([{"kind": "attention"}], cfg_of("trainer.precision=fp32"), 2, gpu=True) == []
+    assert propose([{"kind": "attention"}], bf16, 2, gpu=False) == []
 
 
 def measured(*p50s: float, loss: float = 6.0) -> Measured:

@@ -18,6 +18,8 @@ IDLE_SHARE = 0.10  # GPU idle between kernels worth compiling away
 SMALL_KERNEL_US = 20.0  # a kernel this short finishes before the CPU launches the next
 MATMUL_SHARE = 0.25  # matrix kernels' share of GPU compute that bf16 would speed up
 MEMORY_BOUND_SHARE = 0.30  # memory-bound kernels' share of GPU compute worth fusing away
+ATTENTION_SHARE = 0.20  # attention kernels' share of GPU compute worth timing SDPA's others
+FUSED_ATTENTION = ("cudnn", "flash")  # SDPA's fused kernels for bf16/fp16 on a GPU
 MEMORY_FULL = 0.90  # peak memory / device memory
 
 HALF_KERNEL = re.compile(r"bf16|f16|fp16|half|h1688|h16816|e4m3|e5m2|hgemm", re.IGNORECASE)
@@ -61,6 +63,7 @@ def advise(
         "launch_bound": _launch_bound(gpu, facts),
         "fp32_matmuls": _fp32_matmuls(gpu, facts),
         "memory_bound": _memory_bound(gpu, facts),
+        "attention": _attention(gpu, facts),
         "memory_pressure": memory,
         "accumulation": None if memory else _accumulation(rows, facts),
     }
@@ -224,6 +227,34 @@ def _memory_bound(gpu: list[StepBreakdown], facts: RunFacts) -> Advice | None:
         knobs,
         f"{per_step * 1e3:.2f} ms per step ({share:.0%} of kernel time) in memory-bound "
         f"kernels: {top}",
+    )
+
+
+def _attention(gpu: list[StepBreakdown], facts: RunFacts) -> Advice | None:
+    """Attention kernels taking a large share of GPU compute: SDPA's fused kernels (cuDNN's,
+    FlashAttention-2) differ in speed by GPU generation and torch and cuDNN version, so the
+    one the run used is worth timing against the other. Both take bf16/fp16 only."""
+    if not gpu or facts.precision not in ("bf16", "fp16"):
+        return None
+    table = class_table([r.ops for r in gpu], [r.flops for r in gpu], None)
+    row = next((r for r in table if r["class"] == "attention"), None)
+    if row is None or row["share"] <= ATTENTION_SHARE:
+        return None
+    others = [k for k in FUSED_ATTENTION if k != facts.attention]
+    spent: dict[str, float] = {}
+    for r in gpu:
+        for name, durations in r.ops.items():
+            if classify(name).name == "attention":
+                spent[name] = spent.get(name, 0.0) + sum(durations)
+    names = ", ".join(f"`{n}`" for n in sorted(spent, key=lambda n: -spent[n])[:2])
+    rate = "" if row["tflops"] is None else f", {row['tflops']:.3g} TFLOP/s achieved"
+    return Advice(
+        "attention kernels take a large share of GPU compute",
+        " or ".join(f"model.attention={k}" for k in others) + " (SDPA's other fused "
+        "kernel: which is faster depends on the GPU and the torch and cuDNN versions; "
+        "compare tokens/s)",
+        f"{row['seconds_per_step'] * 1e3:.2f} ms per step ({row['share']:.0%} of kernel "
+        f"time) in attention kernels{rate}: {names}",
     )
 
 

@@ -20,6 +20,7 @@ class RunFacts:
     compile: str | None = None
     grad_checkpointing: bool | None = None
     impl: str | None = None  # model.impl: native or hf
+    attention: str | None = None  # model.attention: SDPA's kernel (auto, flash, cudnn, ...)
     micro_batch_size: int | None = None
     global_batch_size: int | None = None
     world_size: int | None = None  # from env.json
@@ -47,6 +48,7 @@ def read_facts(run_dir: Path) -> RunFacts:
         compile=None if "compile" not in trainer else str(trainer["compile"]),
         grad_checkpointing=trainer.get("grad_checkpointing"),
         impl=model.get("impl"),
+        attention=model.get("attention"),
         micro_batch_size=trainer.get("micro_batch_size"),
         global_batch_size=trainer.get("global_batch_size"),
         world_size=env.get("world_size"),

@@ -16,6 +16,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from launcher.analyze.advice import FUSED_ATTENTION
+
 DEFAULT_BUCKET_MB = 25.0  # DDP's own default: where a sweep of bucket_cap_mb starts
 NEXT_COMPILE = {"off": "default", "default": "reduce-overhead"}
 
@@ -50,6 +52,7 @@ def propose(advice: list[dict], cfg: DictConfig, world_size: int, gpu: bool) -> 
         "launch_bound": _launch_bound,
         "fp32_matmuls": _precision,
         "memory_bound": _memory_bound,
+        "attention": _attention,
         "memory_pressure": _memory,
         "accumulation": _accumulation,
     }
@@ -110,6 +113,14 @@ def _memory_bound(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate
     if cfg.model.impl == "hf" and not cfg.model.init_from:
         return [Candidate({"model.impl": "native"}, "memory_bound", changes_math=True)]
     return []
+
+
+def _attention(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
+    """SDPA's other fused kernels on a GPU (bf16/fp16 only: both refuse fp32 inputs)."""
+    if not gpu or cfg.trainer.precision == "fp32":
+        return []
+    current = cfg.model.attention
+    return [Candidate({"model.attention": k}, "attention") for k in FUSED_ATTENTION if k != current]
 
 
 def _precision(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
