@@ -16,10 +16,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from launcher.analyze.advice import FUSED_ATTENTION
+from launcher.analyze.advice import FUSED_ATTENTION, NEXT_COMPILE
 
 DEFAULT_BUCKET_MB = 25.0  # DDP's own default: where a sweep of bucket_cap_mb starts
-NEXT_COMPILE = {"off": "default", "default": "reduce-overhead"}
 
 
 @dataclass
