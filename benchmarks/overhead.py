@@ -49,6 +49,7 @@ from launcher.launch_state import LaunchState
 from launcher.loop import lr_at
 from launcher.model import build_model, model_loss
 from launcher.runtime import pick_device, seed_everything
+from launcher.strategy.base import compile_mode
 from launcher.strategy.ddp import AUTOCAST_DTYPES
 from launcher.strategy.optim import build_optimizer
 
@@ -109,8 +110,7 @@ def bare_per_step(overrides: list[str]) -> float:
         cfg.model, data.vocab_size, eot_id=data.eot_id, grad_checkpointing=t.grad_checkpointing
     ).to(device)
     optimizer = build_optimizer(model, t)
-    mode = None if t.compile == "default" else t.compile
-    module = model if t.compile == "off" else torch.compile(model, mode=mode)
+    module = model if t.compile == "off" else torch.compile(model, mode=compile_mode(t.compile))
     dtype = AUTOCAST_DTYPES.get(t.precision)
     scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
     plan = BatchPlan.of(t, world_size=1)

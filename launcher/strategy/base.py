@@ -16,6 +16,12 @@ import torch
 from launcher.comm_stats import StepComm
 
 
+def compile_mode(compile: str) -> str | None:
+    """`torch.compile`'s mode for a `trainer.compile` setting other than off (`default`
+    is torch's own default, passed as None)."""
+    return None if compile == "default" else compile
+
+
 class Strategy(ABC):
     """Wraps a model and its optimizer for one way of data-parallel training."""
 

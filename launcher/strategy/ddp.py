@@ -16,7 +16,7 @@ from launcher.comm_stats import StepComm
 from launcher.config.schema import DDPConfig, TrainerConfig
 from launcher.runtime import Runtime
 from launcher.strategy import comm_hooks, powersgd
-from launcher.strategy.base import Strategy
+from launcher.strategy.base import Strategy, compile_mode
 from launcher.strategy.comm_timing import CommTimer
 from launcher.strategy.dcp import is_dcp_checkpoint, load_dcp
 from launcher.strategy.ds_universal import is_deepspeed_checkpoint, torch_state
@@ -36,7 +36,7 @@ class DDPStrategy(Strategy):
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=t.precision == "fp16")
         module: torch.nn.Module = self.raw_model
         if t.compile != "off":
-            module = torch.compile(module, mode=None if t.compile == "default" else t.compile)
+            module = torch.compile(module, mode=compile_mode(t.compile))
         self.ddp: DistributedDataParallel | None = None
         self.comm_timer: CommTimer | None = None
         self.comm_state = None  # the comm hook's state (PowerSGD's goes into checkpoints)

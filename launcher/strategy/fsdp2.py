@@ -37,7 +37,7 @@ from torch.distributed.tensor import DTensor
 from launcher.comm_stats import StepComm
 from launcher.config.schema import FSDP2Config, TrainerConfig
 from launcher.runtime import Runtime
-from launcher.strategy.base import Strategy
+from launcher.strategy.base import Strategy, compile_mode
 from launcher.strategy.dcp import is_dcp_checkpoint, load_dcp
 from launcher.strategy.ds_comm import KINDS, CollectiveTimer
 from launcher.strategy.ds_universal import is_deepspeed_checkpoint, torch_state
@@ -94,7 +94,7 @@ class FSDP2Strategy(Strategy):
         model = model.to(rt.device)
         for block in _blocks(model):
             if t.compile != "off":  # compiled per block: FSDP's hooks stay outside the graphs
-                block.compile(mode=None if t.compile == "default" else t.compile)
+                block.compile(mode=compile_mode(t.compile))
             fully_shard(block, reshard_after_forward=s.reshard_after_forward, **shard)
         # The root's parameters are needed again at once by backward: kept after forward.
         fully_shard(model, reshard_after_forward=False, **shard)
