@@ -54,6 +54,8 @@ def advise(
         return []
     facts = facts or RunFacts()
     gpu = [r for r in rows if r.gpu]
+    # Time by kernel class over the GPU rank-steps, for the rules that read it.
+    classes = class_table([r.ops for r in gpu], [r.flops for r in gpu], None) if gpu else []
     memory = _memory_pressure(rows, facts)
     found = {
         "data_wait": _data_wait(rows),
@@ -62,8 +64,8 @@ def advise(
         "syncs": _syncs(rows),
         "launch_bound": _launch_bound(gpu, facts),
         "fp32_matmuls": _fp32_matmuls(gpu, facts),
-        "memory_bound": _memory_bound(gpu, facts),
-        "attention": _attention(gpu, facts),
+        "memory_bound": _memory_bound(classes, facts),
+        "attention": _attention(gpu, classes, facts),
         "memory_pressure": memory,
         "accumulation": None if memory else _accumulation(rows, facts),
     }
@@ -201,16 +203,13 @@ def _fp32_matmuls(gpu: list[StepBreakdown], facts: RunFacts) -> Advice | None:
     )
 
 
-def _memory_bound(gpu: list[StepBreakdown], facts: RunFacts) -> Advice | None:
+def _memory_bound(classes: list[dict], facts: RunFacts) -> Advice | None:
     """Memory-bound kernels (elementwise, normalisation, softmax and loss, reductions, the
     optimizer) taking a large share of GPU compute: each is a pass over memory for little
     arithmetic, and compilation fuses them into fewer passes. Compiled already, with
     transformers' GPT-2, the loss stays outside the compiled region on fp32 logits; the
     native GPT-2 computes it inside."""
-    if not gpu:
-        return None
-    table = class_table([r.ops for r in gpu], [r.flops for r in gpu], None)
-    memory = [r for r in table if r["bound"] == "memory"]
+    memory = [r for r in classes if r["bound"] == "memory"]
     share = sum(r["share"] for r in memory)
     if share <= MEMORY_BOUND_SHARE:
         return None
@@ -230,14 +229,13 @@ def _memory_bound(gpu: list[StepBreakdown], facts: RunFacts) -> Advice | None:
     )
 
 
-def _attention(gpu: list[StepBreakdown], facts: RunFacts) -> Advice | None:
+def _attention(gpu: list[StepBreakdown], classes: list[dict], facts: RunFacts) -> Advice | None:
     """Attention kernels taking a large share of GPU compute: SDPA's fused kernels (cuDNN's,
     FlashAttention-2) differ in speed by GPU generation and torch and cuDNN version, so the
     one the run used is worth timing against the other. Both take bf16/fp16 only."""
-    if not gpu or facts.precision not in ("bf16", "fp16"):
+    if facts.precision not in ("bf16", "fp16"):
         return None
-    table = class_table([r.ops for r in gpu], [r.flops for r in gpu], None)
-    row = next((r for r in table if r["class"] == "attention"), None)
+    row = next((r for r in classes if r["class"] == "attention"), None)
     if row is None or row["share"] <= ATTENTION_SHARE:
         return None
     others = [k for k in FUSED_ATTENTION if k != facts.attention]
