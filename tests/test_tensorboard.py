@@ -1,7 +1,7 @@
 """logger=tensorboard: real event files, read back with TensorBoard's own event reader (the
 accumulator its server uses), against metrics.jsonl and the sweep summary.
 
-One 2-rank launch runs a 2-point sweep with W&B (offline) and TensorBoard together; a pair
+The session's DDP sweep (2 points, W&B offline and TensorBoard together) is read back; a pair
 of one-process launches checks that a resumed run shows every step once; the missing
 package is checked in-process.
 
@@ -20,23 +20,17 @@ import pytest
 from launcher.tensorboard_sink import code_block
 from launcher.train import main
 
-from launch import FAST, base_env, explain, metrics, python_train, summary, torchrun
-from wandb_readback import history, private_wandb_env
+from launch import FAST, explain, metrics, python_train, summary
+from reference_runs import DDP_SWEEP_POINTS, DDP_SWEEP_STEPS
+from wandb_readback import history
 
 pytest.importorskip("tensorboardX", reason="in the test extra: pip install -e '.[test]'")
 pytest.importorskip("tensorboard", reason="in the test extra: pip install -e '.[test]'")
 
 from tb_readback import read_runs  # noqa: E402 - needs tensorboard
 
-POINTS = ("bucket_cap_mb=0.05", "bucket_cap_mb=25")
-SWEEP = [
-    *FAST,
-    "trainer.max_steps=6",
-    "trainer.eval_interval=3",
-    "trainer.checkpoint_interval=0",
-    "+exp=bucket_sweep",
-    "strategy.bucket_cap_mb=0.05,25",
-]
+POINTS = DDP_SWEEP_POINTS
+STEPS = DDP_SWEEP_STEPS
 
 
 def expected_scalars(run_dir) -> dict[str, list]:
@@ -58,20 +52,10 @@ def assert_scalars_equal_metrics(scalars: dict, run_dir) -> None:
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    """One 2-rank launch: a 2-point sweep with W&B offline and TensorBoard together."""
-    tmp = tmp_path_factory.mktemp("tb")
-    root = tmp / "runs"
-    overrides = [
-        *SWEEP,
-        "logger=[wandb,tensorboard]",
-        "logger.mode=offline",
-        f"run.root={root}",
-        "run.id=sw",
-    ]
-    proc = torchrun(overrides, env=base_env(**private_wandb_env(tmp)))
-    assert proc.returncode == 0, explain(proc)
-    return {"tmp": tmp, "dir": root / "sw", "runs": read_runs(root / "sw")}
+def sweep(ddp_sweep, tmp_path_factory):
+    """The session's DDP sweep (tests/reference_runs.py): 2 points with W&B offline and
+    TensorBoard together, read back once."""
+    return {"tmp": tmp_path_factory.mktemp("tb"), "dir": ddp_sweep, "runs": read_runs(ddp_sweep)}
 
 
 def test_one_event_directory_per_point_and_one_for_the_summary(sweep):
@@ -87,8 +71,8 @@ def test_every_scalar_equals_metrics_jsonl(sweep, point):
     run_dir = sweep["dir"] / point
     scalars = sweep["runs"][f"{point}/tb"]["scalars"]
     assert_scalars_equal_metrics(scalars, run_dir)
-    assert [s for s, _ in scalars["loss"]] == list(range(1, 7))
-    assert [s for s, _ in scalars["eval/loss"]] == [3, 6]
+    assert [s for s, _ in scalars["loss"]] == list(range(1, STEPS + 1))
+    assert [s for s, _ in scalars["eval/loss"]] == [STEPS]
     assert {"step_time_s/p50", "step_time_s/slowest_rank", "comm/exposed_s"} <= set(scalars)
 
 
@@ -99,7 +83,7 @@ def test_config_env_and_summary_as_text(sweep):
     env = code_block((run_dir / "env.json").read_text(), "json")
     assert (texts["config/text_summary"], texts["env/text_summary"]) == ([(0, config)], [(0, env)])
     ((step, table),) = texts["summary/text_summary"]
-    assert step == 6 and "| status | completed |" in table
+    assert step == STEPS and "| status | completed |" in table
     assert f"| tokens_per_s | {summary(run_dir)['tokens_per_s']:.6g} |" in table
 
 
