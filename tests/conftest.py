@@ -42,8 +42,10 @@ def pytest_collection_modifyitems(config, items):
         path = Path(item.fspath)
         tier = tiers.tier_of(path, item.originalname, item.fixturenames, shared)
         item.add_marker(tier)
+        if tiers.is_serial(path, item.originalname, item.fixturenames):
+            item.add_marker("serial")
         item.user_properties.append(("tier", tier))
-        group = tiers.CLUSTER_FILES.get(path.name)
+        group = tiers.xdist_group(path, tier)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: TIER_ORDER.index(_tier(item)))

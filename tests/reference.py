@@ -73,11 +73,12 @@ def copy_run(run_dir: Path, dest: Path) -> Path:
     return dest
 
 
-def cut_at(run_dir: Path, step: int, dest: Path) -> Path:
-    """A run directory holding only `run_dir`'s checkpoint of `step`, as `latest`: where a
-    run stopped right after that checkpoint resumes from."""
-    name = f"step_{step:08d}"
+def cut_at(run_dir: Path, step: int, dest: Path, older: tuple[int, ...] = ()) -> Path:
+    """A run directory holding only `run_dir`'s checkpoint of `step`, as `latest`, and those
+    of the `older` steps: what a run stopped right after that checkpoint resumes from."""
     ckpts = dest / "checkpoints"
-    shutil.copytree(run_dir / "checkpoints" / name, ckpts / name)
-    (ckpts / "latest").write_text(f"{name}\n")
+    for kept in (*older, step):
+        name = f"step_{kept:08d}"
+        shutil.copytree(run_dir / "checkpoints" / name, ckpts / name)
+    (ckpts / "latest").write_text(f"step_{step:08d}\n")
     return dest

@@ -13,7 +13,7 @@ import os
 import pytest
 
 import reference
-from launch import FAST, base_env, torchrun
+from launch import FAST, FAST_USER_LOADER, base_env, torchrun
 from wandb_readback import private_wandb_env
 
 # The strategy sweep: every engine on the same model, data and seed, 20 steps, eval and
@@ -45,8 +45,27 @@ PROFILE = ["profiler=steps", "profiler.skip_first=3", "profiler.warmup=1", "prof
 PROFILED = [5, 6, 7, 8, 9]
 LOGGERS = ["logger=[wandb,tensorboard]", "logger.mode=offline"]
 
+# The DDP run: the defaults on 2 ranks for 24 steps, eval every 6, checkpoints at 12 and 24,
+# W&B offline with a recognisable fake API key in the environment. The reference of
+# tests/test_train.py (layout, world size 1 = 2, exact resume) and tests/test_wandb.py.
+DDP_RUN_STEPS = 24
+DDP_RUN = [*FAST, f"trainer.max_steps={DDP_RUN_STEPS}", "trainer.checkpoint_interval=12"]
+DDP_RUN_ID = "wb-offline"  # also the W&B run's id, so a valid one
+FAKE_KEY = "fakeWandbKey0123456789abcdefDONOTLEAK42x"  # 40 characters, like a real key
+
+# The long run: long enough (60 steps) that a fault test can act between the step-20
+# checkpoint and the end; the default DataLoader (workers on), where SIGTERM reaching the
+# workers once hid a defect; checkpoints at 20, 40, 60 (the last two kept). The reference of
+# tests/test_faults.py: every interrupted and resumed run there must end with its losses.
+LONG = [
+    *FAST_USER_LOADER,
+    "trainer.max_steps=60",
+    "trainer.checkpoint_interval=20",
+    "trainer.eval_interval=1000",
+]
+
 # Fixtures here that start processes: tests/tiers.py puts the tests using them in `launch`.
-STARTING = {"strategy_sweep", "ddp_sweep"}
+STARTING = {"strategy_sweep", "ddp_sweep", "ddp_run", "long_run"}
 
 
 @pytest.fixture(scope="session")
@@ -83,6 +102,30 @@ def ddp_sweep(shared_root):
         return torchrun(ddp_sweep_overrides(path), env=env)
 
     return reference.reference(shared_root, "ddp_sweep", launch)
+
+
+@pytest.fixture(scope="session")
+def ddp_run(shared_root):
+    """The DDP run's folder; W&B's files outside it are under `shared_root/ddp_run-wandb`
+    (tests/test_wandb.py searches both for the key)."""
+
+    def launch(path):
+        env = base_env(WANDB_API_KEY=FAKE_KEY, **private_wandb_env(shared_root / "ddp_run-wandb"))
+        loggers = ["logger=wandb", "logger.mode=offline", "logger.tags=[ci,offline]"]
+        run = [f"run.root={path.parent}", f"run.id={path.name}"]
+        return torchrun([*DDP_RUN, *loggers, *run], env=env)
+
+    return reference.reference(shared_root, DDP_RUN_ID, launch)
+
+
+@pytest.fixture(scope="session")
+def long_run(shared_root):
+    """The long run's folder."""
+
+    def launch(path):
+        return torchrun([*LONG, f"run.root={path.parent}", f"run.id={path.name}"])
+
+    return reference.reference(shared_root, "long_run", launch)
 
 
 def pytest_sessionfinish(session):

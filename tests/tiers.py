@@ -1,7 +1,6 @@
 """Which tier a test belongs to, decided from its source so no test file has to say it.
 
-- `cluster`: the files that need a Slurm cluster or pods (CLUSTER_FILES), one xdist group each,
-  because each starts one cluster or set of namespaces that the file's tests share.
+- `cluster`: the files that need a Slurm cluster or pods (CLUSTER_FILES).
 - `gpu`: GPU_FILES; they skip here with "needs a CUDA GPU" (the one allowed skip).
 - `launch`: a test that starts a process, itself or through a fixture it uses (at any depth,
   in its module or among the shared reference runs).
@@ -31,6 +30,16 @@ PROCESS_NAMES = {
     "launch_once",
 }
 TIER_ENV = "LAUNCHER_TEST_TIER"
+# Tests (or fixtures: every test using one) whose assertions are timing decisions: the tuner
+# keeping a change only if it beats the measured noise. On a machine shared with other
+# workers the noise is not the run's own, so they run alone (`-m serial`, README).
+SERIAL = {
+    "test_tune.py": {
+        "slow_start",
+        "test_tiny_buckets_kept_bigger_and_compression_rejected_for_its_loss",
+        "test_nothing_to_fix_ends_after_one_round_saying_so",
+    }
+}
 
 
 @functools.cache
@@ -53,6 +62,20 @@ def starting_functions(path: Path, shared: frozenset[str]) -> frozenset[str]:
                 starting.add(name)
                 changed = True
     return frozenset(starting & bodies.keys())
+
+
+def xdist_group(path: Path, tier: str) -> str | None:
+    """The launches of one file run on one xdist worker, so the file's module-scoped runs are
+    launched once, not once per worker; a cluster file shares its one cluster. Unit tests go
+    wherever a worker is free."""
+    if tier == "cluster":
+        return CLUSTER_FILES[path.name]
+    return path.stem if tier in ("launch", "gpu") else None
+
+
+def is_serial(path: Path, function: str, fixtures: list[str]) -> bool:
+    names = SERIAL.get(path.name, set())
+    return function in names or bool(names.intersection(fixtures))
 
 
 def tier_of(path: Path, function: str, fixtures: list[str], shared: frozenset[str]) -> str:
