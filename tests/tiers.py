@@ -6,8 +6,9 @@
   in its module or among the shared reference runs).
 - `unit`: everything else, pure and in-process: the fast tier.
 
-A function "starts a process" when its body names one of PROCESS_NAMES (the launch helpers of
-tests/launch.py, `subprocess`, the reference runs) or another function of its module that does.
+A function "starts a process" when its body names (or reads an attribute named) one of
+PROCESS_NAMES (the launch helpers of tests/launch.py, `subprocess`, the reference runs) or
+another function of its module that does (`x.start()` is a thread's, not tests/launch.py's).
 tests/launch.py refuses to start anything under the unit tier, so a test this reading gets
 wrong fails at once instead of slowing the fast tier.
 """
@@ -49,6 +50,7 @@ def starting_functions(path: Path, shared: frozenset[str]) -> frozenset[str]:
     tree = ast.parse(path.read_text())
     bodies = {
         node.name: {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        | {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)} - {"start"}
         | {a.arg for a in node.args.args}
         for node in ast.walk(tree)
         if isinstance(node, ast.FunctionDef)
