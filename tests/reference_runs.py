@@ -13,7 +13,7 @@ import os
 import pytest
 
 import reference
-from launch import FAST, FAST_USER_LOADER, base_env, torchrun
+from launch import FAST, FAST_USER_LOADER, base_env, python_train, torchrun
 from wandb_readback import private_wandb_env
 
 # The strategy sweep: every engine on the same model, data and seed, 20 steps, eval and
@@ -46,12 +46,18 @@ PROFILED = [5, 6, 7, 8, 9]
 LOGGERS = ["logger=[wandb,tensorboard]", "logger.mode=offline"]
 
 # The DDP run: the defaults on 2 ranks for 24 steps, eval every 6, checkpoints at 12 and 24,
-# W&B offline with a recognisable fake API key in the environment. The reference of
-# tests/test_train.py (layout, world size 1 = 2, exact resume) and tests/test_wandb.py.
+# W&B offline (with a recognisable fake API key in the environment) and TensorBoard. The
+# reference of tests/test_train.py (layout, world size 1 = 2, exact resume),
+# tests/test_wandb.py and tests/test_tensorboard.py (a resumed run shows every step once).
 DDP_RUN_STEPS = 24
 DDP_RUN = [*FAST, f"trainer.max_steps={DDP_RUN_STEPS}", "trainer.checkpoint_interval=12"]
 DDP_RUN_ID = "wb-offline"  # also the W&B run's id, so a valid one
 FAKE_KEY = "fakeWandbKey0123456789abcdefDONOTLEAK42x"  # 40 characters, like a real key
+
+# The single process: the DDP run's shape without torchrun (`python -m launcher.train`, world
+# size 1, so accumulation 4), W&B named but disabled, every import timed
+# (PYTHONPROFILEIMPORTTIME). The reference of tests/test_train.py (world size 1 = 2) and
+# tests/test_wandb.py (a run without W&B or TensorBoard imports neither, nor DeepSpeed).
 
 # The long run: long enough (60 steps) that a fault test can act between the step-20
 # checkpoint and the end; the default DataLoader (workers on), where SIGTERM reaching the
@@ -65,7 +71,7 @@ LONG = [
 ]
 
 # Fixtures here that start processes: tests/tiers.py puts the tests using them in `launch`.
-STARTING = {"strategy_sweep", "ddp_sweep", "ddp_run", "long_run"}
+STARTING = {"strategy_sweep", "ddp_sweep", "ddp_run", "single_process", "long_run"}
 
 
 @pytest.fixture(scope="session")
@@ -111,7 +117,7 @@ def ddp_run(shared_root):
 
     def launch(path):
         env = base_env(WANDB_API_KEY=FAKE_KEY, **private_wandb_env(shared_root / "ddp_run-wandb"))
-        loggers = ["logger=wandb", "logger.mode=offline", "logger.tags=[ci,offline]"]
+        loggers = ["logger=[wandb,tensorboard]", "logger.mode=offline", "logger.tags=[ci,offline]"]
         run = [f"run.root={path.parent}", f"run.id={path.name}"]
         return torchrun([*DDP_RUN, *loggers, *run], env=env)
 
@@ -126,6 +132,19 @@ def long_run(shared_root):
         return torchrun([*LONG, f"run.root={path.parent}", f"run.id={path.name}"])
 
     return reference.reference(shared_root, "long_run", launch)
+
+
+@pytest.fixture(scope="session")
+def single_process(shared_root):
+    """The single process's folder; its output (with the import times) is its launch log."""
+
+    def launch(path):
+        env = base_env(PYTHONPROFILEIMPORTTIME="1", **private_wandb_env(path.parent / "ws1-wandb"))
+        disabled = ["logger=wandb", "logger.mode=disabled"]
+        run = [f"run.root={path.parent}", f"run.id={path.name}"]
+        return python_train([*DDP_RUN, *disabled, *run], env=env)
+
+    return reference.reference(shared_root, "single_process", launch)
 
 
 def pytest_sessionfinish(session):

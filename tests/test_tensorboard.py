@@ -1,9 +1,9 @@
 """logger=tensorboard: real event files, read back with TensorBoard's own event reader (the
 accumulator its server uses), against metrics.jsonl and the sweep summary.
 
-The session's DDP sweep (2 points, W&B offline and TensorBoard together) is read back; a pair
-of one-process launches checks that a resumed run shows every step once; the missing
-package is checked in-process.
+The session's DDP sweep (2 points, W&B offline and TensorBoard together) is read back; a
+copy of the session's DDP run, resumed, shows every step once; the missing package is
+checked in-process.
 
 TensorBoard stores every scalar as a 32-bit float, so values are compared with
 metrics.jsonl's at float32 precision: float32(jsonl value) == the stored value, exactly.
@@ -20,8 +20,9 @@ import pytest
 from launcher.tensorboard_sink import code_block
 from launcher.train import main
 
-from launch import FAST, explain, metrics, python_train, summary
-from reference_runs import DDP_SWEEP_POINTS, DDP_SWEEP_STEPS
+from launch import explain, metrics, summary, torchrun
+from reference import copy_run
+from reference_runs import DDP_RUN, DDP_SWEEP_POINTS, DDP_SWEEP_STEPS
 from wandb_readback import history
 
 pytest.importorskip("tensorboardX", reason="in the test extra: pip install -e '.[test]'")
@@ -115,29 +116,28 @@ def test_wandb_gets_the_same_runs_beside_tensorboard(sweep):
     assert len(list((sweep["dir"] / "wandb").glob("offline-run-*"))) == 1  # the sweep summary
 
 
-def test_resumed_run_shows_every_step_once(tmp_path):
-    """12 steps, then the step-12 checkpoint is unreadable (as after a crash before it was
-    complete) and a launch extended to 14 steps resumes from step 6: steps 7-12 are redone.
-    metrics.jsonl keeps the redone steps only, and so does TensorBoard (purge_step): every
-    timing of steps 7-12 is the second attempt's, and no step shows twice."""
-    run_dir = tmp_path / "r"
-    args = [*FAST, "logger=tensorboard", f"run.root={tmp_path}", "run.id=r"]
-    first = python_train([*args, "trainer.max_steps=12"])
-    assert first.returncode == 0, explain(first)
-    model = run_dir / "checkpoints" / "step_00000012" / "model.pt"
+def test_resumed_run_shows_every_step_once(ddp_run, tmp_path):
+    """A copy of the shared DDP run (24 steps, checkpoints at 12 and 24, TensorBoard on) whose
+    step-24 checkpoint is unreadable (as after a crash before it was complete), extended to
+    26 steps: it resumes from step 12 and redoes 13-24. metrics.jsonl keeps the redone steps
+    only, and so does TensorBoard (purge_step): every timing of steps 13-24 is the second
+    attempt's, and no step shows twice."""
+    run_dir = copy_run(ddp_run, tmp_path / "r")
+    model = run_dir / "checkpoints" / "step_00000024" / "model.pt"
     model.write_bytes(b"\0" * model.stat().st_size)
-    second = python_train([*args, "trainer.max_steps=14"])
+    args = [*DDP_RUN, "logger=tensorboard", f"run.root={tmp_path}", "run.id=r"]
+    second = torchrun([*args, "trainer.max_steps=26"])
     assert second.returncode == 0, explain(second)
-    assert "resumed from step 6" in second.stderr, explain(second)
+    assert "resumed from step 12" in second.stderr, explain(second)
     assert len(list((run_dir / "tb").glob("*tfevents*"))) == 2  # one file per attempt
     runs = read_runs(run_dir)
     assert set(runs) == {"tb"}
     assert_scalars_equal_metrics(runs["tb"]["scalars"], run_dir)
-    assert [s for s, _ in runs["tb"]["scalars"]["loss"]] == list(range(1, 15))
+    assert [s for s, _ in runs["tb"]["scalars"]["loss"]] == list(range(1, 27))
     texts = runs["tb"]["text"]
-    assert [s for s, _ in texts["config/text_summary"]] == [0, 6]  # each attempt's config
+    assert [s for s, _ in texts["config/text_summary"]] == [0, 12]  # each attempt's config
     ((step, table),) = texts["summary/text_summary"]  # the first attempt's was purged
-    assert step == 14 and "| resumed_from_step | 6 |" in table
+    assert step == 26 and "| resumed_from_step | 12 |" in table
 
 
 def test_missing_writer_is_one_line_exit_2(monkeypatch, capsys):

@@ -10,9 +10,9 @@ import json
 import pytest
 import yaml
 
-from launch import FAST, explain, losses, metrics, python_train, summary, torchrun
+from launch import FAST, explain, losses, metrics, summary, torchrun
 from reference import cut_at, launch_log
-from reference_runs import DDP_RUN, DDP_RUN_ID
+from reference_runs import DDP_RUN, DDP_RUN_ID, DDP_RUN_STEPS
 
 CONTRACT_METRICS = {
     "step",
@@ -83,18 +83,20 @@ def test_run_directory_layout_and_metrics(ws2_run):
     assert "rank 1/2" in (run_dir / "logs" / "rank1.log").read_text()
 
 
-def test_world_size_1_and_2_give_the_same_losses(ws2_run, tmp_path):
+def test_world_size_1_and_2_give_the_same_losses(ws2_run, single_process):
+    """Without torchrun (one process, accumulation 4) and on 2 ranks (accumulation 2 each):
+    the same losses and eval losses, within fp32 reordering."""
     run_dir, _ = ws2_run
-    proc = python_train([*DDP_RUN, f"run.root={tmp_path}"])
-    assert proc.returncode == 0, explain(proc)
-    one, two = losses(only_run(tmp_path)), losses(run_dir)
+    s = summary(single_process)
+    assert s["world_size"] == 1 and s["steps"] == DDP_RUN_STEPS
+    one, two = losses(single_process), losses(run_dir)
     assert one.keys() == two.keys()
     for step in one:
         assert one[step] == pytest.approx(two[step], rel=1e-5), step
     # The eval set is the same sequences too, whatever the world size.
     evals = [
         {r["step"]: r["eval/loss"] for r in metrics(d) if "eval/loss" in r}
-        for d in (only_run(tmp_path), run_dir)
+        for d in (single_process, run_dir)
     ]
     assert evals[0].keys() == evals[1].keys() == {6, 12, 18, 24}
     for step in evals[0]:
@@ -113,13 +115,6 @@ def test_resume_continues_exactly(ws2_run, tmp_path):
     assert sorted(resumed) == list(range(13, 25))
     assert summary(tmp_path / "resumed")["resumed_from_step"] == 12
     assert resumed == {s: v for s, v in reference.items() if s > 12}  # fp32 on CPU: exact
-
-
-def test_single_process_without_torchrun(tmp_path):
-    proc = python_train([*FAST, f"run.root={tmp_path}", "trainer.max_steps=3"])
-    assert proc.returncode == 0, explain(proc)
-    s = summary(only_run(tmp_path))
-    assert s["world_size"] == 1 and s["steps"] == 3
 
 
 def test_progress_bar_on_a_terminal(tmp_path):
