@@ -61,9 +61,9 @@ def compressed(tmp_path_factory):
     """fp16 and bf16 gradient compression as two points of one launch, 0.05 MB buckets; the
     launch also carries an NCCL preset and a single override of it."""
     root = tmp_path_factory.mktemp("hooks")
-    extra = ["-m", "strategy.comm_hook=fp16,bf16", "strategy.bucket_cap_mb=0.05"]
+    extra = ["strategy.comm_hook=fp16,bf16", "strategy.bucket_cap_mb=0.05"]
     extra += ["nccl=ethernet", "nccl.env.NCCL_SOCKET_NTHREADS=8"]
-    proc = torchrun([*RUN, f"run.root={root}", "run.id=h", *extra])
+    proc = torchrun(["-m", *RUN, f"run.root={root}", "run.id=h", *extra])  # -m: Hydra's, first
     assert proc.returncode == 0, explain(proc)
     return root / "h"
 
