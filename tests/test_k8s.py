@@ -425,7 +425,7 @@ def test_dry_run_notes_and_owner_patch(tmp_path, capsys):
         (["cluster.gpus_per_node=6"], "trainer.global_batch_size=64 is not divisible"),
         (["cluster.k8s.kind=deployment"], "cluster.k8s.kind=deployment: not one of"),
         (["cluster.k8s.memory=lots"], "cluster.k8s.memory='lots': not a Kubernetes quantity"),
-        (["+cluster.env.WANDB_API_KEY=abc"], "WANDB_API_KEY is a secret written into the manifest"),
+        (["+cluster.env.WANDB_API_KEY=abc"], "cluster.env.WANDB_API_KEY is a secret: it would be"),
         (["nccl=infiniband"], "nccl=infiniband (NCCL_IB_DISABLE=0) in a pod needs RDMA devices"),
         (
             ["cluster.k8s.termination_grace_s=60", "cluster.k8s.step_time_s=25"],

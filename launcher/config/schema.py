@@ -251,14 +251,15 @@ class SlurmConfig:
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    cpus_per_task: int | None = None  # CPUs for one node's torchrun and all its workers
+    cpus_per_task: int | None = None  # null: processes x (1 + data.num_workers)
     mem: str | None = None  # per node, as sbatch takes it: 500G, 0 (all of the node's)
     exclusive: bool = False
     constraint: str | None = None
     gpu_request: str = "gpus-per-node"  # or gres: --gres=gpu:N (clusters without cons_tres)
     extra_sbatch: list[str] = field(default_factory=list)  # more `#SBATCH` options, verbatim
     container_image: str | None = None  # pyxis/enroot: srun --container-image
-    container_mounts: list[str] = field(default_factory=list)  # besides workdir and run root
+    container_name: str | None = None  # pyxis --container-name; null: one per image
+    container_mounts: list[str] = field(default_factory=list)  # more than the ones made
     modules: list[str] = field(default_factory=list)  # `module load` each, in order
     venv: str | None = None  # a virtual environment to activate on every node
     signal_lead_s: int = 300  # Slurm warns (USR1) this long before the time limit

@@ -239,15 +239,9 @@ def _check_image(job: SubmitJob) -> None:
         )
 
 
-def cpu_need(job: SubmitJob) -> int:
-    """CPUs one pod's processes use: each rank and each of its DataLoader workers."""
-    workers = max(int(p.data.num_workers) for p in (job.points or [job.cfg]))
-    return job.procs_per_node * (1 + workers)
-
-
 def cpu_request(job: SubmitJob) -> str:
     k = job.cluster.k8s
-    return str(k.cpu) if k.cpu is not None else str(cpu_need(job))
+    return str(k.cpu) if k.cpu is not None else str(job.cpu_need)
 
 
 def _check_cpu(job: SubmitJob) -> None:
@@ -258,9 +252,9 @@ def _check_cpu(job: SubmitJob) -> None:
             f"cluster.k8s.cpu={k.cpu}: Guaranteed QoS (cluster.k8s.guaranteed=true) needs whole "
             "CPUs, so that the static CPU manager can pin them; give an integer"
         )
-    if cpus < cpu_need(job):
+    if cpus < job.cpu_need:
         job.warnings.append(
-            f"cluster.k8s.cpu={k.cpu} is less than the {cpu_need(job)} CPUs the pod's "
+            f"cluster.k8s.cpu={k.cpu} is less than the {job.cpu_need} CPUs the pod's "
             f"{job.procs_per_node} process(es) and their data.num_workers DataLoader workers "
             "use (one each); leave it null to have it computed"
         )

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from launcher.config import ConfigError
+from launcher.secrets import is_secret_key
 
 SHM_PATH = "/dev/shm"
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 LABEL_MAX = 63
-SECRET_LIKE = re.compile(r"(API_KEY|TOKEN|PASSWORD|SECRET)", re.IGNORECASE)
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {"m": Decimal("0.001"), "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
@@ -401,7 +401,7 @@ def _check_resources(obj: dict, container: dict, where: str, expect: Expect) -> 
 
 def _check_env(obj: dict, container: dict, where: str) -> None:
     for e, env in enumerate(container.get("env", [])):
-        if "value" in env and SECRET_LIKE.search(env["name"]):
+        if "value" in env and is_secret_key(env["name"]):
             raise ConfigError(
                 f"{_where(obj)}: {where}.env[{e}] {env['name']} is a secret written into the "
                 "manifest; remove it from cluster.env and give it through a Secret "
