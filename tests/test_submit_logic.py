@@ -261,3 +261,12 @@ def test_container_mounts_name_and_workdir(tmp_path, monkeypatch):
     assert f"--container-name={name} " not in other["job.sbatch"]
     mine = render("slurm", tmp_path / "runs", *over, "cluster.slurm.container_name=pt", run_id="r4")
     assert "--container-name=pt " in mine["job.sbatch"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_shell_brace_variable_is_refused_with_the_escape(tmp_path, capsys, target):
+    """`${VAR}` is OmegaConf's interpolation: unescaped it failed with a traceback."""
+    err = refused(target, tmp_path, capsys, 'cluster.setup=["echo ${HOME}"]')
+    assert "error: cluster.setup[0]: ${...} is read as a config interpolation here" in err
+    files = render(target, tmp_path, 'cluster.setup=["echo \\${HOME}/x"]')
+    assert "echo ${HOME}/x" in "".join(files.values())

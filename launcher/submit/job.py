@@ -23,6 +23,7 @@ from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from launcher import sweep
 from launcher.config import ConfigError, compose
@@ -196,6 +197,7 @@ def prepare(target: str, overrides: list[str], check_paths: bool = True) -> Subm
         )
     _check_shape(cfg.cluster)
     check_shell_text(overrides)
+    check_interpolations(cfg)
     check_secrets(target, overrides, configs)
     world = cfg.cluster.nodes * procs_per_node(cfg.cluster)
     for point in configs:
@@ -278,6 +280,20 @@ def check_shell_text(overrides: list[str]) -> None:
                 f"{value!r}, and the job would get `{value}`; quote it to keep it as typed, "
                 f"e.g. {key}='\"text\"' or {key}='[\"text\"]'"
             )
+
+
+def check_interpolations(cfg: DictConfig) -> None:
+    """A shell `${VAR}` in those keys is an OmegaConf interpolation, which fails (or takes
+    a config value) when the renderer reads it; say how to write it for the shell."""
+    for key in SHELL_TEXT_KEYS:
+        try:
+            OmegaConf.to_container(OmegaConf.select(cfg, key), resolve=True)
+        except OmegaConfBaseException as exc:
+            where = getattr(exc, "full_key", None) or key
+            raise ConfigError(
+                f"{where}: ${{...}} is read as a config interpolation here; for the shell "
+                "write $VAR, or escape it as \\${VAR}"
+            ) from None
 
 
 def _retyped(value, raw: str) -> list:
