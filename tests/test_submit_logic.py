@@ -10,14 +10,22 @@ the same on a real Slurm cluster and in pods.
 
 from __future__ import annotations
 
+import copy
 import re
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from launcher.checkpoint import CheckpointWriter
+from launcher.config import ConfigError
+from launcher.model import build_model
+from launcher.submit import k8s, k8s_check, pod_security, stop_time
 from launcher.submit.__main__ import main as submit_main
+from launcher.submit.job import prepare
 
 from launch import FAST
 
@@ -36,13 +44,19 @@ def render(target: str, tmp_path: Path, *overrides: str, run_id="r") -> dict[str
 
 def refused(target: str, tmp_path: Path, capsys, *overrides: str) -> str:
     """The one error line a --dry-run prints; asserts exit 2 and that nothing was written."""
-    root = tmp_path / "runs"
-    args = [*FAST, *SHAPE[target], f"run.root={root}", "run.id=bad", *overrides]
+    err = refused_in(tmp_path / "runs", "bad", capsys, *overrides, target=target)
+    assert not (tmp_path / "runs" / "bad").exists()
+    return err
+
+
+def refused_in(root: Path, run_id: str, capsys, *overrides: str, target="k8s") -> str:
+    """The one error line of a --dry-run into run.root=`root`, run.id=`run_id`."""
+    args = [*FAST, *SHAPE[target], f"run.root={root}", f"run.id={run_id}", *overrides]
     code = submit_main([target, "--dry-run", *args])
     out, err = capsys.readouterr()
     assert code == 2 and out == "", err
     assert err.startswith("error: ") and err.count("\n") == 1, err
-    assert not (root / "bad").exists()
+    assert not (root / run_id / "submit").exists()
     return err
 
 
@@ -270,3 +284,162 @@ def test_a_shell_brace_variable_is_refused_with_the_escape(tmp_path, capsys, tar
     assert "error: cluster.setup[0]: ${...} is read as a config interpolation here" in err
     files = render(target, tmp_path, 'cluster.setup=["echo \\${HOME}/x"]')
     assert "echo ${HOME}/x" in "".join(files.values())
+
+
+def k8s_pod(files: dict[str, str]) -> dict:
+    return yaml.safe_load(files["job.yaml"])["spec"]["template"]["spec"]
+
+
+# Each rule of Pod Security 'restricted' (launcher.submit.pod_security), broken once.
+PSS_BREAKS = {
+    "host network": (lambda p: p.update(hostNetwork=True), "spec.hostNetwork: must not be true"),
+    "hostPath": (
+        lambda p: p["volumes"].append({"name": "h", "hostPath": {"path": "/"}}),
+        "spec.volumes[4]: hostPath volumes are not allowed",
+    ),
+    "privileged": (
+        lambda p: p["containers"][0]["securityContext"].update(privileged=True),
+        "securityContext.privileged: must not be true",
+    ),
+    "escalation": (
+        lambda p: p["containers"][0]["securityContext"].pop("allowPrivilegeEscalation"),
+        "securityContext.allowPrivilegeEscalation: must be false",
+    ),
+    "capability": (
+        lambda p: p["containers"][0]["securityContext"]["capabilities"].update(add=["SYS_ADMIN"]),
+        "capabilities.add: SYS_ADMIN breaks baseline or restricted",
+    ),
+    "no drop": (
+        lambda p: p["containers"][0]["securityContext"].pop("capabilities"),
+        "capabilities.drop: must include ALL",
+    ),
+    "root": (
+        lambda p: p["securityContext"].update(runAsUser=0),
+        "runAsUser must not be 0",
+    ),
+    "may be root": (
+        lambda p: p["securityContext"].pop("runAsNonRoot"),
+        "runAsNonRoot must be true",
+    ),
+    "unconfined": (
+        lambda p: p["securityContext"].update(seccompProfile={"type": "Unconfined"}),
+        "seccompProfile.type must be RuntimeDefault or Localhost",
+    ),
+    "host port": (
+        lambda p: p["containers"][0]["ports"][0].update(hostPort=29500),
+        "hostPort 29500 is not allowed",
+    ),
+    "sysctl": (
+        lambda p: p["securityContext"].update(sysctls=[{"name": "kernel.msgmax", "value": "1"}]),
+        "kernel.msgmax is not a safe sysctl",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(PSS_BREAKS))
+def test_pod_security_restricted_rules_each_catch_their_break(tmp_path, case):
+    """The default pod passes every rule; each broken field is named, and the renderer's
+    own check refuses the manifest with it."""
+    job = prepare("k8s", [*FAST, *SHAPE["k8s"], f"run.root={tmp_path}", "run.id=p"])
+    files = k8s.render(job)
+    pod = k8s_pod(files)
+    assert pod_security.violations(pod) == []
+    breaks, words = PSS_BREAKS[case]
+    broken = copy.deepcopy(pod)
+    breaks(broken)
+    found = pod_security.violations(broken)
+    assert len(found) == 1 and words in found[0], found
+    objs = [yaml.safe_load(text) for text in files.values()]
+    jb = next(o for o in objs if o["kind"] == "Job")
+    jb["spec"]["template"]["spec"] = broken
+    with pytest.raises(ConfigError, match="Pod Security 'restricted'"):
+        k8s_check.check(objs, k8s.expectations(job))
+
+
+def test_root_is_the_explicit_opt_out(tmp_path):
+    pod = k8s_pod(render("k8s", tmp_path, "cluster.k8s.security=root"))
+    c = pod["containers"][0]
+    assert "securityContext" not in pod and "securityContext" not in c
+    assert [v["name"] for v in pod["volumes"]] == ["dshm", "runs"]
+    assert all(e["name"] != "HOME" for e in c["env"])
+
+
+def test_restricted_with_rdma_warns_that_the_namespace_must_be_privileged(tmp_path, capsys):
+    render("k8s", tmp_path, "cluster.k8s.rdma_resource=rdma/ib")
+    err = capsys.readouterr().err
+    assert "warning: cluster.k8s.rdma_resource=rdma/ib adds the IPC_LOCK capability" in err
+
+
+def test_the_state_size_estimate_is_the_models_own_parameter_count():
+    """stop_time.param_count from the shape equals the parameters of the model built."""
+    for model in ("gpt2-tiny", "gpt2"):
+        cfg = prepare("k8s", [f"model={model}", "cluster.gpus_per_node=0"], check_paths=False).cfg
+        built = build_model(cfg.model, stop_time.GPT2_VOCAB)
+        assert stop_time.param_count(cfg) == sum(p.numel() for p in built.parameters()), model
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_stop_too_short_for_the_models_checkpoint_is_refused(tmp_path, capsys, target):
+    """gpt2-xl's weights and AdamW state, 1.56e9 x 12 bytes, do not fit into the default
+    grace (120 s) or warning lead (300 s) at 50 MB/s; faster storage, given, does."""
+    key = f"cluster.{target}"
+    err = refused(target, tmp_path, capsys, "model=gpt2-xl", f"{key}.checkpoint_write_mb_s=50")
+    assert "is too short to stop with a checkpoint: a 374 s checkpoint write (18.69 GB of " in err
+    assert f"state (gpt2-xl) at {key}.checkpoint_write_mb_s=50)" in err
+    render(target, tmp_path, "model=gpt2-xl", f"{key}.checkpoint_write_mb_s=1000")
+
+
+def test_the_runs_own_last_checkpoint_time_is_used(tmp_path, capsys):
+    """A run that has checkpointed before: its meta.json's write time (written by the real
+    CheckpointWriter, here a save that takes 1.5 s) is what the grace must hold."""
+    run_dir = tmp_path / "runs" / "again"
+
+    def slow_write(folder: Path) -> None:
+        (folder / "model_rank0.pt").write_bytes(b"x" * 1000)
+        time.sleep(1.5)
+
+    writer = CheckpointWriter(run_dir / "checkpoints", is_main=True, barrier=lambda: None, keep=2)
+    writer.save(7, slow_write, {})
+    err = refused_in(tmp_path / "runs", "again", capsys, "cluster.k8s.termination_grace_s=11")
+    assert "a 2 s checkpoint write (the run's last checkpoint (step_00000007) took 1.5" in err
+
+
+NO_TIME = "cluster.time_limit=00:00:30 (30 s) leaves no time"
+LIMITS = [
+    ("k8s", ["cluster.time_limit=00:00:30"], NO_TIME),
+    ("k8s", ["cluster.time_limit=2"], "(120 s) leaves no time to train: it is no longer than"),
+    (
+        "k8s",
+        [
+            "cluster.time_limit=01:00:00",
+            "cluster.k8s.step_time_s=20",
+            "trainer.checkpoint_interval=200",
+        ],
+        "cluster.k8s.step_time_s=20.0 = 4000 s, but only 3600 s remain before the deadline",
+    ),
+    ("slurm", ["cluster.time_limit=00:00:30"], NO_TIME),
+    ("k8s", ["cluster.k8s.version=1.28"], "cluster.k8s.version=1.28: the manifests need 1.29"),
+    ("k8s", ["cluster.k8s.version=latest"], "cluster.k8s.version=latest: not a Kubernetes"),
+]
+
+
+@pytest.mark.parametrize("target, overrides, words", LIMITS)
+def test_time_limits_and_versions_every_renderer_refuses(
+    tmp_path, capsys, target, overrides, words
+):
+    assert words in refused(target, tmp_path, capsys, *overrides)
+
+
+def test_the_manifests_need_kubernetes_1_29_as_the_refusal_says(tmp_path):
+    """kubernetes-validate's own schemas: the rendered Job passes 1.29 and fails 1.28
+    (podFailurePolicy rules need onPodConditions there, and backoffLimitPerIndex is new),
+    which is why an older cluster.k8s.version is refused."""
+    files = render("k8s", tmp_path, "cluster.k8s.version=1.29")
+    job = tmp_path / "job.yaml"
+    job.write_text(files["job.yaml"])
+    tool = Path(sys.executable).parent / "kubernetes-validate"
+    run = [str(tool), "--strict", "-k"]
+    new = subprocess.run([*run, "1.29.0", str(job)], capture_output=True, text=True)
+    old = subprocess.run([*run, "1.28.0", str(job)], capture_output=True, text=True)
+    assert new.returncode == 0, new.stdout + new.stderr
+    assert old.returncode != 0 and "onPodConditions" in old.stdout + old.stderr

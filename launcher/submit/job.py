@@ -169,6 +169,47 @@ def _numbered(name: str, n: int) -> str:
     return f"{stem}-{n}{dot}{ext}"
 
 
+_TIME = re.compile(
+    r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+    r"|(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)|(?P<mm>\d+):(?P<ss>\d+)|(?P<min>\d+))$"
+)
+
+
+def time_limit_s(text: str) -> int:
+    """Seconds in cluster.time_limit, any Slurm form: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S
+    (Kubernetes' deadline takes the same text)."""
+    m = _TIME.match(text.strip())
+    if not m:
+        raise ConfigError(
+            f"cluster.time_limit={text}: not a Slurm time; use [D-]HH:MM:SS, e.g. 04:00:00"
+        )
+    g = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+    if "d" in g:
+        return ((g["d"] * 24 + g["dh"]) * 60 + g.get("dm", 0)) * 60 + g.get("ds", 0)
+    if "h" in g:
+        return (g["h"] * 60 + g["m"]) * 60 + g["s"]
+    if "mm" in g:
+        return g["mm"] * 60 + g["ss"]
+    return g["min"] * 60
+
+
+def check_interval_fits(
+    limit: str, usable: float, t: DictConfig, step_time_s, group: str, before: str
+) -> None:
+    """One checkpoint interval must fit into the time a start can train, or a job that is
+    stopped or killed at its limit makes no progress but through its stop checkpoint."""
+    if step_time_s is None or not t.checkpoint_interval:
+        return
+    needed = t.checkpoint_interval * step_time_s
+    if needed > usable:
+        raise ConfigError(
+            f"cluster.time_limit={limit} is shorter than one checkpoint interval: "
+            f"trainer.checkpoint_interval={t.checkpoint_interval} steps x "
+            f"{group}.step_time_s={step_time_s} = {needed:.0f} s, but only "
+            f"{usable:.0f} s remain {before}; lower the interval or raise the limit"
+        )
+
+
 def procs_per_node(cluster: DictConfig) -> int:
     """Processes per node: `cluster.procs_per_node`, else one per GPU, else one."""
     if cluster.procs_per_node is not None:

@@ -22,7 +22,15 @@ from omegaconf import DictConfig
 
 from launcher.config import ConfigError
 from launcher.data.cache import cache_root
-from launcher.submit.job import FRONT_DOOR, SubmitJob, prepare, visible
+from launcher.submit import stop_time
+from launcher.submit.job import (
+    FRONT_DOOR,
+    SubmitJob,
+    check_interval_fits,
+    prepare,
+    time_limit_s,
+    visible,
+)
 
 SCRIPT = "job.sbatch"
 OUTPUT = "slurm-%j.out"  # in the submit/ folder; requeued runs append to the same file
@@ -56,27 +64,6 @@ SETUP_FAILED_EXIT = 2
 MAX_SIGNAL_LEAD_S = 65535  # sbatch --signal takes at most 16 bits of seconds
 GPU_REQUESTS = ("gpus-per-node", "gres")
 _PLAIN = re.compile(r"^[^\s'\"\\`$;]+$")  # a value an #SBATCH line can carry as it is
-_TIME = re.compile(
-    r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
-    r"|(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)|(?P<mm>\d+):(?P<ss>\d+)|(?P<min>\d+))$"
-)
-
-
-def time_limit_s(text: str) -> int:
-    """Seconds in a Slurm time limit: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S."""
-    m = _TIME.match(text.strip())
-    if not m:
-        raise ConfigError(
-            f"cluster.time_limit={text}: not a Slurm time; use [D-]HH:MM:SS, e.g. 04:00:00"
-        )
-    g = {k: int(v) for k, v in m.groupdict().items() if v is not None}
-    if "d" in g:
-        return ((g["d"] * 24 + g["dh"]) * 60 + g.get("dm", 0)) * 60 + g.get("ds", 0)
-    if "h" in g:
-        return (g["h"] * 60 + g["m"]) * 60 + g["s"]
-    if "mm" in g:
-        return g["mm"] * 60 + g["ss"]
-    return g["min"] * 60
 
 
 def check(job: SubmitJob) -> None:
@@ -98,6 +85,7 @@ def check(job: SubmitJob) -> None:
             "1024..65535 (the job uses rdzv_port + job id mod rdzv_port_range)"
         )
     _check_cpus(job)
+    _check_lead(job)
     if s.venv is not None and visible(s.venv, job.workdir):
         activate = Path(s.venv).expanduser() / "bin" / "activate"
         if not activate.is_file():
@@ -136,6 +124,21 @@ def cpus_per_task(job: SubmitJob) -> int:
     return int(given) if given is not None else job.cpu_need
 
 
+def _check_lead(job: SubmitJob) -> None:
+    """The warning's lead is also how long torchrun lets its workers stop: it must hold a
+    step and the stop checkpoint's write (stop_time: measured, given or estimated)."""
+    s = job.cluster.slurm
+    write = stop_time.checkpoint_write(job, s, "cluster.slurm")
+    step = float(s.step_time_s or 0)
+    if s.signal_lead_s < step + write.seconds:
+        measured = f"cluster.slurm.step_time_s={s.step_time_s} + " if s.step_time_s else ""
+        raise ConfigError(
+            f"cluster.slurm.signal_lead_s={s.signal_lead_s} is too short to stop with a "
+            f"checkpoint: {measured}a {write.seconds:.0f} s checkpoint write ({write.why}) = "
+            f"{step + write.seconds:.0f} s; raise signal_lead_s"
+        )
+
+
 def _check_cpus(job: SubmitJob) -> None:
     given = job.cluster.slurm.cpus_per_task
     if given is not None and given < 1:
@@ -158,15 +161,7 @@ def _check_time_limit(limit: str, s: DictConfig, t: DictConfig) -> None:
             f"cluster.slurm.signal_lead_s={s.signal_lead_s} s (and up to {SIGNAL_EARLY_S} s "
             "more) before it; raise the time limit or lower signal_lead_s"
         )
-    if s.step_time_s is not None and t.checkpoint_interval:
-        needed = t.checkpoint_interval * s.step_time_s
-        if needed > usable:
-            raise ConfigError(
-                f"cluster.time_limit={limit} is shorter than one checkpoint interval: "
-                f"trainer.checkpoint_interval={t.checkpoint_interval} steps x "
-                f"cluster.slurm.step_time_s={s.step_time_s} = {needed:.0f} s, but only "
-                f"{usable} s remain before Slurm's warning; lower the interval or raise the limit"
-            )
+    check_interval_fits(limit, usable, t, s.step_time_s, "cluster.slurm", "before Slurm's warning")
 
 
 def _plain(key: str, value) -> None:
