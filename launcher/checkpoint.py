@@ -19,6 +19,7 @@ import os
 import re
 import secrets
 import shutil
+import time
 import zipfile
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -263,6 +264,7 @@ class CheckpointWriter:
         files are still being written), the checkpoint is sealed, and so counts, only in
         `complete()`: at the next save, or when the run stops or ends."""
         self.complete()
+        started = time.monotonic()
         final = self.folder / step_name(step)
         tmp = self.folder / f"{TMP_PREFIX}{step_name(step)}"
         if self.is_main:
@@ -271,7 +273,7 @@ class CheckpointWriter:
         self.barrier()
         pending = write(tmp)
         pending = pending if isinstance(pending, Future) else None
-        self._pending = (tmp, final, step, {**self.meta, **extra_meta}, pending)
+        self._pending = (tmp, final, step, {**self.meta, **extra_meta}, pending, started)
         if pending is None:
             self.complete()
         return final
@@ -281,11 +283,15 @@ class CheckpointWriter:
         has written (nothing to do when no save is in progress)."""
         if self._pending is None:
             return
-        tmp, final, step, meta, pending = self._pending
+        tmp, final, step, meta, pending, started = self._pending
         self._pending = None
         if pending is not None:
             pending.result()
         self.barrier()
+        if pending is None:
+            # How long a synchronous save took, the slowest rank's files included (the
+            # barrier waits for it): what a stop must be given time for (launcher.submit).
+            meta["write_s"] = round(time.monotonic() - started, 3)
         if self.is_main:
             self._seal(tmp, final, step, meta)
         self.barrier()
