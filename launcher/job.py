@@ -37,7 +37,7 @@ from launcher.runtime import (
     ranks_per_node,
     start,
 )
-from launcher.secrets import is_secret_key
+from launcher.secret_keys import is_secret_key
 from launcher.sinks import ConsoleSink, JsonlSink, write_summary
 from launcher.strategy import build_strategy, ds_universal, needs_process_group
 from launcher.tensorboard_sink import (  # imports no tensorboardX

@@ -30,7 +30,7 @@ from launcher.config import ConfigError, compose
 from launcher.data.tokenizer import tokenizer_path_problem
 from launcher.paths import can_create_in
 from launcher.preflight import check_config, data_file_problems, init_from_problem, resume_problem
-from launcher.secrets import is_secret_key
+from launcher.secret_keys import is_secret_key
 
 SUBMIT_DIR = "submit"
 # What each node runs in place of `torchrun` (same arguments; exits with the contract code).
