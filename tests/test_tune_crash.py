@@ -40,6 +40,7 @@ def test_crashing_and_refused_candidates_are_rejected_and_tuning_goes_on(tmp_pat
     assert crashed["verdict"] == "rejected" and "IndexError" in crashed["reason"], crashed
     assert refused["verdict"] == "rejected" and "refused" in refused["reason"], refused
     assert "trainer.micro_batch_size=3" in refused["reason"]
+    assert crashed["trials"] == ["r1-data.source=memmap-1"]  # not repeated: rejected once
     console = proc.stdout + proc.stderr
     assert "tune: trial r1-data.source=memmap-1 crashed: IndexError" in console
     assert "tune: trial r1-trainer.micro_batch_size=3-1 refused:" in console
