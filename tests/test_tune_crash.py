@@ -44,10 +44,12 @@ def test_crashing_and_refused_candidates_are_rejected_and_tuning_goes_on(tmp_pat
     console = proc.stdout + proc.stderr
     assert "tune: trial r1-data.source=memmap-1 crashed: IndexError" in console
     assert "tune: trial r1-trainer.micro_batch_size=3-1 refused:" in console
-    # The real candidates after them were timed: static_graph among them, and the bucket
-    # size the tiny buckets call for is kept.
-    static = by_name["strategy.static_graph=true"]
-    assert static["step_time_p50_s"] is not None and "failed" not in static["reason"]
-    assert report(tmp_path / "planted")["kept"] == {"strategy.bucket_cap_mb": 25.0}
+    # The real candidates after them were timed, each in both repeats (static_graph among
+    # them); whether one is kept is a timing decision, test_tune.py's.
+    real = [c for c in r["candidates"] if c["evidence"] != "planted"]
+    assert "strategy.static_graph=true" in {c["name"] for c in real}
+    for c in real:
+        assert len(c["trials"]) == 2 and c["step_time_p50_s"] is not None, c
+        assert not c["reason"].startswith("failed"), c
     md = (tmp_path / "planted" / "tune" / "report.md").read_text()
     assert "IndexError" in md
