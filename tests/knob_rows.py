@@ -207,6 +207,15 @@ ROWS: list[Row] = [
         rel=2e-2,
         engines=("ddp",),
     ),
+    row(
+        "static_graph_compiled",
+        ["strategy.static_graph=true", "trainer.compile=default"],
+        "equal",
+        "static_graph around a compiled module (the tuner keeps compile on a GPU, then may "
+        "propose static_graph)",
+        rel=1e-4,
+        engines=("ddp",),
+    ),
     # DeepSpeed (ZeRO-2 by default).
     row(
         "overlap_on",
