@@ -226,8 +226,8 @@ def test_synthetic_is_deterministic_without_files():
     assert not torch.equal(other[7][0], x)
 
 
-def test_wikitext2_from_a_local_folder(tmp_path):
-    folder = tmp_path / "wikitext"
+def article_folder(folder: Path) -> Path:
+    """A local folder laid out like WikiText-2: 6 train and 2 validation articles."""
     folder.mkdir()
 
     def article(title: str, seed: int) -> str:
@@ -237,6 +237,11 @@ def test_wikitext2_from_a_local_folder(tmp_path):
 
     (folder / "train.txt").write_text("".join(article(f"T{i}", i) for i in range(6)))
     (folder / "validation.txt").write_text("".join(article(f"V{i}", 50 + i) for i in range(2)))
+    return folder
+
+
+def test_wikitext2_from_a_local_folder(tmp_path):
+    folder = article_folder(tmp_path / "wikitext")
     cfg = data_cfg(source="wikitext2", hf_path=str(folder), hf_name=None, bpe_vocab_size=300)
     cfg.tokenizer = "bpe"
     data = prepare_data(cfg, seq_len=32, seed=0, is_builder=True, wait=noop)

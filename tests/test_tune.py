@@ -200,7 +200,7 @@ def slow_start(tmp_path_factory):
     args += ["trainer.global_batch_size=8", "trainer.micro_batch_size=1"]
     args += ["data.num_workers=0", "data.persistent_workers=false"]
     args += ["fault.kind=slow_data", "fault.seconds=0.06"]
-    args += ["tune.skip=[strategy.bucket_cap_mb,strategy.static_graph,strategy.comm_hook]"]
+    args += ["tune.skip=[strategy.bucket_cap_mb,strategy.comm_hook]"]
     args += ["logger=wandb", "logger.mode=offline"]
     proc = tune_launch(args, env=base_env(**private_wandb_env(root)))
     assert proc.returncode == 0, explain(proc)
@@ -279,7 +279,7 @@ def test_tiny_buckets_kept_bigger_and_compression_rejected_for_its_loss(tmp_path
     args += [f"run.root={tmp_path}", "run.id=buckets", "tune.max_rounds=1"]
     args += ["trainer.seq_len=32", "trainer.global_batch_size=2", "trainer.micro_batch_size=1"]
     args += ["strategy.bucket_cap_mb=0.0005", "tune.loss_tolerance=0"]
-    args += ["tune.skip=[data.num_workers,strategy.static_graph]"]
+    args += ["tune.skip=[data.num_workers]"]
     proc = tune_launch(args)
     assert proc.returncode == 0, explain(proc)
     rep = report(tmp_path / "buckets")

@@ -40,6 +40,11 @@ class DDPStrategy(Strategy):
         self.ddp: DistributedDataParallel | None = None
         self.comm_timer: CommTimer | None = None
         self.comm_state = None  # the comm hook's state (PowerSGD's goes into checkpoints)
+        # static_graph records the graph on the first backward, and torch's reducer asserts
+        # (expect_autograd_hooks_) when that backward runs under no_sync: so the first step
+        # of a static-graph DDP all-reduces every micro-batch (the same average: the reduced
+        # part is equal on every rank), and accumulates under no_sync from the second on.
+        self.sync_every_micro_step = s.static_graph
         if rt.distributed:
             # Only a non-default buffer setting is passed: newer torch deprecates the name.
             buffers = {} if s.broadcast_buffers else {"broadcast_buffers": False}
@@ -59,7 +64,7 @@ class DDPStrategy(Strategy):
         self.module = module
 
     def micro_step(self, is_last: bool):
-        if self.ddp is None or is_last:
+        if self.ddp is None or is_last or self.sync_every_micro_step:
             return contextlib.nullcontext()
         return self.ddp.no_sync()
 
@@ -82,6 +87,7 @@ class DDPStrategy(Strategy):
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        self.sync_every_micro_step = False
         if self.comm_timer is not None:
             self.comm_timer.end_step()
         return norm

@@ -171,7 +171,8 @@ class Tuner:
 
     def measure(self, n: int, cands: list[Candidate]) -> dict[str, Measured]:
         """`tune.repeats` timed trials of the incumbent and of each candidate, interleaved,
-        while the budget lasts (a trial is started only if one more fits)."""
+        while the budget lasts (a trial is started only if one more fits). A candidate
+        whose trial failed, crashed or was refused is not tried again: it is rejected."""
         measured = {INCUMBENT: Measured(), **{c.name: Measured() for c in cands}}
         plan = [(INCUMBENT, dict(self.kept))] + [
             (c.name, {**self.kept, **c.changes}) for c in cands
@@ -181,6 +182,8 @@ class Tuner:
             for name, changes in plan:
                 if self.stopped:
                     return measured
+                if name != INCUMBENT and measured[name].failure:
+                    continue
                 if not self._time_left(estimate):
                     self.ended_because = f"tune.budget_s={self.tune.budget_s:g} spent"
                     return measured

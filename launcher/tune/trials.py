@@ -11,6 +11,7 @@ the same decisions afterwards.
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 import time
 from pathlib import Path
@@ -25,6 +26,8 @@ from launcher.preemption import stop_requested
 from launcher.preflight import preflight
 from launcher.tune.candidates import override_value
 from launcher.tune.decision import Trial
+
+log = logging.getLogger("launcher")
 
 TRIALS = "tune/trials"
 # What makes a trial a measurement: fresh, every step logged, nothing else in the steps.
@@ -51,6 +54,12 @@ def profile_settings(warmup: int) -> list[str]:
         f"profiler.active={PROFILED_STEPS - 1}",
         "profiler.repeat=1",
     ]
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0].strip()}" if text else type(exc).__name__
 
 
 def override_key(override: str) -> str:
@@ -93,15 +102,23 @@ class Trials:
     def run(
         self, label: str, changes: dict[str, Any], steps: int, warmup: int, profile=False
     ) -> Trial:
-        """Train one trial and return its figures (a refused or failed trial says why)."""
+        """Train one trial and return its figures (a refused or failed trial says why).
+
+        A trial that raises (a knob torch cannot run with this model or engine) is a failed
+        trial, not the end of the tuning: its job has torn itself down and written its
+        summary, and every rank gets rank 0's reading of it, so all ranks reject it alike.
+        """
         try:
             cfg = self.config(changes, steps, warmup, profile)
         except ConfigError as exc:
+            log.warning("tune: trial %s refused: %s", label, exc)
             return Trial(label, f"refused: {exc}")
         self.last_cfg = cfg
-        code = job.run(cfg, self.launch, f"{TRIALS}/{label}")
-        if code is None:
-            raise RuntimeError(f"trial {label} did not end cleanly")
+        try:
+            code = job.run(cfg, self.launch, f"{TRIALS}/{label}")
+        except Exception as exc:  # noqa: BLE001 - any crash rejects the candidate, reason kept
+            log.warning("tune: trial %s crashed: %s", label, one_line(exc))
+            code = exit_codes.CRASH
         self.run_dir = Path(cfg.run.root).expanduser() / self.launch.sweep_id
         rt = runtime.launch_runtime(self.launch)
         trial_dir = self.run_dir / TRIALS / label
@@ -120,9 +137,13 @@ def read_trial(run_dir: Path, label: str, code: int, warmup: int) -> Trial:
     some candidates than others), the mean loss over every step."""
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     except (OSError, ValueError) as exc:
-        return Trial(label, f"exit {code}: {exc}")
+        return Trial(label, f"exit {code} ({exit_codes.MEANING.get(code, '?')}): {exc}")
+    try:  # a trial that failed before its first step has no metrics: its status says why
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in lines]
+    except (OSError, ValueError):
+        rows = []
     rows = [r for r in rows if r.get("loss") is not None]
     timed = rows[warmup:]
 
