@@ -4,6 +4,7 @@ OmegaConf's multi-line errors worded as the one line a user sees."""
 from __future__ import annotations
 
 import difflib
+import functools
 from dataclasses import fields, is_dataclass
 from typing import Any
 
@@ -55,10 +56,11 @@ def friendly_overrides(overrides: list[str]) -> list[str]:
     from hydra.core.override_parser.types import OverrideType, ValueType
     from hydra.errors import HydraException
 
+    parser = OverridesParser.create()
     out = []
     for text in overrides:
         try:
-            (override,) = OverridesParser.create().parse_overrides([text])
+            (override,) = parser.parse_overrides([text])
         except HydraException:
             out.append(text)
             continue
@@ -75,15 +77,21 @@ def friendly_overrides(overrides: list[str]) -> list[str]:
     return out
 
 
+@functools.cache
+def _schema_trees() -> tuple[DictConfig, tuple[DictConfig, ...]]:
+    """The schema as OmegaConf trees, the root's and each engine's: built once a process
+    (each takes a tenth of a second), read only."""
+    return OmegaConf.structured(TrainConfig), tuple(map(OmegaConf.structured, ENGINES.values()))
+
+
 def _schema_node(key: str) -> Any:
     """The schema's node at a dotted key (engine keys looked up in every engine), or None."""
+    root, engines = _schema_trees()
     head, _, rest = key.partition(".")
     if head == "strategy" and rest:
-        engines = (OmegaConf.structured(schema) for schema in ENGINES.values())
         nodes = (e._get_node(rest, validate_access=False) for e in engines)
         return next((n for n in nodes if n is not None), None)
     parent, _, leaf = key.rpartition(".")
-    root = OmegaConf.structured(TrainConfig)
     holder = OmegaConf.select(root, parent, default=None) if parent else root
     return holder._get_node(leaf, validate_access=False) if isinstance(holder, DictConfig) else None
 
