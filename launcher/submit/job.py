@@ -22,7 +22,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from launcher import sweep
-from launcher.config import ConfigError, compose
+from launcher.config import ConfigError
 from launcher.paths import can_create_in
 from launcher.preflight import check_config
 
@@ -157,9 +157,7 @@ def prepare(target: str, overrides: list[str], check_paths: bool = True) -> Subm
     overrides = [quote_hash(o) for o in overrides]
     if not any(o.split("=", 1)[0].lstrip("+") == "cluster" for o in overrides):
         overrides = [f"cluster={target}", *overrides]
-    multirun = compose(overrides, sweep=True)
-    plan = sweep.plan(overrides, False, multirun.hydra)
-    configs = [compose(point) for point in plan.points]
+    _, configs = sweep.compose_points(overrides, multirun=False)
     cfg = configs[0]
     if cfg.cluster.name != target:
         raise ConfigError(
