@@ -20,7 +20,7 @@ sinks, stop vote, watchdog, replica check) is the overhead measured.
 Each side's figures are the whole launch, torchrun included: wall seconds from start to
 exit, and CPU seconds (user + system) of torchrun and every process under it, from
 getrusage of the reaped children. The sides alternate, `--pairs` times, each pair in the
-opposite order of the last, after one untimed run of each (page cache, token cache); the
+opposite order of the last, after `--warmup` untimed pairs (page cache, token cache); the
 verdict is the median over pairs of launcher / bare wall time, against TARGET. Only the
 model shape, batch, precision and device are mirrored: give the bare loop's knobs
 (`trainer.compile`, another strategy) no weight in the comparison.
@@ -181,14 +181,17 @@ def measure(args: argparse.Namespace, job: list[str], cfg, work: Path):
         cmd = [*TORCHRUN, f"--nproc_per_node={args.nproc}", "-m", "launcher.train", *job]
         return launch([*cmd, f"run.root={root}"], work / "launcher.log")
 
-    launcher_side()  # untimed: the token cache and the page cache warm, the vocabulary known
-    vocab = model_vocab(work / "runs0")
-    bare_cmd = bare_command(cfg, args.nproc, vocab, work)
-    sides = {"launcher": launcher_side, "bare": lambda: launch(bare_cmd, work / "bare.log")}
-    sides["bare"]()  # untimed
+    def bare_side() -> tuple[float, float]:
+        vocab = model_vocab(work / "runs0")  # the first launch's (every pair starts with one)
+        return launch(bare_command(cfg, args.nproc, vocab, work), work / "bare.log")
+
+    sides = {"launcher": launcher_side, "bare": bare_side}
+    for _ in range(args.warmup):  # untimed: the token cache and the page cache warm
+        launcher_side()
+        bare_side()
     pairs = []
     for n in range(args.pairs):
-        order = ("launcher", "bare") if n % 2 == 0 else ("bare", "launcher")
+        order = ("launcher", "bare") if (args.warmup + n) % 2 == 0 else ("bare", "launcher")
         got = {side: sides[side]() for side in order}
         pairs.append(got)
         print(
@@ -196,7 +199,7 @@ def measure(args: argparse.Namespace, job: list[str], cfg, work: Path):
             f"s CPU; bare {got['bare'][0]:.2f} s wall, {got['bare'][1]:.2f} s CPU",
             file=sys.stderr,
         )
-    return pairs, vocab
+    return pairs, model_vocab(work / "runs0")
 
 
 def report(args: argparse.Namespace, pairs: list[dict], vocab: int) -> int:
@@ -227,6 +230,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=4, help="launcher/bare pairs of launches")
     parser.add_argument("--nproc", type=int, default=2, help="ranks per launch")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed pairs first")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     parser.add_argument("overrides", nargs="*", help="overrides of the job (and its shape)")
     parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
