@@ -104,6 +104,7 @@ def test_auto_loads_gpt2_from_the_hub_cache_through_transformers(tmp_path, monke
     snapshot = tmp_path / "hub" / "models--gpt2" / "snapshots" / ("0" * 40)
     snapshot.mkdir(parents=True)
     trained.model.save(str(snapshot))
+    (snapshot / "config.json").write_text('{"model_type": "gpt2"}')
     (snapshot / "tokenizer_config.json").write_text('{"tokenizer_class": "GPT2Tokenizer"}')
     (tmp_path / "hub" / "models--gpt2" / "refs").mkdir()
     (tmp_path / "hub" / "models--gpt2" / "refs" / "main").write_text("0" * 40)
