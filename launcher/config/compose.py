@@ -78,20 +78,21 @@ def friendly_overrides(overrides: list[str]) -> list[str]:
 
 
 @functools.cache
-def _schema_trees() -> tuple[DictConfig, tuple[DictConfig, ...]]:
-    """The schema as OmegaConf trees, the root's and each engine's: built once a process
-    (each takes a tenth of a second), read only."""
-    return OmegaConf.structured(TrainConfig), tuple(map(OmegaConf.structured, ENGINES.values()))
+def _schema_tree(schema: type) -> DictConfig:
+    """A schema dataclass as an OmegaConf tree: built once a process (the root's takes a
+    tenth of a second, and friendly_overrides reads it for every override), read only."""
+    return OmegaConf.structured(schema)
 
 
 def _schema_node(key: str) -> Any:
     """The schema's node at a dotted key (engine keys looked up in every engine), or None."""
-    root, engines = _schema_trees()
     head, _, rest = key.partition(".")
     if head == "strategy" and rest:
+        engines = map(_schema_tree, ENGINES.values())
         nodes = (e._get_node(rest, validate_access=False) for e in engines)
         return next((n for n in nodes if n is not None), None)
     parent, _, leaf = key.rpartition(".")
+    root = _schema_tree(TrainConfig)
     holder = OmegaConf.select(root, parent, default=None) if parent else root
     return holder._get_node(leaf, validate_access=False) if isinstance(holder, DictConfig) else None
 
