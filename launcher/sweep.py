@@ -79,7 +79,7 @@ def compose_points(overrides: list[str], multirun: bool) -> tuple[Plan, list[Dic
     sweep (sweep mode, keeping the `hydra` node) is that run's config too, without the node,
     wherever composing in sweep mode gives what a single run's composition would: no
     override sweeps a value and every config group has an option (sweep mode accepts
-    either; a single run refuses them, with the line `compose` words). Each composition
+    either; a single run refuses them, in the line `compose` gives). Each composition
     costs 0.2-0.5 s of Hydra's, on every rank.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
