@@ -26,6 +26,7 @@ from launcher.lock import LockHeld, RunLock
 from launcher.loop import LoopConfig, NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
 from launcher.model import build_model, count_params, flops_per_token, peak_flops
 from launcher.nccl_transport import transport_recorders
+from launcher.preemption import stop_requested
 from launcher.preflight import preflight, shm_need
 from launcher.runtime import (
     Runtime,
@@ -50,6 +51,7 @@ from launcher.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
 log = logging.getLogger("launcher")
 
 BAD_INPUT_LINGER_S = 20.0
+STOP_POLL_S = 0.05  # how often a lingering rank looks for torchrun's SIGTERM
 
 
 def fail_bad_input(exc: ConfigError) -> None:
@@ -57,13 +59,18 @@ def fail_bad_input(exc: ConfigError) -> None:
 
     The other ranks linger before exiting: torchrun stops every rank as soon as one exits,
     and a rank that got there first would otherwise take rank 0 down before it printed.
-    Rank 0's own exit ends the others' wait.
+    Rank 0's exit ends the others' wait: torchrun then sends them SIGTERM, which the stop
+    handler (installed first, see launcher.preemption) records instead of ending the
+    process, so the wait watches for that request; BAD_INPUT_LINGER_S bounds it where no
+    launcher stops the others.
     """
     rank = env_world()[0]
     if rank == 0:
         print(f"error: {exc}", file=sys.stderr)
     else:
-        time.sleep(BAD_INPUT_LINGER_S)
+        deadline = time.monotonic() + BAD_INPUT_LINGER_S
+        while not stop_requested() and time.monotonic() < deadline:
+            time.sleep(STOP_POLL_S)
     sys.exit(exit_codes.BAD_INPUT)
 
 

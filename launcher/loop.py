@@ -273,11 +273,12 @@ class TrainLoop:
         on_gpu = rt.device.type == "cuda"
         if on_gpu:  # mem/peak_gb is this run's peak, not the process's
             torch.cuda.reset_peak_memory_stats(rt.device)
-        reset_host_peak()  # and so is mem/host_peak_gb, where Linux allows
         # Everything built so far (configs, model, tokenizer, imports) lives for the whole run:
-        # moving it out of the collector's reach keeps full collections during training cheap.
+        # moving it out of the collector's reach keeps full collections during training cheap
+        # (and reset_host_peak's own collection, next).
         gc.collect()
         gc.freeze()
+        reset_host_peak()  # and so is mem/host_peak_gb, where Linux allows
         step = start_step
         profiler = build_profiler(self.cfg.profiler, rt)
         self.watchdog = HangWatchdog(

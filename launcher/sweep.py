@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher.config import ConfigError
+from launcher.config import ConfigError, compose
 from launcher.paths import writable_dir_problem
 
 # Summary columns after the point's label and varied keys: (column, summary.json key).
@@ -47,10 +47,12 @@ IGNORED_KEYS = ("run.id", "run.root", "resume")
 
 @dataclass
 class Plan:
-    """What a launch will run: every point's overrides, and the keys the sweep varies."""
+    """What a launch will run: every point's overrides, the keys the sweep varies, and
+    whether Hydra runs it as a multirun (a sweep, even of one point)."""
 
     points: list[list[str]]
     swept_keys: list[str]
+    multirun: bool = False
 
 
 def plan(overrides: list[str], multirun: bool, hydra_cfg) -> Plan:
@@ -67,7 +69,33 @@ def plan(overrides: list[str], multirun: bool, hydra_cfg) -> Plan:
     params = [f"{k}={v}" for k, v in (hydra_cfg.sweeper.params or {}).items()]
     parsed = OverridesParser.create().parse_overrides([*params, *overrides])
     swept = [o.get_key_element() for o in parsed if o.is_sweep_override()]
-    return Plan(BasicSweeper.split_arguments(parsed, None)[0], swept)
+    return Plan(BasicSweeper.split_arguments(parsed, None)[0], swept, multirun=True)
+
+
+def compose_points(overrides: list[str], multirun: bool) -> tuple[Plan, list[DictConfig]]:
+    """The launch's plan and every point's config, composed as Hydra will (ConfigError).
+
+    A single run is composed once: the composition that finds out whether the launch is a
+    sweep (sweep mode, keeping the `hydra` node) is that run's config too, without the node,
+    wherever composing in sweep mode gives what a single run's composition would: no
+    override sweeps a value and every config group has an option (sweep mode accepts
+    either; a single run refuses them, in the line `compose` gives). Each composition
+    costs 0.2-0.5 s of Hydra's, on every rank.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    composed = compose(overrides, sweep=True)
+    found = plan(overrides, multirun, composed.hydra)
+    if not found.multirun:
+        sweeps = any(
+            o.is_sweep_override() for o in OverridesParser.create().parse_overrides(overrides)
+        )
+        choices = composed.hydra.runtime.choices
+        if not sweeps and not any(OmegaConf.is_missing(choices, k) for k in choices):
+            with open_dict(composed):
+                del composed["hydra"]
+            return found, [composed]
+    return found, [compose(point) for point in found.points]
 
 
 def check_launch_wide(configs: list) -> None:

@@ -20,7 +20,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from launcher import exit_codes, runtime, sweep, tensorboard_sink, wandb_sink
-from launcher.config import ConfigError, compose, friendly_overrides
+from launcher.config import ConfigError, friendly_overrides
 from launcher.data.loader import reap_workers
 from launcher.job import check_or_exit, fail_bad_input, run
 from launcher.launch_state import LaunchState
@@ -64,8 +64,7 @@ def hydra_entry(launch: LaunchState):
 def check_points(overrides: list[str], multirun: bool) -> sweep.Plan:
     """Compose and validate every point before anything starts (one line and exit 2)."""
     try:
-        plan = sweep.plan(overrides, multirun, compose(overrides, sweep=True).hydra)
-        configs = [compose(p) for p in plan.points]
+        plan, configs = sweep.compose_points(overrides, multirun)
     except ConfigError as exc:
         fail_bad_input(exc)
     for cfg in configs:
@@ -108,11 +107,15 @@ def train() -> int:
                 fail_bad_input(ConfigError(f"--config-dir {args.config_dir}: no such directory"))
             checked = [f"hydra.searchpath=[file://{where}]", *checked]
         launch.swept_keys = check_points(checked, args.multirun).swept_keys
+    ended = False
     try:
         hydra_entry(launch)()
         write_sweep_summary(launch)
+        ended = True
     finally:
-        runtime.teardown(launch)
+        # Every job that returned has been collected after (end_job); one that raised may
+        # have left its DDP reducer to the collector.
+        runtime.teardown(launch, collect=not ended)
     return next((c for c in launch.codes if c), exit_codes.DONE)
 
 
@@ -120,6 +123,7 @@ def main(entry: Callable[[], int] = train) -> None:
     """Train (or run another front door's `entry`, launcher.tune's), and leave the exit
     code where `launcher.torchrun` reads it, however it ends."""
     install_stop_handlers()  # before anything slow: a stop while starting up is kept
+    runtime.skip_collection_at_exit()
     code = exit_codes.CRASH
     try:
         code = entry()

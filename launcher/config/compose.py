@@ -4,6 +4,7 @@ OmegaConf's multi-line errors worded as the one line a user sees."""
 from __future__ import annotations
 
 import difflib
+import functools
 from dataclasses import fields, is_dataclass
 from typing import Any
 
@@ -55,10 +56,11 @@ def friendly_overrides(overrides: list[str]) -> list[str]:
     from hydra.core.override_parser.types import OverrideType, ValueType
     from hydra.errors import HydraException
 
+    parser = OverridesParser.create()
     out = []
     for text in overrides:
         try:
-            (override,) = OverridesParser.create().parse_overrides([text])
+            (override,) = parser.parse_overrides([text])
         except HydraException:
             out.append(text)
             continue
@@ -75,15 +77,22 @@ def friendly_overrides(overrides: list[str]) -> list[str]:
     return out
 
 
+@functools.cache
+def _schema_tree(schema: type) -> DictConfig:
+    """A schema dataclass as an OmegaConf tree: built once a process (the root's takes a
+    tenth of a second, and friendly_overrides reads it for every override), read only."""
+    return OmegaConf.structured(schema)
+
+
 def _schema_node(key: str) -> Any:
     """The schema's node at a dotted key (engine keys looked up in every engine), or None."""
     head, _, rest = key.partition(".")
     if head == "strategy" and rest:
-        engines = (OmegaConf.structured(schema) for schema in ENGINES.values())
+        engines = map(_schema_tree, ENGINES.values())
         nodes = (e._get_node(rest, validate_access=False) for e in engines)
         return next((n for n in nodes if n is not None), None)
     parent, _, leaf = key.rpartition(".")
-    root = OmegaConf.structured(TrainConfig)
+    root = _schema_tree(TrainConfig)
     holder = OmegaConf.select(root, parent, default=None) if parent else root
     return holder._get_node(leaf, validate_access=False) if isinstance(holder, DictConfig) else None
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 EOT = "<|endoftext|>"
+GPT2_NAME = "gpt2"  # GPT-2's tokenizer on the Hugging Face hub
 # tiktoken's r50k_base is GPT-2's BPE; its published file and hash, as tiktoken caches it.
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
 R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -76,19 +77,33 @@ def tokenizer_path_problem(spec: str) -> str | None:
 
 
 def _auto(bpe: Callable[[], Tokenizer]) -> Tokenizer:
-    try:
-        tok = _transformers_tokenizer("gpt2", local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - any failure here means "not in the HF cache"
-        log.debug("GPT-2 not in the Hugging Face cache: %s", exc)
-    else:
-        log.info("data.tokenizer=auto: GPT-2 BPE from the Hugging Face cache")
-        return tok
+    if gpt2_may_be_offline():
+        try:
+            tok = _transformers_tokenizer(GPT2_NAME, local_files_only=True)
+        except Exception as exc:  # noqa: BLE001 - any failure here means "not in the HF cache"
+            log.debug("GPT-2 not in the Hugging Face cache: %s", exc)
+        else:
+            log.info("data.tokenizer=auto: GPT-2 BPE from the Hugging Face cache")
+            return tok
     cached = cached_gpt2_tiktoken()
     if cached is not None:
         log.info("data.tokenizer=auto: GPT-2 BPE from %s", cached)
         return tiktoken_file_tokenizer(cached)
     log.info("data.tokenizer=auto: no GPT-2 BPE files offline; using a trained byte-level BPE")
     return bpe()
+
+
+def gpt2_may_be_offline() -> bool:
+    """Whether transformers could load GPT-2's tokenizer offline: a `gpt2` folder in the
+    working directory, or the hub cache's folder for it. Asked before importing transformers,
+    which takes about 2 s and, without these, can only fail."""
+    from huggingface_hub import constants
+
+    caches = {constants.HF_HUB_CACHE, os.environ.get("TRANSFORMERS_CACHE")} - {None}
+    hub_folder = f"models--{GPT2_NAME}"
+    return os.path.isdir(GPT2_NAME) or any(
+        os.path.isdir(os.path.join(c, hub_folder)) for c in caches
+    )
 
 
 def cached_gpt2_tiktoken() -> str | None:

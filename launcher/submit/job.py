@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher import sweep
-from launcher.config import ConfigError, compose
+from launcher.config import ConfigError
 from launcher.data.tokenizer import tokenizer_path_problem
 from launcher.paths import can_create_in
 from launcher.preflight import check_config, data_file_problems, init_from_problem, resume_problem
@@ -228,9 +228,7 @@ def prepare(target: str, overrides: list[str], check_paths: bool = True) -> Subm
     overrides = [quote_hash(o) for o in overrides]
     if not any(o.split("=", 1)[0].lstrip("+") == "cluster" for o in overrides):
         overrides = [f"cluster={target}", *overrides]
-    multirun = compose(overrides, sweep=True)
-    plan = sweep.plan(overrides, False, multirun.hydra)
-    configs = [compose(point) for point in plan.points]
+    _, configs = sweep.compose_points(overrides, multirun=False)
     cfg = configs[0]
     if cfg.cluster.name != target:
         raise ConfigError(
