@@ -166,17 +166,23 @@ def claim_run_dir(rt: Runtime) -> RunLock | None:
     return taken[0] if taken else None
 
 
-def plan_resume(cfg: TrainConfig, rt: Runtime, model) -> list[Path]:
+def plan_resume(cfg: TrainConfig, rt: Runtime, model) -> list[Path] | None:
     """The checkpoints to try, newest first, decided by rank 0 under the lock (see
-    launcher.resume); a checkpoint that does not fit these settings stops the launch."""
+    launcher.resume); a checkpoint that does not fit these settings stops the launch.
+    None when the run is finished (its newest checkpoint is at trainer.max_steps)."""
     now = resume.identity(cfg, model, rt.world_size)
+    max_steps = cfg.trainer.max_steps
 
-    def decide() -> list[str]:
-        folders = resume.plan(cfg.resume, rt.run_dir, now).candidates
+    def decide() -> list[str] | None:
+        decided = resume.plan(cfg.resume, rt.run_dir, now, max_steps)
+        if decided.finished_at is not None:
+            log.info("%s", resume.finished_line(rt.run_dir, decided.finished_at, max_steps))
+            return None
         # A DeepSpeed checkpoint at another world size, stage or engine: converted here.
-        return ds_universal.prepare(folders, now)
+        return ds_universal.prepare(decided.candidates, now)
 
-    return [Path(p) for p in decide_on_main(rt, decide)]
+    folders = decide_on_main(rt, decide)
+    return None if folders is None else [Path(p) for p in folders]
 
 
 def restore(loop: TrainLoop, rt: Runtime, folders: list[Path]) -> int:
@@ -330,6 +336,8 @@ class Job:
         self.lock = claim_run_dir(rt)  # nothing in the run directory is written before this
         data, model, fpt = build_data_and_model(cfg, rt)
         folders = plan_resume(cfg, rt, model)
+        if folders is None:
+            return {}  # finished already: nothing is trained, summary.json stays as it is
         self.strategy = build_strategy(cfg.strategy, cfg.trainer, rt, model)
         self.loop = TrainLoop(
             LoopConfig.of(cfg),

@@ -25,7 +25,7 @@ def _clean(value):
     return value
 
 
-def _record_step(line: str) -> int | None:
+def record_step(line: str) -> int | None:
     """The step of a metrics.jsonl line, or None when the line is not a record."""
     try:
         record = json.loads(line)
@@ -63,10 +63,10 @@ class JsonlSink(Sink):
         for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
-            record_step = _record_step(line)
-            if record_step is None:
+            step_of_line = record_step(line)
+            if step_of_line is None:
                 bad.append(number)
-            elif record_step <= step:
+            elif step_of_line <= step:
                 kept.append(line)
         if bad:
             log.warning(

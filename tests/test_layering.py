@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "process",
         (
             "launch_state", "runtime", "model", "gpt2", "envinfo", "checkpoint", "resume",
-            "faults", "sinks", "metrics", "profiling", "sweep",
+            "run_history", "faults", "sinks", "metrics", "profiling", "sweep",
         ),
     ),
     ("engines and outputs", ("strategy", "strategy.*", "wandb_sink", "tensorboard_sink",

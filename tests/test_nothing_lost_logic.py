@@ -1,0 +1,159 @@
+"""A run directory's history belongs to it (in-process): every run-directory state x every
+`resume` setting x a max_steps at, above and below the run's step, against the resume
+decision. Each case either continues, says the run is finished, starts fresh in an empty
+directory, moves an unfinished attempt aside (byte for byte), or refuses in one line
+without touching a byte. What needs real ranks is in test_nothing_lost.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from launcher import checkpoint, resume, run_history
+from launcher.config import ConfigError
+
+IDENT = {
+    "model": {"name": "gpt2-tiny", "n_layer": 2, "n_head": 2, "n_embd": 64,
+              "n_positions": 256, "vocab_size": 512},
+    "strategy": {"name": "ddp"},
+    "world_size": 2,
+}  # fmt: skip
+
+
+def write_checkpoint(run: Path, step: int) -> None:
+    folder = run / "checkpoints"
+    path = folder / checkpoint.step_name(step)
+    path.mkdir(parents=True)
+    (path / "model.pt").write_bytes(b"m" * (10 + step))
+    meta = {"step": step, "files": {"model.pt": 10 + step}, **IDENT, "lineage": "L"}
+    (path / checkpoint.META).write_text(json.dumps(meta))
+    (folder / checkpoint.LATEST).write_text(path.name + "\n")
+
+
+def write_history(run: Path, steps: int, status: str | None) -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "config.yaml").write_text("trainer: {max_steps: 4}\n")
+    lines = "".join(json.dumps({"step": s, "loss": 5.0 - s}) + "\n" for s in range(1, steps + 1))
+    (run / "metrics.jsonl").write_text(lines)
+    if status is not None:
+        (run / "summary.json").write_text(json.dumps({"status": status, "steps": steps}))
+
+
+# name -> how to make it: the states a user's run directory is in after each kind of ending.
+STATES = {
+    "absent": lambda run: None,
+    "completed, checkpointed": lambda run: (
+        write_history(run, 4, "completed"), write_checkpoint(run, 2), write_checkpoint(run, 4)
+    ),
+    "completed, no checkpoints": lambda run: write_history(run, 4, "completed"),
+    "stopped at 2": lambda run: (write_history(run, 2, "stopped"), write_checkpoint(run, 2)),
+    "crashed before a checkpoint": lambda run: write_history(run, 2, None),
+    "hang before a checkpoint": lambda run: write_history(run, 3, "failed: hang detected"),
+    "summary unreadable": lambda run: (write_history(run, 0, None),
+                                       (run / "summary.json").write_text("{garbage")),
+}  # fmt: skip
+
+# (state, resume, max_steps) -> outcome. "start": from step 0, nothing was there;
+# "continue N": from step N; "finished N": ends with exit 0 at step N; "aside": the history
+# moved to archive/<time>/, then from step 0; "refuse": one line, nothing touched.
+OUTCOMES = {
+    ("absent", "auto", 4): "start",
+    ("absent", "never", 4): "start",
+    ("absent", "archive", 4): "start",
+    ("completed, checkpointed", "auto", 4): "finished 4",
+    ("completed, checkpointed", "auto", 3): "finished 4",
+    ("completed, checkpointed", "auto", 8): "continue 4",
+    ("completed, checkpointed", "never", 4): "refuse",
+    ("completed, checkpointed", "never", 8): "refuse",
+    ("completed, checkpointed", "archive", 4): "aside",
+    ("completed, no checkpoints", "auto", 4): "refuse",
+    ("completed, no checkpoints", "auto", 8): "refuse",
+    ("completed, no checkpoints", "never", 4): "refuse",
+    ("completed, no checkpoints", "archive", 4): "aside",
+    ("stopped at 2", "auto", 4): "continue 2",
+    ("stopped at 2", "never", 4): "refuse",
+    ("stopped at 2", "archive", 4): "aside",
+    ("crashed before a checkpoint", "auto", 4): "aside",
+    ("crashed before a checkpoint", "never", 4): "refuse",
+    ("crashed before a checkpoint", "archive", 4): "aside",
+    ("hang before a checkpoint", "auto", 4): "aside",
+    ("hang before a checkpoint", "never", 4): "refuse",
+    ("summary unreadable", "auto", 4): "aside",
+    ("summary unreadable", "never", 4): "refuse",
+}
+
+
+def digest(folder: Path) -> dict[str, str]:
+    if not folder.exists():
+        return {}
+    return {
+        str(p.relative_to(folder)): hashlib.sha1(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.parametrize(("state", "resume_value", "max_steps"), list(OUTCOMES), ids=str)
+def test_every_state_and_setting(tmp_path, caplog, state, resume_value, max_steps):
+    run = tmp_path / "run"
+    STATES[state](run)
+    before = digest(run)
+    expected = OUTCOMES[(state, resume_value, max_steps)]
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        if expected == "refuse":
+            with pytest.raises(ConfigError) as refused:
+                resume.plan(resume_value, run, IDENT, max_steps)
+            line = str(refused.value)
+            assert "\n" not in line and str(run) in line
+            assert "new run.id" in line and "resume=archive" in line  # how to start fresh
+            assert digest(run) == before  # not a byte touched
+            return
+        decided = resume.plan(resume_value, run, IDENT, max_steps)
+    steps = [checkpoint.step_of(Path(p)) for p in decided.candidates]
+    kind, _, at = expected.partition(" ")
+    if kind == "finished":
+        assert decided.finished_at == int(at) and digest(run) == before
+    elif kind == "continue":
+        assert decided.finished_at is None and steps[0] == int(at) and digest(run) == before
+    elif kind == "start":
+        assert steps == [] and digest(run) == before
+    else:  # aside: every file, byte for byte, under archive/<time>/, then a fresh start
+        assert steps == [] and decided.finished_at is None
+        (moved,) = (run / resume.ARCHIVE).iterdir()
+        prefix = f"{resume.ARCHIVE}/{moved.name}/"
+        assert {k.removeprefix(prefix): v for k, v in digest(run).items()} == before
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1 and "moved" in warnings[0] and str(moved) in warnings[0]
+
+
+def test_the_table_covers_every_state_and_setting():
+    for state in STATES:
+        for setting in ("auto", "never"):
+            assert (state, setting, 4) in OUTCOMES, (state, setting)
+
+
+def test_history_reads_what_is_there(tmp_path):
+    run = tmp_path / "run"
+    assert run_history.read(run).empty
+    write_history(run, 3, "failed: hang detected")
+    (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text() + '{"step": 4, "lo')
+    found = run_history.read(run)
+    assert (found.records, found.last_step, found.status, found.steps) == (
+        3, 3, "failed: hang detected", 3
+    )  # fmt: skip
+    assert found.describe() == (
+        "metrics.jsonl (3 records, to step 3), summary.json (failed: hang detected at step 3)"
+    )
+    assert not found.completed and not found.empty
+
+
+def test_finished_line_says_what_happened_and_how_to_go_on(tmp_path):
+    line = resume.finished_line(tmp_path / "run", 4, 4)
+    assert "\n" not in line and "step 4" in line and "nothing was trained or rewritten" in line
+    assert "raise trainer.max_steps" in line and "new run.id" in line
