@@ -26,6 +26,24 @@ from launcher import exit_codes
 
 log = logging.getLogger("launcher.torchrun")
 
+# torchrun's agent turns the signals of its --signals-to-handle into a shutdown that
+# forwards the signal to every worker, then waits --shutdown-timeout before SIGKILL. Its
+# default lacks Slurm's warnings: SIGUSR1/SIGUSR2 would kill this process at once (their
+# default action), leaving the workers training on, orphaned, and holding the run's lock.
+# The option's default is read from PET_SIGNALS_TO_HANDLE (torchrun's env action); one
+# given on the command line is the user's choice and stays as it is.
+SIGNALS_ENV = "PET_SIGNALS_TO_HANDLE"
+TORCH_DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+
+
+def forward_every_signal(environ: dict) -> None:
+    """Add the signals torchrun does not forward by default to the ones it does (and to
+    any the user named in PET_SIGNALS_TO_HANDLE)."""
+    named = environ.get(SIGNALS_ENV, TORCH_DEFAULT_SIGNALS).split(",")
+    wanted = [n.strip() for n in named if n.strip()] + list(FORWARDED)
+    environ[SIGNALS_ENV] = ",".join(dict.fromkeys(wanted))
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -34,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         torch_run.get_args_parser().print_help()
         return 0
+    forward_every_signal(os.environ)
     with tempfile.TemporaryDirectory(prefix="launcher-outcome-") as folder:
         os.environ[exit_codes.OUTCOME_DIR_ENV] = folder
         succeeded = False

@@ -10,12 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 from pathlib import Path
 
 import pytest
 
-from launcher import checkpoint, resume, run_history
+from launcher import checkpoint, preemption, resume, run_history, torchrun
 from launcher.config import ConfigError
+from launcher.config.validate import run_id_problem
+from launcher.train import main as train_main
 
 IDENT = {
     "model": {"name": "gpt2-tiny", "n_layer": 2, "n_head": 2, "n_embd": 64,
@@ -157,3 +160,58 @@ def test_finished_line_says_what_happened_and_how_to_go_on(tmp_path):
     line = resume.finished_line(tmp_path / "run", 4, 4)
     assert "\n" not in line and "step 4" in line and "nothing was trained or rewritten" in line
     assert "raise trainer.max_steps" in line and "new run.id" in line
+
+
+@pytest.mark.parametrize(
+    ("named", "expected"),
+    [
+        (None, "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"),
+        ("SIGTERM", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"),
+        ("SIGUSR2, SIGXCPU,", "SIGUSR2,SIGXCPU,SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"),
+    ],
+)
+def test_the_front_door_has_torchrun_forward_every_signal(named, expected):
+    """Slurm's warnings (USR1/USR2) join torchrun's forwarded signals, and any the user
+    named stay (see test_front_door_signals.py for what each does to a launch)."""
+    environ = {} if named is None else {torchrun.SIGNALS_ENV: named}
+    torchrun.forward_every_signal(environ)
+    assert environ[torchrun.SIGNALS_ENV] == expected
+    assert {s.name for s in preemption.STOP_SIGNALS} == set(torchrun.FORWARDED) - {"SIGQUIT"}
+
+
+RUN_IDS = [
+    ("../x", "holds a path separator"),
+    ("/tmp/elsewhere", "holds a path separator"),
+    ("a/b", "holds a path separator"),
+    ("a\\b", "holds a path separator"),
+    ("..", "is '..'"),
+    (".", "is '.'"),
+    ("' '", "is empty"),
+    ("x" * 300, "is 300 bytes long, past the file system's limit of 255"),
+]
+
+
+@pytest.mark.parametrize(("run_id", "why"), RUN_IDS, ids=lambda v: str(v)[:20])
+def test_a_run_id_that_is_not_one_folder_name_is_one_line(
+    monkeypatch, capsys, tmp_path, run_id, why
+):
+    """The launch stops before anything is made, outside run.root or in it."""
+    monkeypatch.setattr(
+        sys, "argv", ["launcher.train", f"run.root={tmp_path}/runs", f"run.id={run_id}"]
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        train_main()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: run.id=") and why in lines[0], lines[0]
+    assert "run.root" in lines[0] and len(lines[0]) < 300
+    assert list(tmp_path.iterdir()) == []  # nothing made, anywhere under the test's folder
+
+
+@pytest.mark.parametrize("run_id", ["exp-1", "a.b_c", "x" * 255, "é" * 127])
+def test_a_plain_run_id_passes(run_id):
+    assert run_id_problem(run_id) is None
+
+
+def test_the_limit_counts_bytes_not_characters():
+    assert "is 256 bytes long" in run_id_problem("é" * 128)
