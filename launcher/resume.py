@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher import checkpoint, run_history
+from launcher.batch import BatchPlan
 from launcher.config import ConfigError
 
 log = logging.getLogger("launcher")
@@ -64,7 +65,48 @@ def identity(cfg, model, world_size: int) -> dict:
         "model": {"name": str(cfg.model.name), "impl": str(cfg.model.impl), **shape},
         "strategy": strategy,
         "world_size": int(world_size),
-    }
+        "batch": {"global_batch": BatchPlan.of(cfg.trainer, world_size).global_batch,
+                  "seq_len": int(cfg.trainer.seq_len)},
+    }  # fmt: skip
+
+
+def _batch_of(saved: dict) -> dict:
+    """The checkpoint's global batch and sequence length; for one written before meta.json
+    recorded them, the tokens per step its `tokens` and `step` imply."""
+    if isinstance(saved.get("batch"), dict):
+        return saved["batch"]
+    step, tokens = saved.get("step"), saved.get("tokens")
+    if isinstance(step, int) and step > 0 and isinstance(tokens, int):
+        return {"tokens_per_step": tokens // step}
+    return {}
+
+
+def _batch_differences(saved: dict, now: dict) -> list[Difference]:
+    """The data position (which samples were read) and `tokens` count in steps of the
+    checkpoint's batch: another global batch would skip or reread samples and make
+    `tokens` jump, another sequence length would cut the data into other windows (and
+    `tokens` go backwards). Both keep the checkpoint from being resumed as it is."""
+    sb, nb = _batch_of(saved), now.get("batch")
+    if not nb or not sb:
+        return []
+    if "tokens_per_step" in sb:
+        now_tps = nb["global_batch"] * nb["seq_len"]
+        if sb["tokens_per_step"] == now_tps:
+            return []
+        what = (f"{sb['tokens_per_step']} tokens per step there (global batch x seq_len), "
+                f"{now_tps} now")  # fmt: skip
+        return [Difference(what, "the trainer.global_batch_size and trainer.seq_len it had")]
+    found = []
+    why = {
+        "global_batch": ("trainer.global_batch_size", "its data position is counted in its "
+                         "steps: another batch would skip or reread samples"),
+        "seq_len": ("trainer.seq_len", "its data is cut into windows of that length"),
+    }  # fmt: skip
+    for key, (name, because) in why.items():
+        if key in sb and sb[key] != nb[key]:
+            found.append(Difference(f"{name} is {sb[key]} there, {nb[key]} now ({because})",
+                                    f"{name}={sb[key]}"))  # fmt: skip
+    return found
 
 
 @dataclass
@@ -78,7 +120,7 @@ def differences(saved: dict, now: dict) -> list[Difference]:
 
     Keys a checkpoint does not record (one written before they were) are not compared.
     """
-    found: list[Difference] = []
+    found: list[Difference] = _batch_differences(saved, now)
     sm, nm = saved.get("model") or {}, now["model"]
     shape = [k for k in MODEL_KEYS if k in sm and sm[k] != nm[k]]
     if shape and sm.get("name") and sm["name"] != nm["name"]:

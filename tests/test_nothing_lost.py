@@ -1,9 +1,10 @@
 """Nothing a user ran is lost to a later launch (real launches: 2 CPU ranks, the default
 DataLoader, through `python -m launcher.torchrun`).
 
-A finished run relaunched with the same command says so and rewrites nothing; with a
-higher trainer.max_steps it continues and appends; a finished run without checkpoints is
-not started over. The decision table itself is in test_nothing_lost_logic.py.
+A finished run relaunched with the same command says so and rewrites nothing; with
+another global batch it is refused; with a higher trainer.max_steps it continues and
+appends; a finished run without checkpoints is not started over. The decision table
+itself is in test_nothing_lost_logic.py.
 """
 
 from __future__ import annotations
@@ -49,6 +50,14 @@ def test_a_finished_run_relaunched_is_left_alone_and_continues_when_asked(tmp_pa
     assert "resumed from step" not in again.stderr
     assert files(run) == finished  # summary.json, metrics.jsonl, config, checkpoints: same bytes
     assert not (run / ".lock").exists()
+
+    bigger = torchrun([*args, "trainer.max_steps=6", "trainer.global_batch_size=16"],
+                      runner="launcher.torchrun")  # fmt: skip
+    assert bigger.returncode == 2, explain(bigger)
+    (line,) = [ln for ln in bigger.stderr.splitlines() if "error: " in ln]
+    assert "trainer.global_batch_size is 8 there, 16 now" in line
+    assert "run with trainer.global_batch_size=8" in line
+    assert files(run) == finished
 
     longer = torchrun([*args, "trainer.max_steps=6"], runner="launcher.torchrun")
     assert longer.returncode == 0, explain(longer)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from launcher import checkpoint, preemption, resume, run_history, torchrun
-from launcher.config import ConfigError
+from launcher.config import ConfigError, compose, typed
 from launcher.config.validate import run_id_problem
 from launcher.train import main as train_main
 
@@ -215,3 +215,41 @@ def test_a_plain_run_id_passes(run_id):
 
 def test_the_limit_counts_bytes_not_characters():
     assert "is 256 bytes long" in run_id_problem("é" * 128)
+
+
+def batch(global_batch=16, seq_len=128) -> dict:
+    return {**IDENT, "batch": {"global_batch": global_batch, "seq_len": seq_len}}
+
+
+# (checkpoint's meta.json, this launch) -> the fix the refusal names, or None: it resumes.
+BATCH_CASES = [
+    (batch(), batch(), None),
+    (batch(), {**batch(), "world_size": 1}, None),  # another world size: accumulation
+    (batch(16), batch(32), "trainer.global_batch_size=16"),
+    (batch(32), batch(16), "trainer.global_batch_size=32"),
+    (batch(seq_len=128), batch(seq_len=64), "trainer.seq_len=128"),
+    (batch(16, 128), batch(32, 64), "trainer.global_batch_size=16 trainer.seq_len=128"),
+    # Written before meta.json recorded the batch: its tokens per step tell.
+    ({**IDENT, "step": 4, "tokens": 4 * 16 * 128}, batch(), None),
+    ({**IDENT, "step": 4, "tokens": 4 * 16 * 128}, batch(32), "trainer.global_batch_size and"),
+    ({**IDENT, "step": 4}, batch(32), None),  # nothing recorded: nothing to compare
+]
+
+
+@pytest.mark.parametrize(("saved", "now", "fix"), BATCH_CASES)
+def test_a_resume_with_another_batch_or_sequence_length_is_refused(saved, now, fix):
+    """The data position counts in the checkpoint's steps: resuming it with another batch
+    would skip samples (16 -> 32 never read positions 128-287) and make `tokens` jump or
+    go backwards."""
+    found = resume.differences(saved, now)
+    if fix is None:
+        assert found == []
+        return
+    assert fix in " ".join(d.fix for d in found)
+    line = str(resume.refusal(Path("run/checkpoints/step_4"), found, Path("run")))
+    assert "\n" not in line and "cannot be resumed" in line and "new run.id" in line
+
+
+def test_the_launch_records_its_batch():
+    cfg = typed(compose(["trainer.global_batch_size=8", "trainer.seq_len=64"]))
+    assert resume.identity(cfg, None, 2)["batch"] == {"global_batch": 8, "seq_len": 64}
