@@ -155,6 +155,7 @@ class TrainLoop:
             barrier=rt.barrier,
             keep=self.t.keep_checkpoints,
             meta=ckpt_meta,
+            gather=rt.all_gather_objects,
         )
         self.stop = StopVote(rt.control_group)
         self.fault = FaultInjector(cfg.fault, rank=rt.rank, run_dir=rt.run_dir)

@@ -55,6 +55,14 @@ def _on_signal(signum, frame) -> None:
     _Request.signal_name = _Request.signal_name or name
 
 
+def request_stop(reason: str) -> None:
+    """A stop the launcher itself asks for (the disk filled up): the same vote, stop
+    checkpoint and exit code as a signal's."""
+    if _Request.signal_name is None:
+        log.warning("stopping at the next step boundary: %s", reason)
+    _Request.signal_name = _Request.signal_name or reason
+
+
 def stop_requested() -> bool:
     return _Request.signal_name is not None
 

@@ -7,13 +7,16 @@ figure.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import sys
 from pathlib import Path
 
+from launcher import disk
 from launcher.paths import atomic_write
+from launcher.preemption import request_stop
 
 log = logging.getLogger("launcher")
 
@@ -79,11 +82,32 @@ class JsonlSink(Sink):
         atomic_write(self.path, "".join(ln + "\n" for ln in kept))
 
     def log(self, record: dict) -> None:
-        self.file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
-        self.file.flush()
+        if self.file is None:
+            return  # the disk filled up: the run is stopping
+        try:
+            self.file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+            self.file.flush()
+        except OSError as exc:
+            if not disk.is_full(exc, self.path):
+                raise
+            self._disk_full()
+
+    def _disk_full(self) -> None:
+        """Stop writing, and ask every rank to stop at the next step boundary with a
+        checkpoint (the vote a stop signal starts): training on would lose its records."""
+        log.warning(
+            "%s; stopping at the next step boundary with a checkpoint",
+            disk.no_space_line("metrics.jsonl", self.path, None),
+        )
+        with contextlib.suppress(OSError):  # its buffer cannot be flushed either
+            self.file.close()
+        self.file = None
+        request_stop("a full disk")
 
     def close(self, summary: dict) -> None:
-        self.file.close()
+        if self.file is not None:
+            with contextlib.suppress(OSError):
+                self.file.close()
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:
