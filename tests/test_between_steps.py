@@ -16,13 +16,13 @@ from launcher import exit_codes
 
 from launch import FAST_USER_LOADER, explain, finish, metrics, start_torchrun, summary, torchrun
 
-MIN_S = 2
-# About 400 forward passes per rank per eval: several seconds on two CPU cores, longer
+MIN_S = 1.5
+# About 1,000 forward passes per rank per eval: several seconds on two CPU cores, longer
 # than the watchdog's limit after a step (MIN_S: the tiny model steps in ~50 ms).
 LONG_EVAL = [
     *FAST_USER_LOADER,
     "trainer.eval_interval=2",
-    "trainer.eval_batches=200",
+    "trainer.eval_batches=500",
     f"watchdog.min_s={MIN_S}",
     "watchdog.step_multiple=10",
 ]
