@@ -55,14 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     forward_every_signal(os.environ)
     with tempfile.TemporaryDirectory(prefix="launcher-outcome-") as folder:
         os.environ[exit_codes.OUTCOME_DIR_ENV] = folder
-        succeeded = False
+        succeeded, stopped_by = False, None
         try:
             torch_run.main(argv)
             succeeded = True
         except ChildFailedError:
             pass  # torchrun has printed which rank failed first
         except SignalException as exc:
-            print(f"launcher.torchrun: stopped by {exc.sigval.name}", file=sys.stderr)
+            stopped_by = exc.sigval.name
+            print(f"launcher.torchrun: stopped by {stopped_by}", file=sys.stderr)
         ranks = exit_codes.read_reports(Path(folder))
     code = exit_codes.job_code(ranks, succeeded)
     by_rank = ", ".join(f"{r}: {c}" for r, c in sorted(ranks.items())) or "none reported"
@@ -71,7 +72,21 @@ def main(argv: list[str] | None = None) -> int:
         f"; ranks' codes: {by_rank}",
         file=sys.stderr,
     )
+    if stopped_by and stopped_by != "SIGQUIT" and code == exit_codes.CRASH:
+        print(killed_before_checkpoint(stopped_by), file=sys.stderr)
     return code
+
+
+def killed_before_checkpoint(signal_name: str) -> str:
+    """Why a stop signal ended without the stop checkpoint: the ranks were still in a phase
+    that cannot be cut short when torchrun's shutdown wait ran out, and it SIGKILLed them."""
+    return (
+        f"launcher.torchrun: no stop checkpoint: the ranks had not reached a step boundary "
+        f"when torchrun's --shutdown-timeout (default 30 s, or TORCH_ELASTIC_SHUTDOWN_TIMEOUT) "
+        f"ran out after {signal_name}, and it killed them (a first torch.compile, data "
+        f"preparation, a stalled rank); the next launch resumes from the last complete "
+        f"checkpoint. To let such a stop finish, raise --shutdown-timeout"
+    )
 
 
 if __name__ == "__main__":

@@ -103,3 +103,23 @@ def test_sigquit_ends_every_rank_and_the_next_launch_resumes(tmp_path):
     again = torchrun([*args, f"trainer.max_steps={latest + 2}"], runner="launcher.torchrun")
     assert again.returncode == 0, explain(again)
     assert f"resumed from step {latest}" in again.stderr
+
+
+def test_a_stop_that_cannot_reach_a_step_boundary_in_time_says_why(tmp_path):
+    """Rank 0 is busy (a stall standing in for a first compile) when the stop comes, and
+    torchrun's shutdown wait is 3 s: the ranks are killed without a stop checkpoint, and
+    the front door says so and how to give such a stop more time."""
+    output = tmp_path / "out.txt"
+    root = tmp_path / "runs"
+    args = [*LONG, f"run.root={root}", "run.id=busy", "fault.kind=stall", "fault.rank=0",
+            "fault.step=5", "fault.seconds=60"]  # fmt: skip
+    proc = start_torchrun(args, output, "--shutdown-timeout=3")
+    wait_for(lambda: (root / "busy" / "logs" / "fault.rank0").exists(), proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    out = finish(proc, output)
+    assert proc.returncode == exit_codes.CRASH, out
+    (line,) = [ln for ln in out.splitlines() if "no stop checkpoint" in ln]
+    assert "--shutdown-timeout" in line and "after SIGTERM" in line, line
+    assert "resumes from the last complete checkpoint" in line
+    assert none_left(root, ORPHANS_GONE_S) == []
+    assert (root / "busy" / "checkpoints" / "step_00000004").is_dir()  # the one to resume
