@@ -258,12 +258,14 @@ class CheckpointWriter:
         barrier: Callable[[], None],
         keep: int,
         meta: dict | None = None,
-        gather: Callable[[object], list] = lambda obj: [obj],
+        gather: Callable[[object], list] | None = None,
     ):
         self.folder = folder
         self.is_main = is_main
         self.barrier = barrier
-        self.gather = gather  # every rank's object, in rank order (Runtime.all_gather_objects)
+        # Every rank's object, in rank order (Runtime.all_gather_objects); without one, a
+        # barrier that carries only this rank's own (one process, or a test's threads).
+        self.gather = gather or (lambda obj: (barrier(), [obj])[1])
         self.keep = keep
         self.meta = dict(meta or {})
         self.fresh_lineage = self.meta.setdefault("lineage", new_lineage())
