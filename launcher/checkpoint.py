@@ -19,6 +19,7 @@ import os
 import re
 import secrets
 import shutil
+import time
 import zipfile
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -284,6 +285,7 @@ class CheckpointWriter:
         files are still being written), the checkpoint is sealed, and so counts, only in
         `complete()`: at the next save, or when the run stops or ends."""
         self.complete()
+        started = time.monotonic()
         final = self.folder / step_name(step)
         tmp = self.folder / f"{TMP_PREFIX}{step_name(step)}"
         if self.is_main:
@@ -297,7 +299,7 @@ class CheckpointWriter:
             problem = _write_problem(exc, tmp)
         pending = pending if isinstance(pending, Future) else None
         self._agree(problem, tmp, step)  # every rank wrote (or started writing) its files
-        self._pending = (tmp, final, step, {**self.meta, **extra_meta}, pending)
+        self._pending = (tmp, final, step, {**self.meta, **extra_meta}, pending, started)
         if pending is None:
             self.complete()
         return final
@@ -307,7 +309,7 @@ class CheckpointWriter:
         has written (nothing to do when no save is in progress)."""
         if self._pending is None:
             return
-        tmp, final, step, meta, pending = self._pending
+        tmp, final, step, meta, pending, started = self._pending
         self._pending = None
         if pending is not None:
             problem = None
@@ -316,6 +318,11 @@ class CheckpointWriter:
             except Exception as exc:  # noqa: BLE001 - every rank learns of it, below
                 problem = _write_problem(exc, tmp)
             self._agree(problem, tmp, step)  # every rank's files are written
+        else:
+            # How long a synchronous save took, the slowest rank's files included (the
+            # agreement in `save` waits for it): what a stop must be given time for
+            # (launcher.submit).
+            meta["write_s"] = round(time.monotonic() - started, 3)
         problem = None
         if self.is_main:
             try:

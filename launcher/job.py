@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import json
 import logging
-import re
 import sys
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ from launcher.runtime import (
     ranks_per_node,
     start,
 )
+from launcher.secret_keys import is_secret_key
 from launcher.sinks import ConsoleSink, JsonlSink, write_summary
 from launcher.strategy import build_strategy, ds_universal, needs_process_group
 from launcher.tensorboard_sink import (  # imports no tensorboardX
@@ -51,9 +51,6 @@ from launcher.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
 log = logging.getLogger("launcher")
 
 BAD_INPUT_LINGER_S = 20.0
-# A key is secret when one of its words (split at _ - .) is one of these: WANDB_API_KEY,
-# hf_token, db_password; not `data.tokenizer` or `data.shard_tokens`.
-SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd"})
 
 
 def fail_bad_input(exc: ConfigError) -> None:
@@ -76,11 +73,6 @@ def check_or_exit(cfg: DictConfig) -> None:
         preflight(cfg, env_world()[2], ranks_per_node())
     except ConfigError as exc:
         fail_bad_input(exc)
-
-
-def is_secret_key(key) -> bool:
-    """Whether a config key names a secret (its value is masked in config.yaml and W&B)."""
-    return any(word in SECRET_WORDS for word in re.split(r"[_\-.]", str(key).lower()))
 
 
 def redacted(cfg: TrainConfig) -> dict:

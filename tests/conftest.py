@@ -1,4 +1,9 @@
-"""Shared test set-up: one token cache for the session, and strict skips in CI.
+"""Shared test set-up: tiers, xdist groups, one token cache, and strict skips in CI.
+
+Tiers (tests/tiers.py decides them from the source): `-m unit` is the fast tier, `-m launch`
+the real launches, `-m cluster` Slurm and pods, `-m gpu` what needs CUDA. `serial` marks the
+tests whose assertions are timing decisions (the tuner keeping or rejecting a change): they
+run alone, after the parallel part (README).
 
 Under LAUNCHER_STRICT_SKIPS=1 (set by .ci/run) a skip fails unless its reason starts with
 one of ALLOWED_SKIPS: only tests that need hardware this machine cannot have may skip.
@@ -7,16 +12,60 @@ one of ALLOWED_SKIPS: only tests that need hardware this machine cannot have may
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
+import tiers
+
 ALLOWED_SKIPS = ("needs a CUDA GPU",)
+TIER_ORDER = ("cluster", "launch", "gpu", "unit")  # longest first: no worker idles at the end
+
+pytest_plugins = ["reference_runs"]
+
+
+def pytest_configure(config):
+    for tier, what in (
+        ("unit", "pure, in-process: the fast tier"),
+        ("launch", "starts real processes (torchrun, python -m launcher...)"),
+        ("cluster", "needs the test Slurm cluster or pods in network namespaces"),
+        ("gpu", "needs a CUDA GPU"),
+        ("serial", "asserts timing decisions: run alone, not under -n"),
+    ):
+        config.addinivalue_line("markers", f"{tier}: {what}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks into node ids
+def pytest_collection_modifyitems(config, items):
+    shared = frozenset(config.pluginmanager.getplugin("reference_runs").STARTING)
+    for item in items:
+        path = Path(item.fspath)
+        tier = tiers.tier_of(path, item.originalname, item.fixturenames, shared)
+        item.add_marker(tier)
+        if tiers.is_serial(path, item.originalname, item.fixturenames):
+            item.add_marker("serial")
+        item.user_properties.append(("tier", tier))
+        group = tiers.xdist_group(path, tier)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: TIER_ORDER.index(_tier(item)))
+
+
+def _tier(item) -> str:
+    return next(value for key, value in item.user_properties if key == "tier")
+
+
+@pytest.fixture(autouse=True)
+def _tier_env(request, monkeypatch):
+    """tests/launch.py reads this to refuse starting a process from a unit test."""
+    monkeypatch.setenv(tiers.TIER_ENV, _tier(request.node))
 
 
 @pytest.fixture(scope="session", autouse=True)
-def token_cache(tmp_path_factory):
-    """Tokenized data is built once per session and shared by every launch."""
-    path = tmp_path_factory.mktemp("token-cache")
+def token_cache(shared_root):
+    """Tokenized data is built once and shared by every launch of every worker."""
+    path = shared_root / "token-cache"
+    path.mkdir(exist_ok=True)
     os.environ["LAUNCHER_CACHE_DIR"] = str(path)
     return path
 

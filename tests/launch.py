@@ -43,6 +43,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def refuse_in_unit_tier() -> None:
+    """The fast tier starts no process: a unit test that reaches here is misfiled (tests/tiers.py
+    reads the source to decide; name the launching helper in PROCESS_NAMES)."""
+    if os.environ.get("LAUNCHER_TEST_TIER") == "unit":
+        raise AssertionError("a test of the unit tier started a process (see tests/tiers.py)")
+
+
 def base_env(**extra: str) -> dict:
     env = dict(os.environ)
     env.pop("RANK", None)
@@ -83,6 +90,7 @@ def torchrun(
     cwd: Path | None = None,
     runner: str = "torch.distributed.run",
 ) -> subprocess.CompletedProcess:
+    refuse_in_unit_tier()
     cmd = torchrun_cmd(overrides, nproc=nproc, extra_args=extra_args, runner=runner)
     return subprocess.run(
         cmd, env=env or base_env(), capture_output=True, text=True, timeout=timeout, cwd=cwd
@@ -92,6 +100,7 @@ def torchrun(
 def python_train(
     overrides: list[str], *, env=None, timeout: int = LAUNCH_TIMEOUT
 ) -> subprocess.CompletedProcess:
+    refuse_in_unit_tier()
     cmd = [sys.executable, "-m", "launcher.train", *overrides]
     return subprocess.run(
         cmd, env=env or base_env(), capture_output=True, text=True, timeout=timeout
@@ -117,6 +126,7 @@ def explain(proc: subprocess.CompletedProcess) -> str:
 
 def start(cmd: list[str], output) -> subprocess.Popen:
     """Output goes to a file: an unread pipe fills up and blocks the launch."""
+    refuse_in_unit_tier()
     out = open(output, "w")  # noqa: SIM115 - the child holds it; closed with the test
     return subprocess.Popen(
         cmd, env=base_env(), stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True

@@ -12,6 +12,12 @@ There is no kubelet here, so each "pod" is built from what Kubernetes gives a re
 - SIGTERM to the container's process and SIGKILL after the grace period (`sigterm`,
   `wait_or_kill`),
   as the kubelet does on pod deletion or preemption;
+- the pod's securityContext: the process runs as runAsUser/runAsGroup with fsGroup as its
+  supplementary group and no_new_privs set (no capabilities, as a non-root UID has none);
+  each disk emptyDir is a fresh folder of fsGroup (setgid, group-writable) mounted at its
+  path, and a PersistentVolumeClaim (here: the host folder at its mountPath) gets
+  `fsGroupChangePolicy: OnRootMismatch`: its files are given to fsGroup, group-writable,
+  unless its root already belongs to it;
 - the container's command and args exactly as rendered, with `$(VAR)` expanded the way
   Kubernetes does, and the environment the manifest gives (Secret references resolved
   from a dict standing in for the cluster's Secrets), plus what Kubernetes injects:
@@ -26,13 +32,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +49,7 @@ PREFIX = "lk8s"  # network namespaces of this harness: lk8s<pid>-hub, lk8s<pid>-
 SUBNET = "10.233.0"  # inside this harness's own namespaces only; never leaves them
 CLUSTER_DOMAIN = "svc.cluster.local"
 MOUNT = shutil.which("mount") or "/usr/bin/mount"
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38  # prctl(2) options
 
 
 def expand(text: str, env: dict[str, str]) -> str:
@@ -147,6 +157,9 @@ class IndexedJobPods:
     workdir: Path  # the image's WORKDIR, used when the container gives no workingDir
     state_dir: Path  # hosts files and logs
     secrets: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Files of the image its non-root user must reach (the interpreter): here they may lie
+    # in a folder only root may enter (/root/.pyenv), which the pod then gets opened.
+    expose: list[Path] = field(default_factory=list)
     pods: list[Pod] = field(default_factory=list)
 
     @property
@@ -198,8 +211,31 @@ class IndexedJobPods:
             _ip("netns", "del", pod.netns, check=False)
         _ip("netns", "del", self._hub, check=False)
 
+    def _volumes(self, container: dict, folder: Path) -> list[str]:
+        """`--bind SRC:DST` for each disk emptyDir (a fresh folder under `folder`), after
+        giving each volume to the pod's fsGroup as the kubelet does."""
+        ctx = self.pod_spec.get("securityContext") or {}
+        group = ctx.get("fsGroup")
+        volumes = {v["name"]: v for v in self.pod_spec["volumes"]}
+        binds = []
+        for mount in container["volumeMounts"]:
+            volume = volumes[mount["name"]]
+            if "persistentVolumeClaim" in volume and group is not None:
+                _give_to_group(Path(mount["mountPath"]), group)
+            empty = volume.get("emptyDir")
+            if empty is None or empty.get("medium") == "Memory":
+                continue
+            source = folder / mount["name"]
+            source.mkdir(parents=True)
+            if group is not None:
+                os.chown(source, 0, group)
+                source.chmod(0o2775)
+            binds.append(f"--bind={source}:{mount['mountPath']}")
+        return binds
+
     def start(self, index: int) -> Pod:
-        """Create pod `index` (again): a fresh /dev/shm, the rendered command and env."""
+        """Create pod `index` (again): a fresh /dev/shm and emptyDirs, the rendered command
+        and env, as the securityContext's user."""
         pod = self.pods[index]
         container = self.pod_spec["containers"][0]
         injected = {**self.image_env, "HOSTNAME": pod.hostname}
@@ -213,13 +249,18 @@ class IndexedJobPods:
             if m["mountPath"] == "/dev/shm" and m["name"] == v["name"]
         )
         cwd = container.get("workingDir") or str(self.workdir)
+        ctx = self.pod_spec.get("securityContext") or {}
+        user = [f"--{k}={ctx[f]}" for k, f in (("uid", "runAsUser"), ("gid", "runAsGroup"),
+                ("fs-group", "fsGroup")) if f in ctx]  # fmt: skip
+        volumes = self._volumes(container, self.state_dir / f"pod{index}.{pod.starts}.volumes")
         enter = [
             shutil.which("ip"), "netns", "exec", pod.netns,
             shutil.which("unshare"), "--mount", "--uts", "--pid", "--fork", "--kill-child",
             "--mount-proc", "--propagation", "private",
             sys.executable, str(Path(__file__).resolve()), "enter",
             f"--shm-bytes={parse_size(shm)}", f"--hosts={pod.hosts_file}",
-            f"--hostname={pod.hostname}", f"--cwd={cwd}", "--", *argv,
+            f"--hostname={pod.hostname}", f"--cwd={cwd}", *user, *volumes,
+            *(f"--expose={p}" for p in self.expose), "--", *argv,
         ]  # fmt: skip
         pod.log = self.state_dir / f"pod{index}.{pod.starts}.log"
         pod.starts += 1
@@ -233,6 +274,18 @@ class IndexedJobPods:
         for log in sorted(self.state_dir.glob("pod*.log")):
             parts.append(f"--- {log.name}\n{log.read_text()[-5000:]}")
         return "\n".join(parts)
+
+
+def _give_to_group(root: Path, group: int) -> None:
+    """fsGroupChangePolicy OnRootMismatch: unless the volume's root already belongs to the
+    group, every file is given to it, group-readable and -writable, folders setgid."""
+    if root.stat().st_gid == group:
+        return
+    for path in [root, *root.rglob("*")]:
+        os.chown(path, -1, group, follow_symlinks=False)
+        if not path.is_symlink():
+            extra = 0o2070 if path.is_dir() else 0o060
+            path.chmod(path.stat().st_mode | extra)
 
 
 def _ip(*args: str, check: bool = True) -> None:
@@ -275,12 +328,48 @@ def can_run_pods() -> str | None:
     return None
 
 
+def _expose(path: Path) -> None:
+    """Make `path` reachable for any user in this mount namespace: the first folder on
+    the way that others may not enter (/root) is covered by a tmpfs anyone may enter,
+    holding only the one entry on the way (/root/.pyenv), bound from where it was."""
+    for parent in path.parents:
+        if parent.parent == parent or parent.stat().st_mode & stat.S_IXOTH:
+            continue
+        child = path.relative_to(parent).parts[0]
+        stage = Path(tempfile.mkdtemp(prefix="pods-expose-"))
+        subprocess.run([MOUNT, "--bind", str(parent / child), str(stage)], check=True)
+        subprocess.run([MOUNT, "-t", "tmpfs", "-o", "mode=755", "tmpfs", str(parent)], check=True)
+        (parent / child).mkdir()
+        subprocess.run([MOUNT, "--move", str(stage), str(parent / child)], check=True)
+        stage.rmdir()
+        return
+
+
+def _become(uid: int, gid: int, fs_group: int | None) -> None:
+    """The container's user: its group, fsGroup as a supplementary group, no way back to
+    more privileges (allowPrivilegeEscalation: false is no_new_privs)."""
+    os.setgroups([fs_group] if fs_group is not None else [])
+    os.setgid(gid)
+    os.setuid(uid)
+    libc = ctypes.CDLL(None, use_errno=True)
+    # unshare --kill-child's parent-death signal is cleared by the change of user: set it
+    # again, so that killing the pod (its unshare) still kills everything in it.
+    for option, value in ((PR_SET_PDEATHSIG, signal.SIGKILL), (PR_SET_NO_NEW_PRIVS, 1)):
+        if libc.prctl(option, int(value), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), f"prctl({option})")
+
+
 def _enter(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shm-bytes", type=int, required=True)
     parser.add_argument("--hosts", required=True)
     parser.add_argument("--hostname", required=True)
     parser.add_argument("--cwd", required=True)
+    parser.add_argument("--uid", type=int)
+    parser.add_argument("--gid", type=int)
+    parser.add_argument("--fs-group", type=int)
+    parser.add_argument("--bind", action="append", default=[])
+    parser.add_argument("--expose", action="append", default=[])
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -288,9 +377,17 @@ def _enter(argv: list[str]) -> None:
         [MOUNT, "-t", "tmpfs", "-o", f"size={args.shm_bytes},mode=1777", "tmpfs", "/dev/shm"],
         [MOUNT, "--bind", args.hosts, "/etc/hosts"],
     ]
+    for bind in args.bind:
+        source, target = bind.split(":", 1)
+        os.makedirs(target, exist_ok=True)  # a mount point (an image would have it)
+        mounts.append([MOUNT, "--bind", source, target])
     for cmd in mounts:
         subprocess.run(cmd, check=True)
+    for path in args.expose:
+        _expose(Path(path))
     socket.sethostname(args.hostname)
+    if args.uid is not None:
+        _become(args.uid, args.gid if args.gid is not None else args.uid, args.fs_group)
     os.chdir(args.cwd)
     with contextlib.suppress(KeyError):
         os.environ["PWD"] = args.cwd

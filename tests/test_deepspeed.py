@@ -1,11 +1,11 @@
 """strategy=deepspeed on 2 gloo ranks: ZeRO-1/2/3 against DDP, resume, offload, bad configs.
 
-One `+exp=zero_sweep` launch (DDP, ZeRO-1, ZeRO-2, ZeRO-3; 20 steps each, the same seed and
-data) is the reference for most tests; a ZeRO-3 run resumed from the sweep's step-10
-checkpoint and a short ZeRO-3 run with optimizer and parameter offload are compared with
-it, and the sweep's ZeRO-2/ZeRO-3 checkpoints are resumed at another world size, stage and
-engine through DeepSpeed's universal conversion. No test needs a compiler: the launcher
-keeps DeepSpeed from building its ops.
+The session's shared `strategy_sweep` (tests/reference_runs.py: DDP, ZeRO-1/2/3 and FSDP2 in
+one launch, 20 steps each, the same seed and data) is the reference for most tests; a ZeRO-3
+run resumed from the sweep's step-10 checkpoint and a short ZeRO-3 run with optimizer and
+parameter offload are compared with it, and the sweep's ZeRO-2/ZeRO-3 checkpoints are
+resumed at another world size, stage and engine through DeepSpeed's universal conversion.
+No test needs a compiler: the launcher keeps DeepSpeed from building its ops.
 """
 
 from __future__ import annotations
@@ -34,8 +34,11 @@ from launch import (
     summary,
     torchrun,
 )
+from reference import launch_log
+from reference_runs import STRATEGY_STEPS
 
-STEPS = 20
+STEPS = STRATEGY_STEPS
+# The sweep's schedule but for lr_decay_steps, which defaults to max_steps (= 20 here too).
 RUN = [
     *FAST,
     f"trainer.max_steps={STEPS}",
@@ -45,17 +48,8 @@ RUN = [
 POINTS = ("strategy=ddp", "strategy=zero1", "strategy=zero2", "strategy=zero3")
 
 
-@pytest.fixture(scope="module")
-def zero_sweep(tmp_path_factory):
-    """DDP and ZeRO-1/2/3 in one launch: fp32, accumulation 2, eval and checkpoints at 10."""
-    root = tmp_path_factory.mktemp("zero")
-    proc = torchrun([*RUN, "+exp=zero_sweep", f"run.root={root}", "run.id=zs"])
-    assert proc.returncode == 0, explain(proc)
-    return root / "zs", proc
-
-
-def test_zero1_and_zero2_match_ddp_losses(zero_sweep):
-    sweep_dir, _ = zero_sweep
+def test_zero1_and_zero2_match_ddp_losses(strategy_sweep):
+    sweep_dir = strategy_sweep
     ddp = losses(sweep_dir / "strategy=ddp")
     assert sorted(ddp) == list(range(1, STEPS + 1))
     for point in ("strategy=zero1", "strategy=zero2"):
@@ -65,8 +59,8 @@ def test_zero1_and_zero2_match_ddp_losses(zero_sweep):
             assert zero[step] == pytest.approx(ddp[step], rel=1e-4), (point, step)
 
 
-def test_zero3_trains_and_replicas_agree(zero_sweep):
-    sweep_dir, _ = zero_sweep
+def test_zero3_trains_and_replicas_agree(strategy_sweep):
+    sweep_dir = strategy_sweep
     zero3 = losses(sweep_dir / "strategy=zero3")
     assert sorted(zero3) == list(range(1, STEPS + 1))
     assert zero3[STEPS] < zero3[1] - 0.2  # it learns
@@ -77,10 +71,10 @@ def test_zero3_trains_and_replicas_agree(zero_sweep):
         assert s["replicas_in_sync"] is True, point
 
 
-def test_run_directory_config_and_comm_figures(zero_sweep):
-    sweep_dir, proc = zero_sweep
-    assert proc.stderr.count("process group created") == 1, explain(proc)
-    assert "FutureWarning" not in proc.stderr
+def test_run_directory_config_and_comm_figures(strategy_sweep, shared_root):
+    sweep_dir, log = strategy_sweep, launch_log(shared_root, "strategy_sweep")
+    assert log.count("process group created") == 1, log[-4000:]
+    assert "FutureWarning" not in log
     for point, stage in zip(POINTS[1:], (1, 2, 3), strict=True):
         run_dir = sweep_dir / point
         used = json.loads((run_dir / "ds_config.json").read_text())
@@ -103,6 +97,9 @@ def test_run_directory_config_and_comm_figures(zero_sweep):
         assert [r["step"] for r in metrics(run_dir) if "eval/loss" in r] == [10, 20]
     with open(sweep_dir / "sweep_summary.csv", newline="") as f:
         rows = list(csv.DictReader(f))
+    rows = rows[
+        : len(POINTS)
+    ]  # the sweep's DDP and ZeRO points; tests/test_fsdp2.py reads the rest
     assert [r["point"] for r in rows] == list(POINTS)
     assert [r["strategy.zero_stage"] for r in rows] == ["", "1", "2", "3"]  # DDP has none
     for r in rows:
@@ -110,8 +107,8 @@ def test_run_directory_config_and_comm_figures(zero_sweep):
         assert float(r["exposed_s"]) <= float(r["allreduce_s"]) < float(r["step_time_p90_s"])
 
 
-def test_checkpoints_are_deepspeeds_own_and_atomic(zero_sweep):
-    sweep_dir, _ = zero_sweep
+def test_checkpoints_are_deepspeeds_own_and_atomic(strategy_sweep):
+    sweep_dir = strategy_sweep
     ckpts = sweep_dir / "strategy=zero3" / "checkpoints"
     assert (ckpts / "latest").read_text().strip() == "step_00000020"
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000010", "step_00000020"]
@@ -125,11 +122,11 @@ def test_checkpoints_are_deepspeeds_own_and_atomic(zero_sweep):
         assert (step / name).stat().st_size == size
 
 
-def test_zero3_resume_auto_continues_exactly(zero_sweep, tmp_path):
+def test_zero3_resume_auto_continues_exactly(strategy_sweep, tmp_path):
     """A ZeRO-3 run cut after step 10, resumed by a new launch: the same losses as the
     uninterrupted sweep point at steps 11-20, to the last bit (fp32 on CPU: the same
     operations on the same numbers, in the same order)."""
-    sweep_dir, _ = zero_sweep
+    sweep_dir = strategy_sweep
     reference = sweep_dir / "strategy=zero3"
     cut = tmp_path / "cut" / "checkpoints"
     shutil.copytree(reference / "checkpoints" / "step_00000010", cut / "step_00000010")
@@ -143,11 +140,11 @@ def test_zero3_resume_auto_continues_exactly(zero_sweep, tmp_path):
     assert summary(tmp_path / "cut")["resumed_from_step"] == 10
 
 
-def test_sigterm_with_loader_workers_stops_and_resumes_exactly(zero_sweep, tmp_path):
+def test_sigterm_with_loader_workers_stops_and_resumes_exactly(strategy_sweep, tmp_path):
     """ZeRO-2 with the default DataLoader workers: SIGTERM to the launcher -> every rank
     writes DeepSpeed's checkpoint of one step, exit 143; the relaunch resumes to the
     sweep's ZeRO-2 losses exactly (the data order does not depend on the workers)."""
-    sweep_dir, _ = zero_sweep
+    sweep_dir = strategy_sweep
     args = [
         *FAST_USER_LOADER,
         f"trainer.max_steps={STEPS}",
@@ -168,10 +165,10 @@ def test_sigterm_with_loader_workers_stops_and_resumes_exactly(zero_sweep, tmp_p
     assert losses(tmp_path / "stopped") == losses(sweep_dir / "strategy=zero2")
 
 
-def test_zero3_offload_to_cpu_without_a_compiler(zero_sweep, tmp_path):
+def test_zero3_offload_to_cpu_without_a_compiler(strategy_sweep, tmp_path):
     """Optimizer and parameter offload run torch's AdamW on the CPU copies: no DeepSpeed op
     is built (no compiler on PATH), and the arithmetic is ZeRO-3's."""
-    sweep_dir, _ = zero_sweep
+    sweep_dir = strategy_sweep
     env = base_env(PATH=f"{tmp_path / 'nocc'}:{base_env()['PATH']}", CC="false", CXX="false")
     (tmp_path / "nocc").mkdir()
     for compiler in ("gcc", "g++", "cc", "c++"):  # any compiler on PATH fails
@@ -262,14 +259,16 @@ print("ok")
     assert proc.returncode == 0 and "ok" in proc.stdout, explain(proc)
 
 
-def test_resume_at_another_world_size_and_stage_through_universal_checkpoints(zero_sweep, tmp_path):
+def test_resume_at_another_world_size_and_stage_through_universal_checkpoints(
+    strategy_sweep, tmp_path
+):
     """The sweep's ZeRO-2 checkpoint of 2 ranks at step 10, resumed by 1 rank (to 13), whose
     checkpoint ZeRO-1 resumes on 2 ranks (to 16): each time the launcher converts it with
     DeepSpeed's universal checkpoint into checkpoints/universal/ (the original's bytes
     untouched; what an interrupted conversion left is replaced, never loaded), says so and
     logs the world-size change once, and the losses continue the uninterrupted ZeRO-2
     run's within fp32 reduction-order rounding."""
-    sweep_dir, _ = zero_sweep
+    sweep_dir = strategy_sweep
     straight = losses(sweep_dir / "strategy=zero2")
     cut = tmp_path / "uc" / "checkpoints"
     shutil.copytree(sweep_dir / "strategy=zero2" / "checkpoints" / "step_00000010",
@@ -302,11 +301,11 @@ def test_resume_at_another_world_size_and_stage_through_universal_checkpoints(ze
     assert summary(tmp_path / "uc")["replicas_in_sync"] is True
 
 
-def test_deepspeed_checkpoints_resume_as_fsdp2_and_ddp(zero_sweep, tmp_path):
+def test_deepspeed_checkpoints_resume_as_fsdp2_and_ddp(strategy_sweep, tmp_path):
     """DeepSpeed -> the other engines, through the universal conversion, optimizer state
     included: the sweep's ZeRO-3 checkpoint of step 10 resumed by FSDP2 on 2 ranks, and its
     ZeRO-2 one by DDP on 1 rank, continue the uninterrupted runs' losses (steps 11-12)."""
-    sweep_dir, _ = zero_sweep
+    sweep_dir = strategy_sweep
     straight = losses(sweep_dir / "strategy=ddp")  # = ZeRO-1/2/3's, within 1e-4 (above)
     runs = (("zero3", "strategy=fsdp2", torchrun), ("zero2", "strategy=ddp", python_train))
     for point, engine, launch in runs:

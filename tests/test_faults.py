@@ -35,26 +35,19 @@ from launch import (
     torchrun,
     wait_for,
 )
+from reference import cut_at
+from reference_runs import LONG
 
 FRONT_DOOR = "launcher.torchrun"
 
-# Long enough (60 steps) that a test can act between the step-20 checkpoint and the end.
-LONG = [
-    *FAST_USER_LOADER,
-    "trainer.max_steps=60",
-    "trainer.checkpoint_interval=20",
-    "trainer.eval_interval=1000",
-]
 # A hang is declared after 3 s without a step (the tiny model steps in ~50 ms).
 QUICK_WATCHDOG = ["watchdog.min_s=3", "watchdog.step_multiple=10"]
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reference")
-    proc = torchrun([*LONG, f"run.root={root}", "run.id=ref"])
-    assert proc.returncode == 0, explain(proc)
-    return losses(root / "ref")
+def reference(long_run):
+    """The session's long run (tests/reference_runs.py): its losses, step by step."""
+    return losses(long_run)
 
 
 def worker_pid(run_dir, rank: int) -> int:
@@ -160,18 +153,17 @@ def test_nonfinite_loss_stops_and_keeps_the_good_checkpoint(tmp_path):
     assert all(torch.isfinite(t).all() for t in state.values())
 
 
-def test_unreadable_latest_falls_back_to_previous(reference, tmp_path):
-    """A corrupt (but full-size) latest checkpoint: warn, load the previous, redo the steps."""
-    args = [*LONG, f"run.root={tmp_path}", "run.id=c", "trainer.lr_decay_steps=60"]
-    first = torchrun([*args, "trainer.max_steps=40"])  # plain torchrun still works
-    assert first.returncode == 0, explain(first)
-    model = tmp_path / "c" / "checkpoints" / "step_00000040" / "model.pt"
+def test_unreadable_latest_falls_back_to_previous(long_run, reference, tmp_path):
+    """A corrupt (but full-size) latest checkpoint: warn, load the previous, redo the steps.
+    The long run's checkpoints of 40 and 60, the latter zeroed; plain torchrun still works."""
+    cut_at(long_run, 60, tmp_path / "c", older=(40,))
+    model = tmp_path / "c" / "checkpoints" / "step_00000060" / "model.pt"
     model.write_bytes(b"\0" * model.stat().st_size)
-    again = torchrun(args)
+    again = torchrun([*LONG, f"run.root={tmp_path}", "run.id=c"])
     assert again.returncode == 0, explain(again)
-    assert "step_00000040 is unreadable" in again.stderr
-    assert "resumed from step 20" in again.stderr
-    assert losses(tmp_path / "c") == reference
+    assert "step_00000060 is unreadable" in again.stderr
+    assert "resumed from step 40" in again.stderr
+    assert losses(tmp_path / "c") == {s: v for s, v in reference.items() if s > 40}
 
 
 # -- exit codes through the front door ------------------------------------------------------

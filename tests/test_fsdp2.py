@@ -7,16 +7,14 @@ few launches that resume the sweep's step-10 checkpoints: FSDP2 at the same worl
 (bit-exact), DDP 2 -> 1 rank then into FSDP2 on 2, FSDP2 into DDP on 1 rank; FSDP2 under
 torchrun's elastic membership, 2 -> 1 -> 2 ranks; an asynchronous checkpoint cut by
 SIGTERM; and one 4-rank launch with strategy.reshard_after_forward=2. Resume launches use
-the default DataLoader.
-FSDP2_SWEEP_DIR=<a kept sweep folder> reuses a sweep, to rerun one test alone.
+the default DataLoader. The sweep is the session's shared `strategy_sweep` reference
+(tests/reference_runs.py), also read by tests/test_deepspeed.py.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,39 +39,21 @@ from launch import (
     summary,
     torchrun,
 )
+from reference import cut_at
+from reference_runs import STRATEGY_POINTS, STRATEGY_SCHEDULE, STRATEGY_STEPS
 
-STEPS = 20
-SCHEDULE = [
-    f"trainer.max_steps={STEPS}",
-    f"trainer.lr_decay_steps={STEPS}",  # the same LR at every step, however a run is cut
-    "trainer.eval_interval=10",
-    "trainer.checkpoint_interval=10",
-]
-RUN = [*FAST, *SCHEDULE]
-RESUME = [*FAST_USER_LOADER, *SCHEDULE]
-POINTS = ("ddp", "zero1", "zero2", "zero3", "fsdp2", "fsdp2_noreshard")
+STEPS = STRATEGY_STEPS
+RUN = [*FAST, *STRATEGY_SCHEDULE]
+RESUME = [*FAST_USER_LOADER, *STRATEGY_SCHEDULE]
+POINTS = STRATEGY_POINTS
 # Reduction order differs with the world size (accumulation 2 x 2 ranks, or 4 x 1 rank):
 # fp32 rounding, not a different computation.
 REORDERED = 2e-5
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    if os.environ.get("FSDP2_SWEEP_DIR"):  # a kept sweep, to rerun one test alone
-        return Path(os.environ["FSDP2_SWEEP_DIR"])
-    root = tmp_path_factory.mktemp("strategies")
-    proc = torchrun([*RUN, "+exp=strategy_sweep", f"run.root={root}", "run.id=ss"])
-    assert proc.returncode == 0, explain(proc)
-    return root / "ss"
-
-
-def cut_at_10(sweep_dir: Path, point: str, dest: Path) -> Path:
+def cut_at_10(sweep: Path, point: str, dest: Path) -> Path:
     """A run directory holding only the sweep point's step-10 checkpoint."""
-    ckpts = dest / "checkpoints"
-    shutil.copytree(sweep_dir / f"strategy={point}" / "checkpoints" / "step_00000010",
-                    ckpts / "step_00000010")  # fmt: skip
-    (ckpts / "latest").write_text("step_00000010\n")
-    return dest
+    return cut_at(sweep / f"strategy={point}", 10, dest)
 
 
 def close(a: dict, b: dict, rel: float) -> bool:
@@ -94,12 +74,12 @@ def unit_bytes(world: int) -> tuple[int, int]:
     return block, padded(p for p in model.parameters() if id(p) not in in_blocks)
 
 
-def test_fsdp2_matches_ddp_with_comm_figures_dcp_checkpoints_and_the_table(sweep):
-    ddp = losses(sweep / "strategy=ddp")
+def test_fsdp2_matches_ddp_with_comm_figures_dcp_checkpoints_and_the_table(strategy_sweep):
+    ddp = losses(strategy_sweep / "strategy=ddp")
     block, root = unit_bytes(2)
     assert sorted(ddp) == list(range(1, STEPS + 1))
     for point in ("fsdp2", "fsdp2_noreshard"):
-        run_dir = sweep / f"strategy={point}"
+        run_dir = strategy_sweep / f"strategy={point}"
         fsdp = losses(run_dir)
         assert close(fsdp, ddp, 1e-5), (point, fsdp, ddp)
         # Communication: all-gathers per micro-step (3 units forward; the 2 blocks again in
@@ -130,19 +110,19 @@ def test_fsdp2_matches_ddp_with_comm_figures_dcp_checkpoints_and_the_table(sweep
         files = json.loads((step / "meta.json").read_text())["files"]
         assert {".metadata", "__0_0.distcp", "__1_0.distcp", "rng_rank1.pt"} <= files.keys()
         assert s["status"] == "completed"
-    with open(sweep / "sweep_summary.csv", newline="") as f:
+    with open(strategy_sweep / "sweep_summary.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [r["point"] for r in rows] == [f"strategy={p}" for p in POINTS]
     for r in rows:
         assert r["status"] == "completed" and float(r["final_loss"]) > 0
         assert float(r["tokens_per_s"]) > 0 and float(r["host_peak_gb"]) > 0.05
         assert float(r["exposed_s"]) <= float(r["allreduce_s"])
-    assert (sweep / "sweep_summary.png").stat().st_size > 0
+    assert (strategy_sweep / "sweep_summary.png").stat().st_size > 0
 
 
-def test_fsdp2_resumes_exactly_at_the_same_world_size(sweep, tmp_path):
-    straight = losses(sweep / "strategy=fsdp2")
-    same = cut_at_10(sweep, "fsdp2", tmp_path / "same")
+def test_fsdp2_resumes_exactly_at_the_same_world_size(strategy_sweep, tmp_path):
+    straight = losses(strategy_sweep / "strategy=fsdp2")
+    same = cut_at_10(strategy_sweep, "fsdp2", tmp_path / "same")
     proc = torchrun([*RESUME, "strategy=fsdp2", f"run.root={tmp_path}", "run.id=same"])
     assert proc.returncode == 0, explain(proc)
     assert "world size changed" not in proc.stderr
@@ -170,7 +150,7 @@ def elastic(agents: int, args: list[str]) -> list[subprocess.CompletedProcess]:
     ]
 
 
-def test_elastic_membership_2_then_1_then_2_ranks(sweep, tmp_path):
+def test_elastic_membership_2_then_1_then_2_ranks(strategy_sweep, tmp_path):
     """torchrun --nnodes=1:2: two agents train FSDP2 to step 10, one alone resumes to 15,
     two again to 20; DCP reshards, accumulation is re-derived (2 -> 4 -> 2), the change is
     logged once per resume, and the curve is the uninterrupted run's within reduction-order
@@ -189,16 +169,16 @@ def test_elastic_membership_2_then_1_then_2_ranks(sweep, tmp_path):
             assert len(changed) == 1 and f"from {change} rank(s)" in changed[0], out
             accum = "2 -> 4" if agents == 1 else "4 -> 2"
             assert f"accumulation {accum} micro-steps" in changed[0]
-    assert close(losses(tmp_path / "el"), losses(sweep / "strategy=fsdp2"), REORDERED)
+    assert close(losses(tmp_path / "el"), losses(strategy_sweep / "strategy=fsdp2"), REORDERED)
 
 
-def test_ddp_resumes_at_one_rank_and_converts_both_ways(sweep, tmp_path):
+def test_ddp_resumes_at_one_rank_and_converts_both_ways(strategy_sweep, tmp_path):
     """A DDP checkpoint of 2 ranks resumed by 1 rank (to step 15), whose checkpoint FSDP2
     resumes on 2 ranks (each rank keeps its shard of the whole state DDP saved); and an
     FSDP2 checkpoint resumed by DDP on 1 rank (the shards gathered whole, to step 13),
     whose checkpoint DDP resumes on 2 ranks (to 15)."""
-    straight = losses(sweep / "strategy=ddp")
-    chain = cut_at_10(sweep, "ddp", tmp_path / "chain")
+    straight = losses(strategy_sweep / "strategy=ddp")
+    chain = cut_at_10(strategy_sweep, "ddp", tmp_path / "chain")
     args = [*RESUME, f"run.root={tmp_path}", "run.id=chain"]
     one = python_train([*args, "strategy=ddp", "trainer.max_steps=15"])
     assert one.returncode == 0, explain(one)
@@ -208,7 +188,7 @@ def test_ddp_resumes_at_one_rank_and_converts_both_ways(sweep, tmp_path):
     assert "resumed from step 15" in two.stderr and "accumulation 4 -> 2" in two.stderr
     assert close(losses(chain), {s: straight[s] for s in range(11, STEPS + 1)}, REORDERED)
 
-    back = cut_at_10(sweep, "fsdp2", tmp_path / "back")
+    back = cut_at_10(strategy_sweep, "fsdp2", tmp_path / "back")
     args = [*RESUME, "strategy=ddp", f"run.root={tmp_path}", "run.id=back"]
     proc = python_train([*args, "trainer.max_steps=13"])
     assert proc.returncode == 0, explain(proc)
@@ -219,7 +199,7 @@ def test_ddp_resumes_at_one_rank_and_converts_both_ways(sweep, tmp_path):
     assert close(losses(back), {s: straight[s] for s in range(11, 16)}, REORDERED)
 
 
-def test_reshard_after_forward_to_2_of_4_ranks(sweep, tmp_path):
+def test_reshard_after_forward_to_2_of_4_ranks(strategy_sweep, tmp_path):
     """strategy.reshard_after_forward=2 on 4 ranks: after forward each block keeps a copy
     sharded over 2 ranks, and backward gathers it within those 2; the arithmetic is the
     same, so the losses are those of resharding fully and of not resharding (2 ranks,
@@ -234,7 +214,7 @@ def test_reshard_after_forward_to_2_of_4_ranks(sweep, tmp_path):
     got = losses(run_dir)
     assert sorted(got) == list(range(1, 7))
     for point in ("fsdp2", "fsdp2_noreshard"):
-        reference = losses(sweep / f"strategy={point}")
+        reference = losses(strategy_sweep / f"strategy={point}")
         assert close(got, {s: reference[s] for s in got}, REORDERED), (point, got)
     # Forward gathers the 3 units from 4 shards, backward the 2 blocks from 2-rank copies.
     kinds = json.loads((run_dir / "comm_collectives.json").read_text())["per_kind"]
@@ -258,7 +238,9 @@ def test_bad_fsdp2_settings_are_refused(overrides, message):
         validate(compose(["strategy=fsdp2", *overrides]), 2)
 
 
-def test_async_checkpoint_sigterm_leaves_a_complete_one_and_resumes_exactly(sweep, tmp_path):
+def test_async_checkpoint_sigterm_leaves_a_complete_one_and_resumes_exactly(
+    strategy_sweep, tmp_path
+):
     """trainer.async_checkpoint=true, a checkpoint every 2 steps, SIGTERM once one exists:
     the stop waits for the last write, every checkpoint left is complete (none half-written
     under a step_<n> name), and the relaunch continues to the sweep's losses exactly (the
@@ -276,4 +258,4 @@ def test_async_checkpoint_sigterm_leaves_a_complete_one_and_resumes_exactly(swee
     again = torchrun(args, runner="launcher.torchrun")
     assert again.returncode == 0, explain(again)
     assert f"resumed from step {stopped['steps']}" in again.stderr
-    assert losses(tmp_path / "a") == losses(sweep / "strategy=fsdp2")
+    assert losses(tmp_path / "a") == losses(strategy_sweep / "strategy=fsdp2")

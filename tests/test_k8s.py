@@ -17,6 +17,7 @@ the trainer's stop with DataLoader workers on.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import importlib.util
 import json
@@ -24,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,7 +35,7 @@ import yaml
 
 from launcher.config import ConfigError
 from launcher.preflight import shm_need
-from launcher.submit import k8s, k8s_check
+from launcher.submit import k8s, k8s_check, pod_security
 from launcher.submit.__main__ import main
 from launcher.submit.job import prepare
 
@@ -104,7 +106,23 @@ def test_example_fields(example):
     assert c["imagePullPolicy"] == "Always"  # launcher:latest: never a node's stale copy
     assert pod["terminationGracePeriodSeconds"] == 120
     assert {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": "110"} in c["env"]
-    assert "securityContext" not in pod and "securityContext" not in c  # security=default
+    # security=restricted, the default: non-root, a writable HOME and /tmp, fsGroup.
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "runAsGroup": 1000,
+        "fsGroup": 1000,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert {"name": "HOME", "value": "/home/launcher"} in c["env"]
+    assert {"name": "home", "mountPath": "/home/launcher"} in c["volumeMounts"]
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "2Gi"}} in pod["volumes"]
+    assert pod_security.violations(pod) == []
     labels = jb["metadata"]["labels"]
     assert labels["app.kubernetes.io/managed-by"] == "launcher"
     assert labels["app.kubernetes.io/component"] == "trainer"
@@ -316,9 +334,29 @@ def test_failure_policies_per_kind(variants):
             }
         ],
     }
+    # With a time limit, a deadline failure ends the set: a restart would get a fresh one.
+    full = objects(rendered["jobset-full"])["JobSet"]["spec"]
+    assert full["failurePolicy"]["rules"][1] == {
+        "name": "fail-on-time-limit",
+        "action": "FailJobSet",
+        "onJobFailureReasons": ["DeadlineExceeded"],
+    }
+    assert full["replicatedJobs"][0]["template"]["spec"]["activeDeadlineSeconds"] == 86400
     ptj = objects(rendered["pytorchjob-plain"])["PyTorchJob"]["spec"]
     assert ptj["runPolicy"]["backoffLimit"] == 6
+    assert ptj["runPolicy"]["cleanPodPolicy"] == "Running"  # no Worker left holding GPUs
     assert {r["restartPolicy"] for r in ptj["pytorchReplicaSpecs"].values()} == {"ExitCode"}
+
+
+def pod_specs(obj: dict) -> list[dict]:
+    """The pod specs of a rendered workload, whatever its kind."""
+    if obj["kind"] == "Job":
+        return [obj["spec"]["template"]["spec"]]
+    if obj["kind"] == "JobSet":
+        return [r["template"]["spec"]["template"]["spec"] for r in obj["spec"]["replicatedJobs"]]
+    if obj["kind"] == "PyTorchJob":
+        return [r["template"]["spec"] for r in obj["spec"]["pytorchReplicaSpecs"].values()]
+    return []
 
 
 def test_security_qos_and_gang_options(variants):
@@ -327,16 +365,20 @@ def test_security_qos_and_gang_options(variants):
     job, pod = full["Job"], full["Job"]["spec"]["template"]["spec"]
     c = pod["containers"][0]
     # Pod Security 'restricted', with RDMA's documented IPC_LOCK exception.
-    assert pod["securityContext"] == {
-        "runAsNonRoot": True,
-        "runAsUser": 1000,
-        "runAsGroup": 1000,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+    assert pod["securityContext"]["runAsUser"] == pod["securityContext"]["fsGroup"] == 1000
     assert c["securityContext"] == {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]},
     }
+    assert pod_security.violations(pod) == [
+        "spec.containers[trainer].securityContext.capabilities.add: IPC_LOCK breaks baseline "
+        "or restricted"
+    ]
+    for name, files in rendered.items():  # every kind's pods, as rendered by default
+        for obj in objects(files).values():
+            for pod_spec in pod_specs(obj):
+                broken = pod_security.violations(pod_spec)
+                assert broken == [] or name.endswith("-full"), (name, broken)
     # Guaranteed QoS: every resource's limit equals its request, CPUs whole.
     res = c["resources"]
     assert res["requests"] == res["limits"]
@@ -425,12 +467,17 @@ def test_dry_run_notes_and_owner_patch(tmp_path, capsys):
         (["cluster.gpus_per_node=6"], "trainer.global_batch_size=64 is not divisible"),
         (["cluster.k8s.kind=deployment"], "cluster.k8s.kind=deployment: not one of"),
         (["cluster.k8s.memory=lots"], "cluster.k8s.memory='lots': not a Kubernetes quantity"),
-        (["+cluster.env.WANDB_API_KEY=abc"], "WANDB_API_KEY is a secret written into the manifest"),
+        (["+cluster.env.WANDB_API_KEY=abc"], "cluster.env.WANDB_API_KEY is a secret: it would be"),
         (["nccl=infiniband"], "nccl=infiniband (NCCL_IB_DISABLE=0) in a pod needs RDMA devices"),
         (
-            ["cluster.k8s.termination_grace_s=60", "cluster.k8s.step_time_s=25"],
+            [
+                "cluster.k8s.termination_grace_s=60",
+                "cluster.k8s.step_time_s=25",
+                "cluster.k8s.checkpoint_write_s=30",
+            ],
             "cluster.k8s.termination_grace_s=60 is too short to stop with a checkpoint: "
-            "cluster.k8s.step_time_s=25.0 + cluster.k8s.checkpoint_write_s=30.0 + 10 s",
+            "cluster.k8s.step_time_s=25.0 + a 30 s checkpoint write "
+            "(cluster.k8s.checkpoint_write_s=30) + 10 s for torchrun to end = 65 s",
         ),
         (["cluster.k8s.gang=kueue"], "cluster.k8s.gang=kueue needs cluster.k8s.queue"),
         (["cluster.k8s.gang=yunikorn"], "cluster.k8s.gang=yunikorn: not one of"),
@@ -570,24 +617,35 @@ POD_TIMEOUT = 240
 
 
 def rendered_pods(tmp_path: Path, run_id: str, run: list[str] = POD_RUN) -> IndexedJobPods:
+    """The rendered Job's pods, restricted as by default (UID 1000). Their run root and
+    workdir lie in a folder UID 1000 can reach (pytest's own are root's alone), seen by the
+    test at tmp_path/runs; without LAUNCHER_CACHE_DIR the data cache is the pod's own, in
+    its HOME emptyDir, as in a real restricted pod."""
     reason = can_run_pods()
     if reason:
         pytest.skip(f"cannot run pods here: {reason}")
     if importlib.util.find_spec("launcher.torchrun") is None:
         pytest.skip("launcher.torchrun (the exit-code front door the pods run) is not installed")
-    job = prepare("k8s", [*run, f"run.root={tmp_path / 'runs'}", f"run.id={run_id}",
-                          f"cluster.workdir={tmp_path}"])  # fmt: skip
+    base = Path(tempfile.mkdtemp(prefix="launcher-pods-", dir="/var/tmp"))
+    base.chmod(0o755)
+    atexit.register(shutil.rmtree, base, True)
+    (base / "runs").mkdir()
+    (tmp_path / "runs").symlink_to(base / "runs")
+    job = prepare("k8s", [*run, f"run.root={base / 'runs'}", f"run.id={run_id}",
+                          f"cluster.workdir={base}"])  # fmt: skip
     paths = job.write(k8s.render(job))
     objs = {yaml.safe_load(p.read_text())["kind"]: yaml.safe_load(p.read_text()) for p in paths}
     venv_bin = Path(sys.executable).parent
     image_env = {  # what the container image itself provides
         "PATH": f"{venv_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": os.environ.get("HOME", "/root"),
-        "LAUNCHER_CACHE_DIR": os.environ["LAUNCHER_CACHE_DIR"],
     }
     state = tmp_path / f"pods-{run_id}"
     state.mkdir()
-    return IndexedJobPods(objs["Job"], objs["Service"], image_env, tmp_path, state)
+    interpreter = Path(os.path.realpath(sys.executable))  # the image's python, for UID 1000
+    return IndexedJobPods(
+        objs["Job"], objs["Service"], image_env, base, state, expose=[interpreter]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -605,6 +663,14 @@ def pod_reference(tmp_path_factory):
 def test_pods_rendezvous_and_train_into_one_run_directory(pod_reference):
     cluster, run_dir = pod_reference
     assert summary(run_dir)["steps"] == 60
+    # As UID 1000 (security=restricted, the default): it wrote the run files, into a runs
+    # volume made by root, through fsGroup; its data cache was its own HOME emptyDir's.
+    assert cluster.pod_spec["securityContext"]["runAsUser"] == 1000
+    written = [p for p in run_dir.rglob("*") if "submit" not in p.relative_to(run_dir).parts]
+    assert written and {p.stat().st_uid for p in written} == {1000}  # submit/ is the test's
+    assert run_dir.parent.stat().st_gid == 1000  # OnRootMismatch gave the volume's root
+    homes = list(cluster.state_dir.glob("pod*.volumes/home/.cache/launcher"))
+    assert len(homes) == 2 and all(any(h.iterdir()) for h in homes)
     assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["rank0.log", "rank1.log"]
     env = yaml.safe_load((run_dir / "env.json").read_text())
     # The trainer saw the pod's hostname and a /dev/shm of the rendered sizeLimit.

@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "paths", "disk", "peaks", "intervals", "exit_codes", "ranges", "nccl_vars", "nccl_log",
             "batch",
             "clock", "comm_stats", "lock", "stragglers", "preemption", "memory_snapshot",
-            "watchdog", "data", "data.*",
+            "secret_keys", "watchdog", "data", "data.*",
         ),
     ),
     ("config", ("config", "config.*")),

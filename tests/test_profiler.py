@@ -19,45 +19,25 @@ from launcher.analyze.trace import LOOP_READ, Step, load, rank_trace_files
 from launcher.config import compose
 from launcher.model import build_model
 
-from launch import FAST, base_env, explain, losses, metrics, summary, torchrun
+from launch import base_env, explain, losses, metrics, summary, torchrun
+from reference import copy_run
+from reference_runs import BUCKETS, DDP_SWEEP_POINTS, DDP_SWEEP_RUN, PROFILED
 from tb_readback import read_runs
 from wandb_readback import private_wandb_env, records
 
-PROFILED = [5, 6, 7, 8, 9]  # five steps: the comparison averages over them
-
-
-RUN = [
-    *FAST,
-    "trainer.max_steps=10",
-    "trainer.eval_interval=0",
-    "trainer.checkpoint_interval=0",
-]
-PROFILE = ["profiler=steps", "profiler.skip_first=3", "profiler.warmup=1", "profiler.active=5"]
-# One launch profiles two bucket sizes (gpt2-tiny: 8 buckets at 0.05 MB, 1 at 5 MB), with
+# The session's shared DDP sweep (tests/reference_runs.py) is the profiled run: two bucket
+# sizes, steps PROFILED (five: the comparison averages over them) traced on both ranks, with
 # W&B offline and TensorBoard, so the analysis can be read back from both.
-BUCKETS = ("0.05", "5")
-SMALL = f"bucket_cap_mb={BUCKETS[0]}"
+SMALL = DDP_SWEEP_POINTS[0]
 
 
 @pytest.fixture(scope="module")
-def profiled_sweep(tmp_path_factory):
-    root = tmp_path_factory.mktemp("prof")
-    env = base_env(**private_wandb_env(root))
-    loggers = ["logger=[wandb,tensorboard]", "logger.mode=offline"]
-    sweep = [f"strategy.bucket_cap_mb={','.join(BUCKETS)}", *loggers]
-    overrides = ["-m", *RUN, *PROFILE, *sweep, f"run.root={root}", "run.id=p"]
-    proc = torchrun(overrides, env=env)
-    assert proc.returncode == 0, explain(proc)
-    return root / "p"
-
-
-@pytest.fixture(scope="module")
-def profiled_run(profiled_sweep):
-    return profiled_sweep / SMALL
+def profiled_run(ddp_sweep):
+    return ddp_sweep / SMALL
 
 
 def test_profiling_changes_no_result(profiled_run, tmp_path):
-    overrides = [*RUN, f"strategy.{SMALL}", f"run.root={tmp_path}", "run.id=plain"]
+    overrides = [*DDP_SWEEP_RUN, f"strategy.{SMALL}", f"run.root={tmp_path}", "run.id=plain"]
     proc = torchrun(overrides)
     assert proc.returncode == 0, explain(proc)
     assert losses(profiled_run) == losses(tmp_path / "plain")  # every step, exactly
@@ -74,11 +54,11 @@ def test_each_rank_writes_only_its_own_traces(profiled_run):
         assert [s.number for s in trace.steps()] == PROFILED
 
 
-def test_trace_all_reduces_follow_bucket_cap_mb(profiled_sweep):
+def test_trace_all_reduces_follow_bucket_cap_mb(ddp_sweep):
     """The trace's all-reduces per step are DDP's buckets: 8 at 0.05 MB, 1 at 5 MB."""
     counts = {}
     for size in BUCKETS:
-        point = profiled_sweep / f"bucket_cap_mb={size}"
+        point = ddp_sweep / f"bucket_cap_mb={size}"
         buckets = summary(point)["comm/buckets"]
         found = {row.collectives["all_reduce"][0] for row in run_breakdown(point)}
         assert found == {buckets}, (size, found, buckets)
@@ -270,18 +250,26 @@ def test_cuda_trace_counts_gpu_work_launched_by_nccl_as_communication(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def analyzed(profiled_sweep, tmp_path_factory):
-    """`python -m launcher.analyze SWEEP_DIR`: every point's report, into W&B too."""
-    env = base_env(**private_wandb_env(profiled_sweep.parent))
-    cmd = [sys.executable, "-m", "launcher.analyze", str(profiled_sweep)]
+def analyzed(ddp_sweep, tmp_path_factory):
+    """`python -m launcher.analyze SWEEP_DIR` on a copy of the sweep: every point's report,
+    into W&B and TensorBoard too. The copy's folder."""
+    tmp = tmp_path_factory.mktemp("analyzed")
+    sweep = copy_run(ddp_sweep, tmp / "sweep")
+    env = base_env(**private_wandb_env(tmp))
+    cmd = [sys.executable, "-m", "launcher.analyze", str(sweep)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, explain(proc)
-    return proc
+    return sweep
 
 
-def test_analyze_writes_report_and_merged_trace(analyzed, profiled_sweep):
+@pytest.fixture(scope="module")
+def analyzed_run(analyzed):
+    return analyzed / SMALL
+
+
+def test_analyze_writes_report_and_merged_trace(analyzed):
     for size in BUCKETS:
-        run = profiled_sweep / f"bucket_cap_mb={size}"
+        run = analyzed / f"bucket_cap_mb={size}"
         report = json.loads((run / "analysis" / "report.json").read_text())
         buckets = summary(run)["comm/buckets"]
         assert (report["device"], report["ranks"], report["steps"]) == ("cpu", [0, 1], PROFILED)
@@ -509,12 +497,12 @@ def test_advice_names_heavy_attention_and_the_other_fused_kernel(tmp_path):
     assert gpu_findings(rows, RunFacts(precision="bf16")) == {}
 
 
-def test_analysis_goes_to_the_runs_wandb_run(analyzed, profiled_run, tmp_path):
+def test_analysis_goes_to_the_runs_wandb_run(analyzed_run, tmp_path):
     """The report joins the training run's own W&B run: the breakdown as a table (one row
     per rank and profiled step, the numbers of report.json) and an artifact holding the
     report and the merged trace."""
-    report = json.loads((profiled_run / "analysis" / "report.json").read_text())
-    train, analysis = sorted((profiled_run / "wandb").glob("offline-run-*"))  # by start time
+    report = json.loads((analyzed_run / "analysis" / "report.json").read_text())
+    train, analysis = sorted((analyzed_run / "wandb").glob("offline-run-*"))  # by start time
     recs = records(analysis, tmp_path)
     (run,) = [r["run"] for r in recs if r["type"] == "run"]
     assert (
@@ -536,18 +524,18 @@ def test_analysis_goes_to_the_runs_wandb_run(analyzed, profiled_run, tmp_path):
     assert files == {"report.json", "report.md", "merged_trace.json"}
 
 
-def test_analysis_goes_to_tensorboard_beside_the_runs_curves(analyzed, profiled_run):
+def test_analysis_goes_to_tensorboard_beside_the_runs_curves(analyzed_run):
     """report.md as text, and each rank's breakdown (report.json's numbers, float32 as
     TensorBoard stores them) as scalars in one TensorBoard run per rank; analysing again
     replaces the earlier analysis instead of adding to it."""
     from launcher.analyze import to_tensorboard
 
-    report = json.loads((profiled_run / "analysis" / "report.json").read_text())
-    assert to_tensorboard.log_report(profiled_run, report)  # a second analysis
-    runs = read_runs(profiled_run)
+    report = json.loads((analyzed_run / "analysis" / "report.json").read_text())
+    assert to_tensorboard.log_report(analyzed_run, report)  # a second analysis
+    runs = read_runs(analyzed_run)
     assert set(runs) == {"tb", "analysis/tb", "analysis/tb/rank0", "analysis/tb/rank1"}
     ((step, text),) = runs["analysis/tb"]["text"]["analysis/report/text_summary"]
-    assert (step, text) == (PROFILED[-1], (profiled_run / "analysis" / "report.md").read_text())
+    assert (step, text) == (PROFILED[-1], (analyzed_run / "analysis" / "report.md").read_text())
     for rank in (0, 1):
         scalars = runs[f"analysis/tb/rank{rank}"]["scalars"]
         for key in ("step_s", "compute_s", "comm_s", "exposed_comm_s", "idle_s"):

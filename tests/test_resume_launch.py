@@ -27,6 +27,8 @@ from launch import (
     torchrun,
     wait_for,
 )
+from reference import cut_at
+from reference_runs import STRATEGY_SCHEDULE
 
 RUN = [*FAST_USER_LOADER, "trainer.max_steps=8", "trainer.checkpoint_interval=4"]
 
@@ -148,15 +150,15 @@ def test_one_launch_per_run_directory(tmp_path):
     assert not (run_dir / ".lock").exists()
 
 
-def test_deepspeed_checkpoint_into_zero3_is_refused(tmp_path):
+def test_deepspeed_checkpoint_into_zero3_is_refused(strategy_sweep, tmp_path):
     """A ZeRO-2 checkpoint that no conversion makes loadable by ZeRO-3 (DeepSpeed 0.19.8):
-    one line, exit 2, nothing written, not even a conversion."""
-    args = [*RUN, "strategy=zero2", f"run.root={tmp_path}", "run.id=ds"]
-    first = torchrun(args)
-    assert first.returncode == 0, explain(first)
-    run_dir = tmp_path / "ds"
+    one line, exit 2, nothing written, not even a conversion. The checkpoint is the shared
+    strategy sweep's ZeRO-2 step 10 (tests/reference_runs.py)."""
+    run_dir = cut_at(strategy_sweep / "strategy=zero2", 10, tmp_path / "ds")
+    args = [*FAST_USER_LOADER, *STRATEGY_SCHEDULE, "strategy=zero2", f"run.root={tmp_path}"]
+    args += ["run.id=ds"]
     before = digest(run_dir)
-    one = python_train([*args, "strategy=zero3", "trainer.max_steps=12"])
+    one = python_train([*args, "strategy=zero3"])
     assert one.returncode == 2, explain(one)
     (line,) = errors(one)
     assert "strategy.zero_stage is 2 there, 3 now" in line
@@ -165,4 +167,4 @@ def test_deepspeed_checkpoint_into_zero3_is_refused(tmp_path):
     # At the world size that wrote it, it resumes (each rank's shard checked, then loaded).
     two = torchrun([*args, "trainer.max_steps=12"])
     assert two.returncode == 0, explain(two)
-    assert "resumed from step 8" in two.stderr
+    assert "resumed from step 10" in two.stderr

@@ -70,9 +70,10 @@ def cluster():
     c.stop()
 
 
-def submit(cluster: SlurmCluster, root: Path, run_id: str, *extra: str, run=RUN):
-    """The user's command, for real; returns (job id, run dir). The rendezvous port is the
-    default one, derived from the job id."""
+def submit(cluster: SlurmCluster, root: Path, run_id: str, *extra: str, run=RUN, env=None):
+    """The user's command, for real (`env`: more of the submitting shell's variables);
+    returns (job id, run dir). The rendezvous port is the default one, derived from the
+    job id."""
     venv = [f"cluster.slurm.venv={sys.prefix}"] if sys.prefix != sys.base_prefix else []
     cmd = [
         sys.executable,
@@ -87,7 +88,9 @@ def submit(cluster: SlurmCluster, root: Path, run_id: str, *extra: str, run=RUN)
         f"run.id={run_id}",
         *extra,
     ]
-    proc = subprocess.run(cmd, env=cluster.env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        cmd, env=cluster.env(**(env or {})), capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, explain(proc)
     found = re.search(r"submitted Slurm job (\d+); run dir (\S+);", proc.stdout)
     assert found, proc.stdout
@@ -350,18 +353,27 @@ def test_requeue_needs_progress_and_stops_at_the_cap(cluster, tmp_path):
     """Two jobs warned before training started (a stand-in for a job that hangs until each
     warning): neither wrote a checkpoint, so neither is requeued; with max_requeues=0 the cap
     is named first. Both end with 143, the stop code, as FAILED with no restart."""
-    setup = ["cluster.setup=[sleep 8]"]
+    flag = tmp_path / "setup-may-end"
+    # The setup waits (taking signals between its short sleeps) until the test has sent
+    # the warning: a fixed sleep raced the submission of the second job.
+    wait = f"while [ ! -e {flag} ]; do sleep 0.1; done"
+    setup = [f'cluster.setup=["echo launcher-test: in setup", "{wait}"]']
     jobs = {
         "noprogress": submit(cluster, tmp_path, "noprogress", *setup, run=SHORT),
         "capped": submit(
             cluster, tmp_path, "capped", *setup, "cluster.slurm.max_requeues=0", run=SHORT
         ),
     }
-    for job_id, _ in jobs.values():
-        wait_until(cluster, job_id, ("RUNNING",))
+    deadline = time.monotonic() + JOB_TIMEOUT
+    for job_id, run_dir in jobs.values():
+        output = run_dir / "submit" / f"slurm-{job_id}.out"
+        while not (output.exists() and "launcher-test: in setup" in output.read_text()):
+            assert time.monotonic() < deadline, f"job {job_id} never reached its setup"
+            time.sleep(0.2)
         subprocess.run(
             ["scancel", "--batch", "--signal=USR1", job_id], env=cluster.env(), check=True
         )
+    flag.touch()
     expected = {
         "noprogress": "not requeued: no newer checkpoint was completed during this start "
         "(still none); a requeue would make no progress",
@@ -376,6 +388,11 @@ def test_requeue_needs_progress_and_stops_at_the_cap(cluster, tmp_path):
             "0",
         ), out
         assert "requeue policy: on Slurm's warning (USR1)" in out
+        assert (
+            "launcher: USR1 during setup: training did not start and wrote no checkpoint; "
+            "exit code 143"
+        ) in out
+        assert "training ended with exit code" not in out
         assert f"launcher: {expected[name]}" in out, out
         assert "requeueing" not in out and not (run_dir / "metrics.jsonl").exists()
 
@@ -419,3 +436,81 @@ def test_cancelled_job_checkpoints_without_scancel_errors(cluster, tmp_path):
     assert state["JobState"] == "CANCELLED" and state["Restarts"] == "0", out
     assert "launcher: TERM at" in out and "scancel: error" not in out, out
     assert "status=stopped" in out, out[-3000:]  # the stop checkpoint was written
+
+
+def queued(cluster: SlurmCluster) -> str:
+    return subprocess.run(
+        ["squeue", "-h", "-o", "%i"], env=cluster.env(), capture_output=True, text=True
+    ).stdout
+
+
+def test_cpus_per_task_and_a_secret_from_the_submitting_shell(cluster, tmp_path):
+    """Each node's task gets processes x (1 + DataLoader workers) CPUs, as scontrol reads
+    them back. The W&B key, in the submitting shell's environment (the way submit names
+    when it refuses one in cluster.env), reaches the job but no file, no command line and
+    not config.yaml."""
+    secret = "wandb-test-key-0123456789abcdef"
+    job_id, run_dir = submit(
+        cluster,
+        tmp_path,
+        "cpus",
+        "data.num_workers=1",
+        'cluster.setup=["echo launcher-test: key of $(printf %s $WANDB_API_KEY | wc -c) chars"]',
+        run=SHORT,
+        env={"WANDB_API_KEY": secret},
+    )
+    running = wait_until(cluster, job_id, ("RUNNING", "COMPLETED"))
+    assert (running["NumNodes"], running["CPUs/Task"], running["NumCPUs"]) == ("2", "2", "4")
+    seen = ""
+    while job_state(cluster, job_id).get("JobState") in ("PENDING", "RUNNING"):
+        seen += subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        time.sleep(0.5)
+    state = wait_until_done(cluster, job_id, run_dir)
+    out = slurm_output(run_dir, job_id)
+    assert state["JobState"] == "COMPLETED", out[-3000:]
+    assert f"launcher-test: key of {len(secret)} chars" in out
+    assert "launcher.train" in seen  # the ranks' command lines were read while they ran
+    assert secret not in seen
+    for path in [*(run_dir / "submit").iterdir(), run_dir / "config.yaml"]:
+        assert secret not in path.read_text(), path
+    assert summary(run_dir)["steps"] == 12
+
+
+def test_a_failed_setup_line_ends_the_job_naming_it(cluster, tmp_path):
+    """`module` is not installed here, as on a cluster without Lmod for this shell: the
+    job ends at that line with exit code 2, before any training, and is not requeued."""
+    job_id, run_dir = submit(
+        cluster,
+        tmp_path,
+        "badsetup",
+        "cluster.slurm.modules=[cuda/12.4]",
+        "cluster.setup=[echo after]",
+        run=SHORT,
+    )
+    state = wait_until_done(cluster, job_id, run_dir)
+    out = slurm_output(run_dir, job_id)
+    assert (state["JobState"], state["ExitCode"], state["Restarts"]) == ("FAILED", "2:0", "0")
+    assert (
+        "launcher: setup failed: `module load cuda/12.4` exited 127; the job ends before "
+        "training (fix cluster.setup, cluster.slurm.modules or cluster.slurm.venv)"
+    ) in out, out
+    assert "after" not in out.split("setup failed")[1] and "training ended" not in out
+    assert not (run_dir / "metrics.jsonl").exists()
+    assert "requeueing" not in out and "not requeued" not in out
+
+
+def test_a_container_job_without_pyxis_is_refused_before_sbatch(cluster, tmp_path, capfd):
+    """This cluster has no pyxis: srun would refuse --container-image after the queue
+    wait. submit asks `srun --help` first and submits nothing."""
+    before = queued(cluster)
+    cmd = [sys.executable, "-m", "launcher.submit", "slurm", *SHAPE, *SHORT]
+    cmd += [f"run.root={tmp_path}", "run.id=pyxis", "cluster.slurm.container_image=ubuntu:24.04"]
+    proc = subprocess.run(cmd, env=cluster.env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    err = proc.stderr.strip().splitlines()
+    assert err == [
+        "error: cluster.slurm.container_image needs the pyxis plugin, but this cluster's srun "
+        "has no --container-image (`srun --help`); ask your admins for pyxis and enroot, or "
+        "leave container_image=null and use cluster.slurm.modules or venv"
+    ]
+    assert queued(cluster) == before

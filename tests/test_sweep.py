@@ -13,6 +13,8 @@ from test_wandb import inspect_summary, private_wandb_env, records
 from launcher.sweep import Point, point_label, summary_rows, varied_keys
 
 from launch import FAST, base_env, explain, losses, summary, torchrun
+from reference import copy_run, launch_log
+from reference_runs import DDP_SWEEP_POINTS, ddp_sweep_overrides
 
 SWEEP = [*FAST, "trainer.max_steps=6", "trainer.eval_interval=0", "trainer.checkpoint_interval=0"]
 
@@ -22,19 +24,10 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
-@pytest.fixture(scope="module")
-def bucket_sweep(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sweep")
-    args = [*SWEEP, "+exp=bucket_sweep", f"run.root={root}", "run.id=buckets"]
-    proc = torchrun([*args, "strategy.bucket_cap_mb=0.05,25"])
-    assert proc.returncode == 0, explain(proc)
-    return root / "buckets", proc
-
-
-def test_bucket_sweep_runs_every_point_on_one_process_group(bucket_sweep):
-    sweep_dir, proc = bucket_sweep
-    assert proc.stderr.count("process group created") == 1, explain(proc)
-    points = ["bucket_cap_mb=0.05", "bucket_cap_mb=25"]
+def test_bucket_sweep_runs_every_point_on_one_process_group(ddp_sweep, shared_root):
+    sweep_dir, log = ddp_sweep, launch_log(shared_root, "ddp_sweep")
+    assert log.count("process group created") == 1, log[-4000:]
+    points = list(DDP_SWEEP_POINTS)
     for point in points:
         assert summary(sweep_dir / point)["status"] == "completed"
     rows = read_csv(sweep_dir / "sweep_summary.csv")
@@ -52,10 +45,10 @@ def test_bucket_sweep_runs_every_point_on_one_process_group(bucket_sweep):
     assert losses(sweep_dir / points[0]) == losses(sweep_dir / points[1])
 
 
-def test_requeued_sweep_skips_completed_points(bucket_sweep, tmp_path):
-    sweep_dir, _ = bucket_sweep
-    args = [*SWEEP, "+exp=bucket_sweep", f"run.root={sweep_dir.parent}", "run.id=buckets"]
-    proc = torchrun([*args, "strategy.bucket_cap_mb=0.05,25"])
+def test_requeued_sweep_skips_completed_points(ddp_sweep, tmp_path):
+    sweep_dir = copy_run(ddp_sweep, tmp_path / "sweep")
+    env = base_env(**private_wandb_env(tmp_path))
+    proc = torchrun(ddp_sweep_overrides(sweep_dir), env=env)
     assert proc.returncode == 0, explain(proc)
     assert proc.stderr.count("already completed") == 2, explain(proc)
     assert len(read_csv(sweep_dir / "sweep_summary.csv")) == 2
@@ -87,9 +80,9 @@ def test_comm_hook_sweep_reports_loss_difference_from_none(tmp_path):
     assert abs(diff) < 0.01 * final  # compression changes the loss slightly, not in kind
 
 
-def test_separate_launches_compare_in_the_same_format(bucket_sweep, tmp_path):
-    sweep_dir, _ = bucket_sweep
-    dirs = [str(sweep_dir / "bucket_cap_mb=0.05"), str(sweep_dir / "bucket_cap_mb=25")]
+def test_separate_launches_compare_in_the_same_format(ddp_sweep, tmp_path):
+    sweep_dir = ddp_sweep
+    dirs = [str(sweep_dir / point) for point in DDP_SWEEP_POINTS]
     cmd = [sys.executable, "-m", "launcher.sweep", *dirs, "--out", str(tmp_path / "cmp")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=base_env())
     assert proc.returncode == 0, explain(proc)

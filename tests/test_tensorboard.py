@@ -1,9 +1,9 @@
 """logger=tensorboard: real event files, read back with TensorBoard's own event reader (the
 accumulator its server uses), against metrics.jsonl and the sweep summary.
 
-One 2-rank launch runs a 2-point sweep with W&B (offline) and TensorBoard together; a pair
-of one-process launches checks that a resumed run shows every step once; the missing
-package is checked in-process.
+The session's DDP sweep (2 points, W&B offline and TensorBoard together) is read back; a
+copy of the session's DDP run, resumed, shows every step once; the missing package is
+checked in-process.
 
 TensorBoard stores every scalar as a 32-bit float, so values are compared with
 metrics.jsonl's at float32 precision: float32(jsonl value) == the stored value, exactly.
@@ -20,23 +20,18 @@ import pytest
 from launcher.tensorboard_sink import code_block
 from launcher.train import main
 
-from launch import FAST, base_env, explain, metrics, python_train, summary, torchrun
-from wandb_readback import history, private_wandb_env
+from launch import explain, metrics, summary, torchrun
+from reference import copy_run
+from reference_runs import DDP_RUN, DDP_SWEEP_POINTS, DDP_SWEEP_STEPS
+from wandb_readback import history
 
 pytest.importorskip("tensorboardX", reason="in the test extra: pip install -e '.[test]'")
 pytest.importorskip("tensorboard", reason="in the test extra: pip install -e '.[test]'")
 
 from tb_readback import read_runs  # noqa: E402 - needs tensorboard
 
-POINTS = ("bucket_cap_mb=0.05", "bucket_cap_mb=25")
-SWEEP = [
-    *FAST,
-    "trainer.max_steps=6",
-    "trainer.eval_interval=3",
-    "trainer.checkpoint_interval=0",
-    "+exp=bucket_sweep",
-    "strategy.bucket_cap_mb=0.05,25",
-]
+POINTS = DDP_SWEEP_POINTS
+STEPS = DDP_SWEEP_STEPS
 
 
 def expected_scalars(run_dir) -> dict[str, list]:
@@ -58,20 +53,10 @@ def assert_scalars_equal_metrics(scalars: dict, run_dir) -> None:
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    """One 2-rank launch: a 2-point sweep with W&B offline and TensorBoard together."""
-    tmp = tmp_path_factory.mktemp("tb")
-    root = tmp / "runs"
-    overrides = [
-        *SWEEP,
-        "logger=[wandb,tensorboard]",
-        "logger.mode=offline",
-        f"run.root={root}",
-        "run.id=sw",
-    ]
-    proc = torchrun(overrides, env=base_env(**private_wandb_env(tmp)))
-    assert proc.returncode == 0, explain(proc)
-    return {"tmp": tmp, "dir": root / "sw", "runs": read_runs(root / "sw")}
+def sweep(ddp_sweep, tmp_path_factory):
+    """The session's DDP sweep (tests/reference_runs.py): 2 points with W&B offline and
+    TensorBoard together, read back once."""
+    return {"tmp": tmp_path_factory.mktemp("tb"), "dir": ddp_sweep, "runs": read_runs(ddp_sweep)}
 
 
 def test_one_event_directory_per_point_and_one_for_the_summary(sweep):
@@ -87,8 +72,8 @@ def test_every_scalar_equals_metrics_jsonl(sweep, point):
     run_dir = sweep["dir"] / point
     scalars = sweep["runs"][f"{point}/tb"]["scalars"]
     assert_scalars_equal_metrics(scalars, run_dir)
-    assert [s for s, _ in scalars["loss"]] == list(range(1, 7))
-    assert [s for s, _ in scalars["eval/loss"]] == [3, 6]
+    assert [s for s, _ in scalars["loss"]] == list(range(1, STEPS + 1))
+    assert [s for s, _ in scalars["eval/loss"]] == [STEPS]
     assert {"step_time_s/p50", "step_time_s/slowest_rank", "comm/exposed_s"} <= set(scalars)
 
 
@@ -99,7 +84,7 @@ def test_config_env_and_summary_as_text(sweep):
     env = code_block((run_dir / "env.json").read_text(), "json")
     assert (texts["config/text_summary"], texts["env/text_summary"]) == ([(0, config)], [(0, env)])
     ((step, table),) = texts["summary/text_summary"]
-    assert step == 6 and "| status | completed |" in table
+    assert step == STEPS and "| status | completed |" in table
     assert f"| tokens_per_s | {summary(run_dir)['tokens_per_s']:.6g} |" in table
 
 
@@ -131,29 +116,28 @@ def test_wandb_gets_the_same_runs_beside_tensorboard(sweep):
     assert len(list((sweep["dir"] / "wandb").glob("offline-run-*"))) == 1  # the sweep summary
 
 
-def test_resumed_run_shows_every_step_once(tmp_path):
-    """12 steps, then the step-12 checkpoint is unreadable (as after a crash before it was
-    complete) and a launch extended to 14 steps resumes from step 6: steps 7-12 are redone.
-    metrics.jsonl keeps the redone steps only, and so does TensorBoard (purge_step): every
-    timing of steps 7-12 is the second attempt's, and no step shows twice."""
-    run_dir = tmp_path / "r"
-    args = [*FAST, "logger=tensorboard", f"run.root={tmp_path}", "run.id=r"]
-    first = python_train([*args, "trainer.max_steps=12"])
-    assert first.returncode == 0, explain(first)
-    model = run_dir / "checkpoints" / "step_00000012" / "model.pt"
+def test_resumed_run_shows_every_step_once(ddp_run, tmp_path):
+    """A copy of the shared DDP run (24 steps, checkpoints at 12 and 24, TensorBoard on) whose
+    step-24 checkpoint is unreadable (as after a crash before it was complete), extended to
+    26 steps: it resumes from step 12 and redoes 13-24. metrics.jsonl keeps the redone steps
+    only, and so does TensorBoard (purge_step): every timing of steps 13-24 is the second
+    attempt's, and no step shows twice."""
+    run_dir = copy_run(ddp_run, tmp_path / "r")
+    model = run_dir / "checkpoints" / "step_00000024" / "model.pt"
     model.write_bytes(b"\0" * model.stat().st_size)
-    second = python_train([*args, "trainer.max_steps=14"])
+    args = [*DDP_RUN, "logger=tensorboard", f"run.root={tmp_path}", "run.id=r"]
+    second = torchrun([*args, "trainer.max_steps=26"])
     assert second.returncode == 0, explain(second)
-    assert "resumed from step 6" in second.stderr, explain(second)
+    assert "resumed from step 12" in second.stderr, explain(second)
     assert len(list((run_dir / "tb").glob("*tfevents*"))) == 2  # one file per attempt
     runs = read_runs(run_dir)
     assert set(runs) == {"tb"}
     assert_scalars_equal_metrics(runs["tb"]["scalars"], run_dir)
-    assert [s for s, _ in runs["tb"]["scalars"]["loss"]] == list(range(1, 15))
+    assert [s for s, _ in runs["tb"]["scalars"]["loss"]] == list(range(1, 27))
     texts = runs["tb"]["text"]
-    assert [s for s, _ in texts["config/text_summary"]] == [0, 6]  # each attempt's config
+    assert [s for s, _ in texts["config/text_summary"]] == [0, 12]  # each attempt's config
     ((step, table),) = texts["summary/text_summary"]  # the first attempt's was purged
-    assert step == 14 and "| resumed_from_step | 6 |" in table
+    assert step == 26 and "| resumed_from_step | 12 |" in table
 
 
 def test_missing_writer_is_one_line_exit_2(monkeypatch, capsys):

@@ -10,7 +10,9 @@ import json
 import pytest
 import yaml
 
-from launch import FAST, explain, losses, metrics, python_train, summary, torchrun
+from launch import FAST, explain, losses, metrics, summary, torchrun
+from reference import cut_at, launch_log
+from reference_runs import DDP_RUN, DDP_RUN_ID, DDP_RUN_STEPS
 
 CONTRACT_METRICS = {
     "step",
@@ -35,18 +37,14 @@ def only_run(root):
 
 
 @pytest.fixture(scope="module")
-def ws2_run(tmp_path_factory):
-    """24 steps on 2 ranks: the reference for the world-size and resume comparisons."""
-    root = tmp_path_factory.mktemp("ws2")
-    proc = torchrun(
-        [*FAST, f"run.root={root}", "trainer.max_steps=24", "trainer.checkpoint_interval=12"]
-    )
-    assert proc.returncode == 0, explain(proc)
-    return only_run(root), proc
+def ws2_run(ddp_run, shared_root):
+    """The session's DDP run (tests/reference_runs.py: 24 steps on 2 ranks, checkpoints at 12
+    and 24): the reference for the world-size and resume comparisons; and its output."""
+    return ddp_run, launch_log(shared_root, DDP_RUN_ID)
 
 
 def test_run_directory_layout_and_metrics(ws2_run):
-    run_dir, proc = ws2_run
+    run_dir, output = ws2_run
     for name in (
         "config.yaml",
         "env.json",
@@ -80,25 +78,25 @@ def test_run_directory_layout_and_metrics(ws2_run):
     assert env["world_size"] == 2 and env["backend"] == "gloo"
     assert env["versions"]["torch"] and env["shm"]["need_bytes"] == 0
     # Progress on rank 0 only, as plain lines (stderr is not a terminal here), and a summary.
-    assert "step 24/24 | loss" in proc.stderr and "summary: status=completed" in proc.stderr
-    assert "[rank 1] INFO" not in proc.stderr
+    assert "step 24/24 | loss" in output and "summary: status=completed" in output
+    assert "[rank 1] INFO" not in output
     assert "rank 1/2" in (run_dir / "logs" / "rank1.log").read_text()
 
 
-def test_world_size_1_and_2_give_the_same_losses(ws2_run, tmp_path):
+def test_world_size_1_and_2_give_the_same_losses(ws2_run, single_process):
+    """Without torchrun (one process, accumulation 4) and on 2 ranks (accumulation 2 each):
+    the same losses and eval losses, within fp32 reordering."""
     run_dir, _ = ws2_run
-    proc = python_train(
-        [*FAST, f"run.root={tmp_path}", "trainer.max_steps=24", "trainer.checkpoint_interval=12"]
-    )
-    assert proc.returncode == 0, explain(proc)
-    one, two = losses(only_run(tmp_path)), losses(run_dir)
+    s = summary(single_process)
+    assert s["world_size"] == 1 and s["steps"] == DDP_RUN_STEPS
+    one, two = losses(single_process), losses(run_dir)
     assert one.keys() == two.keys()
     for step in one:
         assert one[step] == pytest.approx(two[step], rel=1e-5), step
     # The eval set is the same sequences too, whatever the world size.
     evals = [
         {r["step"]: r["eval/loss"] for r in metrics(d) if "eval/loss" in r}
-        for d in (only_run(tmp_path), run_dir)
+        for d in (single_process, run_dir)
     ]
     assert evals[0].keys() == evals[1].keys() == {6, 12, 18, 24}
     for step in evals[0]:
@@ -106,29 +104,17 @@ def test_world_size_1_and_2_give_the_same_losses(ws2_run, tmp_path):
 
 
 def test_resume_continues_exactly(ws2_run, tmp_path):
-    """12 steps, then a second launch that resumes to 24: bit-identical to 24 straight.
-
-    Both legs keep the 24-step LR schedule (trainer.lr_decay_steps), as a run cut short by
-    a time limit would.
-    """
+    """The reference's step-12 checkpoint alone (as a run stopped right after it left it),
+    resumed to 24: steps 13-24 bit-identical to the uninterrupted run."""
     run_dir, _ = ws2_run
-    common = [*FAST, f"run.root={tmp_path}", "run.id=resumed", "trainer.lr_decay_steps=24"]
-    first = torchrun([*common, "trainer.max_steps=12"])
-    assert first.returncode == 0, explain(first)
-    second = torchrun([*common, "trainer.max_steps=24"])
+    cut_at(run_dir, 12, tmp_path / "resumed")
+    second = torchrun([*DDP_RUN, f"run.root={tmp_path}", "run.id=resumed"])
     assert second.returncode == 0, explain(second)
     assert "resumed from step 12" in second.stderr
     resumed, reference = losses(tmp_path / "resumed"), losses(run_dir)
-    assert sorted(resumed) == list(range(1, 25))
+    assert sorted(resumed) == list(range(13, 25))
     assert summary(tmp_path / "resumed")["resumed_from_step"] == 12
-    assert resumed == reference  # fp32 on CPU: exactly equal, every step
-
-
-def test_single_process_without_torchrun(tmp_path):
-    proc = python_train([*FAST, f"run.root={tmp_path}", "trainer.max_steps=3"])
-    assert proc.returncode == 0, explain(proc)
-    s = summary(only_run(tmp_path))
-    assert s["world_size"] == 1 and s["steps"] == 3
+    assert resumed == {s: v for s, v in reference.items() if s > 12}  # fp32 on CPU: exact
 
 
 def test_progress_bar_on_a_terminal(tmp_path):

@@ -22,13 +22,14 @@ from launcher.config import LoggerConfig
 from launcher.train import main
 from launcher.wandb_sink import WandbSink, log_sweep_summary, wandb_run_id
 
-from launch import FAST, base_env, explain, metrics, python_train, summary, torchrun
+from launch import metrics, summary
+from reference import launch_log
+from reference_runs import DDP_RUN_ID, DDP_RUN_STEPS, FAKE_KEY
 from wandb_readback import history, inspect_summary, private_wandb_env, records
 
 pytest.importorskip("wandb", reason="wandb is in the test extra: pip install -e '.[test]'")
 
-FAKE_KEY = "fakeWandbKey0123456789abcdefDONOTLEAK42x"  # 40 characters, like a real key
-RUN_ID = "wb-offline"
+RUN_ID = DDP_RUN_ID
 
 
 @pytest.fixture
@@ -53,37 +54,31 @@ def same_value(a, b) -> bool:
 
 
 @pytest.fixture(scope="module")
-def offline(tmp_path_factory):
-    """One 2-rank offline launch with a recognisable fake API key in the environment."""
-    tmp = tmp_path_factory.mktemp("wandb")
-    root = tmp / "runs"
-    env = base_env(WANDB_API_KEY=FAKE_KEY, **private_wandb_env(tmp))
-    overrides = [
-        *FAST,
-        "logger=wandb",
-        "logger.mode=offline",
-        "logger.tags=[ci,offline]",
-        f"run.root={root}",
-        f"run.id={RUN_ID}",
-    ]
-    proc = torchrun(overrides, env=env)
-    assert proc.returncode == 0, explain(proc)
-    (tmp / "torchrun.out").write_text(proc.stdout + "\n--- stderr\n" + proc.stderr)
-    run_dir = root / RUN_ID
-    found = sorted((run_dir / "wandb").glob("offline-run-*"))
-    return {"tmp": tmp, "root": root, "run_dir": run_dir, "wandb_runs": found, "proc": proc}
+def offline(ddp_run, shared_root, tmp_path_factory):
+    """The session's DDP run (tests/reference_runs.py): 2 ranks, W&B offline, a recognisable
+    fake API key in the environment. `written` holds every folder the launch wrote to (the
+    run directory and wandb's own folders outside it); `cli` is where `wandb` reading the run
+    back keeps its debug log."""
+    found = sorted((ddp_run / "wandb").glob("offline-run-*"))
+    return {
+        "run_dir": ddp_run,
+        "written": [ddp_run, shared_root / "ddp_run-wandb"],
+        "output": launch_log(shared_root, RUN_ID),
+        "cli": tmp_path_factory.mktemp("wandb-cli"),
+        "wandb_runs": found,
+    }
 
 
 def test_one_wandb_run_for_the_job_not_one_per_rank(offline):
     assert len(offline["wandb_runs"]) == 1, offline["wandb_runs"]
-    every = sorted(p.name for p in offline["tmp"].rglob("*.wandb"))
+    every = sorted(p.name for d in offline["written"] for p in d.rglob("*.wandb"))
     assert every == [f"run-{RUN_ID}.wandb"]
 
 
 def test_history_equals_metrics_jsonl(offline):
-    rows = history(offline["wandb_runs"][0], offline["tmp"])
+    rows = history(offline["wandb_runs"][0], offline["cli"])
     expected = metrics(offline["run_dir"])
-    assert len(rows) == len(expected) == 12
+    assert len(rows) == len(expected) == DDP_RUN_STEPS
     for row, want in zip(rows, expected, strict=True):
         got = {k: v for k, v in row["item"].items() if not k.startswith("_")}
         assert row["step"]["num"] == want["step"]
@@ -93,7 +88,7 @@ def test_history_equals_metrics_jsonl(offline):
 
 
 def test_config_summary_and_run_fields(offline):
-    run_dir, tmp = offline["run_dir"], offline["tmp"]
+    run_dir, tmp = offline["run_dir"], offline["cli"]
     state = inspect_summary(offline["wandb_runs"][0], tmp)
     resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
     env = json.loads((run_dir / "env.json").read_text())
@@ -117,31 +112,28 @@ def test_api_key_is_nowhere_on_disk(offline):
     """Every file the launch wrote (run directory, W&B folder, wandb's cache logs), as bytes."""
     leaks = [
         str(path)
-        for path in offline["tmp"].rglob("*")
+        for folder in offline["written"]
+        for path in folder.rglob("*")
         if path.is_file() and FAKE_KEY.encode() in path.read_bytes()
     ]
     assert not leaks
-    assert list((offline["tmp"] / "cache").rglob("core-debug-*.log")), "wandb's logs were searched"
-    assert FAKE_KEY not in offline["proc"].stdout + offline["proc"].stderr
+    wandb_logs = offline["written"][1] / "cache"
+    assert list(wandb_logs.rglob("core-debug-*.log")), "wandb's logs were searched"
+    assert FAKE_KEY not in offline["output"]
     written = {p.relative_to(offline["run_dir"]).parts[0] for p in offline["run_dir"].rglob("*")}
     assert {"config.yaml", "env.json", "logs", "wandb"} <= written
 
 
-def test_disabled_writes_no_wandb_run_and_imports_no_optional_package(offline, tmp_path):
-    """A plain DDP run without W&B or TensorBoard imports neither, nor DeepSpeed."""
-    root = tmp_path / "runs"
-    overrides = [*FAST, "trainer.max_steps=2", "logger=wandb", "logger.mode=disabled"]
-    proc = python_train(
-        [*overrides, f"run.root={root}", "run.id=off"],
-        env=base_env(PYTHONPROFILEIMPORTTIME="1", **private_wandb_env(tmp_path)),
-    )
-    assert proc.returncode == 0, explain(proc)
-    assert len(metrics(root / "off")) == 2
-    assert not list(tmp_path.rglob("wandb"))
+def test_disabled_writes_no_wandb_run_and_imports_no_optional_package(single_process, shared_root):
+    """A plain run without W&B or TensorBoard imports neither, nor DeepSpeed: the shared
+    single-process run (logger=wandb logger.mode=disabled, every import timed)."""
+    assert not list(single_process.rglob("wandb"))
+    assert not list((shared_root / "ws1-wandb").rglob("wandb"))
+    output = launch_log(shared_root, "single_process")
     optional = r"\|\s+(wandb|tensorboardX|tensorboard|deepspeed)(\.|$)"
-    imported = [ln for ln in proc.stderr.splitlines() if re.search(optional, ln)]
+    imported = [ln for ln in output.splitlines() if re.search(optional, ln)]
     assert not imported, imported[:3]
-    assert "tensorboard_sink" in proc.stderr  # the check sees the launcher's own imports
+    assert "tensorboard_sink" in output  # the check sees the launcher's own imports
 
 
 def test_bad_mode_is_one_line_exit_2(monkeypatch, capsys):

@@ -251,14 +251,15 @@ class SlurmConfig:
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    cpus_per_task: int | None = None  # CPUs for one node's torchrun and all its workers
+    cpus_per_task: int | None = None  # null: processes x (1 + data.num_workers)
     mem: str | None = None  # per node, as sbatch takes it: 500G, 0 (all of the node's)
     exclusive: bool = False
     constraint: str | None = None
     gpu_request: str = "gpus-per-node"  # or gres: --gres=gpu:N (clusters without cons_tres)
     extra_sbatch: list[str] = field(default_factory=list)  # more `#SBATCH` options, verbatim
     container_image: str | None = None  # pyxis/enroot: srun --container-image
-    container_mounts: list[str] = field(default_factory=list)  # besides workdir and run root
+    container_name: str | None = None  # pyxis --container-name; null: one per image
+    container_mounts: list[str] = field(default_factory=list)  # more than the ones made
     modules: list[str] = field(default_factory=list)  # `module load` each, in order
     venv: str | None = None  # a virtual environment to activate on every node
     signal_lead_s: int = 300  # Slurm warns (USR1) this long before the time limit
@@ -266,6 +267,8 @@ class SlurmConfig:
     max_requeues: int | None = 20  # requeues of one job (SLURM_RESTART_COUNT); null: no cap
     rdzv_port_range: int = 1000  # rendezvous port: cluster.rdzv_port + job id mod this
     step_time_s: float | None = None  # a measured step time: checks time_limit (docs/slurm.md)
+    checkpoint_write_s: float | None = None  # one checkpoint write; null: estimated (docs)
+    checkpoint_write_mb_s: float = 100  # write bandwidth to run.root (measure yours)
 
 
 @dataclass
@@ -299,8 +302,10 @@ class K8sConfig:
     priority_class: str | None = None
     labels: dict[str, str] = field(default_factory=dict)  # added to every object and pod
     annotations: dict[str, str] = field(default_factory=dict)  # added to the pods
-    security: str = "default"  # or restricted: Pod Security 'restricted' (docs/kubernetes.md)
-    run_as_user: int = 1000  # the UID with security=restricted (runAsNonRoot needs one)
+    security: str = "restricted"  # Pod Security 'restricted'; root: the image's user, no context
+    run_as_user: int = 1000  # the UID (GID, fsGroup) with security=restricted
+    home_size: str = "10Gi"  # restricted: the writable HOME emptyDir (caches, data cache)
+    tmp_size: str = "2Gi"  # restricted: the writable /tmp emptyDir
     gang: str = "none"  # none, kueue (queue-name label, suspended) or volcano (min members)
     queue: str | None = None  # the Kueue LocalQueue or the Volcano queue
     backoff_limit_per_node: int = 3  # failed pods tolerated per node (disruptions not counted)
@@ -308,8 +313,10 @@ class K8sConfig:
     rdzv_timeout_s: int = 900  # how long torchrun waits for all pods to join (join_timeout)
     termination_grace_s: int = 120  # SIGTERM -> SIGKILL: time to write the stop checkpoint
     step_time_s: float | None = None  # a measured step time: checks termination_grace_s
-    checkpoint_write_s: float = 30  # how long one checkpoint write takes (measure; docs)
+    checkpoint_write_s: float | None = None  # one checkpoint write; null: estimated (docs)
+    checkpoint_write_mb_s: float = 100  # write bandwidth to the runs volume (measure yours)
     ttl_after_finished_s: int | None = None  # delete the finished Job after this long
+    version: str | None = None  # the cluster's Kubernetes (1.30); older than 1.29 is refused
 
 
 @dataclass

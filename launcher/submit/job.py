@@ -13,23 +13,45 @@ Kubernetes failure policies act on.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import DictConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from launcher import sweep
 from launcher.config import ConfigError, compose
+from launcher.data.tokenizer import tokenizer_path_problem
 from launcher.paths import can_create_in
-from launcher.preflight import check_config
+from launcher.preflight import check_config, data_file_problems, init_from_problem, resume_problem
+from launcher.secret_keys import is_secret_key
 
 SUBMIT_DIR = "submit"
 # What each node runs in place of `torchrun` (same arguments; exits with the contract code).
 FRONT_DOOR = ("python", "-m", "launcher.torchrun")
 DEFAULT_JOB_NAME = "launcher"
+# Keys whose values become shell text in the job (exports, setup lines, sbatch options).
+SHELL_TEXT_KEYS = (
+    "cluster.setup",
+    "cluster.env",
+    "nccl.env",
+    "cluster.slurm.modules",
+    "cluster.slurm.extra_sbatch",
+    "cluster.slurm.container_mounts",
+)
+# How each cluster gets a secret to the job without writing it down (refusal's fix).
+SECRET_WAYS = {
+    "slurm": "export it in the shell you submit from (sbatch passes that environment on "
+    "to every rank) or keep it in a file only you can read (wandb login writes ~/.netrc)",
+    "k8s": "give it through a Secret (cluster.k8s.wandb_secret names the one holding "
+    "WANDB_API_KEY)",
+}
 
 
 @dataclass
@@ -65,6 +87,14 @@ class SubmitJob:
     @property
     def procs_per_node(self) -> int:
         return procs_per_node(self.cluster)
+
+    @property
+    def cpu_need(self) -> int:
+        """CPUs one node's processes use: each rank and each of its DataLoader workers
+        (every sweep point's most), what Slurm's --cpus-per-task and a pod's CPU request
+        default to."""
+        workers = max(int(p.data.num_workers) for p in (self.points or [self.cfg]))
+        return self.procs_per_node * (1 + workers)
 
     @property
     def world_size(self) -> int:
@@ -139,6 +169,47 @@ def _numbered(name: str, n: int) -> str:
     return f"{stem}-{n}{dot}{ext}"
 
 
+_TIME = re.compile(
+    r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+    r"|(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)|(?P<mm>\d+):(?P<ss>\d+)|(?P<min>\d+))$"
+)
+
+
+def time_limit_s(text: str) -> int:
+    """Seconds in cluster.time_limit, any Slurm form: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S
+    (Kubernetes' deadline takes the same text)."""
+    m = _TIME.match(text.strip())
+    if not m:
+        raise ConfigError(
+            f"cluster.time_limit={text}: not a Slurm time; use [D-]HH:MM:SS, e.g. 04:00:00"
+        )
+    g = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+    if "d" in g:
+        return ((g["d"] * 24 + g["dh"]) * 60 + g.get("dm", 0)) * 60 + g.get("ds", 0)
+    if "h" in g:
+        return (g["h"] * 60 + g["m"]) * 60 + g["s"]
+    if "mm" in g:
+        return g["mm"] * 60 + g["ss"]
+    return g["min"] * 60
+
+
+def check_interval_fits(
+    limit: str, usable: float, t: DictConfig, step_time_s, group: str, before: str
+) -> None:
+    """One checkpoint interval must fit into the time a start can train, or a job that is
+    stopped or killed at its limit makes no progress but through its stop checkpoint."""
+    if step_time_s is None or not t.checkpoint_interval:
+        return
+    needed = t.checkpoint_interval * step_time_s
+    if needed > usable:
+        raise ConfigError(
+            f"cluster.time_limit={limit} is shorter than one checkpoint interval: "
+            f"trainer.checkpoint_interval={t.checkpoint_interval} steps x "
+            f"{group}.step_time_s={step_time_s} = {needed:.0f} s, but only "
+            f"{usable:.0f} s remain {before}; lower the interval or raise the limit"
+        )
+
+
 def procs_per_node(cluster: DictConfig) -> int:
     """Processes per node: `cluster.procs_per_node`, else one per GPU, else one."""
     if cluster.procs_per_node is not None:
@@ -166,6 +237,9 @@ def prepare(target: str, overrides: list[str], check_paths: bool = True) -> Subm
             f"cluster={cfg.cluster.name} does not match `submit {target}`; use cluster={target}"
         )
     _check_shape(cfg.cluster)
+    check_shell_text(overrides)
+    check_interpolations(cfg)
+    check_secrets(target, overrides, configs)
     world = cfg.cluster.nodes * procs_per_node(cfg.cluster)
     for point in configs:
         try:
@@ -181,6 +255,8 @@ def prepare(target: str, overrides: list[str], check_paths: bool = True) -> Subm
     root = root if root.is_absolute() else workdir / root
     if check_paths:
         _check_writable(root)
+        for point in configs:
+            check_visible_files(point, workdir)
     run_id = (
         str(cfg.run.id)
         if cfg.run.id
@@ -225,3 +301,104 @@ def _check_writable(root: Path) -> None:
             f"run.root={root}: {existing} is not a writable directory; give run.root a path "
             "on the file system all nodes share (e.g. run.root=/shared/$USER/runs)"
         )
+
+
+def check_shell_text(overrides: list[str]) -> None:
+    """A value Hydra typed (`false` as the boolean False, `1e3` as 1000.0, `0022` as 22) is
+    written into the job as Python prints it, not as typed: refuse it in the keys that
+    become shell text, with the quoting that keeps it as typed."""
+    parser = OverridesParser.create()
+    for override in overrides:
+        key, _, raw = override.partition("=")
+        key = key.lstrip("+~")
+        if not any(key == k or key.startswith(f"{k}.") for k in SHELL_TEXT_KEYS):
+            continue
+        typed = _retyped(parser.parse_override(override).value(), raw)
+        if typed:
+            value = typed[0]
+            raise ConfigError(
+                f"{override}: Hydra reads a value here as the {type(value).__name__} "
+                f"{value!r}, and the job would get `{value}`; quote it to keep it as typed, "
+                f"e.g. {key}='\"text\"' or {key}='[\"text\"]'"
+            )
+
+
+def check_interpolations(cfg: DictConfig) -> None:
+    """A shell `${VAR}` in those keys is an OmegaConf interpolation, which fails (or takes
+    a config value) when the renderer reads it; say how to write it for the shell."""
+    for key in SHELL_TEXT_KEYS:
+        try:
+            OmegaConf.to_container(OmegaConf.select(cfg, key), resolve=True)
+        except OmegaConfBaseException as exc:
+            where = getattr(exc, "full_key", None) or key
+            raise ConfigError(
+                f"{where}: ${{...}} is read as a config interpolation here; for the shell "
+                "write $VAR, or escape it as \\${VAR}"
+            ) from None
+
+
+def _retyped(value, raw: str) -> list:
+    """The scalars in a parsed override value whose text is not the one in `raw`."""
+    if isinstance(value, dict):
+        return [w for v in value.values() for w in _retyped(v, raw)]
+    if isinstance(value, list):
+        return [w for v in value for w in _retyped(v, raw)]
+    if value is None or isinstance(value, str):
+        return []
+    return [] if re.search(rf"(?<![\w.]){re.escape(str(value))}(?![\w.])", raw) else [value]
+
+
+def check_secrets(target: str, overrides: list[str], configs: list[DictConfig]) -> None:
+    """A secret in an environment mapping (cluster.env, nccl.env) or an added key would be
+    written into the job's files and every rank's command line: refuse it, naming the way
+    this cluster gets a secret to the job instead."""
+    names = [
+        f"{group}.{name}"
+        for cfg in configs
+        for group in ("cluster.env", "nccl.env")
+        for name in OmegaConf.select(cfg, group)
+    ]
+    names += [o.split("=", 1)[0].lstrip("+~") for o in overrides if o.startswith("+")]
+    for name in dict.fromkeys(names):
+        if is_secret_key(name):
+            raise ConfigError(
+                f"{name} is a secret: it would be written into the job's files and every "
+                f"rank's command line; remove it and {SECRET_WAYS[target]}"
+            )
+
+
+def check_visible_files(cfg: DictConfig, workdir: Path) -> None:
+    """The files the run reads (data, a checkpoint to resume, pretrained weights, a
+    tokenizer), checked now rather than on the nodes after the queue wait, where they lie
+    on a file system this host sees too (relative paths: under an existing workdir)."""
+    with contextlib.chdir(workdir) if workdir.is_dir() else contextlib.nullcontext():
+        problems = _file_problems(cfg, workdir)
+    if problems:
+        raise ConfigError(f"{problems[0]} (checked at submit: the job would fail on the nodes)")
+
+
+def _file_problems(cfg: DictConfig, workdir: Path) -> list[str]:
+    d = cfg.data
+    data = OmegaConf.masked_copy(d, ["source", "paths", "val_paths"])
+    data.paths = [p for p in d.paths if visible(p, workdir)]
+    data.val_paths = [p for p in d.get("val_paths", []) if visible(p, workdir)]
+    problems = data_file_problems(data)
+    if cfg.resume not in ("auto", "never", "archive") and visible(cfg.resume, workdir):
+        problems.append(resume_problem(cfg.resume))
+    for value, check in (
+        (cfg.model.init_from, init_from_problem),
+        (d.tokenizer, tokenizer_path_problem),
+    ):
+        path = str(value or "")
+        if path.startswith(("/", ".", "~")) and visible(path, workdir):  # not a hub name
+            problems.append(check(path))
+    return [p for p in problems if p]
+
+
+def visible(path: str, workdir: Path) -> bool:
+    """Whether this host sees the file system `path` lies on: its top folder exists here
+    (/shared of /shared/data/*.txt); for a relative path, the workdir does."""
+    p = Path(os.path.expanduser(str(path)))
+    if not p.is_absolute():
+        return workdir.is_dir()
+    return len(p.parts) > 1 and Path(p.parts[0], p.parts[1]).exists()

@@ -29,13 +29,23 @@ from omegaconf import OmegaConf
 from launcher import exit_codes
 from launcher.config import ConfigError
 from launcher.preflight import shm_need
-from launcher.submit import k8s_check
-from launcher.submit.job import DEFAULT_JOB_NAME, FRONT_DOOR, SubmitJob
+from launcher.submit import k8s_check, stop_time
+from launcher.submit.job import (
+    DEFAULT_JOB_NAME,
+    FRONT_DOOR,
+    SubmitJob,
+    check_interval_fits,
+    time_limit_s,
+)
 
 KINDS = ("job", "jobset", "pytorchjob")
 CONTAINER = "trainer"
 SHM_VOLUME = "dshm"
 RUNS_VOLUME = "runs"
+# security=restricted: the UID has no home in most images and may not write the image's
+# /tmp; these emptyDirs give it both (the data cache, ~/.cache/launcher, lies in HOME).
+HOME_VOLUME, HOME_DIR = "home", "/home/launcher"
+TMP_VOLUME, TMP_DIR = "tmp", "/tmp"
 RANK_PLACEHOLDER = "@NODE_RANK@"
 # What each kind's pods know their node rank by (Kubernetes expands $(VAR) in args).
 NODE_RANK = {"job": "JOB_COMPLETION_INDEX", "jobset": "JOB_COMPLETION_INDEX", "pytorchjob": "RANK"}
@@ -47,7 +57,8 @@ FAIL_AT_ONCE = [exit_codes.BAD_INPUT, exit_codes.NONFINITE, exit_codes.OOM]
 # the kubelet's SIGKILL at terminationGracePeriodSeconds, so the pod exits with its code.
 SHUTDOWN_MARGIN_S = 10
 GANGS = ("none", "kueue", "volcano")
-SECURITY = ("default", "restricted")
+MIN_VERSION = (1, 29)  # the oldest Kubernetes the rendered manifests pass validation for
+SECURITY = ("restricted", "root")
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 VOLCANO_MIN_MEMBER = "scheduling.volcano.sh/group-min-member"  # on the Job (Volcano >= 1.12)
 VOLCANO_QUEUE = "scheduling.volcano.sh/queue-name"  # on the pods
@@ -148,7 +159,9 @@ def notes(job: SubmitJob) -> list[str]:
         lines.append(
             f"remove: kubectl delete job,service{ns_flag} -l "
             f"{_instance_label(job)}={name_of(job)} (submit makes the Job own the Service, "
-            "so deleting the Job, or its ttlSecondsAfterFinished, removes both)"
+            "so deleting the Job, or its ttlSecondsAfterFinished, removes both; applied "
+            "with kubectl apply -f or a GitOps tool alone, the Service is not owned: delete "
+            "it by that label, or use cluster.k8s.kind=jobset, whose controller owns it)"
         )
     return lines
 
@@ -182,7 +195,17 @@ def check_options(job: SubmitJob) -> None:
         )
     if k.rdma_resource and k.rdma_per_node < 1:
         raise ConfigError(f"cluster.k8s.rdma_per_node={k.rdma_per_node}: must be at least 1")
+    if k.rdma_resource and k.security == "restricted":
+        job.warnings.append(
+            f"cluster.k8s.rdma_resource={k.rdma_resource} adds the IPC_LOCK capability, "
+            "which Pod Security 'restricted' (and 'baseline') refuse: the namespace must "
+            "enforce 'privileged' or exempt these pods"
+        )
+    for key in ("home_size", "tmp_size"):
+        k8s_check.parse_quantity(k[key], f"cluster.k8s.{key}")
     _check_grace(job)
+    _check_deadline(job)
+    _check_version(job)
     _check_image(job)
     _check_cpu(job)
 
@@ -192,18 +215,58 @@ def uses_infiniband(job: SubmitJob) -> bool:
 
 
 def _check_grace(job: SubmitJob) -> None:
-    """terminationGracePeriodSeconds must hold one step, one checkpoint write and torchrun's
-    own shutdown: SIGTERM arrives mid-step, the ranks finish it, checkpoint, and exit."""
+    """terminationGracePeriodSeconds must hold one step, the stop checkpoint's write
+    (stop_time: measured, given or estimated from the model) and torchrun's own shutdown:
+    SIGTERM arrives mid-step, the ranks finish it, checkpoint, and exit."""
     k = job.cluster.k8s
     step = float(k.step_time_s or 0)
-    need = step + float(k.checkpoint_write_s) + SHUTDOWN_MARGIN_S
+    write = stop_time.checkpoint_write(job, k, "cluster.k8s")
+    need = step + write.seconds + SHUTDOWN_MARGIN_S
     if k.termination_grace_s < need:
         measured = f"cluster.k8s.step_time_s={k.step_time_s} + " if k.step_time_s else ""
         raise ConfigError(
             f"cluster.k8s.termination_grace_s={k.termination_grace_s} is too short to stop "
-            f"with a checkpoint: {measured}cluster.k8s.checkpoint_write_s="
-            f"{k.checkpoint_write_s} + {SHUTDOWN_MARGIN_S} s for torchrun to end = "
-            f"{need:.0f} s; raise termination_grace_s"
+            f"with a checkpoint: {measured}a {write.seconds:.0f} s checkpoint write "
+            f"({write.why}) + {SHUTDOWN_MARGIN_S} s for torchrun to end = {need:.0f} s; "
+            "raise termination_grace_s"
+        )
+
+
+def _check_deadline(job: SubmitJob) -> None:
+    """The same minimum as Slurm's: a limit must leave time to train. At the deadline the
+    pods get SIGTERM and the grace period to stop in, so a deadline no longer than that
+    grace trains nothing; and one checkpoint interval must fit, as on Slurm."""
+    deadline = deadline_s(job)
+    if deadline is None:
+        return
+    limit, grace = job.cluster.time_limit, int(job.cluster.k8s.termination_grace_s)
+    if deadline <= grace:
+        raise ConfigError(
+            f"cluster.time_limit={limit} ({deadline} s) leaves no time to train: it is no "
+            f"longer than cluster.k8s.termination_grace_s={grace} s, the time the pods get "
+            "to stop; raise the time limit"
+        )
+    step = job.cluster.k8s.step_time_s
+    check_interval_fits(
+        limit, deadline, job.cfg.trainer, step, "cluster.k8s", "before the deadline"
+    )
+
+
+def _check_version(job: SubmitJob) -> None:
+    """The Job's backoffLimitPerIndex and podFailurePolicy rules without onPodConditions
+    need Kubernetes 1.29 (1.27/1.28 reject them); refuse an older cluster in one line."""
+    version = job.cluster.k8s.version
+    if version is None:
+        return
+    parts = str(version).removeprefix("v").split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+        raise ConfigError(f"cluster.k8s.version={version}: not a Kubernetes version such as 1.30")
+    if (int(parts[0]), int(parts[1])) < MIN_VERSION:
+        raise ConfigError(
+            f"cluster.k8s.version={version}: the manifests need "
+            f"{'.'.join(map(str, MIN_VERSION))} or later (backoffLimitPerIndex, and "
+            "podFailurePolicy rules without onPodConditions, which 1.27/1.28 require); "
+            "upgrade the cluster, or run there with Slurm or by hand"
         )
 
 
@@ -239,15 +302,9 @@ def _check_image(job: SubmitJob) -> None:
         )
 
 
-def cpu_need(job: SubmitJob) -> int:
-    """CPUs one pod's processes use: each rank and each of its DataLoader workers."""
-    workers = max(int(p.data.num_workers) for p in (job.points or [job.cfg]))
-    return job.procs_per_node * (1 + workers)
-
-
 def cpu_request(job: SubmitJob) -> str:
     k = job.cluster.k8s
-    return str(k.cpu) if k.cpu is not None else str(cpu_need(job))
+    return str(k.cpu) if k.cpu is not None else str(job.cpu_need)
 
 
 def _check_cpu(job: SubmitJob) -> None:
@@ -258,9 +315,9 @@ def _check_cpu(job: SubmitJob) -> None:
             f"cluster.k8s.cpu={k.cpu}: Guaranteed QoS (cluster.k8s.guaranteed=true) needs whole "
             "CPUs, so that the static CPU manager can pin them; give an integer"
         )
-    if cpus < cpu_need(job):
+    if cpus < job.cpu_need:
         job.warnings.append(
-            f"cluster.k8s.cpu={k.cpu} is less than the {cpu_need(job)} CPUs the pod's "
+            f"cluster.k8s.cpu={k.cpu} is less than the {job.cpu_need} CPUs the pod's "
             f"{job.procs_per_node} process(es) and their data.num_workers DataLoader workers "
             "use (one each); leave it null to have it computed"
         )
@@ -417,7 +474,7 @@ def job_spec(job: SubmitJob, pod: dict, restarts_owned_by_jobset: bool = False) 
         spec["backoffLimitPerIndex"] = int(k.backoff_limit_per_node)
         spec["maxFailedIndexes"] = 0
     spec["podFailurePolicy"] = pod_failure_policy()
-    deadline = _seconds(job.cluster.time_limit)
+    deadline = deadline_s(job)
     if deadline:
         spec["activeDeadlineSeconds"] = deadline
     if k.ttl_after_finished_s is not None:
@@ -450,16 +507,7 @@ def jobset(job: SubmitJob, pod: dict) -> dict:
             "publishNotReadyAddresses": True,
             "subdomain": name_of(job),
         },
-        "failurePolicy": {
-            "maxRestarts": restart_budget(job),
-            "rules": [
-                {
-                    "name": "fail-on-bad-input-nonfinite-oom",
-                    "action": "FailJobSet",
-                    "onJobFailureReasons": ["PodFailurePolicy"],
-                }
-            ],
-        },
+        "failurePolicy": {"maxRestarts": restart_budget(job), "rules": jobset_rules(job)},
     }
     if k.gang == "kueue":
         spec["suspend"] = True
@@ -470,6 +518,28 @@ def jobset(job: SubmitJob, pod: dict) -> dict:
         "metadata": workload_metadata(job),
         "spec": spec,
     }
+
+
+def jobset_rules(job: SubmitJob) -> list[dict]:
+    """Fail the set, without a restart, when the inner Job failed by its podFailurePolicy
+    (exit 2, 3, 4) or, with a time limit, by its deadline: a restart would get a fresh
+    activeDeadlineSeconds and run past the limit."""
+    rules = [
+        {
+            "name": "fail-on-bad-input-nonfinite-oom",
+            "action": "FailJobSet",
+            "onJobFailureReasons": ["PodFailurePolicy"],
+        }
+    ]
+    if job.cluster.time_limit is not None:
+        rules.append(
+            {
+                "name": "fail-on-time-limit",
+                "action": "FailJobSet",
+                "onJobFailureReasons": ["DeadlineExceeded"],
+            }
+        )
+    return rules
 
 
 def restart_budget(job: SubmitJob) -> int:
@@ -485,8 +555,10 @@ def pytorchjob(job: SubmitJob, pod: dict) -> dict:
     1-127, so bad input, a non-finite loss and out of memory (2, 3, 4), but also a crash (1)
     and a hang (5), end it without a retry."""
     k = job.cluster.k8s
-    run_policy: dict = {"backoffLimit": restart_budget(job), "cleanPodPolicy": "None"}
-    deadline = _seconds(job.cluster.time_limit)
+    # Running: when the job ends (a failure included), the pods still running are deleted,
+    # so no Worker holds its GPUs; the finished ones stay for their logs.
+    run_policy: dict = {"backoffLimit": restart_budget(job), "cleanPodPolicy": "Running"}
+    deadline = deadline_s(job)
     if deadline:
         run_policy["activeDeadlineSeconds"] = deadline
     if k.ttl_after_finished_s is not None:
@@ -545,6 +617,11 @@ def pod_template(
         {"name": SHM_VOLUME, "mountPath": k8s_check.SHM_PATH},
         {"name": RUNS_VOLUME, "mountPath": str(job.run_root)},
     ]
+    if k.security == "restricted":
+        main["volumeMounts"] += [
+            {"name": HOME_VOLUME, "mountPath": HOME_DIR},
+            {"name": TMP_VOLUME, "mountPath": TMP_DIR},
+        ]
     spec: dict = {"restartPolicy": "Never"}
     if k.kind == "pytorchjob":
         del spec["restartPolicy"]  # the operator sets it from the replica's restartPolicy
@@ -556,6 +633,10 @@ def pod_template(
             "runAsNonRoot": True,
             "runAsUser": int(k.run_as_user),
             "runAsGroup": int(k.run_as_user),
+            # The volumes' group, so that the UID can write a volume made by root; the
+            # recursive change happens only when the volume's root does not match already.
+            "fsGroup": int(k.run_as_user),
+            "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         }
     if k.service_account:
@@ -575,6 +656,11 @@ def pod_template(
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}},
         {"name": RUNS_VOLUME, "persistentVolumeClaim": {"claimName": str(k.runs_pvc)}},
     ]
+    if k.security == "restricted":
+        spec["volumes"] += [
+            {"name": HOME_VOLUME, "emptyDir": {"sizeLimit": str(k.home_size)}},
+            {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": str(k.tmp_size)}},
+        ]
     # No service-mesh sidecar: it would hold the pod open after training ends, and the
     # rendezvous and NCCL traffic must not go through a proxy (label: current Istio; the
     # annotation: older releases).
@@ -610,7 +696,7 @@ def resources(job: SubmitJob, memory_limit: str) -> dict:
 def container_security(job: SubmitJob) -> dict | None:
     """security=restricted: what Pod Security's 'restricted' profile asks of a container.
     RDMA needs IPC_LOCK (to pin memory for the NIC), the one documented exception: no Pod
-    Security level but privileged allows adding it."""
+    Security level but privileged allows adding it (check_options warns)."""
     k = job.cluster.k8s
     context: dict = {}
     if k.security == "restricted":
@@ -648,6 +734,8 @@ def container_env(job: SubmitJob) -> list[dict]:
     """The `nccl` group's and cluster.env's variables; the W&B key only through a Secret."""
     k = job.cluster.k8s
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
+    if k.security == "restricted":
+        env.append({"name": "HOME", "value": HOME_DIR})
     env += [{"name": name, "value": value} for name, value in job.env().items()]
     # torchrun's agent lets its workers checkpoint this long after SIGTERM (its default is
     # 30 s), ending before the kubelet's SIGKILL at terminationGracePeriodSeconds.
@@ -672,17 +760,7 @@ def to_yaml(obj: dict, job: SubmitJob) -> str:
     return header + yaml.safe_dump(obj, sort_keys=False, default_flow_style=False, width=1000)
 
 
-def _seconds(limit: str | None) -> int | None:
-    """cluster.time_limit ([D-]HH:MM:SS) in seconds, for activeDeadlineSeconds."""
-    if not limit:
-        return None
-    text = str(limit)
-    days, _, clock = text.rpartition("-")
-    try:
-        h, m, s = (int(p) for p in clock.split(":"))
-        total = int(days or 0) * 86400 + h * 3600 + m * 60 + s
-    except ValueError:
-        total = -1
-    if total <= 0:
-        raise ConfigError(f"cluster.time_limit={text}: not [D-]HH:MM:SS; e.g. 1-12:00:00")
-    return total
+def deadline_s(job: SubmitJob) -> int | None:
+    """cluster.time_limit in seconds, for activeDeadlineSeconds."""
+    limit = job.cluster.time_limit
+    return time_limit_s(str(limit)) if limit is not None else None

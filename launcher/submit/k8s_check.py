@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from launcher.config import ConfigError
+from launcher.secret_keys import is_secret_key
+from launcher.submit import pod_security
 
 SHM_PATH = "/dev/shm"
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 LABEL_MAX = 63
-SECRET_LIKE = re.compile(r"(API_KEY|TOKEN|PASSWORD|SECRET)", re.IGNORECASE)
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {"m": Decimal("0.001"), "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
@@ -59,7 +60,7 @@ class Expect:
     shm_need: int  # bytes of /dev/shm one pod's loaders need
     process_memory: int  # bytes the processes get besides /dev/shm (cluster.k8s.memory)
     rdzv_port: int
-    security: str = "default"  # restricted: Pod Security's 'restricted' profile
+    security: str = "restricted"  # Pod Security's 'restricted' profile; root: not checked
     guaranteed: bool = False  # CPU limit = request (QoS Guaranteed)
     rdma_resource: str | None = None  # requested with IPC_LOCK when set
 
@@ -220,13 +221,22 @@ def _check_jobset(jobset: dict, expect: Expect) -> None:
             "0: the JobSet owns restarts (spec.failurePolicy.maxRestarts)"
         )
     rules = (spec.get("failurePolicy") or {}).get("rules") or []
-    if not any(
-        r.get("action") == "FailJobSet" and "PodFailurePolicy" in r.get("onJobFailureReasons", [])
+    fails_on = {
+        reason
         for r in rules
-    ):
+        if r.get("action") == "FailJobSet"
+        for reason in r.get("onJobFailureReasons", [])
+    }
+    if "PodFailurePolicy" not in fails_on:
         raise ConfigError(
             f"{_where(jobset)}: spec.failurePolicy.rules has no FailJobSet rule on "
             "PodFailurePolicy: a Job failed for bad input would be restarted"
+        )
+    if "activeDeadlineSeconds" in job_spec and "DeadlineExceeded" not in fails_on:
+        raise ConfigError(
+            f"{_where(jobset)}: spec.failurePolicy.rules has no FailJobSet rule on "
+            f"DeadlineExceeded: each restart would get a fresh {base}.activeDeadlineSeconds "
+            "and the set would run past cluster.time_limit"
         )
     pod = job_spec["template"]
     _check_pod(jobset, pod, f"{base}.template", expect, "Never")
@@ -309,33 +319,24 @@ def _check_shutdown(obj: dict, container: dict, where: str, spec: dict, path: st
         )
 
 
-RESTRICTED_POD = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
-
-
 def _check_security(obj, container, where, spec, path, expect: Expect) -> None:
-    """security=restricted: the fields Pod Security's 'restricted' profile checks (IPC_LOCK
-    for RDMA is the one documented exception); guaranteed: CPU limit = request."""
+    """security=restricted: Pod Security's 'restricted' rules (pod_security; IPC_LOCK for
+    RDMA is the one documented exception), a writable HOME, and fsGroup for the volumes;
+    guaranteed: CPU limit = request."""
     context = container.get("securityContext") or {}
     caps = context.get("capabilities") or {}
     if expect.security == "restricted":
-        pod_ctx = spec.get("securityContext") or {}
-        wrong = [k for k, v in RESTRICTED_POD.items() if pod_ctx.get(k) != v]
-        if wrong or not pod_ctx.get("runAsUser"):
+        broken = [
+            v
+            for v in pod_security.violations(spec)
+            if not (expect.rdma_resource and v.endswith(": IPC_LOCK breaks baseline or restricted"))
+        ]
+        if broken:
             raise ConfigError(
-                f"{_where(obj)}: {path}.spec.securityContext lacks {wrong or ['runAsUser']} "
-                "for the 'restricted' Pod Security profile"
+                f"{_where(obj)}: {path}.{broken[0]} (Pod Security 'restricted'); "
+                f"{len(broken)} rule(s) broken"
             )
-        if context.get("allowPrivilegeEscalation") is not False or caps.get("drop") != ["ALL"]:
-            raise ConfigError(
-                f"{_where(obj)}: {where}.securityContext must set allowPrivilegeEscalation: "
-                "false and drop ALL capabilities for the 'restricted' profile"
-            )
-        allowed = {"NET_BIND_SERVICE"} | ({"IPC_LOCK"} if expect.rdma_resource else set())
-        if set(caps.get("add", [])) - allowed:
-            raise ConfigError(
-                f"{_where(obj)}: {where}.securityContext.capabilities.add={caps.get('add')} "
-                "breaks the 'restricted' profile"
-            )
+        _check_writable_home(obj, container, where, spec, path)
     if expect.rdma_resource and "IPC_LOCK" not in caps.get("add", []):
         raise ConfigError(
             f"{_where(obj)}: {where}: RDMA ({expect.rdma_resource}) needs the IPC_LOCK "
@@ -347,6 +348,25 @@ def _check_security(obj, container, where, spec, path, expect: Expect) -> None:
         raise ConfigError(
             f"{_where(obj)}: {where}.resources: limits.cpu={limits.get('cpu')!r} differs from "
             f"requests.cpu={requests.get('cpu')!r}: the pod is not Guaranteed QoS"
+        )
+
+
+def _check_writable_home(obj, container, where, spec, path) -> None:
+    """A non-root UID has no home in most images: HOME must be an emptyDir mount, and the
+    volumes' group (fsGroup) the UID's, so that it can write a root-owned runs volume."""
+    home = next((e.get("value") for e in container.get("env", []) if e["name"] == "HOME"), None)
+    empty = {v["name"] for v in spec.get("volumes", []) if "emptyDir" in v}
+    mounted = {m["mountPath"] for m in container.get("volumeMounts", []) if m["name"] in empty}
+    if home not in mounted:
+        raise ConfigError(
+            f"{_where(obj)}: {where}.env HOME={home} is not a mounted emptyDir: the non-root "
+            "UID could write no cache or home files"
+        )
+    pod_ctx = spec.get("securityContext") or {}
+    if pod_ctx.get("fsGroup") is None:
+        raise ConfigError(
+            f"{_where(obj)}: {path}.spec.securityContext.fsGroup is missing: the non-root UID "
+            "cannot write a volume made by root"
         )
 
 
@@ -401,7 +421,7 @@ def _check_resources(obj: dict, container: dict, where: str, expect: Expect) -> 
 
 def _check_env(obj: dict, container: dict, where: str) -> None:
     for e, env in enumerate(container.get("env", [])):
-        if "value" in env and SECRET_LIKE.search(env["name"]):
+        if "value" in env and is_secret_key(env["name"]):
             raise ConfigError(
                 f"{_where(obj)}: {where}.env[{e}] {env['name']} is a secret written into the "
                 "manifest; remove it from cluster.env and give it through a Secret "

@@ -9,6 +9,7 @@ explains it line by line and docs/slurm.md explains the choices (the signal path
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 import shutil
@@ -20,7 +21,16 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from launcher.config import ConfigError
-from launcher.submit.job import FRONT_DOOR, SubmitJob, prepare
+from launcher.data.cache import cache_root
+from launcher.submit import stop_time
+from launcher.submit.job import (
+    FRONT_DOOR,
+    SubmitJob,
+    check_interval_fits,
+    prepare,
+    time_limit_s,
+    visible,
+)
 
 SCRIPT = "job.sbatch"
 OUTPUT = "slurm-%j.out"  # in the submit/ folder; requeued runs append to the same file
@@ -47,30 +57,13 @@ EXAMPLE_OVERRIDES = [
     "run.root=/shared/runs",
     "run.id=example",
 ]
+# pyxis (NVIDIA's SPANK plugin) adds this option to srun; without it srun refuses the job.
+PYXIS_OPTION = "--container-image"
+# A failed setup line ends the job with the contract's bad-input code: a retry fails alike.
+SETUP_FAILED_EXIT = 2
 MAX_SIGNAL_LEAD_S = 65535  # sbatch --signal takes at most 16 bits of seconds
 GPU_REQUESTS = ("gpus-per-node", "gres")
 _PLAIN = re.compile(r"^[^\s'\"\\`$;]+$")  # a value an #SBATCH line can carry as it is
-_TIME = re.compile(
-    r"^(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
-    r"|(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)|(?P<mm>\d+):(?P<ss>\d+)|(?P<min>\d+))$"
-)
-
-
-def time_limit_s(text: str) -> int:
-    """Seconds in a Slurm time limit: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S."""
-    m = _TIME.match(text.strip())
-    if not m:
-        raise ConfigError(
-            f"cluster.time_limit={text}: not a Slurm time; use [D-]HH:MM:SS, e.g. 04:00:00"
-        )
-    g = {k: int(v) for k, v in m.groupdict().items() if v is not None}
-    if "d" in g:
-        return ((g["d"] * 24 + g["dh"]) * 60 + g.get("dm", 0)) * 60 + g.get("ds", 0)
-    if "h" in g:
-        return (g["h"] * 60 + g["m"]) * 60 + g["s"]
-    if "mm" in g:
-        return g["mm"] * 60 + g["ss"]
-    return g["min"] * 60
 
 
 def check(job: SubmitJob) -> None:
@@ -91,9 +84,15 @@ def check(job: SubmitJob) -> None:
             f"{s.rdzv_port_range}: the ports {c.rdzv_port}..{last_port} must lie within "
             "1024..65535 (the job uses rdzv_port + job id mod rdzv_port_range)"
         )
-    for key in ("cpus_per_task",):
-        if s[key] is not None and s[key] < 1:
-            raise ConfigError(f"cluster.slurm.{key}={s[key]}: must be at least 1")
+    _check_cpus(job)
+    _check_lead(job)
+    if s.venv is not None and visible(s.venv, job.workdir):
+        activate = Path(s.venv).expanduser() / "bin" / "activate"
+        if not activate.is_file():
+            raise ConfigError(
+                f"cluster.slurm.venv={s.venv}: {activate} does not exist; give the folder "
+                "of a virtual environment (python -m venv makes one)"
+            )
     if s.max_requeues is not None and s.max_requeues < 0:
         raise ConfigError(f"cluster.slurm.max_requeues={s.max_requeues}: must be 0 or more")
     if not 1 <= s.signal_lead_s <= MAX_SIGNAL_LEAD_S:
@@ -118,6 +117,41 @@ def check(job: SubmitJob) -> None:
         _check_time_limit(str(c.time_limit), s, t)
 
 
+def cpus_per_task(job: SubmitJob) -> int:
+    """cluster.slurm.cpus_per_task, else what one node's processes use: each rank and each
+    of its DataLoader workers (one CPU each), as a pod's CPU request."""
+    given = job.cluster.slurm.cpus_per_task
+    return int(given) if given is not None else job.cpu_need
+
+
+def _check_lead(job: SubmitJob) -> None:
+    """The warning's lead is also how long torchrun lets its workers stop: it must hold a
+    step and the stop checkpoint's write (stop_time: measured, given or estimated)."""
+    s = job.cluster.slurm
+    write = stop_time.checkpoint_write(job, s, "cluster.slurm")
+    step = float(s.step_time_s or 0)
+    if s.signal_lead_s < step + write.seconds:
+        measured = f"cluster.slurm.step_time_s={s.step_time_s} + " if s.step_time_s else ""
+        raise ConfigError(
+            f"cluster.slurm.signal_lead_s={s.signal_lead_s} is too short to stop with a "
+            f"checkpoint: {measured}a {write.seconds:.0f} s checkpoint write ({write.why}) = "
+            f"{step + write.seconds:.0f} s; raise signal_lead_s"
+        )
+
+
+def _check_cpus(job: SubmitJob) -> None:
+    given = job.cluster.slurm.cpus_per_task
+    if given is not None and given < 1:
+        raise ConfigError(f"cluster.slurm.cpus_per_task={given}: must be at least 1")
+    if given is not None and given < job.cpu_need:
+        job.warnings.append(
+            f"cluster.slurm.cpus_per_task={given} is less than the {job.cpu_need} CPUs the "
+            f"node's {job.procs_per_node} process(es) and their data.num_workers DataLoader "
+            "workers use (one each); where Slurm confines tasks to their CPUs they share "
+            "these; leave it null to have it computed"
+        )
+
+
 def _check_time_limit(limit: str, s: DictConfig, t: DictConfig) -> None:
     total = time_limit_s(limit)
     usable = total - s.signal_lead_s - SIGNAL_EARLY_S
@@ -127,15 +161,7 @@ def _check_time_limit(limit: str, s: DictConfig, t: DictConfig) -> None:
             f"cluster.slurm.signal_lead_s={s.signal_lead_s} s (and up to {SIGNAL_EARLY_S} s "
             "more) before it; raise the time limit or lower signal_lead_s"
         )
-    if s.step_time_s is not None and t.checkpoint_interval:
-        needed = t.checkpoint_interval * s.step_time_s
-        if needed > usable:
-            raise ConfigError(
-                f"cluster.time_limit={limit} is shorter than one checkpoint interval: "
-                f"trainer.checkpoint_interval={t.checkpoint_interval} steps x "
-                f"cluster.slurm.step_time_s={s.step_time_s} = {needed:.0f} s, but only "
-                f"{usable} s remain before Slurm's warning; lower the interval or raise the limit"
-            )
+    check_interval_fits(limit, usable, t, s.step_time_s, "cluster.slurm", "before Slurm's warning")
 
 
 def _plain(key: str, value) -> None:
@@ -154,6 +180,7 @@ def render(job: SubmitJob) -> dict[str, str]:
         f"run {job.run_id}",
         "sbatch": "\n".join([*(f"#SBATCH {opt}" for opt in sbatch_options(job)), *_notes(job)]),
         "setup": "\n".join(_setup_lines(job)),
+        "setup_failed_exit": str(SETUP_FAILED_EXIT),
         "exports": "\n".join(
             f"export {name}={shlex.quote(value)}" for name, value in job.env().items()
         ),
@@ -182,8 +209,7 @@ def sbatch_options(job: SubmitJob) -> list[str]:
         opts.append(f"--gres=gpu:{c.gpus_per_node}")
     elif c.gpus_per_node:
         opts.append(f"--gpus-per-node={c.gpus_per_node}")
-    if s.cpus_per_task is not None:
-        opts.append(f"--cpus-per-task={s.cpus_per_task}")
+    opts.append(f"--cpus-per-task={cpus_per_task(job)}")
     if s.mem is not None:
         opts.append(f"--mem={s.mem}")
     if c.time_limit is not None:
@@ -214,25 +240,59 @@ def _notes(job: SubmitJob) -> list[str]:
 
 
 def _setup_lines(job: SubmitJob) -> list[str]:
+    """Each setup line in braces, so that its own `;`, `&&`, `&` or comment stays its own,
+    and its failure ends the job at once, naming the line (setup_failed in the template)."""
     c, s = job.cluster, job.cluster.slurm
     lines = [f"module load {m}" for m in s.modules]
     if s.venv is not None:
         lines.append(f"source {shlex.quote(str(Path(s.venv).expanduser()))}/bin/activate")
+    if s.container_image is not None:
+        lines.append(f"mkdir -p {shlex.quote(str(_cache_dir(job)))}")  # a mount's source
     lines += list(c.setup)
-    return lines or ["# (none: cluster.slurm.modules, cluster.slurm.venv and cluster.setup)"]
+    if not lines:
+        return ["# (none: cluster.slurm.modules, cluster.slurm.venv and cluster.setup)"]
+    return [f"{{ {line}\n}} || setup_failed $? {shlex.quote(line)}" for line in lines]
+
+
+def _cache_dir(job: SubmitJob) -> Path:
+    return cache_root(str(job.cfg.data.cache_dir))
+
+
+def container_mounts(job: SubmitJob) -> list[str]:
+    """What the container must see at the same paths: the workdir, the run root, the data
+    cache, the home folder (netrc, Hugging Face cache) and the venv, a folder inside another
+    mount left out; then cluster.slurm.container_mounts."""
+    s = job.cluster.slurm
+    paths = [job.workdir, job.run_root, _cache_dir(job), Path.home()]
+    if s.venv is not None:
+        paths.append(Path(s.venv).expanduser())
+    paths = [p.resolve() for p in paths]
+    own = [
+        p for p in dict.fromkeys(paths) if not any(p != q and p.is_relative_to(q) for q in paths)
+    ]
+    return [f"{p}:{p}" for p in own] + list(s.container_mounts)
+
+
+def container_name(job: SubmitJob) -> str:
+    """cluster.slurm.container_name, else one per image: pyxis keeps a named container and
+    starts it again without importing the image (every step; with the site's
+    container_scope=global also every start, requeue and later job)."""
+    s = job.cluster.slurm
+    if s.container_name:
+        return str(s.container_name)
+    return f"launcher-{hashlib.sha256(str(s.container_image).encode()).hexdigest()[:12]}"
 
 
 def _srun_options(job: SubmitJob) -> list[str]:
     s = job.cluster.slurm
-    opts = [f"--nodes={job.nodes}", "--ntasks-per-node=1"]
-    if s.cpus_per_task is not None:  # since Slurm 22.05 srun no longer inherits it
-        opts.append(f"--cpus-per-task={s.cpus_per_task}")
+    # Slurm 22.05's srun no longer inherits --cpus-per-task from the batch job.
+    opts = [f"--nodes={job.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus_per_task(job)}"]
     opts.append(f"--wait={SRUN_WAIT_S}")
     if s.container_image is not None:
-        mounts = [f"{p}:{p}" for p in (job.workdir, job.run_root)] + list(s.container_mounts)
         opts += [
-            f"--container-image={s.container_image}",
-            f"--container-mounts={shlex.quote(','.join(mounts))}",
+            f"{PYXIS_OPTION}={s.container_image}",
+            f"--container-name={container_name(job)}",
+            f"--container-mounts={shlex.quote(','.join(container_mounts(job)))}",
             f"--container-workdir={shlex.quote(str(job.workdir))}",
         ]
     return opts
@@ -305,12 +365,30 @@ def submit(job: SubmitJob, paths: list[Path]) -> str:
             "sbatch not found: submit from a machine with the Slurm client, or use --dry-run "
             f"and run `sbatch {paths[0]}` there"
         )
+    if job.cluster.slurm.container_image is not None:
+        _check_pyxis()
     proc = subprocess.run([sbatch, "--parsable", str(paths[0])], capture_output=True, text=True)
     if proc.returncode != 0:
         raise ConfigError(f"sbatch rejected the job: {_slurm_error(proc.stderr)}")
     job_id = proc.stdout.strip().split(";")[0]
     output = job.submit_dir / OUTPUT.replace("%j", job_id)
     return f"submitted Slurm job {job_id}; run dir {job.run_dir}; Slurm output {output}"
+
+
+def _check_pyxis() -> None:
+    """Containers need pyxis on the nodes; without it srun refuses the option after the
+    queue wait. The plugin adds its options to `srun --help`, so ask that here."""
+    srun = shutil.which("srun")
+    found = (
+        srun
+        and PYXIS_OPTION in subprocess.run([srun, "--help"], capture_output=True, text=True).stdout
+    )
+    if not found:
+        raise ConfigError(
+            "cluster.slurm.container_image needs the pyxis plugin, but this cluster's srun "
+            f"has no {PYXIS_OPTION} (`srun --help`); ask your admins for pyxis and enroot, "
+            "or leave container_image=null and use cluster.slurm.modules or venv"
+        )
 
 
 def _slurm_error(stderr: str) -> str:

@@ -1,0 +1,75 @@
+"""How long the stop checkpoint takes to write: what a stop signal's grace must hold.
+
+A stop (Kubernetes' SIGTERM before the grace period's SIGKILL, Slurm's warning before the
+time limit) ends in one checkpoint write, whose time grows with the model: the weights and
+the optimizer's state. In order of trust:
+
+1. the write time given by hand (`<group>.checkpoint_write_s`);
+2. the run's own last checkpoint, when it has run before and its run directory is visible
+   here: the write time its meta.json records (launcher.checkpoint), else its size;
+3. an estimate of the state's size from the model's shape (GPT-2's parameter count, fp32
+   weights and AdamW's two fp32 moments, 12 bytes a parameter);
+
+a size is turned into a time at `<group>.checkpoint_write_mb_s`, the write bandwidth to
+the run directory's file system (a configured figure: measure yours).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+from launcher.checkpoint import find_resumable, read_meta
+from launcher.model import padded_vocab_size
+from launcher.submit.job import SubmitJob, visible
+
+GPT2_VOCAB = 50257  # the vocabulary of GPT-2's tokenizer, the largest the data configs use
+BYTES_PER_PARAM = 4 + 8  # fp32 weights + AdamW's exp_avg and exp_avg_sq
+
+
+@dataclass
+class WriteTime:
+    seconds: float
+    why: str  # how it was obtained, for the refusal's line
+
+
+def param_count(cfg: DictConfig) -> int:
+    """GPT-2's parameters from its shape: embeddings (tied LM head), and per layer the
+    attention's and MLP's weights and biases and two LayerNorms."""
+    m = cfg.model
+    d, layers = int(m.n_embd), int(m.n_layer)
+    vocab = padded_vocab_size(int(m.vocab_size or GPT2_VOCAB), int(m.vocab_multiple))
+    return vocab * d + int(m.n_positions) * d + layers * (12 * d * d + 13 * d) + 2 * d
+
+
+def checkpoint_write(job: SubmitJob, group: DictConfig, key: str) -> WriteTime:
+    """The stop checkpoint's write time for `job` (`key`: cluster.k8s or cluster.slurm)."""
+    if group.checkpoint_write_s is not None:
+        seconds = float(group.checkpoint_write_s)
+        return WriteTime(seconds, f"{key}.checkpoint_write_s={seconds:g}")
+    rate = float(group.checkpoint_write_mb_s) * 1e6
+    last = _last_checkpoint(job)
+    if last is not None:
+        meta = read_meta(last) or {}
+        if meta.get("write_s") is not None:
+            seconds = float(meta["write_s"])
+            return WriteTime(seconds, f"the run's last checkpoint ({last.name}) took {seconds:g} s")
+        size = sum(int(n) for n in (meta.get("files") or {}).values())
+        return WriteTime(
+            size / rate,
+            f"the run's last checkpoint ({last.name}, {size / 1e9:.2f} GB) at "
+            f"{key}.checkpoint_write_mb_s={group.checkpoint_write_mb_s:g}",
+        )
+    size = max(param_count(p) for p in (job.points or [job.cfg])) * BYTES_PER_PARAM
+    return WriteTime(
+        size / rate,
+        f"{size / 1e9:.2f} GB of model and optimizer state ({job.cfg.model.name}) at "
+        f"{key}.checkpoint_write_mb_s={group.checkpoint_write_mb_s:g}",
+    )
+
+
+def _last_checkpoint(job: SubmitJob):
+    if not visible(str(job.run_dir), job.workdir) or not job.run_dir.is_dir():
+        return None
+    return find_resumable(job.run_dir)
