@@ -26,6 +26,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher import disk
 from launcher.paths import atomic_write
 
 log = logging.getLogger(__name__)
@@ -218,6 +219,22 @@ def remove_leftovers(found: Scan) -> None:
         log.info("removed %s, left by an interrupted checkpoint save", path)
 
 
+class CheckpointNotWritten(Exception):
+    """Some rank could not write its part of a checkpoint, or rank 0 could not seal it:
+    every rank raises this together (no rank is left waiting in a barrier), the
+    temporary folder is removed, and the complete checkpoints are untouched."""
+
+    def __init__(self, message: str, step: int, disk_full: bool):
+        super().__init__(message)
+        self.step, self.disk_full = step, disk_full
+
+
+def _write_problem(exc: Exception, where: Path) -> tuple[str, bool]:
+    """(one line, whether the disk is full) for a failed checkpoint write."""
+    text = " ".join(str(exc).split())[:200] or type(exc).__name__
+    return f"{type(exc).__name__}: {text}", disk.is_full(exc, where)
+
+
 class CheckpointWriter:
     """Saves one checkpoint with the same protocol on every rank.
 
@@ -242,10 +259,14 @@ class CheckpointWriter:
         barrier: Callable[[], None],
         keep: int,
         meta: dict | None = None,
+        gather: Callable[[object], list] | None = None,
     ):
         self.folder = folder
         self.is_main = is_main
         self.barrier = barrier
+        # Every rank's object, in rank order (Runtime.all_gather_objects); without one, a
+        # barrier that carries only this rank's own (one process, or a test's threads).
+        self.gather = gather or (lambda obj: (barrier(), [obj])[1])
         self.keep = keep
         self.meta = dict(meta or {})
         self.fresh_lineage = self.meta.setdefault("lineage", new_lineage())
@@ -271,8 +292,13 @@ class CheckpointWriter:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         self.barrier()
-        pending = write(tmp)
+        pending, problem = None, None
+        try:
+            pending = write(tmp)
+        except Exception as exc:  # noqa: BLE001 - every rank learns of it, below
+            problem = _write_problem(exc, tmp)
         pending = pending if isinstance(pending, Future) else None
+        self._agree(problem, tmp, step)  # every rank wrote (or started writing) its files
         self._pending = (tmp, final, step, {**self.meta, **extra_meta}, pending, started)
         if pending is None:
             self.complete()
@@ -286,15 +312,47 @@ class CheckpointWriter:
         tmp, final, step, meta, pending, started = self._pending
         self._pending = None
         if pending is not None:
-            pending.result()
-        self.barrier()
-        if pending is None:
+            problem = None
+            try:
+                pending.result()
+            except Exception as exc:  # noqa: BLE001 - every rank learns of it, below
+                problem = _write_problem(exc, tmp)
+            self._agree(problem, tmp, step)  # every rank's files are written
+        else:
             # How long a synchronous save took, the slowest rank's files included (the
-            # barrier waits for it): what a stop must be given time for (launcher.submit).
+            # agreement in `save` waits for it): what a stop must be given time for
+            # (launcher.submit).
             meta["write_s"] = round(time.monotonic() - started, 3)
+        problem = None
         if self.is_main:
-            self._seal(tmp, final, step, meta)
-        self.barrier()
+            try:
+                self._seal(tmp, final, step, meta)
+            except Exception as exc:  # noqa: BLE001 - every rank learns of it, below
+                problem = _write_problem(exc, tmp)
+        self._agree(problem, tmp, step)  # the checkpoint is complete, or none is
+
+    def _agree(self, problem: tuple[str, bool] | None, tmp: Path, step: int) -> None:
+        """Compare notes (a barrier that carries each rank's problem): when any rank had
+        one, rank 0 measures the space, removes the temporary folder, and every rank
+        raises CheckpointNotWritten with the same line."""
+        problems = [(r, p) for r, p in enumerate(self.gather(problem)) if p]
+        if not problems:
+            return
+        full = any(p[1] for _, p in problems)
+        line = ""
+        if self.is_main:
+            newest = next(iter(scan(self.folder).complete), None)
+            kept = f"; the last complete checkpoint, {newest.name}, is kept" if newest else ""
+            if full:
+                needed = disk.size_of(newest) if newest else disk.size_of(tmp)
+                line = disk.no_space_line(f"checkpoint {step_name(step)}", self.folder, needed)
+            else:
+                why = "; ".join(f"rank {r}: {p[0]}" for r, p in problems)
+                line = f"checkpoint {step_name(step)} could not be written ({why})"
+            line += kept
+            shutil.rmtree(tmp, ignore_errors=True)
+        (line,) = self.gather(line)[:1]
+        raise CheckpointNotWritten(line, step, full)
 
     def _seal(self, tmp: Path, final: Path, step: int, extra_meta: dict) -> None:
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}

@@ -49,23 +49,41 @@ def read_state(folder: Path) -> dict[str, torch.Tensor]:
     )
 
 
-def export(source: Path, out: Path) -> Path:
-    """Write the model of `source`'s checkpoint into `out`; returns the checkpoint used."""
-    folder = checkpoint.find_resumable(source)
-    if folder is None:
+def newest_readable(source: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The newest complete checkpoint of `source` whose weights load, and its state: an
+    unreadable one (a garbage model.pt of the right size) is skipped with one warning,
+    as a resume skips it."""
+    found = checkpoint.candidates(source)
+    if not found:
         raise ExportError(
             f"{source} holds no complete checkpoint; pass a run directory with checkpoints "
             "(trainer.checkpoint_interval > 0) or a complete checkpoints/step_<n> folder"
         )
+    problems = []
+    for i, folder in enumerate(found):
+        try:
+            return folder, read_state(folder)
+        except ExportError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any unreadable file: try the previous one
+            why = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+            problems.append(f"{folder.name}: {why}")
+            then = "falling back to the previous one" if i + 1 < len(found) else "none is left"
+            print(f"warning: checkpoint {folder} is unreadable ({why}); {then}", file=sys.stderr)
+    raise ExportError(f"no checkpoint of {source} could be read ({' | '.join(problems)})")
+
+
+def export(source: Path, out: Path) -> Path:
+    """Write the model of `source`'s checkpoint into `out`; returns the checkpoint used."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} exists and is not an empty folder; choose a new OUT_DIR")
+    folder, state = newest_readable(source)
     model_meta = (checkpoint.read_meta(folder) or {}).get("model") or {}
     if not model_meta.get("n_head"):
         raise ExportError(
             f"{folder / checkpoint.META} does not record model.n_head (written before the "
             "launcher recorded the model's shape); export from a newer checkpoint"
         )
-    state = read_state(folder)
     if model_meta.get("impl", "hf") == "native":
         state = to_hf_state_dict(state)
     from transformers import GPT2LMHeadModel

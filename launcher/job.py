@@ -17,7 +17,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher import checkpoint, envinfo, exit_codes, resume
+from launcher import checkpoint, disk, envinfo, exit_codes, resume
 from launcher.batch import BatchPlan
 from launcher.config import ConfigError, TrainConfig, normalize, typed
 from launcher.data import TokenData, build_train_loader, prepare_data
@@ -26,6 +26,7 @@ from launcher.lock import LockHeld, RunLock
 from launcher.loop import LoopConfig, NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
 from launcher.model import build_model, count_params, flops_per_token, peak_flops
 from launcher.nccl_transport import transport_recorders
+from launcher.paths import atomic_write
 from launcher.preemption import stop_requested
 from launcher.preflight import preflight, shm_need
 from launcher.runtime import (
@@ -95,10 +96,11 @@ def redacted(cfg: TrainConfig) -> dict:
 
 
 def write_run_files(cfg: TrainConfig, rt: Runtime) -> None:
-    (rt.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(redacted(cfg))))
+    """config.yaml and env.json, each whole or not at all (a full disk cuts neither)."""
+    atomic_write(rt.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(redacted(cfg))))
     env = envinfo.collect(shm_need(cfg))
     env.update(world_size=rt.world_size, backend=rt.backend, run_id=rt.run_id)
-    (rt.run_dir / "env.json").write_text(json.dumps(env, indent=1))
+    atomic_write(rt.run_dir / "env.json", json.dumps(env, indent=1))
 
 
 def wandb_sink(cfg: TrainConfig, rt: Runtime, point: str | None) -> WandbSink:
@@ -158,6 +160,10 @@ def claim_run_dir(rt: Runtime) -> RunLock | None:
             lock.acquire()
         except LockHeld as exc:
             raise ConfigError(str(exc)) from exc
+        except OSError as exc:
+            if not disk.is_full(exc, rt.run_dir):
+                raise
+            raise ConfigError(disk.no_space_line("the lock", lock.path, None)) from exc
         taken.append(lock)
 
     decide_on_main(rt, take)
@@ -165,17 +171,23 @@ def claim_run_dir(rt: Runtime) -> RunLock | None:
     return taken[0] if taken else None
 
 
-def plan_resume(cfg: TrainConfig, rt: Runtime, model) -> list[Path]:
+def plan_resume(cfg: TrainConfig, rt: Runtime, model) -> list[Path] | None:
     """The checkpoints to try, newest first, decided by rank 0 under the lock (see
-    launcher.resume); a checkpoint that does not fit these settings stops the launch."""
+    launcher.resume); a checkpoint that does not fit these settings stops the launch.
+    None when the run is finished (its newest checkpoint is at trainer.max_steps)."""
     now = resume.identity(cfg, model, rt.world_size)
+    max_steps = cfg.trainer.max_steps
 
-    def decide() -> list[str]:
-        folders = resume.plan(cfg.resume, rt.run_dir, now).candidates
+    def decide() -> list[str] | None:
+        decided = resume.plan(cfg.resume, rt.run_dir, now, max_steps)
+        if decided.finished_at is not None:
+            log.info("%s", resume.finished_line(rt.run_dir, decided.finished_at, max_steps))
+            return None
         # A DeepSpeed checkpoint at another world size, stage or engine: converted here.
-        return ds_universal.prepare(folders, now)
+        return ds_universal.prepare(decided.candidates, now)
 
-    return [Path(p) for p in decide_on_main(rt, decide)]
+    folders = decide_on_main(rt, decide)
+    return None if folders is None else [Path(p) for p in folders]
 
 
 def restore(loop: TrainLoop, rt: Runtime, folders: list[Path]) -> int:
@@ -298,7 +310,7 @@ def run(cfg: DictConfig, launch: LaunchState, point: str | None = None) -> int:
         code = exit_codes.DONE
     except Exception as exc:
         code, summary = job.ending(exc)
-        if code == exit_codes.CRASH:
+        if code == exit_codes.CRASH and not isinstance(exc, checkpoint.CheckpointNotWritten):
             raise
     finally:
         job.close(summary, code)
@@ -329,6 +341,8 @@ class Job:
         self.lock = claim_run_dir(rt)  # nothing in the run directory is written before this
         data, model, fpt = build_data_and_model(cfg, rt)
         folders = plan_resume(cfg, rt, model)
+        if folders is None:
+            return {}  # finished already: nothing is trained, summary.json stays as it is
         self.strategy = build_strategy(cfg.strategy, cfg.trainer, rt, model)
         self.loop = TrainLoop(
             LoopConfig.of(cfg),
@@ -342,8 +356,7 @@ class Job:
             ckpt_meta=resume.identity(cfg, model, rt.world_size),
         )
         start_step = restore(self.loop, rt, folders)
-        if rt.is_main:
-            self.sinks += rank0_sinks(cfg, rt, self.point, start_step)
+        self.sinks += open_rank0_sinks(cfg, rt, self.point, start_step)
         return self.loop.run(start_step)
 
     def ending(self, exc: Exception) -> tuple[int, dict]:
@@ -352,6 +365,11 @@ class Job:
         if isinstance(exc, ConfigError):  # every rank found it; rank 0 prints the one line
             (log.error if rt.is_main else log.info)("error: %s", exc)
             return exit_codes.BAD_INPUT, {}
+        if isinstance(exc, checkpoint.CheckpointNotWritten):  # every rank raised it together
+            (log.error if rt.is_main else log.info)("error: %s", exc)
+            if exc.disk_full:  # a retry fails the same way until someone frees space
+                return exit_codes.BAD_INPUT, self.loop.summary("failed: disk full", exc.step)
+            return exit_codes.CRASH, self.loop.summary(f"failed: {exc}", exc.step)
         for kind, (code, status, who) in ENDINGS.items():
             if isinstance(exc, kind):
                 if who == "own":
@@ -366,17 +384,29 @@ class Job:
         """Close the sinks (with the summary), write summary.json, drop the engine, release
         the lock, end the job's logging; the process group stays for the next job."""
         rt = self.rt
-        for sink in self.sinks:
-            sink.close(summary)
-        if rt.is_main and summary:
-            write_summary(rt.run_dir, summary)
-        if self.strategy is not None:
-            self.strategy.close()
-        self.strategy = self.loop = None
-        log.info("run %s ended with code %d", rt.run_id, code)
-        if self.lock is not None:
-            self.lock.release()
-        end_job(rt)
+        try:
+            for sink in self.sinks:
+                sink.close(summary)
+            if rt.is_main and summary:
+                write_summary_if_room(rt.run_dir, summary)
+            if self.strategy is not None:
+                self.strategy.close()
+            self.strategy = self.loop = None
+            log.info("run %s ended with code %d", rt.run_id, code)
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+            end_job(rt)
+
+
+def write_summary_if_room(run_dir: Path, summary: dict) -> None:
+    """summary.json; on a full disk one line instead (the old one, if any, stays whole)."""
+    try:
+        write_summary(run_dir, summary)
+    except OSError as exc:
+        if not disk.is_full(exc, run_dir):
+            raise
+        log.warning("%s", disk.no_space_line("summary.json", run_dir / "summary.json", 0))
 
 
 def loader_opener(cfg: TrainConfig, rt: Runtime, data: TokenData):
@@ -394,6 +424,22 @@ def loader_opener(cfg: TrainConfig, rt: Runtime, data: TokenData):
         persistent_workers=d.persistent_workers,
         prefetch_factor=d.prefetch_factor,
     )
+
+
+def open_rank0_sinks(cfg: TrainConfig, rt: Runtime, point: str | None, start_step: int) -> list:
+    """`rank0_sinks` on rank 0 (none elsewhere); a full disk stops every rank, one line."""
+    opened: list = []
+
+    def open_them() -> None:
+        try:
+            opened.extend(rank0_sinks(cfg, rt, point, start_step))
+        except OSError as exc:
+            if not disk.is_full(exc, rt.run_dir):
+                raise
+            raise ConfigError(disk.no_space_line("the run's files", rt.run_dir, None)) from exc
+
+    decide_on_main(rt, open_them)
+    return opened
 
 
 def rank0_sinks(cfg: TrainConfig, rt: Runtime, point: str | None, start_step: int) -> list:

@@ -155,7 +155,11 @@ class RunLock:
     def _create(self) -> bool:
         """Atomically create the lock with our content; False if it exists."""
         tmp = self.path.with_name(f"{LOCK}.{self.me.host}.{self.me.pid}.{self.me.nonce}")
-        tmp.write_text(json.dumps(self.me.__dict__))
+        try:
+            tmp.write_text(json.dumps(self.me.__dict__))
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a full disk: no stray file, the caller says why
+            raise
         try:
             os.link(tmp, self.path)
             return True

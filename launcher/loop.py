@@ -155,6 +155,7 @@ class TrainLoop:
             barrier=rt.barrier,
             keep=self.t.keep_checkpoints,
             meta=ckpt_meta,
+            gather=rt.all_gather_objects,
         )
         self.stop = StopVote(rt.control_group)
         self.fault = FaultInjector(cfg.fault, rank=rt.rank, run_dir=rt.run_dir)
@@ -358,13 +359,16 @@ class TrainLoop:
         record: dict = {}
         if step % t.log_interval == 0 or last:
             record.update(self._log_metrics(step, lr, timer))
+        stopping = False
         if t.eval_interval and (step % t.eval_interval == 0 or last):
-            record.update(self._evaluate(step))
+            evaluated = self._evaluate(step)
+            stopping = evaluated is None
+            record.update(evaluated or {})
         if record:
             self.records.append(record)
             for sink in self.sinks:
                 sink.log(record)
-        if not last and self.stop.poll():
+        if not last and (stopping or self.stop.poll()):
             self.save(step, wait=True)
             raise Stopped(step)
         if t.checkpoint_interval and (step % t.checkpoint_interval == 0 or last):
@@ -406,7 +410,18 @@ class TrainLoop:
         return agree
 
     @torch.no_grad()
-    def _evaluate(self, step: int) -> dict:
+    def _evaluate(self, step: int) -> dict | None:
+        """The eval figures after `step`, or None when the ranks agreed to stop during it.
+
+        Every batch counts as progress for the hang watchdog (each one gets a step's
+        allowance, so a long eval is not a hang), and the stop vote is polled between
+        batches (every rank evaluates the same number), so a stop signal during a long
+        eval is acted on within a batch, well inside torchrun's shutdown window."""
+        with self.watchdog.phase("eval"):
+            return self._eval_batches(step)
+
+    def _eval_batches(self, step: int) -> dict | None:
+        started = time.perf_counter()
         module = self.strategy.module
         module.eval()
         # eval_batches global batches of held-out windows, split over the ranks: the same
@@ -419,14 +434,29 @@ class TrainLoop:
             world_size=self.rt.world_size,
         )
         total = torch.zeros((), device=self.rt.device)
-        for x, y in batches:
+        for done, (x, y) in enumerate(batches, 1):
             x, y = x.to(self.rt.device), y.to(self.rt.device)
             with self.strategy.autocast(), attention_backend(self.cfg.attention):
                 total += model_loss(module, self.impl, x, y)
+            self.watchdog.progress()
+            if done < len(batches) and self.stop.poll():
+                module.train()
+                if self.rt.is_main:
+                    log.warning(
+                        "stop requested during the eval after step %d: eval cut short after "
+                        "%d of %d batches (not logged); checkpointing step %d",
+                        step, done, len(batches), step,
+                    )  # fmt: skip
+                return None
         module.train()
         per_rank = self.rt.all_gather_floats([total.item() / len(batches)])
         loss = sum(v for (v,) in per_rank) / len(per_rank)
-        return {"step": step, "eval/loss": loss, "eval/ppl": math.exp(min(loss, 50.0))}
+        return {
+            "step": step,
+            "eval/loss": loss,
+            "eval/ppl": math.exp(min(loss, 50.0)),
+            "eval/time_s": time.perf_counter() - started,
+        }
 
     # -- the end -----------------------------------------------------------------------
     def summary(self, status: str, step: int) -> dict:

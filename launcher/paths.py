@@ -50,8 +50,12 @@ def atomic_write(path: Path, text: str) -> None:
     """Write `path` whole or not at all: a temporary file beside it, flushed to disk, then
     renamed over it, so a reader or a crash never meets half a file."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves neither half a file nor a stray
+        raise

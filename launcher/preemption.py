@@ -3,10 +3,12 @@ then exits with exit_codes.STOPPED.
 
 SIGTERM is what torchrun forwards, what Slurm sends before a kill and what the kubelet
 sends to a pod; SIGINT is Ctrl-C (torchrun forwards it as SIGINT); SIGHUP is a closed
-terminal. All three mean the same here. The handlers are installed when the process
-starts, so a signal that arrives while data is prepared or the model is built is kept and
-acted on at the first step boundary instead of killing the process without a checkpoint.
-SIGQUIT (Ctrl-\\) is left alone: it ends the process at once, without a checkpoint.
+terminal; SIGUSR1 and SIGUSR2 are Slurm's time-limit and preemption warnings
+(`--signal=USR1@lead`, `scancel --signal=USR1`). All of them mean the same here. The
+handlers are installed when the process starts, so a signal that arrives while data is
+prepared or the model is built is kept and acted on at the first step boundary instead of
+killing the process without a checkpoint. SIGQUIT (Ctrl-\\) is left alone: it ends the
+process at once, without a checkpoint.
 
 Ranks receive the signal at slightly different moments, possibly in different steps, so
 they vote: at each step boundary every rank starts a non-blocking all-gather of its flag on
@@ -27,7 +29,7 @@ import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class _Request:
@@ -51,6 +53,14 @@ def _on_signal(signum, frame) -> None:
     else:
         log.warning("received %s again: already stopping at the next step boundary", name)
     _Request.signal_name = _Request.signal_name or name
+
+
+def request_stop(reason: str) -> None:
+    """A stop the launcher itself asks for (the disk filled up): the same vote, stop
+    checkpoint and exit code as a signal's."""
+    if _Request.signal_name is None:
+        log.warning("stopping at the next step boundary: %s", reason)
+    _Request.signal_name = _Request.signal_name or reason
 
 
 def stop_requested() -> bool:

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from omegaconf import DictConfig
 
+from launcher import pretrained
 from launcher.checkpoint import find_resumable
 from launcher.config import ConfigError, typed, validate
 from launcher.data.cache import CACHE_ENV, cache_root
@@ -190,11 +191,12 @@ def init_from_problem(value: str) -> str | None:
     be loaded (in the local cache when the hub is switched off)."""
     path = Path(value).expanduser()
     if path.is_dir():
-        if (path / "config.json").is_file():
+        problem = pretrained.folder_problem(path)
+        if problem is None:
             return None
         return (
-            f"model.init_from={value}: {path} holds no config.json; give a folder written "
-            "by save_pretrained"
+            f"model.init_from={value}: {problem}; give a folder written by save_pretrained "
+            "(python -m launcher.export RUN_DIR OUT_DIR writes one)"
         )
     if path.exists() or value.startswith(("/", ".", "~")) or value.count("/") > 1:
         return (

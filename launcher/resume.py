@@ -12,8 +12,13 @@ written; the other ranks receive the decision. The rules (docs/checkpoints.md):
  - what a crash or a person left behind (an incomplete checkpoint, a damaged `latest`,
    stray entries) is skipped with one warning each; a file or folder of the wrong type
    where the launcher writes stops the launch with one line;
- - `resume=never` and `resume=<path>` never start over a run directory's checkpoints;
-   `resume=archive` moves them (and the run's history) aside first.
+ - `resume=never` and `resume=<path>` never start over a run directory's checkpoints or
+   history (metrics.jsonl, summary.json); `resume=archive` moves them aside first;
+ - a run whose newest checkpoint is at or past `trainer.max_steps` is finished: the launch
+   says so and ends (exit 0) without writing anything; a higher max_steps continues it;
+ - `resume=auto` with no checkpoint to continue from refuses to start over a completed
+   run's history (launcher.run_history), and moves an unfinished attempt's (a crash
+   before the first checkpoint, which a restart redoes) to archive/<time>/ with a warning.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher import checkpoint
+from launcher import checkpoint, run_history
+from launcher.batch import BatchPlan
 from launcher.config import ConfigError
 
 log = logging.getLogger("launcher")
@@ -59,7 +65,48 @@ def identity(cfg, model, world_size: int) -> dict:
         "model": {"name": str(cfg.model.name), "impl": str(cfg.model.impl), **shape},
         "strategy": strategy,
         "world_size": int(world_size),
-    }
+        "batch": {"global_batch": BatchPlan.of(cfg.trainer, world_size).global_batch,
+                  "seq_len": int(cfg.trainer.seq_len)},
+    }  # fmt: skip
+
+
+def _batch_of(saved: dict) -> dict:
+    """The checkpoint's global batch and sequence length; for one written before meta.json
+    recorded them, the tokens per step its `tokens` and `step` imply."""
+    if isinstance(saved.get("batch"), dict):
+        return saved["batch"]
+    step, tokens = saved.get("step"), saved.get("tokens")
+    if isinstance(step, int) and step > 0 and isinstance(tokens, int):
+        return {"tokens_per_step": tokens // step}
+    return {}
+
+
+def _batch_differences(saved: dict, now: dict) -> list[Difference]:
+    """The data position (which samples were read) and `tokens` count in steps of the
+    checkpoint's batch: another global batch would skip or reread samples and make
+    `tokens` jump, another sequence length would cut the data into other windows (and
+    `tokens` go backwards). Both keep the checkpoint from being resumed as it is."""
+    sb, nb = _batch_of(saved), now.get("batch")
+    if not nb or not sb:
+        return []
+    if "tokens_per_step" in sb:
+        now_tps = nb["global_batch"] * nb["seq_len"]
+        if sb["tokens_per_step"] == now_tps:
+            return []
+        what = (f"{sb['tokens_per_step']} tokens per step there (global batch x seq_len), "
+                f"{now_tps} now")  # fmt: skip
+        return [Difference(what, "the trainer.global_batch_size and trainer.seq_len it had")]
+    found = []
+    why = {
+        "global_batch": ("trainer.global_batch_size", "its data position is counted in its "
+                         "steps: another batch would skip or reread samples"),
+        "seq_len": ("trainer.seq_len", "its data is cut into windows of that length"),
+    }  # fmt: skip
+    for key, (name, because) in why.items():
+        if key in sb and sb[key] != nb[key]:
+            found.append(Difference(f"{name} is {sb[key]} there, {nb[key]} now ({because})",
+                                    f"{name}={sb[key]}"))  # fmt: skip
+    return found
 
 
 @dataclass
@@ -73,7 +120,7 @@ def differences(saved: dict, now: dict) -> list[Difference]:
 
     Keys a checkpoint does not record (one written before they were) are not compared.
     """
-    found: list[Difference] = []
+    found: list[Difference] = _batch_differences(saved, now)
     sm, nm = saved.get("model") or {}, now["model"]
     shape = [k for k in MODEL_KEYS if k in sm and sm[k] != nm[k]]
     if shape and sm.get("name") and sm["name"] != nm["name"]:
@@ -173,11 +220,11 @@ def check_run_files(run_dir: Path) -> None:
         )
 
 
-def archive(run_dir: Path) -> Path | None:
-    """resume=archive: move the run's checkpoints and history to archive/<time>/."""
+def archive(run_dir: Path, why: str = "resume=archive") -> Path | None:
+    """Move the run's checkpoints and history to archive/<time>/ (resume=archive, or `why`)."""
     present = [n for n in ARCHIVED if (run_dir / n).exists()]
     if not present:
-        log.info("resume=archive: %s holds nothing to archive; starting fresh", run_dir)
+        log.info("%s: %s holds nothing to archive; starting fresh", why, run_dir)
         return None
     target = run_dir / ARCHIVE / f"{dt.datetime.now():%Y%m%d-%H%M%S}"
     suffix = 0
@@ -187,7 +234,7 @@ def archive(run_dir: Path) -> Path | None:
     target.mkdir(parents=True)
     for name in present:
         (run_dir / name).rename(target / name)
-    log.warning("resume=archive: moved %s to %s; starting fresh", ", ".join(present), target)
+    log.warning("%s: moved %s to %s; starting fresh", why, ", ".join(present), target)
     return target
 
 
@@ -196,6 +243,7 @@ class Plan:
     """The checkpoints to try, newest first (every rank tries them in this order)."""
 
     candidates: list[str] = field(default_factory=list)
+    finished_at: int | None = None  # the run's own newest step, when >= trainer.max_steps
 
 
 def _report(found: checkpoint.Scan, chosen: Path | None) -> None:
@@ -217,9 +265,10 @@ def _report(found: checkpoint.Scan, chosen: Path | None) -> None:
         log.info("ignoring %s: not a checkpoint (the launcher leaves it alone)", path)
 
 
-def plan(resume: str, run_dir: Path, now: dict) -> Plan:
+def plan(resume: str, run_dir: Path, now: dict, max_steps: int | None = None) -> Plan:
     """Decide what this launch resumes from (rank 0, under the lock), or raise ConfigError
-    with the one line that says why it must not start. `now` is this launch's `identity`.
+    with the one line that says why it must not start. `now` is this launch's `identity`;
+    `max_steps` (trainer.max_steps) tells a finished run from one to continue.
     """
     run_dir = Path(run_dir)
     check_run_files(run_dir)
@@ -234,6 +283,7 @@ def plan(resume: str, run_dir: Path, now: dict) -> Plan:
                 f"resume={resume} but {own_folder} already holds checkpoints; use resume=auto "
                 f"to continue, or {fresh_start_hint(run_dir).removeprefix('to start fresh, use ')}"
             )
+        _start_over(run_dir, resume)
         return Plan()
     if resume == "auto":
         found, source = own, own_folder
@@ -252,6 +302,7 @@ def plan(resume: str, run_dir: Path, now: dict) -> Plan:
                 f"{source} holds checkpoints but none is complete ({_reasons(found)}); "
                 f"{fresh_start_hint(run_dir)}"
             )
+        _start_over(run_dir, resume)
         return Plan()
     found_diff = differences(checkpoint.read_meta(chosen) or {}, now)
     if found_diff:
@@ -263,7 +314,28 @@ def plan(resume: str, run_dir: Path, now: dict) -> Plan:
             log.warning("skipping checkpoint %s as a fallback: %s", older, diff[0].what)
         else:
             usable.append(older)
-    return Plan([str(p) for p in usable])
+    newest = checkpoint.step_of(chosen)
+    finished = resume == "auto" and max_steps is not None and newest >= max_steps
+    return Plan([str(p) for p in usable], newest if finished else None)
+
+
+def _start_over(run_dir: Path, resume: str) -> None:
+    """Before a start from step 0: refuse over a finished run's history, or over any with
+    resume=never; move an unfinished attempt's aside (see launcher.run_history)."""
+    history = run_history.read(run_dir)
+    run_history.fresh_start_over(history, run_dir, resume, fresh_start_hint(run_dir))
+    if not history.empty:
+        archive(run_dir, f"{run_dir} holds an unfinished attempt ({history.describe()}) and no "
+                         "checkpoint to continue it from")  # fmt: skip
+
+
+def finished_line(run_dir: Path, step: int, max_steps: int) -> str:
+    """What a launch of a finished run says (and then ends, exit 0, writing nothing)."""
+    return (
+        f"{run_dir} already holds step {step} (trainer.max_steps={max_steps}): the run is "
+        f"finished, nothing was trained or rewritten; to train it further, raise "
+        f"trainer.max_steps; {fresh_start_hint(run_dir)}"
+    )
 
 
 def _reasons(found: checkpoint.Scan) -> str:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from launcher import nccl_log
+from launcher import disk, nccl_log
 from launcher.config.schema import DistConfig, NcclConfig, RunConfig, TrainConfig
 from launcher.launch_state import LaunchState
 from launcher.watchdog import enable_flight_recorder
@@ -373,8 +373,27 @@ def _configure_console_logging(rank: int) -> None:
     logging.captureWarnings(True)
 
 
+class RankLogFile(logging.FileHandler):
+    """logs/rank<r>.log. On a full disk a record that cannot be written is dropped
+    silently (the console still has it, and the error line says the disk is full), not
+    reported with logging's traceback for every line that follows."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError) and exc.errno in disk.NO_SPACE:
+            return
+        super().handleError(record)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as exc:  # its last lines cannot be flushed to a full disk
+            if exc.errno not in disk.NO_SPACE:
+                raise
+
+
 def _add_file_logging(rt: Runtime) -> logging.Handler:
-    handler = logging.FileHandler(rt.run_dir / "logs" / f"rank{rt.rank}.log")
+    handler = RankLogFile(rt.run_dir / "logs" / f"rank{rt.rank}.log")
     handler.setFormatter(logging.Formatter(LOG_FORMAT.format(rank=rt.rank)))
     logging.getLogger().addHandler(handler)
     return handler

@@ -7,13 +7,16 @@ figure.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import sys
 from pathlib import Path
 
+from launcher import disk
 from launcher.paths import atomic_write
+from launcher.preemption import request_stop
 
 log = logging.getLogger("launcher")
 
@@ -25,7 +28,7 @@ def _clean(value):
     return value
 
 
-def _record_step(line: str) -> int | None:
+def record_step(line: str) -> int | None:
     """The step of a metrics.jsonl line, or None when the line is not a record."""
     try:
         record = json.loads(line)
@@ -63,10 +66,10 @@ class JsonlSink(Sink):
         for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
-            record_step = _record_step(line)
-            if record_step is None:
+            step_of_line = record_step(line)
+            if step_of_line is None:
                 bad.append(number)
-            elif record_step <= step:
+            elif step_of_line <= step:
                 kept.append(line)
         if bad:
             log.warning(
@@ -79,11 +82,32 @@ class JsonlSink(Sink):
         atomic_write(self.path, "".join(ln + "\n" for ln in kept))
 
     def log(self, record: dict) -> None:
-        self.file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
-        self.file.flush()
+        if self.file is None:
+            return  # the disk filled up: the run is stopping
+        try:
+            self.file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+            self.file.flush()
+        except OSError as exc:
+            if not disk.is_full(exc, self.path):
+                raise
+            self._disk_full()
+
+    def _disk_full(self) -> None:
+        """Stop writing, and ask every rank to stop at the next step boundary with a
+        checkpoint (the vote a stop signal starts): training on would lose its records."""
+        log.warning(
+            "%s; stopping at the next step boundary with a checkpoint",
+            disk.no_space_line("metrics.jsonl", self.path, None),
+        )
+        with contextlib.suppress(OSError):  # its buffer cannot be flushed either
+            self.file.close()
+        self.file = None
+        request_stop("a full disk")
 
     def close(self, summary: dict) -> None:
-        self.file.close()
+        if self.file is not None:
+            with contextlib.suppress(OSError):
+                self.file.close()
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:

@@ -26,6 +26,24 @@ from launcher import exit_codes
 
 log = logging.getLogger("launcher.torchrun")
 
+# torchrun's agent turns the signals of its --signals-to-handle into a shutdown that
+# forwards the signal to every worker, then waits --shutdown-timeout before SIGKILL. Its
+# default lacks Slurm's warnings: SIGUSR1/SIGUSR2 would kill this process at once (their
+# default action), leaving the workers training on, orphaned, and holding the run's lock.
+# The option's default is read from PET_SIGNALS_TO_HANDLE (torchrun's env action); one
+# given on the command line is the user's choice and stays as it is.
+SIGNALS_ENV = "PET_SIGNALS_TO_HANDLE"
+TORCH_DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+
+
+def forward_every_signal(environ: dict) -> None:
+    """Add the signals torchrun does not forward by default to the ones it does (and to
+    any the user named in PET_SIGNALS_TO_HANDLE)."""
+    named = environ.get(SIGNALS_ENV, TORCH_DEFAULT_SIGNALS).split(",")
+    wanted = [n.strip() for n in named if n.strip()] + list(FORWARDED)
+    environ[SIGNALS_ENV] = ",".join(dict.fromkeys(wanted))
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -34,16 +52,18 @@ def main(argv: list[str] | None = None) -> int:
         print()
         torch_run.get_args_parser().print_help()
         return 0
+    forward_every_signal(os.environ)
     with tempfile.TemporaryDirectory(prefix="launcher-outcome-") as folder:
         os.environ[exit_codes.OUTCOME_DIR_ENV] = folder
-        succeeded = False
+        succeeded, stopped_by = False, None
         try:
             torch_run.main(argv)
             succeeded = True
         except ChildFailedError:
             pass  # torchrun has printed which rank failed first
         except SignalException as exc:
-            print(f"launcher.torchrun: stopped by {exc.sigval.name}", file=sys.stderr)
+            stopped_by = exc.sigval.name
+            print(f"launcher.torchrun: stopped by {stopped_by}", file=sys.stderr)
         ranks = exit_codes.read_reports(Path(folder))
     code = exit_codes.job_code(ranks, succeeded)
     by_rank = ", ".join(f"{r}: {c}" for r, c in sorted(ranks.items())) or "none reported"
@@ -52,7 +72,21 @@ def main(argv: list[str] | None = None) -> int:
         f"; ranks' codes: {by_rank}",
         file=sys.stderr,
     )
+    if stopped_by and stopped_by != "SIGQUIT" and code == exit_codes.CRASH:
+        print(killed_before_checkpoint(stopped_by), file=sys.stderr)
     return code
+
+
+def killed_before_checkpoint(signal_name: str) -> str:
+    """Why a stop signal ended without the stop checkpoint: the ranks were still in a phase
+    that cannot be cut short when torchrun's shutdown wait ran out, and it SIGKILLed them."""
+    return (
+        f"launcher.torchrun: no stop checkpoint: the ranks had not reached a step boundary "
+        f"when torchrun's --shutdown-timeout (default 30 s, or TORCH_ELASTIC_SHUTDOWN_TIMEOUT) "
+        f"ran out after {signal_name}, and it killed them (a first torch.compile, data "
+        f"preparation, a stalled rank); the next launch resumes from the last complete "
+        f"checkpoint. To let such a stop finish, raise --shutdown-timeout"
+    )
 
 
 if __name__ == "__main__":

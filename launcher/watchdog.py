@@ -94,12 +94,13 @@ class HangWatchdog:
             self._limit = max(self.cfg.min_s, self.cfg.step_multiple * recent)
 
     @contextlib.contextmanager
-    def phase(self, name: str, limit_s: float) -> Iterator[None]:
-        """A stretch that is not a step (a checkpoint): its own limit, and it does not
-        count as a step time."""
+    def phase(self, name: str, limit_s: float | None = None) -> Iterator[None]:
+        """A stretch that is not a step (a checkpoint, an eval): its own limit (None: the
+        current one, a step's), and it does not count as a step time."""
         with self._lock:
             saved = (self._phase, self._limit)
-            self._phase, self._limit, self._last = name, limit_s, time.monotonic()
+            limit = self._limit if limit_s is None else limit_s
+            self._phase, self._limit, self._last = name, limit, time.monotonic()
         try:
             yield
         finally:
@@ -108,6 +109,12 @@ class HangWatchdog:
                 self._last = time.monotonic()
                 if self._phase == "training":
                     self._phase = "after " + name  # the next interval is not a step time
+
+    def progress(self) -> None:
+        """Part of a phase is done (one eval batch): the limit applies to each part, so
+        a phase of many parts is never a hang for its length alone."""
+        with self._lock:
+            self._last = time.monotonic()
 
     def close(self) -> None:
         self._stop.set()

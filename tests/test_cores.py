@@ -327,17 +327,29 @@ class RankFailed(RuntimeError):
 
 def save_on_two_ranks(folder: Path, step: int, *, fail_rank=None, meta=None, keep=5, probe=None):
     """Save `step` with two writers (rank 0 main, rank 1 not) on two threads that share a
-    barrier, as two processes would. Each rank writes `model_rank<r>.pt`. A failing rank
-    raises in its write; its peer's next barrier then breaks (the collective fails with
-    it), as a dead peer makes a real one fail. Returns each rank's exception or None."""
+    barrier and an all-gather, as two processes would. Each rank writes
+    `model_rank<r>.pt`. A failing rank raises in its write; the writers compare notes in
+    the gather, so both give up together. Returns each rank's exception or None."""
     barrier = threading.Barrier(2, timeout=20)
     errors: list[BaseException | None] = [None, None]
     meta = {"lineage": "L1"} if meta is None else meta
+    shared: list = [None, None]
+
+    def gather_of(r: int):
+        def gather(obj) -> list:
+            shared[r] = obj
+            barrier.wait()
+            out = list(shared)
+            barrier.wait()  # both have read before either writes the next one
+            return out
+
+        return gather
 
     def rank(r: int) -> None:
         writer = CheckpointWriter(
-            folder, is_main=r == 0, barrier=barrier.wait, keep=keep, meta=dict(meta)
-        )
+            folder, is_main=r == 0, barrier=barrier.wait, keep=keep, meta=dict(meta),
+            gather=gather_of(r),
+        )  # fmt: skip
 
         def write(tmp: Path) -> None:
             if probe is not None:
@@ -348,6 +360,8 @@ def save_on_two_ranks(folder: Path, step: int, *, fail_rank=None, meta=None, kee
 
         try:
             writer.save(step, write, {"world_size": 2})
+        except checkpoint.CheckpointNotWritten as exc:
+            errors[r] = exc  # every rank raises it, after the last collective
         except BaseException as exc:
             errors[r] = exc
             barrier.abort()
@@ -409,18 +423,20 @@ def test_checkpoint_appears_only_complete(tmp_path):
 
 @pytest.mark.parametrize("fail_rank", [0, 1])
 def test_failed_write_on_one_rank_leaves_previous_checkpoint(tmp_path, fail_rank):
-    """A rank whose write raises leaves no checkpoint resume would pick: the previous one
-    stays complete, `latest` names it, and the half-written folder is only a leftover."""
+    """A rank whose write raises leaves no checkpoint resume would pick: both ranks give
+    up together with the same line naming the rank, the previous one stays complete,
+    `latest` names it, and the half-written folder is removed."""
     save_on_two_ranks(tmp_path, 10)
     errors = save_on_two_ranks(tmp_path, 20, fail_rank=fail_rank)
-    assert isinstance(errors[fail_rank], RankFailed)
-    assert isinstance(errors[1 - fail_rank], threading.BrokenBarrierError)
+    assert all(isinstance(e, checkpoint.CheckpointNotWritten) for e in errors), errors
+    assert str(errors[0]) == str(errors[1])
+    assert f"rank {fail_rank}: RankFailed: rank {fail_rank} could not write" in str(errors[0])
     assert not (tmp_path / step_name(20)).exists()
     assert find_resumable(tmp_path) == tmp_path / step_name(10)
     assert is_complete(tmp_path / step_name(10))
     assert (tmp_path / LATEST).read_text() == step_name(10) + "\n"
     found = scan(tmp_path)
-    assert found.leftovers == [tmp_path / f".tmp-{step_name(20)}"]
+    assert found.leftovers == []
     assert found.incomplete == [] and found.pointer_problem is None
 
 
@@ -501,8 +517,10 @@ def test_same_step_superseded_twice_in_one_second_keeps_both(tmp_path, monkeypat
 
 def test_barrier_protocol_and_async_save(tmp_path):
     """A synchronous save calls the barrier three times (folder ready, files written,
-    sealed). An asynchronous save (write returns a Future) counts only once `complete()`
-    has waited for it: until then no step_<n> exists; the next save completes it first."""
+    sealed; the last two carry each rank's problem, here as a plain barrier). An
+    asynchronous save (write returns a Future) calls it twice (folder ready, writes
+    started) and counts only once `complete()` has waited for it: until then no
+    step_<n> exists; the next save completes it first (two more)."""
     calls = []
     writer = CheckpointWriter(tmp_path, is_main=True, barrier=lambda: calls.append(1), keep=5)
     writer.save(10, lambda tmp: (tmp / "a.pt").write_bytes(b"1"), {})
@@ -517,27 +535,28 @@ def test_barrier_protocol_and_async_save(tmp_path):
 
     final = writer.save(20, write_later, {})
     assert final == tmp_path / step_name(20)
-    assert len(calls) == 1 and not final.exists()
+    assert len(calls) == 2 and not final.exists()
     assert find_resumable(tmp_path) == tmp_path / step_name(10)
     future.set_result(None)
     writer.save(30, lambda tmp: (tmp / "a.pt").write_bytes(b"3"), {})
-    assert len(calls) == 1 + 2 + 3
+    assert len(calls) == 2 + 2 + 3
     assert [p.name for p in scan(tmp_path).complete] == [step_name(s) for s in (30, 20, 10)]
     assert json.loads((final / META).read_text())["step"] == 20
     writer.complete()  # nothing in progress: no barrier
-    assert len(calls) == 6
+    assert len(calls) == 7
 
 
 def test_async_save_whose_files_fail_is_not_sealed(tmp_path):
-    """An asynchronous write that fails raises from complete() and leaves no checkpoint."""
+    """An asynchronous write that fails raises from complete() and leaves no checkpoint,
+    nor its temporary folder."""
     writer = CheckpointWriter(tmp_path, is_main=True, barrier=lambda: None, keep=5)
     future: Future = Future()
     writer.save(10, lambda tmp: future, {})
-    future.set_exception(RankFailed("disk full"))
-    with pytest.raises(RankFailed):
+    future.set_exception(RankFailed("the device went away"))
+    with pytest.raises(checkpoint.CheckpointNotWritten, match="rank 0: RankFailed: the device"):
         writer.complete()
     assert find_resumable(tmp_path) is None
-    assert scan(tmp_path).leftovers == [tmp_path / f".tmp-{step_name(10)}"]
+    assert scan(tmp_path).leftovers == []
     assert checkpoint.candidates(tmp_path) == []
 
 

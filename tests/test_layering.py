@@ -22,7 +22,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "foundations",
         (
-            "paths", "peaks", "intervals", "exit_codes", "ranges", "nccl_vars", "nccl_log", "batch",
+            "paths", "disk", "peaks", "intervals", "exit_codes", "ranges", "nccl_vars", "nccl_log",
+            "batch",
             "clock", "comm_stats", "lock", "stragglers", "preemption", "memory_snapshot",
             "secret_keys", "watchdog", "data", "data.*",
         ),
@@ -32,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "process",
         (
             "launch_state", "runtime", "model", "gpt2", "envinfo", "checkpoint", "resume",
-            "faults", "sinks", "metrics", "profiling", "sweep",
+            "run_history", "pretrained", "faults", "sinks", "metrics", "profiling", "sweep",
         ),
     ),
     ("engines and outputs", ("strategy", "strategy.*", "wandb_sink", "tensorboard_sink",

@@ -71,6 +71,35 @@ def _validate_model_bias(m: DictConfig) -> None:
         )
 
 
+# A file name's limit in bytes on Linux's file systems (ext4, xfs, btrfs, tmpfs, NFS).
+NAME_MAX = 255
+
+
+def run_id_problem(run_id) -> str | None:
+    """Why `run.id` cannot name a folder directly under `run.root`, or None.
+
+    The id is the run directory's name: a separator or `..` would put the run (and its
+    resume) outside run.root or inside another run, and a name past the file system's
+    limit fails only when the directory is made, with a traceback."""
+    if run_id is None:
+        return None
+    name = str(run_id)
+    size = len(name.encode("utf-8", errors="surrogateescape"))
+    if not name.strip() or name in (".", ".."):
+        why = "is empty" if not name.strip() else f"is {name!r}"
+    elif "/" in name or "\\" in name or "\0" in name:
+        why = "holds a path separator (it names one folder directly under run.root)"
+    elif size > NAME_MAX:
+        why = f"is {size} bytes long, past the file system's limit of {NAME_MAX} for one name"
+    else:
+        return None
+    shown = name if len(name) <= 60 else name[:57] + "..."
+    return (
+        f"run.id={shown} {why}; choose a plain name (letters, digits, - _ .), and put runs "
+        f"elsewhere with run.root"
+    )
+
+
 def validate(cfg: DictConfig, world_size: int) -> None:
     """Reject impossible values and combinations before any process group or worker starts.
 
@@ -84,6 +113,9 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     if problem:
         raise ConfigError(problem)
     t, d, m = cfg.trainer, cfg.data, cfg.model
+    problem = run_id_problem(cfg.run.id)
+    if problem:
+        raise ConfigError(problem)
     _choice(cfg, "logger.mode", LOGGER_MODES)
     _choice(cfg, "trainer.precision", PRECISIONS)
     _choice(cfg, "trainer.compile", COMPILE_MODES)

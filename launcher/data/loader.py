@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from launcher import preemption
 from launcher.batch import BatchPlan
 
 
@@ -85,7 +86,8 @@ class StepBatchSampler(Sampler[list[int]]):
 # The stop signals torchrun forwards (to the worker's whole process group), Slurm sends to
 # every process of a step, and a terminal sends on Ctrl-C. The trainer turns them into a
 # checkpoint at the next step boundary; that needs its loader workers alive until then.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# SIGQUIT ends the trainer at once; its workers then end by themselves (parent gone).
+STOP_SIGNALS = (*preemption.STOP_SIGNALS, signal.SIGQUIT)
 
 
 def ignore_stop_signals(_worker_id: int) -> None:

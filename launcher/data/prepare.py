@@ -25,6 +25,7 @@ from launcher.data.windows import (
     SyntheticWindows,
     TokenWindows,
     file_segment,
+    id_problem,
     split_tail,
 )
 
@@ -76,6 +77,10 @@ def _memmap(d, *, seq_len: int) -> TokenData:
     vocab = _required_vocab(d)
     train_segments = [file_segment(p, d.dtype) for p in _expand(d.paths)]
     val_segments = [file_segment(p, d.dtype) for p in _expand(d.val_paths)]
+    for segment in train_segments + val_segments:
+        problem = id_problem(segment.path, d.dtype, vocab)
+        if problem:
+            raise ValueError(problem)
     if not val_segments:
         train_segments, val_segments = split_tail(train_segments, d.val_fraction, seq_len + 1)
     train, val = _windows(train_segments, val_segments, seq_len, "data.paths / data.val_paths")

@@ -47,6 +47,29 @@ def file_segment(path: str, dtype: str) -> Segment:
     return Segment(path, dtype, 0, size // itemsize)
 
 
+# Tokens compared at a time when a file's ids are checked: 64 Mi ids, 128 MB of uint16.
+ID_CHUNK = 1 << 26
+
+
+def id_problem(path: str, dtype: str, vocab: int) -> str | None:
+    """The first token id of a pre-tokenized file outside [0, vocab), named with its
+    position, or None. An id at or above the vocabulary would otherwise fail deep in the
+    embedding (`IndexError`, no file named), or, on a GPU, as a device-side assert."""
+    ids = np.memmap(path, dtype=dtype, mode="r") if os.path.getsize(path) else np.empty(0)
+    for start in range(0, len(ids), ID_CHUNK):
+        chunk = ids[start : start + ID_CHUNK]
+        bad = (chunk >= vocab) | (chunk < 0)
+        if bad.any():
+            where = start + int(np.argmax(bad))
+            return (
+                f"{path}: token id {int(ids[where])} at position {where:,} is outside the "
+                f"vocabulary (data.vocab_size={vocab}: ids 0-{vocab - 1}); set "
+                f"data.vocab_size to the tokenizer's size, or data.dtype to the dtype the "
+                f"file was written with"
+            )
+    return None
+
+
 def split_tail(
     segments: list[Segment], fraction: float, min_tokens: int
 ) -> tuple[list[Segment], list[Segment]]:

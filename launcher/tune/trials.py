@@ -2,8 +2,10 @@
 run directory `tune/trials/<label>/` of the tuning run, on the launch's process group.
 
 Every trial starts from the same weights (the seed) and the same data position (the
-step-indexed sampler) with `resume=never`, checkpoints and evaluation off, and logs every
-step, so that trials differ only in the change under test. Rank 0 reads the trial's
+step-indexed sampler), checkpoints and evaluation off, and logs every step, so that trials
+differ only in the change under test. `resume=archive`: a trial folder that an earlier,
+stopped tune of the same run left (its stop checkpoint, its metrics) is moved to the
+folder's archive/<time>/ with a warning, and the trial starts fresh. Rank 0 reads the trial's
 summary.json and metrics.jsonl and every rank gets the same figures, so that all ranks take
 the same decisions afterwards.
 """
@@ -32,7 +34,7 @@ log = logging.getLogger("launcher")
 TRIALS = "tune/trials"
 # What makes a trial a measurement: fresh, every step logged, nothing else in the steps.
 TRIAL_SETTINGS = (
-    "resume=never",
+    "resume=archive",
     "trainer.log_interval=1",
     "trainer.eval_interval=0",
     "trainer.checkpoint_interval=0",

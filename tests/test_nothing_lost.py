@@ -1,0 +1,93 @@
+"""Nothing a user ran is lost to a later launch (real launches: 2 CPU ranks, the default
+DataLoader, through `python -m launcher.torchrun`).
+
+A finished run relaunched with the same command says so and rewrites nothing; with
+another global batch it is refused; with a higher trainer.max_steps it continues and
+appends; a finished run without checkpoints is not started over. The decision table
+itself is in test_nothing_lost_logic.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from launch import FAST_USER_LOADER, explain, metrics, python_train, summary, torchrun
+
+SHORT = [
+    *FAST_USER_LOADER,
+    "trainer.max_steps=4",
+    "trainer.eval_interval=0",
+    "trainer.checkpoint_interval=2",
+]
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha1(path.read_bytes()).hexdigest()
+
+
+def files(run: Path) -> dict[str, str]:
+    """Every file but the logs (which each launch appends to) and the lock."""
+    return {
+        str(p.relative_to(run)): sha(p)
+        for p in sorted(run.rglob("*"))
+        if p.is_file() and p.relative_to(run).parts[0] != "logs" and p.name != ".lock"
+    }
+
+
+def test_a_finished_run_relaunched_is_left_alone_and_continues_when_asked(tmp_path):
+    args = [*SHORT, f"run.root={tmp_path}", "run.id=done"]
+    run = tmp_path / "done"
+    first = torchrun(args, runner="launcher.torchrun")
+    assert first.returncode == 0, explain(first)
+    finished = files(run)
+    old_metrics = (run / "metrics.jsonl").read_bytes()
+
+    again = torchrun(args, runner="launcher.torchrun")
+    assert again.returncode == 0, explain(again)
+    said = [ln for ln in again.stderr.splitlines() if "the run is finished" in ln]
+    assert len(said) == 1 and "step 4" in said[0] and "raise trainer.max_steps" in said[0]
+    assert "resumed from step" not in again.stderr
+    assert files(run) == finished  # summary.json, metrics.jsonl, config, checkpoints: same bytes
+    assert not (run / ".lock").exists()
+
+    bigger = torchrun([*args, "trainer.max_steps=6", "trainer.global_batch_size=16"],
+                      runner="launcher.torchrun")  # fmt: skip
+    assert bigger.returncode == 2, explain(bigger)
+    (line,) = [ln for ln in bigger.stderr.splitlines() if "error: " in ln]
+    assert "trainer.global_batch_size is 8 there, 16 now" in line
+    assert "run with trainer.global_batch_size=8" in line
+    assert files(run) == finished
+
+    longer = torchrun([*args, "trainer.max_steps=6"], runner="launcher.torchrun")
+    assert longer.returncode == 0, explain(longer)
+    assert "resumed from step 4" in longer.stderr
+    assert (run / "metrics.jsonl").read_bytes().startswith(old_metrics)  # appended to
+    assert [r["step"] for r in metrics(run) if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert summary(run)["status"] == "completed" and summary(run)["steps"] == 6
+    assert summary(run)["loss"] is not None and summary(run)["tokens_per_s"] is not None
+
+
+def test_a_finished_run_without_checkpoints_is_not_started_over(tmp_path):
+    args = [*SHORT, "trainer.checkpoint_interval=0", f"run.root={tmp_path}", "run.id=nockpt"]
+    run = tmp_path / "nockpt"
+    first = python_train(args)
+    assert first.returncode == 0, explain(first)
+    finished = files(run)
+    assert len(metrics(run)) == 4
+
+    for changed in (["trainer.global_batch_size=16"], ["resume=never"]):
+        again = torchrun([*args, *changed], runner="launcher.torchrun")
+        assert again.returncode == 2, explain(again)
+        errors = [ln for ln in again.stderr.splitlines() if "error: " in ln]
+        assert len(errors) == 1, explain(again)
+        assert "new run.id" in errors[0] and "resume=archive" in errors[0]
+        assert "Traceback" not in again.stderr
+        assert files(run) == finished
+        assert not (run / ".lock").exists()
+
+    fresh = python_train([*args, "resume=archive"])  # on purpose: the old history moved aside
+    assert fresh.returncode == 0, explain(fresh)
+    (moved,) = (run / "archive").iterdir()
+    assert files(moved) == {k: v for k, v in finished.items() if k in files(moved)}
+    assert {"metrics.jsonl", "summary.json", "config.yaml"} <= set(files(moved))
