@@ -19,7 +19,10 @@ import pytest
 import tiers
 
 ALLOWED_SKIPS = ("needs a CUDA GPU",)
-TIER_ORDER = ("cluster", "launch", "gpu", "unit")  # longest first: no worker idles at the end
+# Under `--dist loadfile` a file goes to a worker whole, in the order its first test comes:
+# files with cluster tests or launches first, so the long ones start early and short unit
+# files fill the tail.
+TIER_ORDER = ("cluster", "launch", "gpu", "unit")
 
 pytest_plugins = ["reference_runs"]
 
@@ -35,7 +38,6 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{tier}: {what}")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks into node ids
 def pytest_collection_modifyitems(config, items):
     shared = frozenset(config.pluginmanager.getplugin("reference_runs").STARTING)
     for item in items:
@@ -45,9 +47,6 @@ def pytest_collection_modifyitems(config, items):
         if tiers.is_serial(path, item.originalname, item.fixturenames):
             item.add_marker("serial")
         item.user_properties.append(("tier", tier))
-        group = tiers.xdist_group(path, tier)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: TIER_ORDER.index(_tier(item)))
 
 

@@ -63,10 +63,7 @@ def test_a_test_that_starts_a_process_at_any_depth_is_a_launch(module, test, fix
 def test_cluster_and_gpu_files_by_name(tmp_path):
     for name, tier in (("test_slurm.py", "cluster"), ("test_k8s.py", "cluster")):
         assert tiers.tier_of(tmp_path / name, "test_x", [], frozenset()) == tier
-        assert tiers.xdist_group(tmp_path / name, tier) == tiers.CLUSTER_FILES[name]
     assert tiers.tier_of(tmp_path / "test_gpu.py", "test_x", [], frozenset()) == "gpu"
-    assert tiers.xdist_group(tmp_path / "test_faults.py", "launch") == "test_faults"
-    assert tiers.xdist_group(tmp_path / "test_faults.py", "unit") is None
 
 
 def test_this_test_runs_in_the_unit_tier_and_may_not_start_a_process(request):

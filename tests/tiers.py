@@ -19,7 +19,7 @@ import ast
 import functools
 from pathlib import Path
 
-CLUSTER_FILES = {"test_slurm.py": "slurm", "test_k8s.py": "pods"}
+CLUSTER_FILES = {"test_slurm.py", "test_k8s.py"}
 GPU_FILES = {"test_gpu.py"}
 PROCESS_NAMES = {
     "subprocess",
@@ -64,15 +64,6 @@ def starting_functions(path: Path, shared: frozenset[str]) -> frozenset[str]:
                 starting.add(name)
                 changed = True
     return frozenset(starting & bodies.keys())
-
-
-def xdist_group(path: Path, tier: str) -> str | None:
-    """The launches of one file run on one xdist worker, so the file's module-scoped runs are
-    launched once, not once per worker; a cluster file shares its one cluster. Unit tests go
-    wherever a worker is free."""
-    if tier == "cluster":
-        return CLUSTER_FILES[path.name]
-    return path.stem if tier in ("launch", "gpu") else None
 
 
 def is_serial(path: Path, function: str, fixtures: list[str]) -> bool:
