@@ -14,8 +14,9 @@ written; the other ranks receive the decision. The rules (docs/checkpoints.md):
    where the launcher writes stops the launch with one line;
  - `resume=never` and `resume=<path>` never start over a run directory's checkpoints or
    history (metrics.jsonl, summary.json); `resume=archive` moves them aside first;
- - a run whose newest checkpoint is at or past `trainer.max_steps` is finished: the launch
-   says so and ends (exit 0) without writing anything; a higher max_steps continues it;
+ - a run whose newest checkpoint is at or past `trainer.max_steps` (and readable) is
+   finished: the launch says so and ends (exit 0) without writing anything; a higher
+   max_steps continues it;
  - `resume=auto` with no checkpoint to continue from refuses to start over a completed
    run's history (launcher.run_history), and moves an unfinished attempt's (a crash
    before the first checkpoint, which a restart redoes) to archive/<time>/ with a warning.
@@ -315,7 +316,10 @@ def plan(resume: str, run_dir: Path, now: dict, max_steps: int | None = None) ->
         else:
             usable.append(older)
     newest = checkpoint.step_of(chosen)
-    finished = resume == "auto" and max_steps is not None and newest >= max_steps
+    # Finished only if that checkpoint can be read: a damaged last checkpoint is resumed
+    # like any other (every rank falls back to the previous one and redoes the steps).
+    readable = checkpoint.unreadable(sorted(chosen.glob("*.pt"))) is None
+    finished = resume == "auto" and max_steps is not None and newest >= max_steps and readable
     return Plan([str(p) for p in usable], newest if finished else None)
 
 

@@ -36,13 +36,17 @@ def test_crashing_and_refused_candidates_are_rejected_and_tuning_goes_on(tmp_pat
     assert proc.returncode == 0, explain(proc)
     (r,) = report(tmp_path / "planted")["rounds"]
     by_name = {c["name"]: c for c in r["candidates"]}
-    crashed, refused = by_name["data.source=memmap"], by_name["trainer.micro_batch_size=3"]
+    crashed, refused = by_name["model.dropout=0.125"], by_name["trainer.micro_batch_size=3"]
+    bad_data = by_name["data.source=memmap"]
     assert crashed["verdict"] == "rejected" and "IndexError" in crashed["reason"], crashed
     assert refused["verdict"] == "rejected" and "refused" in refused["reason"], refused
     assert "trainer.micro_batch_size=3" in refused["reason"]
-    assert crashed["trials"] == ["r1-data.source=memmap-1"]  # not repeated: rejected once
+    assert bad_data["verdict"] == "rejected" and "exit 2 (bad input)" in bad_data["reason"]
+    assert "outside the vocabulary" in bad_data["reason"] or "vocab" in bad_data["reason"]
+    for c in (crashed, bad_data):  # not repeated: rejected once
+        assert c["trials"] == [f"r1-{c['name']}-1"], c
     console = proc.stdout + proc.stderr
-    assert "tune: trial r1-data.source=memmap-1 crashed: IndexError" in console
+    assert "tune: trial r1-model.dropout=0.125-1 crashed: IndexError" in console
     assert "tune: trial r1-trainer.micro_batch_size=3-1 refused:" in console
     # The real candidates after them were timed, each in both repeats (static_graph among
     # them); whether one is kept is a timing decision, test_tune.py's.

@@ -132,6 +132,16 @@ class Trials:
         return trial
 
 
+def error_line(run_dir: Path) -> str | None:
+    """The last `error: ...` line rank 0 logged for the trial, without the prefix."""
+    try:
+        lines = (run_dir / "logs" / "rank0.log").read_text().splitlines()
+    except OSError:
+        return None
+    errors = [line.partition("error: ")[2] for line in lines if "error: " in line]
+    return errors[-1] if errors else None
+
+
 def read_trial(run_dir: Path, label: str, code: int, warmup: int) -> Trial:
     """The trial's figures from metrics.jsonl (one row per step, aggregated over ranks):
     step time p50/p90 and tokens/s as medians over the steps after the first `warmup`
@@ -139,8 +149,9 @@ def read_trial(run_dir: Path, label: str, code: int, warmup: int) -> Trial:
     some candidates than others), the mean loss over every step."""
     try:
         summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError) as exc:
-        return Trial(label, f"exit {code} ({exit_codes.MEANING.get(code, '?')}): {exc}")
+    except (OSError, ValueError) as exc:  # refused inside the job (bad data): its own line
+        why = error_line(run_dir) or str(exc)
+        return Trial(label, f"exit {code} ({exit_codes.MEANING.get(code, '?')}): {why}")
     try:  # a trial that failed before its first step has no metrics: its status says why
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
         rows = [json.loads(line) for line in lines]
