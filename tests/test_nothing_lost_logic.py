@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from launcher import checkpoint, disk, preemption, resume, run_history, torchrun
 from launcher.config import ConfigError, compose, typed
@@ -35,8 +36,9 @@ def write_checkpoint(run: Path, step: int) -> None:
     folder = run / "checkpoints"
     path = folder / checkpoint.step_name(step)
     path.mkdir(parents=True)
-    (path / "model.pt").write_bytes(b"m" * (10 + step))
-    meta = {"step": step, "files": {"model.pt": 10 + step}, **IDENT, "lineage": "L"}
+    torch.save({"step": torch.tensor(step)}, path / "model.pt")  # readable, as a finished run's
+    size = (path / "model.pt").stat().st_size
+    meta = {"step": step, "files": {"model.pt": size}, **IDENT, "lineage": "L"}
     (path / checkpoint.META).write_text(json.dumps(meta))
     (folder / checkpoint.LATEST).write_text(path.name + "\n")
 
@@ -102,6 +104,19 @@ def digest(folder: Path) -> dict[str, str]:
         for p in sorted(folder.rglob("*"))
         if p.is_file()
     }
+
+
+def test_an_unreadable_last_checkpoint_is_not_a_finished_run(tmp_path):
+    """Full size but not a torch file (as after a crash while the disk wrote it): the run is
+    not finished; the launch resumes with that checkpoint first, and the loader falls back
+    from it to the previous one (launcher.job.restore, tests/test_faults.py)."""
+    run = tmp_path / "run"
+    STATES["completed, checkpointed"](run)
+    model = run / "checkpoints" / checkpoint.step_name(4) / "model.pt"
+    model.write_bytes(b"\0" * model.stat().st_size)
+    decided = resume.plan("auto", run, IDENT, 4)
+    assert decided.finished_at is None
+    assert [checkpoint.step_of(Path(p)) for p in decided.candidates] == [4, 2]
 
 
 @pytest.mark.parametrize(("state", "resume_value", "max_steps"), list(OUTCOMES), ids=str)
