@@ -51,6 +51,8 @@ CLUSTER_DOMAIN = "svc.cluster.local"
 MOUNT = shutil.which("mount") or "/usr/bin/mount"
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38  # prctl(2) options
 
+REPO = Path(__file__).resolve().parents[1]  # the launcher's source the pods import
+
 
 def expand(text: str, env: dict[str, str]) -> str:
     """Kubernetes' $(VAR) expansion: `$$` is a literal `$`, an undefined `$(VAR)` stays."""
@@ -160,6 +162,10 @@ class IndexedJobPods:
     # Files of the image its non-root user must reach (the interpreter): here they may lie
     # in a folder only root may enter (/root/.pyenv), which the pod then gets opened.
     expose: list[Path] = field(default_factory=list)
+    # The image's own files (this venv, the launcher's source it imports). An emptyDir the
+    # pod mounts over a folder holding them (the restricted pod's /tmp, where a CI clone may
+    # lie) would hide them, which no real image's would be: they are mounted back on top.
+    image_files: list[Path] = field(default_factory=lambda: [Path(sys.prefix), REPO])
     pods: list[Pod] = field(default_factory=list)
 
     @property
@@ -260,7 +266,8 @@ class IndexedJobPods:
             sys.executable, str(Path(__file__).resolve()), "enter",
             f"--shm-bytes={parse_size(shm)}", f"--hosts={pod.hosts_file}",
             f"--hostname={pod.hostname}", f"--cwd={cwd}", *user, *volumes,
-            *(f"--expose={p}" for p in self.expose), "--", *argv,
+            *(f"--expose={p}" for p in self.expose),
+            *(f"--keep={p}" for p in self.image_files), "--", *argv,
         ]  # fmt: skip
         pod.log = self.state_dir / f"pod{index}.{pod.starts}.log"
         pod.starts += 1
@@ -345,6 +352,14 @@ def _expose(path: Path) -> None:
         return
 
 
+def _stage(path: Path) -> tuple[Path, Path]:
+    """`path` bound to a folder outside every pod volume, to be moved back once the volumes
+    are mounted: (path, that folder)."""
+    stage = Path(tempfile.mkdtemp(prefix="pods-keep-", dir="/var/tmp"))
+    subprocess.run([MOUNT, "--bind", str(path), str(stage)], check=True)
+    return path, stage
+
+
 def _become(uid: int, gid: int, fs_group: int | None) -> None:
     """The container's user: its group, fsGroup as a supplementary group, no way back to
     more privileges (allowPrivilegeEscalation: false is no_new_privs)."""
@@ -370,6 +385,7 @@ def _enter(argv: list[str]) -> None:
     parser.add_argument("--fs-group", type=int)
     parser.add_argument("--bind", action="append", default=[])
     parser.add_argument("--expose", action="append", default=[])
+    parser.add_argument("--keep", action="append", default=[])
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -381,8 +397,14 @@ def _enter(argv: list[str]) -> None:
         source, target = bind.split(":", 1)
         os.makedirs(target, exist_ok=True)  # a mount point (an image would have it)
         mounts.append([MOUNT, "--bind", source, target])
+    covered = [Path(b.split(":", 1)[1]) for b in args.bind]
+    kept = [_stage(Path(p)) for p in args.keep if any(Path(p).is_relative_to(c) for c in covered)]
     for cmd in mounts:
         subprocess.run(cmd, check=True)
+    for path, stage in kept:
+        path.mkdir(parents=True, exist_ok=True)
+        subprocess.run([MOUNT, "--move", str(stage), str(path)], check=True)
+        stage.rmdir()
     for path in args.expose:
         _expose(Path(path))
     socket.sethostname(args.hostname)

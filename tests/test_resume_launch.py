@@ -18,6 +18,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+from launcher import checkpoint
+
 from launch import (
     FAST_USER_LOADER,
     explain,
@@ -140,8 +142,9 @@ def test_one_launch_per_run_directory(tmp_path):
     finally:  # a crash of the whole launch: the lock stays behind
         kill_launch(holder, run_dir)
     assert (run_dir / ".lock").exists()
-    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
-    step = int(latest.removeprefix("step_"))
+    # The newest complete checkpoint: a kill between sealing one and moving `latest` to it
+    # leaves `latest` a step behind, and resume takes the newest complete one.
+    step = checkpoint.step_of(checkpoint.scan(run_dir / "checkpoints").complete[0])
     after = torchrun([*args, f"trainer.max_steps={step + 2}"])
     assert after.returncode == 0, explain(after)
     (warning,) = warnings_about(after, "took over the lock")
