@@ -90,7 +90,8 @@ def test_doctor_reports_and_gates(tmp_path):
     )
     assert facts["cpu_count"] == os.cpu_count() and facts["shm"]["need_bytes"] > 0
     _, free = shm_available_bytes()
-    huge = free // (2 * 4 * 128 * 8 * 2 * 2) + 1
+    # Twice what is free: other processes (parallel tests) change /dev/shm meanwhile.
+    huge = 2 * (free // (2 * 4 * 128 * 8 * 2 * 2)) + 1
     blocked = subprocess.run(
         [sys.executable, "-m", "launcher.doctor", f"data.prefetch_factor={huge}"],
         capture_output=True,
