@@ -317,9 +317,14 @@ def plan(resume: str, run_dir: Path, now: dict, max_steps: int | None = None) ->
             usable.append(older)
     newest = checkpoint.step_of(chosen)
     # Finished only if that checkpoint can be read: a damaged last checkpoint is resumed
-    # like any other (every rank falls back to the previous one and redoes the steps).
-    readable = checkpoint.unreadable(sorted(chosen.glob("*.pt"))) is None
-    finished = resume == "auto" and max_steps is not None and newest >= max_steps and readable
+    # like any other (every rank falls back to the previous one and redoes the steps). The
+    # files are opened only when the step says finished, not on every resume.
+    finished = (
+        resume == "auto"
+        and max_steps is not None
+        and newest >= max_steps
+        and checkpoint.unreadable(sorted(chosen.glob("*.pt"))) is None
+    )
     return Plan([str(p) for p in usable], newest if finished else None)
 
 
