@@ -27,9 +27,9 @@ import torch
 
 from launcher.config import compose, normalize, typed
 from launcher.data import prepare_data
-from launcher.launch_state import LaunchState
-from launcher.model import build_model, model_loss
-from launcher.runtime import RuntimeConfig, env_world, start, teardown
+from launcher.model.build import build_model, model_loss
+from launcher.runtime.launch_state import LaunchState
+from launcher.runtime.process import RuntimeConfig, env_world, start, teardown
 from launcher.strategy.ddp import DDPStrategy
 
 BUDGET = 0.02

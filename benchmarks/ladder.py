@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from launcher.config import compose
-from launcher.job import check_or_exit, run
-from launcher.launch_state import LaunchState
+from launcher.runtime.launch_state import LaunchState
+from launcher.train.job import check_or_exit, run
 
 GPU_BASE = ["model=gpt2", "data=synthetic", "trainer.seq_len=1024", "trainer.micro_batch_size=16"]
 CPU_BASE = [

@@ -9,7 +9,7 @@ micro-batch 12, vocabulary 256), fp32:
   1. forward + backward + loss of one micro-batch, eager and torch.compile'd: the native
      module computes the loss inside its forward; GPT2LMHeadModel's logits go through
      launcher.model.lm_loss, as the trainer does it;
-  2. the trainer's step (launcher.job.run with model.impl=hf and =native: the real loop,
+  2. the trainer's step (launcher.train.job.run with model.impl=hf and =native: the real loop,
      optimizer and data), step_time_s/p50 of summary.json (wall clock, as the trainer
      measures its steps; runs interleaved);
   3. peak memory of one micro-batch's forward + backward (GPT-2's vocabulary, 50,304, where
@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from launcher.config import compose
-from launcher.model import build_model, lm_loss, model_loss
+from launcher.model.build import build_model, lm_loss, model_loss
 
 SHAPE = [
     "model=gpt2-tiny",
@@ -113,8 +113,8 @@ def trainer_step_times(steps: int, rounds: int) -> dict[str, float]:
     """Seconds per step of the real trainer for each impl: `step_time_s/p50` of each run's
     summary.json (the trainer's own wall-clock step, first step left out), runs of both
     impls interleaved over `rounds`, the median per impl."""
-    from launcher.job import check_or_exit, run
-    from launcher.launch_state import LaunchState
+    from launcher.runtime.launch_state import LaunchState
+    from launcher.train.job import check_or_exit, run
 
     common = [
         *SHAPE,
@@ -147,7 +147,7 @@ def trainer_step_times(steps: int, rounds: int) -> dict[str, float]:
 
 def peak_memory(path: str, device: torch.device) -> float:
     """Bytes one micro-batch's forward + backward adds at its peak (this process only)."""
-    from launcher.metrics import host_peak_rss_gb, reset_host_peak
+    from launcher.observe.metrics import host_peak_rss_gb, reset_host_peak
 
     impl = "hf" if path.startswith("hf") else "native"
     model, _ = make(impl, MEM_VOCAB, device, "compiled" in path)
@@ -197,7 +197,7 @@ def report(micro: dict, step: dict, memory: dict, device_name: str) -> str:
     if step:
         hf, nat = step["hf"], step["native"]
         lines.append(
-            f"| trainer step (launcher.job.run, eager, with the optimizer) | {hf * 1e3:.1f} "
+            f"| trainer step (launcher.train.job.run, eager, with the optimizer) | {hf * 1e3:.1f} "
             f"| {nat * 1e3:.1f} | {hf / nat:.2f}x |"
         )
     if memory:

@@ -40,18 +40,18 @@ from pathlib import Path
 
 import torch
 
-from launcher.batch import BatchPlan
 from launcher.config import compose
 from launcher.data import prepare_data
 from launcher.data.loader import StepBatchSampler
-from launcher.job import check_or_exit, run
-from launcher.launch_state import LaunchState
-from launcher.loop import lr_at
-from launcher.model import build_model, model_loss
-from launcher.runtime import pick_device, seed_everything
+from launcher.model.build import build_model, model_loss
+from launcher.runtime.launch_state import LaunchState
+from launcher.runtime.process import pick_device, seed_everything
 from launcher.strategy.base import compile_mode
 from launcher.strategy.ddp import AUTOCAST_DTYPES
 from launcher.strategy.optim import build_optimizer
+from launcher.train.batch import BatchPlan
+from launcher.train.job import check_or_exit, run
+from launcher.train.loop import lr_at
 
 BUDGET = 0.03  # the trainer may be at most 3% slower per step than the bare loop
 # Eval and checkpoints only at the end (outside the window): they are work the user asked

@@ -55,7 +55,7 @@ def bare(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from launcher.gpt2 import GPT2, GPT2Config
+    from launcher.model.gpt2 import GPT2, GPT2Config
 
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     cuda = args.device != "cpu" and torch.cuda.is_available()
@@ -127,7 +127,7 @@ def launch(cmd: list[str], log: Path) -> tuple[float, float]:
 
 def bare_command(cfg, nproc: int, vocab: int, out_dir: Path) -> list[str]:
     """The bare loop of `cfg`'s shape: model, batch over `nproc` ranks, eval, precision."""
-    from launcher.batch import BatchPlan
+    from launcher.train.batch import BatchPlan
 
     t, m = cfg.trainer, cfg.model
     accum = BatchPlan.of(t, nproc).accum

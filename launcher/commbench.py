@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from launcher.comm_stats import bus_bandwidth
-from launcher.runtime import env_world, init_process_group, pick_backend, pick_device
+from launcher.observe.comm_stats import bus_bandwidth
+from launcher.runtime.process import env_world, init_process_group, pick_backend, pick_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}

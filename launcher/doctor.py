@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import sys
 
-from launcher import envinfo
 from launcher.config import ConfigError, compose, friendly_overrides
 from launcher.data.shm import human_bytes
-from launcher.preflight import check_config, machine_problems, shm_need
-from launcher.runtime import env_world, ranks_per_node
+from launcher.runtime import envinfo
+from launcher.runtime.process import env_world, ranks_per_node
+from launcher.train.preflight import check_config, machine_problems, shm_need
 
 USAGE = """usage: python -m launcher.doctor [--json] [overrides...]
 

@@ -5,7 +5,7 @@
 RUN_DIR_OR_CHECKPOINT is a run directory (its newest complete checkpoint is exported) or
 one `checkpoints/step_<n>` folder, written by DDP (model.pt), FSDP2 (DCP shards) or
 DeepSpeed, with either model.impl: the native module's weights are converted (see
-launcher.gpt2), transformers' are copied. Bad input: one line naming the file and the fix,
+launcher.model.gpt2), transformers' are copied. Bad input: one line naming the file and the fix,
 exit 2.
 """
 
@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 
-from launcher import checkpoint, exit_codes
-from launcher.gpt2 import config_of, hf_config, to_hf_state_dict
+from launcher.checkpoint import protocol as checkpoint
+from launcher.model.gpt2 import config_of, hf_config, to_hf_state_dict
+from launcher.resilience import exit_codes
 
 
 class ExportError(ValueError):

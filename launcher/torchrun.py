@@ -2,8 +2,8 @@
 whose exit code is the job's.
 
 torchrun exits 1 after any worker failure and after a stop signal, so the codes of
-`launcher.exit_codes` (2 bad input, 3 non-finite loss, 4 out of memory, 5 hang, 143 stopped
-with a checkpoint) never reach Slurm, a Kubernetes `podFailurePolicy` or PyTorchJob's
+`launcher.resilience.exit_codes` (2 bad input, 3 non-finite loss, 4 out of memory, 5 hang,
+143 stopped with a checkpoint) never reach Slurm, a Kubernetes `podFailurePolicy` or PyTorchJob's
 `restartPolicy: ExitCode`. This front door runs torchrun's own agent in this process, with
 every option torchrun takes, lets each worker leave its code in a private folder, and exits
 with the job's code once torchrun has ended. Plain `torchrun -m launcher.train` still works
@@ -22,7 +22,7 @@ from torch.distributed import run as torch_run
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from launcher import exit_codes
+from launcher.resilience import exit_codes
 
 log = logging.getLogger("launcher.torchrun")
 

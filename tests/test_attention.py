@@ -12,8 +12,8 @@ from torch.profiler import profile
 from launcher.analyze.trace import load, rank_trace_files
 from launcher.config import ConfigError, compose
 from launcher.config.schema import ATTENTION_BACKENDS, PRECISIONS
-from launcher.model import attention_backend, build_model, model_loss
-from launcher.preflight import attention_problem
+from launcher.model.build import attention_backend, build_model, model_loss
+from launcher.train.preflight import attention_problem
 
 from launch import FAST, explain, python_train
 

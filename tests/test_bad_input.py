@@ -26,11 +26,11 @@ from launcher.config import (
     friendly_overrides,
     validate,
 )
+from launcher.config.ranges import RANGES, Range, numeric_keys
+from launcher.config.sweep import main as sweep_main
 from launcher.data.shm import shm_available_bytes
-from launcher.preflight import cpu_has_fp16, init_from_problem, logger_problems
-from launcher.ranges import RANGES, Range, numeric_keys
-from launcher.sweep import main as sweep_main
-from launcher.train import main
+from launcher.train.front_door import main
+from launcher.train.preflight import cpu_has_fp16, init_from_problem, logger_problems
 
 from launch import FAST, base_env, torchrun_cmd
 
@@ -348,7 +348,7 @@ def test_a_profiler_schedule_that_fits_is_accepted():
     validate(compose(["+exp=profile"]), 2)  # steps 11-13 of 16
 
 
-# Machine checks (launcher.preflight), and the doctor reporting what the trainer refuses
+# Machine checks (launcher.train.preflight), and the doctor reporting what the trainer refuses
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="refusing CUDA needs a machine without it")
@@ -416,7 +416,7 @@ def test_doctor_reports_what_the_trainer_refuses(monkeypatch, capsys, args):
     assert problems == ["PROBLEM     " + err.strip().removeprefix("error: ")]
 
 
-# launcher.analyze and launcher.sweep: a damaged input or unwritable output is one line, rc 2
+# launcher.analyze and launcher.config.sweep: a damaged input or unwritable output is one line, rc 2
 
 
 def one_error_line(capsys) -> str:

@@ -12,7 +12,7 @@ import os
 import signal
 import time
 
-from launcher import exit_codes
+from launcher.resilience import exit_codes
 
 from launch import FAST_USER_LOADER, explain, finish, metrics, start_torchrun, summary, torchrun
 

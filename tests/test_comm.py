@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from launcher.comm_stats import step_figures
-from launcher.intervals import overlap_length, union_length
+from launcher.observe.comm_stats import step_figures
+from launcher.observe.intervals import overlap_length, union_length
 
 from launch import FAST, base_env, explain, losses, metrics, summary, torchrun, torchrun_cmd
 from reference import cut_at

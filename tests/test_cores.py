@@ -23,9 +23,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from launcher import checkpoint, metrics, preemption
-from launcher.batch import BatchPlan
-from launcher.checkpoint import (
+from launcher.checkpoint import protocol as checkpoint
+from launcher.checkpoint.protocol import (
     LATEST,
     META,
     SUPERSEDED,
@@ -36,15 +35,18 @@ from launcher.checkpoint import (
     scan,
     step_name,
 )
-from launcher.comm_stats import StepComm, bus_bandwidth, step_figures
 from launcher.config import TrainerConfig, compose, typed
 from launcher.data.loader import StepBatchSampler
-from launcher.job import is_secret_key, redacted
-from launcher.loop import lr_at
-from launcher.metrics import Interval, aggregate, local_vector, percentile
-from launcher.preemption import StopVote, install_stop_handlers, stop_requested
+from launcher.observe import metrics
+from launcher.observe.comm_stats import StepComm, bus_bandwidth, step_figures
+from launcher.observe.metrics import Interval, aggregate, local_vector, percentile
+from launcher.resilience import preemption
+from launcher.resilience.preemption import StopVote, install_stop_handlers, stop_requested
 from launcher.strategy.comm_hooks import make_hook
 from launcher.strategy.powersgd import PowerSGDState, load_state, powersgd_hook, save_state
+from launcher.train.batch import BatchPlan
+from launcher.train.job import is_secret_key, redacted
+from launcher.train.loop import lr_at
 
 CPU = torch.device("cpu")
 

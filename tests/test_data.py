@@ -21,7 +21,6 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from launcher.batch import BatchPlan
 from launcher.config import DataConfig
 from launcher.data import (
     TokenWindows,
@@ -41,6 +40,7 @@ from launcher.data.shm import human_bytes
 from launcher.data.tokenizer import cached_gpt2_tiktoken, resolve_tokenizer
 from launcher.data.wikitext import articles
 from launcher.data.windows import Segment, SyntheticWindows, split_tail
+from launcher.train.batch import BatchPlan
 
 WORDS = ["the", "a", "model", "token", "data", "loader", "shard", "window", "rank", "step"]
 

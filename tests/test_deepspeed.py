@@ -18,9 +18,9 @@ import sys
 
 import pytest
 
-from launcher.checkpoint import is_complete as checkpoint_complete
+from launcher.checkpoint.protocol import is_complete as checkpoint_complete
 from launcher.config import ConfigError, compose
-from launcher.preflight import check_config
+from launcher.train.preflight import check_config
 
 from launch import (
     FAST,
@@ -241,10 +241,12 @@ def test_a_ddp_run_does_not_import_deepspeed():
     code = """
 import sys, torch
 from launcher.config import compose, validate
-from launcher.model import build_model
-from launcher.runtime import Runtime
+from launcher.model.build import build_model
+from launcher.runtime.process import Runtime
 from launcher.strategy import build_strategy
-from launcher import job, loop, train  # every module a DDP run imports
+from launcher import train  # every module a DDP run imports
+from launcher.train import job
+from launcher.train import loop
 cfg = compose(["strategy=ddp"])
 validate(cfg, 1)
 model = build_model(cfg.model, 512, eot_id=0, grad_checkpointing=False)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import checkpoint
+from launcher.checkpoint import protocol as checkpoint
 
 from launch import (
     FAST_USER_LOADER,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from launcher.config import compose, validate
+from launcher.config.sweep import plan
 from launcher.config.validate import normalize
-from launcher.sweep import plan
 
 EXPERIMENTS = sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "exp").glob("*.yaml"))
 

@@ -14,12 +14,12 @@ import textwrap
 import pytest
 from omegaconf import OmegaConf
 
-from launcher import exit_codes
 from launcher.analyze.hang import analyze_hang, load_flight_recorder, markdown_hang
 from launcher.config import WatchdogConfig
-from launcher.metrics import aggregate
-from launcher.stragglers import StragglerWatch
-from launcher.watchdog import HangWatchdog
+from launcher.observe.metrics import aggregate
+from launcher.resilience import exit_codes
+from launcher.resilience.stragglers import StragglerWatch
+from launcher.resilience.watchdog import HangWatchdog
 
 E = exit_codes
 
@@ -108,7 +108,7 @@ WATCHDOG_SCRIPT = """
 import time
 from omegaconf import OmegaConf
 from launcher.config import WatchdogConfig
-from launcher.watchdog import HangWatchdog
+from launcher.resilience.watchdog import HangWatchdog
 cfg = OmegaConf.structured(WatchdogConfig(min_s=0.5, first_step_s=0.5))
 HangWatchdog(cfg, rank=3, run_dir=__import__("pathlib").Path({run_dir!r}), start_step=7,
              on_hang=lambda step: open({marker!r}, "w").write(str(step)))
@@ -138,8 +138,8 @@ def _frame(function, file="/x/torch/distributed/distributed_c10d.py"):
     return {"file": file, "line": 1, "function": function}
 
 
-WAITING = [_frame("run", "/x/launcher/loop.py"), _frame("all_reduce")]
-BUSY = [_frame("run", "/x/launcher/loop.py"), _frame("load", "/x/launcher/data/cache.py")]
+WAITING = [_frame("run", "/x/launcher/train/loop.py"), _frame("all_reduce")]
+BUSY = [_frame("run", "/x/launcher/train/loop.py"), _frame("load", "/x/launcher/data/cache.py")]
 
 
 def _run_dir(tmp_path, world, reports, recorders=None):

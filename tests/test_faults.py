@@ -17,8 +17,8 @@ import sys
 
 import pytest
 
-from launcher import exit_codes
 from launcher.analyze.hang import analyze_hang
+from launcher.resilience import exit_codes
 
 from launch import (
     FAST_USER_LOADER,

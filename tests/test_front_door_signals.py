@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import exit_codes
+from launcher.resilience import exit_codes
 
 from launch import (
     FAST_USER_LOADER,

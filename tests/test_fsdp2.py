@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.checkpoint import scan
+from launcher.checkpoint.protocol import scan
 from launcher.config import ConfigError, compose, validate
-from launcher.model import build_model
+from launcher.model.build import build_model
 
 from launch import (
     FAST,

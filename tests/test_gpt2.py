@@ -7,11 +7,11 @@ import torch
 from omegaconf import OmegaConf
 from transformers import GPT2LMHeadModel
 
-from launcher import resume
+from launcher.checkpoint import resume
 from launcher.config import ConfigError, compose, validate
 from launcher.export import main as export_main
-from launcher.gpt2 import GPT2, hf_config, to_hf_state_dict
-from launcher.model import build_model, count_params, flops_per_token, lm_loss, model_loss
+from launcher.model.build import build_model, count_params, flops_per_token, lm_loss, model_loss
+from launcher.model.gpt2 import GPT2, hf_config, to_hf_state_dict
 
 VOCAB = 256
 
@@ -134,8 +134,8 @@ STRATEGIES = """
 import datetime, json, sys, tempfile, torch
 from pathlib import Path
 from launcher.config import compose, typed, validate
-from launcher.model import build_model, model_loss
-from launcher.runtime import Runtime, init_single_process_group
+from launcher.model.build import build_model, model_loss
+from launcher.runtime.process import Runtime, init_single_process_group
 from launcher.strategy import build_strategy
 
 # What the runtime gives a one-process run whose engine needs a group (DeepSpeed, FSDP2).

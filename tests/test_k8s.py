@@ -34,10 +34,10 @@ import pytest
 import yaml
 
 from launcher.config import ConfigError
-from launcher.preflight import shm_need
 from launcher.submit import k8s, k8s_check, pod_security
 from launcher.submit.__main__ import main
 from launcher.submit.job import prepare
+from launcher.train.preflight import shm_need
 
 from launch import FAST, losses, metrics, summary
 from pods import IndexedJobPods, can_run_pods
@@ -309,7 +309,7 @@ def test_every_kind_passes_its_schema(variants, tmp_path):
 
 
 def test_failure_policies_per_kind(variants):
-    """The exit-code contract (launcher/exit_codes.py) as each kind's failure policy."""
+    """The exit-code contract (launcher/resilience/exit_codes.py) as each kind's failure policy."""
     _, rendered = variants
     fail_at_once = {
         "action": "FailJob",

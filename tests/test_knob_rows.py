@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from launcher.config import ConfigError, compose, normalize, validate
 from launcher.config.schema import ENGINES, TrainConfig
-from launcher.preflight import cpu_has_fp16, preflight
+from launcher.train.preflight import cpu_has_fp16, preflight
 
 from knob_rows import ENGINE_FREE, GROUPS, ROWS
 from knob_rows import ENGINES as MATRIX_ENGINES

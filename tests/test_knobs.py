@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from launcher.config import compose
-from launcher.model import build_model
+from launcher.model.build import build_model
 
 from launch import FAST, explain, losses, python_train, summary
 
@@ -78,7 +78,7 @@ def test_init_from_a_local_folder_and_export(tmp_path):
     from transformers import GPT2LMHeadModel
 
     from launcher.export import main as export_main
-    from launcher.gpt2 import from_hf_state_dict
+    from launcher.model.gpt2 import from_hf_state_dict
 
     torch.manual_seed(3)
     hf = build_model(compose(["model.impl=hf"]).model, 512)

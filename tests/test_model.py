@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from launcher.config import compose
-from launcher.model import (
+from launcher.model.build import (
     build_model,
     count_params,
     flops_per_token,

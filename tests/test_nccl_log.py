@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher import nccl_log
-from launcher.launch_state import LaunchState
-from launcher.nccl_log import parse_nccl_log, split_by_process
-from launcher.nccl_transport import transport_recorders
-from launcher.runtime import Runtime
+from launcher.observe import nccl_log
+from launcher.observe.nccl_log import parse_nccl_log, split_by_process
+from launcher.observe.nccl_transport import transport_recorders
+from launcher.runtime.launch_state import LaunchState
+from launcher.runtime.process import Runtime
 
 from launch import FAST, base_env, explain, free_port, python_train
 

@@ -19,10 +19,14 @@ import numpy as np
 import pytest
 import torch
 
-from launcher import checkpoint, disk, preemption, resume, run_history, torchrun
+from launcher import torchrun
+from launcher.checkpoint import protocol as checkpoint
+from launcher.checkpoint import resume
 from launcher.config import ConfigError, compose, typed
 from launcher.config.validate import run_id_problem
-from launcher.train import main as train_main
+from launcher.resilience import preemption
+from launcher.runtime import disk, run_history
+from launcher.train.front_door import main as train_main
 
 IDENT = {
     "model": {"name": "gpt2-tiny", "n_layer": 2, "n_head": 2, "n_embd": 64,
@@ -109,7 +113,7 @@ def digest(folder: Path) -> dict[str, str]:
 def test_an_unreadable_last_checkpoint_is_not_a_finished_run(tmp_path):
     """Full size but not a torch file (as after a crash while the disk wrote it): the run is
     not finished; the launch resumes with that checkpoint first, and the loader falls back
-    from it to the previous one (launcher.job.restore, tests/test_faults.py)."""
+    from it to the previous one (launcher.train.job.restore, tests/test_faults.py)."""
     run = tmp_path / "run"
     STATES["completed, checkpointed"](run)
     model = run / "checkpoints" / checkpoint.step_name(4) / "model.pt"
@@ -399,7 +403,7 @@ INIT_FROM = [
 
 @pytest.mark.parametrize(("case", "damage", "says"), INIT_FROM, ids=[c[0] for c in INIT_FROM])
 def test_init_from_a_damaged_folder_is_one_line(exported, tmp_path, case, damage, says):
-    from launcher.preflight import init_from_problem
+    from launcher.train.preflight import init_from_problem
 
     folder = tmp_path / "weights"
     shutil.copytree(exported, folder)
@@ -420,7 +424,7 @@ def native_run(tmp_path: Path) -> Path:
     """A run directory with two complete checkpoints of a native GPT-2 (steps 2 and 4)."""
     import torch
 
-    from launcher.model import build_model
+    from launcher.model.build import build_model
 
     model = build_model(compose(["model.impl=native"]).model, 256)
     meta = {"model": {"impl": "native", "n_head": model.config.n_head}}

@@ -17,7 +17,7 @@ from launcher.analyze.kernels import SDPA_OP, classify, op_flops
 from launcher.analyze.report import analyze
 from launcher.analyze.trace import LOOP_READ, Step, load, rank_trace_files
 from launcher.config import compose
-from launcher.model import build_model
+from launcher.model.build import build_model
 
 from launch import base_env, explain, losses, metrics, summary, torchrun
 from reference import copy_run

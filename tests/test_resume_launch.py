@@ -18,7 +18,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from launcher import checkpoint
+from launcher.checkpoint import protocol as checkpoint
 
 from launch import (
     FAST_USER_LOADER,

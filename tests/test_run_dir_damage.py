@@ -22,9 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher import checkpoint, lock, resume
+from launcher.checkpoint import protocol as checkpoint
+from launcher.checkpoint import resume
 from launcher.config import ConfigError
-from launcher.sinks import JsonlSink
+from launcher.observe.sinks import JsonlSink
+from launcher.runtime import lock
 from launcher.strategy import ds_universal
 
 DDP2 = {

@@ -20,8 +20,7 @@ import pytest
 from huggingface_hub import constants
 from omegaconf import OmegaConf
 
-from launcher import sweep
-from launcher.config import ConfigError, compose
+from launcher.config import ConfigError, compose, sweep
 from launcher.data.bpe import train_bpe
 from launcher.data.tokenizer import resolve_tokenizer
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.checkpoint import CheckpointWriter
+from launcher.checkpoint.protocol import CheckpointWriter
 from launcher.config import ConfigError
-from launcher.model import build_model
+from launcher.model.build import build_model
 from launcher.submit import k8s, k8s_check, pod_security, stop_time
 from launcher.submit.__main__ import main as submit_main
 from launcher.submit.job import prepare

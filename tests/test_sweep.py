@@ -10,7 +10,7 @@ import sys
 import pytest
 from test_wandb import inspect_summary, private_wandb_env, records
 
-from launcher.sweep import Point, point_label, summary_rows, varied_keys
+from launcher.config.sweep import Point, point_label, summary_rows, varied_keys
 
 from launch import FAST, base_env, explain, losses, summary, torchrun
 from reference import copy_run, launch_log
@@ -83,14 +83,21 @@ def test_comm_hook_sweep_reports_loss_difference_from_none(tmp_path):
 def test_separate_launches_compare_in_the_same_format(ddp_sweep, tmp_path):
     sweep_dir = ddp_sweep
     dirs = [str(sweep_dir / point) for point in DDP_SWEEP_POINTS]
-    cmd = [sys.executable, "-m", "launcher.sweep", *dirs, "--out", str(tmp_path / "cmp")]
+    cmd = [sys.executable, "-m", "launcher.config.sweep", *dirs, "--out", str(tmp_path / "cmp")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=base_env())
     assert proc.returncode == 0, explain(proc)
     assert read_csv(tmp_path / "cmp" / "sweep_summary.csv") == read_csv(
         sweep_dir / "sweep_summary.csv"
     )
     bad = subprocess.run(
-        [sys.executable, "-m", "launcher.sweep", str(tmp_path), "--out", str(tmp_path / "x")],
+        [
+            sys.executable,
+            "-m",
+            "launcher.config.sweep",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "x"),
+        ],
         capture_output=True,
         text=True,
         timeout=120,

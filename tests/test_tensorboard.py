@@ -17,8 +17,8 @@ import sys
 import numpy as np
 import pytest
 
-from launcher.tensorboard_sink import code_block
-from launcher.train import main
+from launcher.observe.tensorboard_sink import code_block
+from launcher.train.front_door import main
 
 from launch import explain, metrics, summary, torchrun
 from reference import copy_run

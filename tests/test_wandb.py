@@ -19,8 +19,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from launcher.config import LoggerConfig
-from launcher.train import main
-from launcher.wandb_sink import WandbSink, log_sweep_summary, wandb_run_id
+from launcher.observe.wandb_sink import WandbSink, log_sweep_summary, wandb_run_id
+from launcher.train.front_door import main
 
 from launch import metrics, summary
 from reference import launch_log

@@ -11,7 +11,7 @@ and each trial is the real job:
 
 from __future__ import annotations
 
-from launcher import job
+from launcher.train import job
 from launcher.tune import rounds
 from launcher.tune.__main__ import main
 from launcher.tune.candidates import Candidate

@@ -18,7 +18,7 @@ from launcher.analyze import to_tensorboard, to_wandb
 from launcher.analyze.hang import analyze_hang, has_hang, markdown_hang, write_hang_report
 from launcher.analyze.report import analyze, markdown, write
 from launcher.analyze.trace import TraceError
-from launcher.paths import writable_dir_problem
+from launcher.runtime.paths import writable_dir_problem
 
 
 def run_dirs(path: Path) -> list[Path]:

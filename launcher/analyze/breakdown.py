@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.analyze.trace import Step, TraceError, load, rank_trace_files
-from launcher.intervals import merged, overlap_length, union_length
+from launcher.observe.intervals import merged, overlap_length, union_length
 
 US = 1e-6
 

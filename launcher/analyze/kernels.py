@@ -3,7 +3,7 @@ kind is bound by arithmetic or by memory bandwidth, and the FLOP/s the arithmeti
 
 A GPU step that is slow for want of FLOP/s looks different from one that is slow for want
 of memory bandwidth: matrix multiplications and attention run on the tensor cores and are
-judged by the FLOP/s they reach (against the device's peak, launcher.peaks); elementwise
+judged by the FLOP/s they reach (against the device's peak, launcher.observe.peaks); elementwise
 work, normalisation, softmax and loss, reductions and the optimizer move every byte once
 or twice for a few operations each, and are judged by how much of the step they take,
 since fusing them (torch.compile) removes passes over memory rather than arithmetic.

@@ -14,7 +14,7 @@ from launcher.analyze.breakdown import StepBreakdown, run_breakdown
 from launcher.analyze.facts import read_facts
 from launcher.analyze.kernels import bound_shares, class_table
 from launcher.analyze.merge import clock_offsets, write_merged_trace
-from launcher.peaks import peak_for_name
+from launcher.observe.peaks import peak_for_name
 
 TOP = 10
 COLUMNS = (

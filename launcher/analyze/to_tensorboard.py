@@ -11,7 +11,7 @@ from pathlib import Path
 
 from launcher.analyze.facts import logger_config
 from launcher.analyze.report import COLUMNS, markdown
-from launcher.tensorboard_sink import TB_DIR, add_analysis, tensorboard_enabled
+from launcher.observe.tensorboard_sink import TB_DIR, add_analysis, tensorboard_enabled
 
 FIGURES = (*(key for key, _ in COLUMNS), "overlap_ratio")
 

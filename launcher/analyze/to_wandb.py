@@ -1,7 +1,7 @@
 """The analysis into the run's W&B run, when the run logged to W&B: the per-(rank, step)
 breakdown and the advice as tables, and report.{md,json} plus the merged trace as one
 artifact (`trace-analysis-<run>`), so the trace that explains a slow run sits next to its
-curves. The run is resumed by its id (launcher.wandb_sink.wandb_run_id), so this works
+curves. The run is resumed by its id (launcher.observe.wandb_sink.wandb_run_id), so this works
 after training ended, offline runs included (`wandb sync` uploads both parts together)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from launcher.analyze.facts import logger_config
 from launcher.analyze.report import COLUMNS
-from launcher.wandb_sink import add_to_run, wandb_run_id
+from launcher.observe.wandb_sink import add_to_run, wandb_run_id
 
 
 def run_id_of(run_dir: Path) -> str:

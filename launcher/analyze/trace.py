@@ -1,7 +1,7 @@
 """One rank's Chrome trace (`*.pt.trace.json`) as the analyser sees it: training steps,
 communication spans and computation spans, on CPU/gloo and CUDA/NCCL traces alike.
 
-- Steps are the trainer's `launcher/step <n>` regions (see launcher.profiling).
+- Steps are the trainer's `launcher/step <n>` regions (see launcher.observe.profiling).
 - Communication is every `gloo:all_reduce` on gloo's worker threads (CPU), or on a GPU
   every NCCL kernel and every other GPU activity launched from inside an NCCL call (with
   one rank NCCL's all-reduce is a device-to-device copy). The trainer's own control traffic

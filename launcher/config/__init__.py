@@ -1,6 +1,8 @@
 """The configuration: its typed schema (`schema`), composition and one-line error wording
-(`compose`), and the semantic check of a composed config (`validate`). Checks that need the
-machine, files or other layers are launcher.preflight's."""
+(`compose`), the semantic check of a composed config (`validate`), every numeric key's range
+(`ranges`), the `nccl` group's variables (`nccl_vars`), which keys hold secrets
+(`secret_keys`) and the points of a sweep and their summary (`sweep`). Checks that need the
+machine, files or other layers are launcher.train.preflight's."""
 
 from __future__ import annotations
 

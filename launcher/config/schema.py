@@ -14,7 +14,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from launcher.nccl_vars import NcclEnv
+from launcher.config.nccl_vars import NcclEnv
 
 CONFIG_MODULE = "launcher.conf"
 CONFIG_NAME = "train"
@@ -50,7 +50,7 @@ class ModelConfig:
     vocab_multiple: int = 64
     dropout: float = 0.0
     init_from: str | None = None
-    impl: str = "native"  # native (launcher.gpt2) or hf (transformers' GPT2LMHeadModel)
+    impl: str = "native"  # native (launcher.model.gpt2) or hf (transformers' GPT2LMHeadModel)
     bias: bool = True  # biases in linears and LayerNorms (GPT-2's weights have them)
     attention: str = "auto"  # SDPA's kernel: auto (PyTorch picks), flash, efficient, cudnn, math
 

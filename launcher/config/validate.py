@@ -1,7 +1,7 @@
 """The semantic check of a composed config, judged alone (no machine, no files, no other
 layer): values with a spelled-out default resolved (`normalize`), then every value and
 combination that cannot run refused (`validate`), naming the key path. What needs the
-machine, the files or an engine's own config is launcher.preflight's.
+machine, the files or an engine's own config is launcher.train.preflight's.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from dataclasses import fields, is_dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.batch import BatchPlan
 from launcher.config.compose import unknown_key_line
 from launcher.config.errors import ConfigError
+from launcher.config.ranges import range_problem
 from launcher.config.schema import (
     ATTENTION_BACKENDS,
     BACKENDS,
@@ -28,7 +28,7 @@ from launcher.config.schema import (
     PRECISIONS,
     PROFILERS,
 )
-from launcher.ranges import range_problem
+from launcher.train.batch import BatchPlan
 
 
 def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
@@ -243,7 +243,7 @@ def _validate_ddp(cfg: DictConfig, world_size: int) -> None:
 
 def _validate_deepspeed(cfg: DictConfig, world_size: int) -> None:
     """strategy=deepspeed: the stage and offload (`strategy.extra` against trainer.* is
-    judged where DeepSpeed's config is built: launcher.preflight.check_config)."""
+    judged where DeepSpeed's config is built: launcher.train.preflight.check_config)."""
     s, t = cfg.strategy, cfg.trainer
     _choice(cfg, "strategy.offload_optimizer", OFFLOAD_DEVICES)
     _choice(cfg, "strategy.offload_param", OFFLOAD_DEVICES)
@@ -301,7 +301,7 @@ def _reject_unknown_keys(node: DictConfig, prefix: str) -> None:
 
 
 def _validate_data_source(d: DictConfig) -> None:
-    """What each data source needs set (whether its files exist is launcher.preflight's)."""
+    """What each data source needs set (whether its files exist is launcher.train.preflight's)."""
     wanted = {
         "text_files": "text file globs, e.g. data.paths=[a/*.txt]",
         "memmap": "pre-tokenized .bin files",

@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from launcher import preemption
-from launcher.batch import BatchPlan
+from launcher.resilience import preemption
+from launcher.train.batch import BatchPlan
 
 
 class StepBatchSampler(Sampler[list[int]]):

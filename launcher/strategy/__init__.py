@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from launcher.config.schema import StrategyConfig, TrainerConfig
-from launcher.runtime import Runtime
+from launcher.runtime.process import Runtime
 from launcher.strategy.base import Strategy
 
 __all__ = ["Strategy", "build_strategy", "needs_process_group"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from launcher.comm_stats import StepComm
+from launcher.observe.comm_stats import StepComm
 
 
 def compile_mode(compile: str) -> str | None:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from launcher.clock import EventClock
-from launcher.comm_stats import StepComm, step_figures
+from launcher.observe.clock import EventClock
+from launcher.observe.comm_stats import StepComm, step_figures
 
 
 class CommTimer:

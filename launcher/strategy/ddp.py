@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from launcher.comm_stats import StepComm
 from launcher.config.schema import DDPConfig, TrainerConfig
-from launcher.runtime import Runtime
+from launcher.observe.comm_stats import StepComm
+from launcher.runtime.process import Runtime
 from launcher.strategy import comm_hooks, powersgd
 from launcher.strategy.base import Strategy, compile_mode
 from launcher.strategy.comm_timing import CommTimer

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from launcher import checkpoint
-from launcher.comm_stats import StepComm
+from launcher.checkpoint import protocol as checkpoint
 from launcher.config.schema import DeepSpeedConfig, TrainerConfig
-from launcher.runtime import Runtime
+from launcher.observe.comm_stats import StepComm
+from launcher.runtime.process import Runtime
 from launcher.strategy.base import Strategy
 from launcher.strategy.ds_comm import CollectiveTimer
 from launcher.strategy.ds_config import build_ds_config

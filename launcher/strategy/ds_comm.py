@@ -44,9 +44,9 @@ from pathlib import Path
 
 import torch
 
-from launcher.clock import EventClock
-from launcher.comm_stats import StepComm
-from launcher.intervals import merged, overlap_length, union_length
+from launcher.observe.clock import EventClock
+from launcher.observe.comm_stats import StepComm
+from launcher.observe.intervals import merged, overlap_length, union_length
 
 # Methods of DeepSpeed's TorchBackend that communicate: the kind each is counted as, and
 # its parameters in order (they mirror torch.distributed's; DeepSpeed's wrappers hide the

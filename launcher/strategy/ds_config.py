@@ -13,8 +13,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from launcher.batch import BatchPlan
 from launcher.config.schema import DeepSpeedConfig, TrainerConfig
+from launcher.train.batch import BatchPlan
 
 # Sections DeepSpeed would build its own optimizer or LR schedule from: the launcher passes
 # its AdamW (trainer.lr, betas, weight_decay) and sets the LR of every step itself.

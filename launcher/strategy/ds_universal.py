@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from launcher import checkpoint
+from launcher.checkpoint import protocol as checkpoint
 from launcher.config import ConfigError
-from launcher.paths import atomic_write
+from launcher.runtime.paths import atomic_write
 
 log = logging.getLogger("launcher")
 

@@ -34,9 +34,9 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 )
 from torch.distributed.tensor import DTensor
 
-from launcher.comm_stats import StepComm
 from launcher.config.schema import FSDP2Config, TrainerConfig
-from launcher.runtime import Runtime
+from launcher.observe.comm_stats import StepComm
+from launcher.runtime.process import Runtime
 from launcher.strategy.base import Strategy, compile_mode
 from launcher.strategy.dcp import is_dcp_checkpoint, load_dcp
 from launcher.strategy.ds_comm import KINDS, CollectiveTimer

@@ -273,7 +273,7 @@ def load_state(state: PowerSGDState | None, folder: Path, rank: int, device: tor
         saved = torch.load(first, map_location=device, weights_only=True)
         state.load_state_dict(saved, with_errors=False)
         return
-    from launcher.checkpoint import step_of
+    from launcher.checkpoint.protocol import step_of
 
     log.warning("%s has no PowerSGD state: PowerSGD starts afresh", folder)
     state.step = step_of(folder)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-from launcher import exit_codes
 from launcher.config import ConfigError
+from launcher.resilience import exit_codes
 from launcher.submit.job import prepare
 
 TARGETS = {"slurm": "launcher.submit.slurm", "k8s": "launcher.submit.k8s"}

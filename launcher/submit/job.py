@@ -7,7 +7,7 @@ requeued job, write into the same run directory and `resume=auto` finds its chec
 
 Each node starts `python -m launcher.torchrun`, torchrun's own arguments in front of the
 trainer: unlike plain torchrun (which exits 1 whatever went wrong) it exits with the job's
-contract code (launcher/exit_codes.py), which the Slurm script's requeue decision and the
+contract code (launcher/resilience/exit_codes.py), which the Slurm script's requeue decision and the
 Kubernetes failure policies act on.
 """
 
@@ -25,12 +25,16 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher import sweep
-from launcher.config import ConfigError
+from launcher.config import ConfigError, sweep
+from launcher.config.secret_keys import is_secret_key
 from launcher.data.tokenizer import tokenizer_path_problem
-from launcher.paths import can_create_in
-from launcher.preflight import check_config, data_file_problems, init_from_problem, resume_problem
-from launcher.secret_keys import is_secret_key
+from launcher.runtime.paths import can_create_in
+from launcher.train.preflight import (
+    check_config,
+    data_file_problems,
+    init_from_problem,
+    resume_problem,
+)
 
 SUBMIT_DIR = "submit"
 # What each node runs in place of `torchrun` (same arguments; exits with the contract code).

@@ -4,13 +4,13 @@ One pod per node runs one torchrun. The pods find each other through the Service
 Indexed Job with `spec.subdomain` gives pod <i> the hostname `<name>-<i>` and the DNS name
 `<name>-<i>.<service>`, so every torchrun rendezvouses at `<name>-0.<service>:<port>`, with
 its completion index as node rank. /dev/shm is a memory-backed emptyDir sized from the same
-computation the trainer's preflight uses (launcher.preflight.shm_need), and the container's
+computation the trainer's preflight uses (launcher.train.preflight.shm_need), and the container's
 memory limit holds it on top of what the processes get. `cluster.k8s.kind` renders the same
 pod as a JobSet or a Kubeflow PyTorchJob instead. See docs/kubernetes.md.
 
 Each pod runs `python -m launcher.torchrun`, which exits with the job's contract code
-(launcher/exit_codes.py); the failure policies act on it: bad input, a non-finite loss and
-out of memory fail the job at once, a crash or a hang is retried within a per-node budget,
+(launcher/resilience/exit_codes.py); the failure policies act on it: bad input, a non-finite
+loss and out of memory fail the job at once, a crash or a hang is retried within a per-node budget,
 and a disruption (preemption, eviction, drain) is not counted at all.
 """
 
@@ -26,9 +26,8 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from launcher import exit_codes
 from launcher.config import ConfigError
-from launcher.preflight import shm_need
+from launcher.resilience import exit_codes
 from launcher.submit import k8s_check, stop_time
 from launcher.submit.job import (
     DEFAULT_JOB_NAME,
@@ -37,6 +36,7 @@ from launcher.submit.job import (
     check_interval_fits,
     time_limit_s,
 )
+from launcher.train.preflight import shm_need
 
 KINDS = ("job", "jobset", "pytorchjob")
 CONTAINER = "trainer"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from launcher.config import ConfigError
-from launcher.secret_keys import is_secret_key
+from launcher.config.secret_keys import is_secret_key
 from launcher.submit import pod_security
 
 SHM_PATH = "/dev/shm"

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from launcher.checkpoint import find_resumable, read_meta
-from launcher.model import padded_vocab_size
+from launcher.checkpoint.protocol import find_resumable, read_meta
+from launcher.model.build import padded_vocab_size
 from launcher.submit.job import SubmitJob, visible
 
 GPT2_VOCAB = 50257  # the vocabulary of GPT-2's tokenizer, the largest the data configs use

@@ -13,10 +13,12 @@ from __future__ import annotations
 import logging
 import sys
 
-from launcher import exit_codes, runtime, sweep, train
-from launcher.config import ConfigError, compose, friendly_overrides
-from launcher.job import fail_bad_input
-from launcher.preflight import preflight
+from launcher.config import ConfigError, compose, friendly_overrides, sweep
+from launcher.resilience import exit_codes
+from launcher.runtime import process as runtime
+from launcher.train import front_door as train
+from launcher.train.job import fail_bad_input
+from launcher.train.preflight import preflight
 from launcher.tune.report import markdown, report_dict, write_all
 from launcher.tune.rounds import Tuner
 from launcher.tune.trials import PROFILED_STEPS, Trials

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from launcher import wandb_sink
+from launcher.observe import wandb_sink
 from launcher.tune.trials import merged
 
 NOT_TUNED = ("run", "resume", "tune", "hydra")

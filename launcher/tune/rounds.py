@@ -19,9 +19,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from launcher import runtime
 from launcher.analyze.report import analyze, write
 from launcher.analyze.trace import TraceError
+from launcher.runtime import process as runtime
 from launcher.tune.candidates import Candidate, propose
 from launcher.tune.decision import Measured, Trial, Verdict, best, judge
 from launcher.tune.trials import TRIALS, Trials

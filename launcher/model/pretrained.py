@@ -12,7 +12,7 @@ import json
 import struct
 from pathlib import Path
 
-from launcher.checkpoint import unreadable
+from launcher.checkpoint.protocol import unreadable
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 SHARD_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")

@@ -15,7 +15,7 @@ is given a device, which opens NCCL's log file):
    the run directory);
 2. `adopt_debug_file`, once the run directory exists: rename that file into
    `<run_dir>/logs/` (NCCL's open file follows the rename) and point the variable there;
-3. `launcher.nccl_transport.TransportRecorder`, a sink on every rank: at the first logged
+3. `launcher.observe.nccl_transport.TransportRecorder`, a sink on every rank: at the first logged
    interval (communicators connect lazily, at their first collective, so only after a
    training step is the log complete) each rank parses its own log (`read_own_log`), and
    rank 0 gathers the summaries into env.json's `nccl_transport`.
@@ -24,7 +24,7 @@ What a process has staged is a `Capture`, kept by the caller (the launch state):
 opens its log once per process, so a later job of a sweep must know the earlier one's.
 
 `parse_nccl_log` is pure and also reads a user's captured stdout:
-`python -m launcher.nccl_log FILE...` prints the summary of each process found.
+`python -m launcher.observe.nccl_log FILE...` prints the summary of each process found.
 """
 
 from __future__ import annotations
@@ -267,7 +267,7 @@ def read_own_log(capture: Capture | None) -> str | None:
         return f.read().decode("utf-8", errors="replace")
 
 
-# -- python -m launcher.nccl_log FILE... --------------------------------------------------
+# -- python -m launcher.observe.nccl_log FILE... --------------------------------------------------
 
 
 def describe(name: str, summary: dict) -> str:
@@ -293,7 +293,7 @@ def describe(name: str, summary: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m launcher.nccl_log",
+        prog="python -m launcher.observe.nccl_log",
         description="Summarise the transports in NCCL_DEBUG=INFO logs (NCCL_DEBUG_FILE "
         "files or captured stdout), one summary per process found.",
     )

@@ -1,4 +1,4 @@
-"""env.json's `nccl_transport`: every rank's NCCL log summarised (launcher.nccl_log) and
+"""env.json's `nccl_transport`: every rank's NCCL log summarised (launcher.observe.nccl_log) and
 gathered by rank 0, as a sink that acts once, at the first logged interval."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import json
 import socket
 from pathlib import Path
 
-from launcher.nccl_log import merge, parse_nccl_log, read_own_log
-from launcher.paths import atomic_write
-from launcher.runtime import Runtime
-from launcher.sinks import Sink
+from launcher.observe.nccl_log import merge, parse_nccl_log, read_own_log
+from launcher.observe.sinks import Sink
+from launcher.runtime.paths import atomic_write
+from launcher.runtime.process import Runtime
 
 
 class TransportRecorder(Sink):
@@ -30,7 +30,7 @@ class TransportRecorder(Sink):
         if self.done:
             return
         self.done = True
-        from launcher.envinfo import nccl_version  # torch: only where training runs
+        from launcher.runtime.envinfo import nccl_version  # torch: only where training runs
 
         entry = {
             "rank": self.rt.rank,

@@ -20,8 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from launcher import checkpoint, memory_snapshot
-from launcher.batch import BatchPlan
+from launcher.checkpoint import protocol as checkpoint
 from launcher.config.schema import (
     FaultConfig,
     ProfilerConfig,
@@ -31,8 +30,9 @@ from launcher.config.schema import (
 )
 from launcher.data import build_eval_batches
 from launcher.data.loader import stop_signals_held
-from launcher.faults import FaultInjector
-from launcher.metrics import (
+from launcher.model.build import attention_backend, mfu, model_loss
+from launcher.observe import memory_snapshot
+from launcher.observe.metrics import (
     KIND_STEMS,
     KIND_SUFFIXES,
     Interval,
@@ -41,14 +41,15 @@ from launcher.metrics import (
     local_vector,
     reset_host_peak,
 )
-from launcher.model import attention_backend, mfu, model_loss
-from launcher.preemption import StopVote
-from launcher.profiling import build_profiler, step_region, trace_dir
-from launcher.runtime import Runtime
-from launcher.sinks import Sink, write_summary
-from launcher.stragglers import StragglerWatch
+from launcher.observe.profiling import build_profiler, step_region, trace_dir
+from launcher.observe.sinks import Sink, write_summary
+from launcher.resilience.faults import FaultInjector
+from launcher.resilience.preemption import StopVote
+from launcher.resilience.stragglers import StragglerWatch
+from launcher.resilience.watchdog import HangWatchdog
+from launcher.runtime.process import Runtime
 from launcher.strategy import Strategy
-from launcher.watchdog import HangWatchdog
+from launcher.train.batch import BatchPlan
 
 log = logging.getLogger("launcher")
 

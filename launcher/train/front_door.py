@@ -19,12 +19,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from launcher import exit_codes, runtime, sweep, tensorboard_sink, wandb_sink
-from launcher.config import ConfigError, friendly_overrides
+from launcher.config import ConfigError, friendly_overrides, sweep
 from launcher.data.loader import reap_workers
-from launcher.job import check_or_exit, fail_bad_input, run
-from launcher.launch_state import LaunchState
-from launcher.preemption import install_stop_handlers
+from launcher.observe import tensorboard_sink, wandb_sink
+from launcher.resilience import exit_codes
+from launcher.resilience.preemption import install_stop_handlers
+from launcher.runtime import process as runtime
+from launcher.runtime.launch_state import LaunchState
+from launcher.train.job import check_or_exit, fail_bad_input, run
 
 log = logging.getLogger("launcher")
 
@@ -135,7 +137,3 @@ def main(entry: Callable[[], int] = train) -> None:
         exit_codes.report(code)
     if code:
         sys.exit(code)
-
-
-if __name__ == "__main__":
-    main()

@@ -14,7 +14,7 @@ import errno
 import shutil
 from pathlib import Path
 
-from launcher.paths import nearest_existing
+from launcher.runtime.paths import nearest_existing
 
 NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 NEARLY_FULL = 16 * 2**20  # bytes free below which a failed write is blamed on the space

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from launcher.sinks import Sink, _clean
+from launcher.observe.sinks import Sink, _clean
 
 log = logging.getLogger("launcher")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.nccl_log import Capture
+from launcher.observe.nccl_log import Capture
 
 
 @dataclass

@@ -5,7 +5,8 @@ Each profiled rank writes only into `runs/<id>/traces/rank<r>/`, one
 plugin, Perfetto and `launcher.analyze` read. Each training step is a `launcher/step <n>`
 region in the trace (n counted as in metrics.jsonl: the step's number once completed), so
 a trace says which steps it holds even after a resume. With `profiler.memory_snapshot`
-on a GPU, the rank also writes `memory_snapshot.step<n>.pickle` there (launcher.memory_snapshot).
+on a GPU, the rank also writes `memory_snapshot.step<n>.pickle` there
+(launcher.observe.memory_snapshot).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import contextlib
 from omegaconf import DictConfig
 from torch import profiler as tp
 
-from launcher import memory_snapshot
-from launcher.runtime import Runtime
+from launcher.observe import memory_snapshot
+from launcher.runtime.process import Runtime
 
 
 def trace_dir(rt: Runtime):

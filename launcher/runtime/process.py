@@ -24,10 +24,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from launcher import disk, nccl_log
 from launcher.config.schema import DistConfig, NcclConfig, RunConfig, TrainConfig
-from launcher.launch_state import LaunchState
-from launcher.watchdog import enable_flight_recorder
+from launcher.observe import nccl_log
+from launcher.resilience.watchdog import enable_flight_recorder
+from launcher.runtime import disk
+from launcher.runtime.launch_state import LaunchState
 
 log = logging.getLogger("launcher")
 

@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from launcher.paths import atomic_write
+from launcher.runtime.paths import atomic_write
 
 DONE = 0
 CRASH = 1  # an unexpected error: a traceback is in logs/rank<r>.log

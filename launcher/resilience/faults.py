@@ -18,8 +18,8 @@ import torch
 from omegaconf import DictConfig
 from torch.utils.data import Dataset
 
-from launcher import exit_codes
 from launcher.data.loader import StepBatchSampler
+from launcher.resilience import exit_codes
 
 log = logging.getLogger("launcher")
 

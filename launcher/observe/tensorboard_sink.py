@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from launcher.sinks import Sink, _clean
+from launcher.observe.sinks import Sink, _clean
 
 log = logging.getLogger("launcher")
 
@@ -116,7 +116,7 @@ def log_sweep_summary(
     event directory, or None when TensorBoard is off."""
     if not tensorboard_enabled(logger_cfg):
         return None
-    from launcher.sweep import markdown_table as sweep_table
+    from launcher.config.sweep import markdown_table as sweep_table
 
     logdir = Path(run_root_dir) / sweep_id / TB_DIR
     writer = _writer(logdir, purge_step=0)

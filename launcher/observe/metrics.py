@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from launcher.clock import EventClock
-from launcher.comm_stats import StepComm, bus_bandwidth
+from launcher.observe.clock import EventClock
+from launcher.observe.comm_stats import StepComm, bus_bandwidth
 
 
 class StepTimer:

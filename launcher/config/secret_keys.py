@@ -1,7 +1,7 @@
 """Which config keys and environment variables hold secrets.
 
 One definition for everything that must keep a secret out of sight: config.yaml and W&B
-mask these keys' values (launcher.job.redacted), and the cluster renderers refuse to write
+mask these keys' values (launcher.train.job.redacted), and the cluster renderers refuse to write
 them into a job script, a manifest or a command line (launcher.submit.job).
 """
 

@@ -1,7 +1,7 @@
 """GPT-2 (the project's own module, or transformers' GPT2LMHeadModel: `model.impl`), its
 loss, its FLOPs per token, and MFU against known peaks.
 
-MFU is only as honest as the peak it divides by: the peak comes from launcher.peaks' table
+MFU is only as honest as the peak it divides by: the peak comes from launcher.observe.peaks' table
 of dense bf16 figures for GPUs we know, and is `None` (reported as null) for anything
 else, a CPU included: never a guessed figure.
 """
@@ -17,9 +17,9 @@ import torch.nn.functional as F
 
 from launcher.config.errors import ConfigError
 from launcher.config.schema import ModelConfig
-from launcher.gpt2 import GPT2, from_hf_state_dict
-from launcher.gpt2 import GPT2Config as NativeConfig
-from launcher.peaks import peak_for_name
+from launcher.model.gpt2 import GPT2, from_hf_state_dict
+from launcher.model.gpt2 import GPT2Config as NativeConfig
+from launcher.observe.peaks import peak_for_name
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def build_model(
     eot_id: int | None = None,
     grad_checkpointing: bool = False,
 ) -> torch.nn.Module:
-    """GPT-2 of `model.impl` (native: launcher.gpt2; hf: GPT2LMHeadModel with SDPA
+    """GPT-2 of `model.impl` (native: launcher.model.gpt2; hf: GPT2LMHeadModel with SDPA
     attention), from the size's config or the weights of `model.init_from`.
 
     Gradient checkpointing recomputes each block's activations in backward instead of
@@ -118,7 +118,7 @@ def _load_hf(init_from: str, vocab_size: int):
 
 
 def _native(model_cfg: ModelConfig, vocab_size: int) -> GPT2:
-    """launcher.gpt2's GPT-2: fresh, or converted from transformers weights."""
+    """launcher.model.gpt2's GPT-2: fresh, or converted from transformers weights."""
     if not model_cfg.init_from:
         return GPT2(
             NativeConfig(
@@ -193,7 +193,7 @@ def flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
 
 
 def peak_flops(device: torch.device) -> float | None:
-    """Dense bf16 peak of one device (launcher.peaks), or None where it is not known (CPUs
+    """Dense bf16 peak of one device (launcher.observe.peaks), or None where it is not known (CPUs
     included)."""
     if device.type != "cuda":
         return None

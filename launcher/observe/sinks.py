@@ -1,7 +1,7 @@
 """Where rank 0 sends each interval's metrics: metrics.jsonl (always) and the console.
 
 Every sink receives the same dict with the same `/`-grouped names, so the file, the
-console and W&B (`launcher.wandb_sink`, with `logger=wandb`) can never disagree about a
+console and W&B (`launcher.observe.wandb_sink`, with `logger=wandb`) can never disagree about a
 figure.
 """
 
@@ -14,9 +14,9 @@ import math
 import sys
 from pathlib import Path
 
-from launcher import disk
-from launcher.paths import atomic_write
-from launcher.preemption import request_stop
+from launcher.resilience.preemption import request_stop
+from launcher.runtime import disk
+from launcher.runtime.paths import atomic_write
 
 log = logging.getLogger("launcher")
 

@@ -26,8 +26,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher import disk
-from launcher.paths import atomic_write
+from launcher.runtime import disk
+from launcher.runtime.paths import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -1,12 +1,12 @@
 """The communication figures of one step, and the bus-bandwidth convention, shared by the
-trainer's timers (launcher.strategy), the metrics they feed (launcher.metrics) and the
+trainer's timers (launcher.strategy), the metrics they feed (launcher.observe.metrics) and the
 bandwidth benchmark (launcher.commbench)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from launcher.intervals import union_length
+from launcher.observe.intervals import union_length
 
 
 @dataclass

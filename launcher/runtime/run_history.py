@@ -4,7 +4,7 @@ start from step 0 there must do with it.
 A run directory's history (metrics.jsonl's records, summary.json) belongs to it: a launch
 that continues the run appends to it; one that would start over must not overwrite it
 without a word. Rank 0 reads this under the run directory's lock, with the checkpoints
-(launcher.resume), before anything there is written.
+(launcher.checkpoint.resume), before anything there is written.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config import ConfigError
-from launcher.sinks import record_step
+from launcher.observe.sinks import record_step
 
 
 @dataclass
@@ -71,7 +71,7 @@ def fresh_start_over(history: History, run_dir: Path, resume: str, hint: str) ->
     checkpoint to continue from. Refuse (ConfigError) when that would overwrite a finished
     run or when the user asked for a fresh start (`resume=never`) over one; return when
     the history is an unfinished attempt that a restart redoes (the caller moves it
-    aside first, see launcher.resume)."""
+    aside first, see launcher.checkpoint.resume)."""
     if history.empty:
         return
     if resume == "never":

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from launcher import exit_codes
+from launcher.resilience import exit_codes
 
 log = logging.getLogger("launcher")
 

@@ -17,19 +17,27 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher import checkpoint, disk, envinfo, exit_codes, resume
-from launcher.batch import BatchPlan
+from launcher.checkpoint import protocol as checkpoint
+from launcher.checkpoint import resume
 from launcher.config import ConfigError, TrainConfig, normalize, typed
+from launcher.config.secret_keys import is_secret_key
 from launcher.data import TokenData, build_train_loader, prepare_data
-from launcher.launch_state import LaunchState
-from launcher.lock import LockHeld, RunLock
-from launcher.loop import LoopConfig, NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
-from launcher.model import build_model, count_params, flops_per_token, peak_flops
-from launcher.nccl_transport import transport_recorders
-from launcher.paths import atomic_write
-from launcher.preemption import stop_requested
-from launcher.preflight import preflight, shm_need
-from launcher.runtime import (
+from launcher.model.build import build_model, count_params, flops_per_token, peak_flops
+from launcher.observe.nccl_transport import transport_recorders
+from launcher.observe.sinks import ConsoleSink, JsonlSink, write_summary
+from launcher.observe.tensorboard_sink import (  # imports no tensorboardX
+    TensorBoardSink,
+    code_block,
+    tensorboard_enabled,
+)
+from launcher.observe.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
+from launcher.resilience import exit_codes
+from launcher.resilience.preemption import stop_requested
+from launcher.runtime import disk, envinfo
+from launcher.runtime.launch_state import LaunchState
+from launcher.runtime.lock import LockHeld, RunLock
+from launcher.runtime.paths import atomic_write
+from launcher.runtime.process import (
     Runtime,
     RuntimeConfig,
     end_job,
@@ -39,15 +47,10 @@ from launcher.runtime import (
     ranks_per_node,
     start,
 )
-from launcher.secret_keys import is_secret_key
-from launcher.sinks import ConsoleSink, JsonlSink, write_summary
 from launcher.strategy import build_strategy, ds_universal, needs_process_group
-from launcher.tensorboard_sink import (  # imports no tensorboardX
-    TensorBoardSink,
-    code_block,
-    tensorboard_enabled,
-)
-from launcher.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
+from launcher.train.batch import BatchPlan
+from launcher.train.loop import LoopConfig, NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
+from launcher.train.preflight import preflight, shm_need
 
 log = logging.getLogger("launcher")
 
@@ -61,7 +64,7 @@ def fail_bad_input(exc: ConfigError) -> None:
     The other ranks linger before exiting: torchrun stops every rank as soon as one exits,
     and a rank that got there first would otherwise take rank 0 down before it printed.
     Rank 0's exit ends the others' wait: torchrun then sends them SIGTERM, which the stop
-    handler (installed first, see launcher.preemption) records instead of ending the
+    handler (installed first, see launcher.resilience.preemption) records instead of ending the
     process, so the wait watches for that request; BAD_INPUT_LINGER_S bounds it where no
     launcher stops the others.
     """
@@ -173,7 +176,7 @@ def claim_run_dir(rt: Runtime) -> RunLock | None:
 
 def plan_resume(cfg: TrainConfig, rt: Runtime, model) -> list[Path] | None:
     """The checkpoints to try, newest first, decided by rank 0 under the lock (see
-    launcher.resume); a checkpoint that does not fit these settings stops the launch.
+    launcher.checkpoint.resume); a checkpoint that does not fit these settings stops the launch.
     None when the run is finished (its newest checkpoint is at trainer.max_steps)."""
     now = resume.identity(cfg, model, rt.world_size)
     max_steps = cfg.trainer.max_steps

@@ -20,14 +20,14 @@ from urllib.parse import urlsplit
 
 from omegaconf import DictConfig
 
-from launcher import pretrained
-from launcher.checkpoint import find_resumable
+from launcher.checkpoint.protocol import find_resumable
 from launcher.config import ConfigError, typed, validate
 from launcher.data.cache import CACHE_ENV, cache_root
 from launcher.data.shm import check_shm, shm_need_bytes
 from launcher.data.tokenizer import tokenizer_path_problem
-from launcher.paths import creatable_dir_problem, writable_dir_problem
-from launcher.tensorboard_sink import WRITER_PACKAGE, tensorboard_enabled
+from launcher.model import pretrained
+from launcher.observe.tensorboard_sink import WRITER_PACKAGE, tensorboard_enabled
+from launcher.runtime.paths import creatable_dir_problem, writable_dir_problem
 
 WANDB_DEFAULT_HOST = "https://api.wandb.ai"
 

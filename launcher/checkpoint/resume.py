@@ -18,7 +18,7 @@ written; the other ranks receive the decision. The rules (docs/checkpoints.md):
    finished: the launch says so and ends (exit 0) without writing anything; a higher
    max_steps continues it;
  - `resume=auto` with no checkpoint to continue from refuses to start over a completed
-   run's history (launcher.run_history), and moves an unfinished attempt's (a crash
+   run's history (launcher.runtime.run_history), and moves an unfinished attempt's (a crash
    before the first checkpoint, which a restart redoes) to archive/<time>/ with a warning.
 """
 
@@ -29,9 +29,10 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher import checkpoint, run_history
-from launcher.batch import BatchPlan
+from launcher.checkpoint import protocol as checkpoint
 from launcher.config import ConfigError
+from launcher.runtime import run_history
+from launcher.train.batch import BatchPlan
 
 log = logging.getLogger("launcher")
 
@@ -330,7 +331,7 @@ def plan(resume: str, run_dir: Path, now: dict, max_steps: int | None = None) ->
 
 def _start_over(run_dir: Path, resume: str) -> None:
     """Before a start from step 0: refuse over a finished run's history, or over any with
-    resume=never; move an unfinished attempt's aside (see launcher.run_history)."""
+    resume=never; move an unfinished attempt's aside (see launcher.runtime.run_history)."""
     history = run_history.read(run_dir)
     run_history.fresh_start_over(history, run_dir, resume, fresh_start_hint(run_dir))
     if not history.empty:

@@ -8,7 +8,7 @@ back and writes `sweep_summary.{csv,md,png}` next to them.
 The summary is built from run directories alone, so runs of separate launches (NCCL
 settings, which a process reads only once, need one launch each) are compared the same way:
 
-    python -m launcher.sweep runs/nccl/ring runs/nccl/tree --out runs/nccl
+    python -m launcher.config.sweep runs/nccl/ring runs/nccl/tree --out runs/nccl
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config import ConfigError, compose
-from launcher.paths import writable_dir_problem
+from launcher.runtime.paths import writable_dir_problem
 
 # Summary columns after the point's label and varied keys: (column, summary.json key).
 FIGURES = (
@@ -108,7 +108,7 @@ def check_launch_wide(configs: list) -> None:
             raise ConfigError(
                 f"{group}.* differs between sweep points, but it takes effect only when "
                 "the process group is created, once per launch: run one launch per "
-                "setting and compare them with python -m launcher.sweep "
+                "setting and compare them with python -m launcher.config.sweep "
                 "(see docs/sweeps.md)"
             )
 
@@ -292,7 +292,7 @@ def summarize(run_dirs: list[Path], out_dir: Path, title: str) -> tuple[list[dic
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m launcher.sweep",
+        prog="python -m launcher.config.sweep",
         description="Compare finished run directories (e.g. one launch per NCCL setting) "
         "in the sweep summary format: sweep_summary.{csv,md,png}.",
     )
