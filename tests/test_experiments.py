@@ -32,7 +32,11 @@ def test_every_point_of_every_experiment_is_valid(name):
         validate(cfg, world_size=2)
 
 
-def test_zero_sweep_is_the_strategy_sweeps_first_four_points():
+def test_zero_sweep_is_four_points_of_the_strategy_sweep():
+    """The shared strategy sweep (tests/reference_runs.py) covers what zero_sweep runs; the
+    strategy sweep globs the strategy group: every engine installed, each preset once."""
     zero = [p[:-1] for p in points("zero_sweep")]  # each point: the swept value, then +exp
     every = [p[:-1] for p in points("strategy_sweep")]
-    assert zero == every[:4] == [[f"strategy={s}"] for s in ("ddp", "zero1", "zero2", "zero3")]
+    assert zero == [[f"strategy={s}"] for s in ("ddp", "zero1", "zero2", "zero3")]
+    presets = ("ddp", "fsdp2", "fsdp2_noreshard", "zero1", "zero2", "zero3")
+    assert every == [[f"strategy={s}"] for s in presets]

@@ -3,6 +3,7 @@ OmegaConf's multi-line errors worded as the one line a user sees."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 from dataclasses import fields, is_dataclass
@@ -11,7 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from launcher.config.errors import ConfigError
-from launcher.config.schema import CONFIG_MODULE, CONFIG_NAME, TrainConfig
+from launcher.config.schema import CONFIG_MODULE, CONFIG_NAME, TrainConfig, register_schema
 from launcher.strategy.registry import schemas
 
 
@@ -24,13 +25,11 @@ def compose(overrides: list[str], sweep: bool = False) -> DictConfig:
     keeps the `hydra` node, whose `mode` and `sweeper.params` say what a sweep will run.
     """
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        with config_loader():
             if not sweep:
                 return hydra_compose(config_name=CONFIG_NAME, overrides=overrides)
             return GlobalHydra.instance().hydra.compose_config(
@@ -41,6 +40,20 @@ def compose(overrides: list[str], sweep: bool = False) -> DictConfig:
             )
     except Exception as exc:  # noqa: BLE001 - every composition failure becomes one line
         raise ConfigError(describe_compose_error(exc)) from exc
+
+
+@contextlib.contextmanager
+def config_loader():
+    """Hydra initialised over the launcher's config module, and its config loader (what
+    composes, and what knows a group's options: a sweep's `glob(...)`); cleared after."""
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_schema()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+            yield GlobalHydra.instance().hydra.config_loader
     finally:
         GlobalHydra.instance().clear()
 

@@ -9,6 +9,7 @@ The `strategy` node takes the chosen engine's schema (`conf/strategy/<engine>.ya
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -318,18 +319,21 @@ class TrainConfig:
     tune: TuneConfig = field(default_factory=TuneConfig)
 
 
+@functools.cache
 def register_schema() -> None:
     """Register `TrainConfig` so `train.yaml` can name it first in its defaults list, and
-    each engine's schema for its `strategy` option to name first in its own."""
+    each engine's schema for its `strategy` option to name first in its own (an engine from
+    another package, without a YAML, gets its schema as the option itself).
+
+    Called by whatever composes, before Hydra reads the config module (compose, the train
+    front door), not on import: an engine's package imports this layer, and may be imported
+    first."""
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainConfig)
     for name, engine in engines().items():
         store.store(group="strategy", name=f"{name}_schema", node=engine.schema)
-        if not engine.has_yaml:  # an engine from another package: its schema is the option
+        if not engine.has_yaml:
             store.store(group="strategy", name=name, node=engine.schema)
-
-
-register_schema()
 
 
 def typed(cfg: DictConfig) -> TrainConfig:

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config import ConfigError, compose
+from launcher.config.compose import config_loader
 from launcher.runtime.paths import writable_dir_problem
 
 # Summary columns after the point's label and varied keys: (column, summary.json key).
@@ -67,9 +68,13 @@ def plan(overrides: list[str], multirun: bool, hydra_cfg) -> Plan:
     if not (multirun or str(hydra_cfg.mode) == "RunMode.MULTIRUN"):
         return Plan([list(overrides)], [])
     params = [f"{k}={v}" for k, v in (hydra_cfg.sweeper.params or {}).items()]
-    parsed = OverridesParser.create().parse_overrides([*params, *overrides])
+    # A glob over a group's options (`strategy=glob(*,exclude=*_schema)`: every engine
+    # installed) is expanded from the options the config loader finds, as Hydra's does.
+    with config_loader() as loader:
+        parsed = OverridesParser.create(config_loader=loader).parse_overrides([*params, *overrides])
+        points = BasicSweeper.split_arguments(parsed, None)[0]
     swept = [o.get_key_element() for o in parsed if o.is_sweep_override()]
-    return Plan(BasicSweeper.split_arguments(parsed, None)[0], swept, multirun=True)
+    return Plan(points, swept, multirun=True)
 
 
 def compose_points(overrides: list[str], multirun: bool) -> tuple[Plan, list[DictConfig]]:

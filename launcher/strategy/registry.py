@@ -77,8 +77,9 @@ class Engine:
     has_yaml: bool = True  # conf/strategy/<name>.yaml exists; else the schema is the option
     rules: Callable[[Any, int], None] = _nothing  # (cfg, world_size): raises ConfigError
     ranges: Mapping[str, Any] = field(default_factory=dict)  # "strategy.<key>" -> Range
-    # (typed cfg, world size): the engine's own config built and judged (raises ConfigError)
-    config_check: Callable[[Any, int], None] = _nothing
+    # (typed cfg, world size): the engine's own config built and judged (raises ConfigError);
+    # None: nothing beyond `rules`
+    config_check: Callable[[Any, int], None] | None = None
     identity: Callable[[Any], dict] = lambda _cfg: {}  # extra keys meta.json records
     # (saved, now) identity dicts of two checkpoints of this engine: [(what, fix)] that keeps
     # one from being resumed by the other

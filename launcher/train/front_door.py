@@ -20,6 +20,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from launcher.config import ConfigError, friendly_overrides, sweep
+from launcher.config.schema import register_schema
 from launcher.data.loader import reap_workers
 from launcher.observe import tensorboard_sink, wandb_sink
 from launcher.resilience import exit_codes
@@ -34,6 +35,8 @@ log = logging.getLogger("launcher")
 def hydra_entry(launch: LaunchState):
     """The function `@hydra.main` runs once per job (once per point of a sweep), recording
     each job's exit code and run directory in `launch`."""
+
+    register_schema()  # the engines' schemas, before Hydra reads the config module
 
     @hydra.main(config_path="pkg://launcher.conf", config_name="train", version_base="1.3")
     def run_job(cfg: DictConfig) -> None:

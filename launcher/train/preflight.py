@@ -56,7 +56,9 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
     as these keys build it (DeepSpeed's, with `strategy.extra`): what a submission checks
     before it reaches the cluster."""
     validate(cfg, world_size)
-    engine(cfg.strategy.name).config_check(typed(cfg), world_size)
+    check = engine(cfg.strategy.name).config_check
+    if check is not None:
+        check(typed(cfg), world_size)  # the dataclasses the strategy will get
 
 
 def machine_problems(cfg: DictConfig, ranks_per_node: int) -> list[str]:
