@@ -8,7 +8,7 @@ written; the other ranks receive the decision. The rules (docs/checkpoints.md):
    DDP and FSDP2 checkpoints resume at any world size, and each engine resumes the other's;
    DeepSpeed's at the precision and (but for ZeRO-1 <-> ZeRO-2) the stage that wrote them,
    at another world size, and into DDP or FSDP2, through DeepSpeed's universal conversion
-   (strategy.ds_universal); no other engine's into DeepSpeed;
+   (launcher.strategy.deepspeed.universal); no other engine's into DeepSpeed;
  - what a crash or a person left behind (an incomplete checkpoint, a damaged `latest`,
    stray entries) is skipped with one warning each; a file or folder of the wrong type
    where the launcher writes stops the launch with one line;

@@ -144,7 +144,7 @@ class DeepSpeedStrategy(Strategy):
 
     def _source(self, folder: Path) -> tuple[Path, bool]:
         """The folder DeepSpeed loads for checkpoint `folder`, and whether it is the
-        universal conversion (written by ds_universal when the world size or ZeRO stage
+        universal conversion (written by `universal` when the world size or ZeRO stage
         changed since `folder` was saved)."""
         written = folder / STRATEGY_FILE
         if not written.is_file():
