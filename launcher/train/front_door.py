@@ -1,23 +1,23 @@
 """`torchrun -m launcher.train [overrides]`: compose, validate, run. Nothing else.
 
-Hydra's own error output spans several lines; so before Hydra starts, the overrides are
-composed and checked once here, for every point of a sweep, and a problem becomes one line
-and exit code 2. A sweep (`+exp=bucket_sweep`, `-m key=a,b`) runs its points one after
-another in this process, on one process group, then rank 0 writes the sweep summary.
+Every point of the launch (one, or each point of a sweep: `+exp=bucket_sweep`,
+`-m key=a,b`) is composed once, with Hydra's compose API and the sweep's points as Hydra's
+basic sweeper orders them, and checked before anything starts (a problem is one line and exit
+code 2); the checked configs are the jobs' configs, run one after another in this process on
+one process group, then rank 0 writes the sweep summary. Hydra itself only answers --help and
+its other printing flags.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import hydra
-from hydra._internal.utils import get_args_parser
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from launcher.config import ConfigError, friendly_overrides, sweep
 from launcher.config.schema import register_schema
@@ -32,42 +32,45 @@ from launcher.train.job import check_or_exit, fail_bad_input, run
 log = logging.getLogger("launcher")
 
 
-def hydra_entry(launch: LaunchState):
-    """The function `@hydra.main` runs once per job (once per point of a sweep), recording
-    each job's exit code and run directory in `launch`."""
+# Hydra's command-line flags (hydra/_internal/utils.py's parser, rebuilt here: that one is
+# private). The printing ones are Hydra's to answer; the rest the front door reads itself.
+HYDRA_PRINTS = ("help", "hydra_help", "version", "info", "shell_completion")
 
-    register_schema()  # the engines' schemas, before Hydra reads the config module
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--help", "-h", action="store_true")
+    parser.add_argument("--hydra-help", action="store_true")
+    parser.add_argument("--version", action="store_true")
+    parser.add_argument("--cfg", "-c", choices=["job", "hydra", "all"])
+    parser.add_argument("--resolve", action="store_true")
+    parser.add_argument("--package", "-p")
+    parser.add_argument("--run", "-r", action="store_true")
+    parser.add_argument("--multirun", "-m", action="store_true")
+    parser.add_argument("--shell-completion", "-sc", action="store_true")
+    parser.add_argument("--config-path", "-cp")
+    parser.add_argument("--config-name", "-cn")
+    parser.add_argument("--config-dir", "-cd")
+    parser.add_argument("--experimental-rerun")
+    parser.add_argument("--info", "-i", const="all", nargs="?")
+    return parser.parse_intermixed_args(argv)
+
+
+def hydra_prints() -> None:
+    """--help, --hydra-help, --info, --shell-completion, --cfg hydra|all: Hydra answers
+    from the command line as given (the schemas registered first, for the group lists)."""
 
     @hydra.main(config_path="pkg://launcher.conf", config_name="train", version_base="1.3")
-    def run_job(cfg: DictConfig) -> None:
-        hc = HydraConfig.get()
-        point = None
-        if hc.mode == RunMode.MULTIRUN:
-            # A stop request ends the sweep; a requeue resumes it.
-            if exit_codes.STOPPED in launch.codes:
-                return
-            point = sweep.point_label(list(hc.overrides.task), launch.swept_keys)
-        try:
-            code = run(cfg, launch, point)
-        except Exception:
-            log.exception("the run failed")
-            code = None
-        if code is None:
-            # The ranks may disagree about where they are: end the process (torchrun then
-            # stops the others) rather than start the next sweep point out of step. Raised
-            # outside the `except`, so that no traceback keeps the run's model, DDP reducer
-            # and loader workers alive while the process group is torn down.
-            raise SystemExit(exit_codes.CRASH)
-        launch.codes.append(code)
-        launch.last_cfg = cfg
-        if point is not None:
-            launch.points.append(Path(cfg.run.root).expanduser() / launch.sweep_id / point)
+    def answered(cfg: DictConfig) -> None:  # reached only by --cfg: Hydra prints and returns
+        return None
 
-    return run_job
+    answered()
 
 
-def check_points(overrides: list[str], multirun: bool) -> sweep.Plan:
-    """Compose and validate every point before anything starts (one line and exit 2)."""
+def check_points(overrides: list[str], multirun: bool) -> tuple[sweep.Plan, list[DictConfig]]:
+    """Compose and validate every point before anything starts (one line and exit 2): the
+    configs the jobs run, composed once."""
     try:
         plan, configs = sweep.compose_points(overrides, multirun)
     except ConfigError as exc:
@@ -78,7 +81,28 @@ def check_points(overrides: list[str], multirun: bool) -> sweep.Plan:
         sweep.check_launch_wide(configs)
     except ConfigError as exc:
         fail_bad_input(exc)
-    return plan
+    return plan, configs
+
+
+def run_point(launch: LaunchState, cfg: DictConfig, point: str | None) -> bool:
+    """One job (one point of a sweep), its exit code and run directory recorded in
+    `launch`; False when the launch must not go on to another point."""
+    try:
+        code = run(cfg, launch, point)
+    except Exception:
+        log.exception("the run failed")
+        code = None
+    if code is None:
+        # The ranks may disagree about where they are: end the process (torchrun then
+        # stops the others) rather than start the next sweep point out of step. Raised
+        # outside the `except`, so that no traceback keeps the run's model, DDP reducer
+        # and loader workers alive while the process group is torn down.
+        raise SystemExit(exit_codes.CRASH)
+    launch.codes.append(code)
+    launch.last_cfg = cfg
+    if point is not None:
+        launch.points.append(Path(cfg.run.root).expanduser() / launch.sweep_id / point)
+    return code != exit_codes.STOPPED  # a stop request ends the sweep; a requeue resumes it
 
 
 def write_sweep_summary(launch: LaunchState) -> None:
@@ -96,25 +120,46 @@ def write_sweep_summary(launch: LaunchState) -> None:
         sink.log_sweep_summary(launch.last_cfg.logger, root, sweep_id, rows, paths[-1])
 
 
+def checked_overrides(args: argparse.Namespace) -> list[str]:
+    """The overrides as composed: list keys given one value made lists, and a
+    --config-dir searched first (an exp/ of the user's own, or tuned.yaml's folder)."""
+    for flag, value in (("--config-name", args.config_name), ("--config-path", args.config_path)):
+        if value:
+            fail_bad_input(ConfigError(
+                f"{flag} {value}: the training config is launcher's own train.yaml; put your "
+                f"experiment in a folder given with --config-dir and select it with +exp=<name>"
+            ))  # fmt: skip
+    overrides = friendly_overrides(args.overrides)
+    if not args.config_dir:
+        return overrides
+    where = Path(args.config_dir).expanduser().resolve()
+    if not where.is_dir():
+        fail_bad_input(ConfigError(f"--config-dir {args.config_dir}: no such directory"))
+    return [f"hydra.searchpath=[file://{where}]", *overrides]
+
+
 def train() -> int:
-    """Check the overrides, hand over to Hydra (which also handles --help and -m), then
-    summarise a sweep and leave the process group; returns the exit code."""
-    args = get_args_parser().parse_args(sys.argv[1:])
-    friendly = dict(zip(args.overrides, friendly_overrides(args.overrides), strict=True))
-    sys.argv[1:] = [friendly.get(a, a) for a in sys.argv[1:]]  # what Hydra will compose
-    args.overrides = [friendly[o] for o in args.overrides]
+    """Check the overrides and compose every point once, run each point in this process on
+    one process group, then summarise a sweep and leave the process group; returns the exit
+    code. Hydra answers --help and the other printing flags."""
+    register_schema()  # the engines' schemas, before Hydra reads the config module
+    args = parse_args(sys.argv[1:])
+    if any(getattr(args, flag) for flag in HYDRA_PRINTS) or args.cfg in ("hydra", "all"):
+        hydra_prints()
+        return exit_codes.DONE
+    plan, configs = check_points(checked_overrides(args), args.multirun)
+    if args.cfg == "job":
+        for cfg in configs:
+            print(OmegaConf.to_yaml(cfg, resolve=args.resolve), end="")
+        return exit_codes.DONE
     launch = LaunchState()
-    if not (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion):
-        checked = args.overrides
-        if args.config_dir:  # Hydra searches it first (e.g. exp/ of the user's own, or tuned)
-            where = Path(args.config_dir).expanduser().resolve()
-            if not where.is_dir():
-                fail_bad_input(ConfigError(f"--config-dir {args.config_dir}: no such directory"))
-            checked = [f"hydra.searchpath=[file://{where}]", *checked]
-        launch.swept_keys = check_points(checked, args.multirun).swept_keys
+    launch.swept_keys = plan.swept_keys
     ended = False
     try:
-        hydra_entry(launch)()
+        for overrides, cfg in zip(plan.points, configs, strict=True):
+            point = sweep.point_label(overrides, plan.swept_keys) if plan.multirun else None
+            if not run_point(launch, cfg, point):
+                break
         write_sweep_summary(launch)
         ended = True
     finally:
