@@ -31,7 +31,8 @@ import torch
 
 from launcher.config import compose
 from launcher.runtime.launch_state import LaunchState
-from launcher.train.job import check_or_exit, run
+from launcher.train.bad_input import check_or_exit
+from launcher.train.job import run
 
 GPU_BASE = ["model=gpt2", "data=synthetic", "trainer.seq_len=1024", "trainer.micro_batch_size=16"]
 CPU_BASE = [

@@ -114,7 +114,8 @@ def trainer_step_times(steps: int, rounds: int) -> dict[str, float]:
     summary.json (the trainer's own wall-clock step, first step left out), runs of both
     impls interleaved over `rounds`, the median per impl."""
     from launcher.runtime.launch_state import LaunchState
-    from launcher.train.job import check_or_exit, run
+    from launcher.train.bad_input import check_or_exit
+    from launcher.train.job import run
 
     common = [
         *SHAPE,

@@ -49,8 +49,9 @@ from launcher.runtime.process import pick_device, seed_everything
 from launcher.strategy.base import compile_mode
 from launcher.strategy.ddp.engine import AUTOCAST_DTYPES
 from launcher.strategy.optim import build_optimizer
+from launcher.train.bad_input import check_or_exit
 from launcher.train.batch import BatchPlan
-from launcher.train.job import check_or_exit, run
+from launcher.train.job import run
 from launcher.train.loop import lr_at
 
 BUDGET = 0.03  # the trainer may be at most 3% slower per step than the bare loop

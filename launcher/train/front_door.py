@@ -27,7 +27,8 @@ from launcher.resilience import exit_codes
 from launcher.resilience.preemption import install_stop_handlers
 from launcher.runtime import process as runtime
 from launcher.runtime.launch_state import LaunchState
-from launcher.train.job import check_or_exit, fail_bad_input, run
+from launcher.train.bad_input import check_or_exit, fail_bad_input
+from launcher.train.job import run
 
 log = logging.getLogger("launcher")
 

@@ -11,8 +11,6 @@ import dataclasses
 import functools
 import json
 import logging
-import sys
-import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -32,7 +30,6 @@ from launcher.observe.tensorboard_sink import (  # imports no tensorboardX
 )
 from launcher.observe.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
 from launcher.resilience import exit_codes
-from launcher.resilience.preemption import stop_requested
 from launcher.runtime import disk, envinfo
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.lock import LockHeld, RunLock
@@ -44,45 +41,14 @@ from launcher.runtime.process import (
     env_world,
     launch_key,
     open_run_dir,
-    ranks_per_node,
     start,
 )
 from launcher.strategy.registry import build_strategy, engine
 from launcher.train.batch import BatchPlan
 from launcher.train.loop import LoopConfig, NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
-from launcher.train.preflight import preflight, shm_need
+from launcher.train.preflight import shm_need
 
 log = logging.getLogger("launcher")
-
-BAD_INPUT_LINGER_S = 20.0
-STOP_POLL_S = 0.05  # how often a lingering rank looks for torchrun's SIGTERM
-
-
-def fail_bad_input(exc: ConfigError) -> None:
-    """One line on rank 0 (every rank finds the same problem), exit code 2 everywhere.
-
-    The other ranks linger before exiting: torchrun stops every rank as soon as one exits,
-    and a rank that got there first would otherwise take rank 0 down before it printed.
-    Rank 0's exit ends the others' wait: torchrun then sends them SIGTERM, which the stop
-    handler (installed first, see launcher.resilience.preemption) records instead of ending the
-    process, so the wait watches for that request; BAD_INPUT_LINGER_S bounds it where no
-    launcher stops the others.
-    """
-    rank = env_world()[0]
-    if rank == 0:
-        print(f"error: {exc}", file=sys.stderr)
-    else:
-        deadline = time.monotonic() + BAD_INPUT_LINGER_S
-        while not stop_requested() and time.monotonic() < deadline:
-            time.sleep(STOP_POLL_S)
-    sys.exit(exit_codes.BAD_INPUT)
-
-
-def check_or_exit(cfg: DictConfig) -> None:
-    try:
-        preflight(cfg, env_world()[2], ranks_per_node())
-    except ConfigError as exc:
-        fail_bad_input(exc)
 
 
 def redacted(cfg: TrainConfig) -> dict:

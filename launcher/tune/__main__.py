@@ -17,7 +17,7 @@ from launcher.config import ConfigError, compose, friendly_overrides, sweep
 from launcher.resilience import exit_codes
 from launcher.runtime import process as runtime
 from launcher.train import front_door as train
-from launcher.train.job import fail_bad_input
+from launcher.train.bad_input import fail_bad_input
 from launcher.train.preflight import preflight
 from launcher.tune.report import markdown, report_dict, write_all
 from launcher.tune.rounds import Tuner
