@@ -37,9 +37,8 @@ from launcher.checkpoint.protocol import (
 )
 from launcher.config import TrainerConfig, compose, typed
 from launcher.data.loader import StepBatchSampler
-from launcher.observe import metrics
 from launcher.observe.comm_stats import StepComm, bus_bandwidth, step_figures
-from launcher.observe.metrics import Interval, aggregate, local_vector, percentile
+from launcher.observe.metrics import Interval, aggregate, local_figures, percentile
 from launcher.resilience import preemption
 from launcher.resilience.preemption import StopVote, install_stop_handlers, stop_requested
 from launcher.strategy.ddp.comm_hooks import make_hook
@@ -72,15 +71,15 @@ def rank_vector(
     comm: list[StepComm] | None,
     losses: list[float],
     grad_norm: float = 1.0,
-) -> list[float]:
-    """One rank's gathered vector, built the way the loop builds it (through Interval)."""
+) -> dict:
+    """One rank's gathered figures, built the way the loop builds them (through Interval)."""
     interval = Interval()
     for wait, loss in zip(waits, losses, strict=True):
         interval.add_data_wait(wait)
         interval.add_loss(torch.tensor(loss))
         interval.end_step()
     interval.grad_norm = torch.tensor(grad_norm)
-    return local_vector(interval, step_times, comm, CPU)
+    return local_figures(interval, step_times, comm, CPU)
 
 
 def test_percentile_is_numpy_linear():
@@ -111,24 +110,25 @@ def test_interval_accumulates_losses_and_per_step_waits():
     assert interval.loss_sum.item() == math.inf
 
 
-def test_local_vector_layout_and_missing_comm_is_nan():
-    """The vector is the scalars then one value per step for each series; the loss is the
+def test_local_figures_by_name_and_missing_comm_is_nan():
+    """The scalars, then one value per step for each series, by name; the loss is the
     interval's loss sum per step; a rank without comm figures (or with a different count
-    of them) contributes NaN for every comm sample; no device memory on a CPU is -1."""
+    of them) contributes NaN for every comm sample; no device memory on a CPU is None."""
     comm = [StepComm(0.5, 0.25, 100), StepComm(0.75, 0.125, 200)]
-    vec = rank_vector([1.0, 2.0], [0.25, 0.5], comm, [3.0, 5.0], grad_norm=2.5)
-    k = len(metrics._FIELDS)
-    assert vec[:3] == [4.0, 0.0, 2.5]  # loss (3 + 5) / 2 steps, nonfinite flag, grad norm
-    assert vec[3] == -1.0  # no device memory figure on a CPU
-    assert vec[k : k + 10] == [1.0, 2.0, 0.25, 0.5, 0.5, 0.75, 0.25, 0.125, 100.0, 200.0]
-    # then per kind of collective (all-gather, reduce-scatter): DDP's figures have none
-    assert all(math.isnan(v) for v in vec[k + 10 :])
-    assert len(vec) == k + 2 * len(metrics._SERIES)
+    fig = rank_vector([1.0, 2.0], [0.25, 0.5], comm, [3.0, 5.0], grad_norm=2.5)
+    assert (fig["loss"], fig["nonfinite"], fig["grad_norm"]) == (4.0, 0.0, 2.5)  # (3 + 5) / 2
+    assert fig["mem_gb"] is None  # no device memory figure on a CPU
+    assert fig["step_time_s"] == [1.0, 2.0] and fig["data_wait_s"] == [0.25, 0.5]
+    assert fig["comm/allreduce_s"] == [0.5, 0.75] and fig["comm/exposed_s"] == [0.25, 0.125]
+    assert fig["comm/bytes"] == [100.0, 200.0]
+    # per kind of collective (all-gather, reduce-scatter): DDP's figures have none
+    kinds = [k for k in fig if k.startswith(("comm/allgather", "comm/reducescatter"))]
+    assert len(kinds) == 6 and all(math.isnan(v) for k in kinds for v in fig[k])
     for missing in (None, comm[:1]):
-        vec = rank_vector([1.0, 2.0], [0.0, 0.0], missing, [1.0, 1.0])
-        assert vec[k : k + 4] == [1.0, 2.0, 0.0, 0.0]
-        assert all(math.isnan(v) for v in vec[k + 4 :])
-        assert len(vec) == k + 2 * len(metrics._SERIES)
+        fig = rank_vector([1.0, 2.0], [0.0, 0.0], missing, [1.0, 1.0])
+        assert fig["step_time_s"] == [1.0, 2.0] and fig["data_wait_s"] == [0.0, 0.0]
+        series = [v for k, v in fig.items() if k.startswith("comm/")]
+        assert all(math.isnan(x) for v in series for x in v)
 
 
 THREE_RANKS = [
@@ -247,10 +247,9 @@ def test_aggregate_nonfinite_ranks_and_device_memory():
     good = rank_vector(**THREE_RANKS[0])
     inf_step = rank_vector(**{**THREE_RANKS[1], "losses": [1.0, math.inf]})
     no_loss = Interval(steps=2, data_waits=[0.0, 0.0])
-    nan_loss = local_vector(no_loss, [1.0, 1.0], None, CPU)
-    assert nan_loss[1] == 0.0 and math.isnan(nan_loss[0])  # not flagged, but no loss
-    mem = metrics._FIELDS.index("mem_gb")
-    good[mem], inf_step[mem] = 3.5, 7.25
+    nan_loss = local_figures(no_loss, [1.0, 1.0], None, CPU)
+    assert nan_loss["nonfinite"] == 0.0 and math.isnan(nan_loss["loss"])  # not flagged, no loss
+    good["mem_gb"], inf_step["mem_gb"] = 3.5, 7.25
     agg = aggregate([good, inf_step, nan_loss], world_size=3)
     assert agg.nonfinite_ranks == [1, 2]
     assert math.isnan(agg.loss)

@@ -5,7 +5,6 @@ analyser on run directories laid out as the watchdog leaves them."""
 from __future__ import annotations
 
 import json
-import math
 import pickle
 import subprocess
 import sys
@@ -76,12 +75,13 @@ def test_a_straggler_is_named_only_after_a_streak_of_the_same_rank():
 
 
 def test_compute_time_takes_out_waiting_for_data_and_for_other_ranks():
-    # fields: loss, nonfinite, grad_norm, mem_gb, host_gb; then per step: step time,
-    # data wait, allreduce, exposed, bytes (two steps each), then the per-kind series
-    # (all-gather and reduce-scatter seconds, exposed seconds, bytes: not measured by DDP)
-    per_kind = [math.nan] * 12
-    fast = [1.0, 0.0, 1.0, -1.0, 1.0, 1.0, 1.0, 0.1, 0.1, 0.1, 0.1, 0.6, 0.6, 1.0, 1.0, *per_kind]
-    slow = [1.0, 0.0, 1.0, -1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.1, 0.1, 0.0, 0.0, 1.0, 1.0, *per_kind]
+    def rank(waits: float, exposed: float) -> dict:  # two steps of 1 s each
+        return {"loss": 1.0, "nonfinite": 0.0, "grad_norm": 1.0, "mem_gb": None,
+                "host_gb": 1.0, "step_time_s": [1.0, 1.0], "data_wait_s": [waits] * 2,
+                "comm/allreduce_s": [0.1, 0.1], "comm/exposed_s": [exposed] * 2,
+                "comm/bytes": [1.0, 1.0]}  # fmt: skip
+
+    fast, slow = rank(waits=0.1, exposed=0.6), rank(waits=0.0, exposed=0.0)
     agg = aggregate([fast, slow], world_size=2)
     # equal step times; rank 0 spent 0.1 + 0.6 of each second waiting, rank 1 nothing
     assert agg.figures["step_time_s/slowest_rank"] == 0  # a tie: the first

@@ -109,56 +109,42 @@ def device_peak_gb(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 1e9
 
 
-# Position of each scalar in the gathered vector; the per-step series follow them.
-_FIELDS = ("loss", "nonfinite", "grad_norm", "mem_gb", "host_gb")
 # Per kind of collective, where the strategy tells them apart (FSDP2, DeepSpeed): the
 # metric stem of each, with `_s`, `_exposed_s`, `_bytes` series and a derived `_busbw_gbps`.
 KIND_STEMS = {"all_gather": "comm/allgather", "reduce_scatter": "comm/reducescatter"}
 KIND_SUFFIXES = ("_s", "_exposed_s", "_bytes", "_busbw_gbps")
 _KIND_SERIES = KIND_SUFFIXES[:3]  # gathered per step; the bandwidth is derived
-_SERIES = (
-    "step_time_s",
-    "data_wait_s",
-    "comm/allreduce_s",
-    "comm/exposed_s",
-    "comm/bytes",
-    *(stem + suffix for stem in KIND_STEMS.values() for suffix in _KIND_SERIES),
-)
 
 
-def local_vector(
+def local_figures(
     interval: Interval,
     step_times: list[float],
     comm: list[StepComm] | None,
     device: torch.device,
-) -> list[float]:
-    """Flatten this rank's interval into the vector every rank contributes to the gather:
-    the scalars, then one value per step for each of `_SERIES` (NaN where not measured)."""
+) -> dict:
+    """This rank's interval by name, as every rank contributes it to the gather: the
+    scalars (`loss` per step, `nonfinite`, `grad_norm`, `mem_gb`: None without a device
+    figure, `host_gb`) and one value per step for each series (NaN where not measured)."""
     n = len(step_times)
     loss = interval.loss_sum.item() / max(n, 1) if interval.loss_sum is not None else math.nan
-    bad = float(interval.nonfinite.item()) if interval.nonfinite is not None else 0.0
-    norm = interval.grad_norm.item() if interval.grad_norm is not None else math.nan
-    mem = device_peak_gb(device)
     if comm is None or len(comm) != n:
         comm = [StepComm(math.nan, math.nan, math.nan)] * n
-    return [
-        loss,
-        bad,
-        norm,
-        -1.0 if mem is None else mem,
-        host_peak_rss_gb(),
-        *step_times,
-        *interval.data_waits,
-        *(c.allreduce_s for c in comm),
-        *(c.exposed_s for c in comm),
-        *(float(c.bytes) for c in comm),
-        *(
-            c.per_kind.get(kind, (math.nan,) * 3)[i]
-            for kind in KIND_STEMS
-            for i in range(len(_KIND_SERIES))
-            for c in comm
-        ),
-    ]
+    figures = {
+        "loss": loss,
+        "nonfinite": float(interval.nonfinite.item()) if interval.nonfinite is not None else 0.0,
+        "grad_norm": interval.grad_norm.item() if interval.grad_norm is not None else math.nan,
+        "mem_gb": device_peak_gb(device),
+        "host_gb": host_peak_rss_gb(),
+        "step_time_s": list(step_times),
+        "data_wait_s": list(interval.data_waits),
+        "comm/allreduce_s": [c.allreduce_s for c in comm],
+        "comm/exposed_s": [c.exposed_s for c in comm],
+        "comm/bytes": [float(c.bytes) for c in comm],
+    }
+    for kind, stem in KIND_STEMS.items():
+        for i, suffix in enumerate(_KIND_SERIES):
+            figures[stem + suffix] = [c.per_kind.get(kind, (math.nan,) * 3)[i] for c in comm]
+    return figures
 
 
 @dataclass
@@ -190,18 +176,14 @@ def _spread(name: str, values: list[float], mean_as_bare: bool) -> dict:
     return out
 
 
-def aggregate(gathered: list[list[float]], world_size: int) -> Aggregate:
-    """Merge every rank's vector: spreads over all samples, the slowest rank, comm rates."""
-    k = len(_FIELDS)
-    per_rank = [dict(zip(_FIELDS, row[:k], strict=True)) for row in gathered]
-    n = (len(gathered[0]) - k) // len(_SERIES)
-    series = {
-        name: [row[k + i * n : k + (i + 1) * n] for row in gathered]
-        for i, name in enumerate(_SERIES)
-    }
+def aggregate(per_rank: list[dict], world_size: int) -> Aggregate:
+    """Merge every rank's figures (`local_figures`, in rank order): spreads over all
+    samples, the slowest rank, comm rates."""
+    series = {name: [r[name] for r in per_rank] for name, v in per_rank[0].items()
+              if isinstance(v, list)}  # fmt: skip
 
-    def samples(name: str) -> list[float]:
-        return [v for row in series[name] for v in row if math.isfinite(v)]
+    def samples(name: str) -> list[float]:  # a series no rank measured: none
+        return [v for row in series.get(name, ()) for v in row if math.isfinite(v)]
 
     totals = [sum(row) for row in series["step_time_s"]]
     slowest = max(range(len(totals)), key=totals.__getitem__)
@@ -211,7 +193,7 @@ def aggregate(gathered: list[list[float]], world_size: int) -> Aggregate:
             totals, series["data_wait_s"], series["comm/exposed_s"], strict=True
         )
     ]
-    mems = [r["mem_gb"] for r in per_rank if r["mem_gb"] >= 0]
+    mems = [r["mem_gb"] for r in per_rank if r["mem_gb"] is not None]
     figures = {
         **_spread("step_time_s", samples("step_time_s"), mean_as_bare=False),
         "step_time_s/slowest_rank": slowest,

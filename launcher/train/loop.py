@@ -38,7 +38,7 @@ from launcher.observe.metrics import (
     Interval,
     StepTimer,
     aggregate,
-    local_vector,
+    local_figures,
     reset_host_peak,
 )
 from launcher.observe.profiling import build_profiler, step_region, trace_dir
@@ -376,10 +376,10 @@ class TrainLoop:
             self.save(step, wait=last)
 
     def _log_metrics(self, step: int, lr: float, timer: StepTimer) -> dict:
-        vector = local_vector(
+        figures = local_figures(
             self.interval, timer.drain(), self.strategy.drain_comm(), self.rt.device
         )
-        agg = aggregate(self.rt.all_gather_floats(vector), self.rt.world_size)
+        agg = aggregate(self.rt.all_gather_objects(figures), self.rt.world_size)
         if agg.nonfinite_ranks:
             self._nonfinite(step, agg.nonfinite_ranks)
         n = self.interval.steps
