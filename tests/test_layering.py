@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "config.nccl_vars", "observe.nccl_log", "train.batch", "observe.clock",
             "observe.comm_stats", "runtime.lock", "resilience.stragglers",
             "resilience.preemption", "observe.memory_snapshot", "config.secret_keys",
-            "resilience.watchdog", "data", "data.*",
+            "resilience.watchdog", "resilience.bad_steps", "data", "data.*",
         ),
     ),
     ("config", ("config", "config.compose", "config.errors", "config.schema", "config.validate",

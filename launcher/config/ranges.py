@@ -95,6 +95,8 @@ RANGES: dict[str, Range] = {
     "trainer.eval_batches": AT_LEAST_1,
     "trainer.checkpoint_interval": Range(low=0, why="0: never"),
     "trainer.keep_checkpoints": AT_LEAST_1,
+    "trainer.max_bad_steps": Range(low=0, why="0: the first bad step stops the run"),
+    "trainer.bad_step_window": AT_LEAST_1,
     "strategy.bucket_cap_mb": Range(low=0.0, low_open=True, why="DDP's bucket size in MB"),
     "strategy.powersgd_rank": Range(
         low=1, why="the rank of each gradient matrix's approximation; 1-4 is usual"

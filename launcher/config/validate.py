@@ -24,6 +24,7 @@ from launcher.config.schema import (
     FAULT_KINDS,
     LOGGER_MODES,
     MODEL_IMPLS,
+    NONFINITE_POLICIES,
     OFFLOAD_DEVICES,
     PRECISIONS,
     PROFILERS,
@@ -120,6 +121,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     _choice(cfg, "trainer.precision", PRECISIONS)
     _choice(cfg, "trainer.compile", COMPILE_MODES)
     _choice(cfg, "trainer.device", DEVICES)
+    _choice(cfg, "trainer.on_nonfinite", NONFINITE_POLICIES)
     _choice(cfg, "dist.backend", BACKENDS)
     _choice(cfg, "data.source", DATA_SOURCES)
     _choice(cfg, "profiler.name", PROFILERS)
@@ -255,6 +257,12 @@ def _validate_deepspeed(cfg: DictConfig, world_size: int) -> None:
         raise ConfigError(
             f"strategy.offload_param={s.offload_param} needs strategy.zero_stage=3 (only ZeRO-3 "
             f"partitions parameters; zero_stage is {s.zero_stage})"
+        )
+    if t.on_nonfinite != "stop":
+        raise ConfigError(
+            f"trainer.on_nonfinite={t.on_nonfinite} is not supported with strategy=deepspeed "
+            "(its engine owns the optimizer step); use trainer.on_nonfinite=stop, or "
+            "strategy=ddp or fsdp2"
         )
     if t.compile != "off":
         raise ConfigError(

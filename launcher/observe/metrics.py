@@ -51,6 +51,7 @@ class Interval:
     loss_sum: torch.Tensor | None = None
     nonfinite: torch.Tensor | None = None
     grad_norm: torch.Tensor | None = None
+    dropped: int = 0  # steps whose non-finite update was skipped: not in loss_sum
     _waited: float = 0.0
 
     def add_data_wait(self, seconds: float) -> None:
@@ -135,7 +136,8 @@ def local_vector(
     """Flatten this rank's interval into the vector every rank contributes to the gather:
     the scalars, then one value per step for each of `_SERIES` (NaN where not measured)."""
     n = len(step_times)
-    loss = interval.loss_sum.item() / max(n, 1) if interval.loss_sum is not None else math.nan
+    kept = max(n - interval.dropped, 1)
+    loss = interval.loss_sum.item() / kept if interval.loss_sum is not None else math.nan
     bad = float(interval.nonfinite.item()) if interval.nonfinite is not None else 0.0
     norm = interval.grad_norm.item() if interval.grad_norm is not None else math.nan
     mem = device_peak_gb(device)

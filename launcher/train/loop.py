@@ -43,6 +43,7 @@ from launcher.observe.metrics import (
 )
 from launcher.observe.profiling import build_profiler, step_region, trace_dir
 from launcher.observe.sinks import Sink, write_summary
+from launcher.resilience.bad_steps import BadSteps
 from launcher.resilience.faults import FaultInjector
 from launcher.resilience.preemption import StopVote
 from launcher.resilience.stragglers import StragglerWatch
@@ -161,6 +162,7 @@ class TrainLoop:
         self.stop = StopVote(rt.control_group)
         self.fault = FaultInjector(cfg.fault, rank=rt.rank, run_dir=rt.run_dir)
         self.stragglers = StragglerWatch(cfg.watchdog, announce=rt.is_main)
+        self.bad_steps = BadSteps(self.t.max_bad_steps, self.t.bad_step_window)
         self.watchdog: HangWatchdog | None = None
         self.replicas_in_sync: bool | None = None
 
@@ -250,12 +252,12 @@ class TrainLoop:
         if ranks:
             self._nonfinite(step, ranks)
 
-    def _nonfinite(self, step: int, ranks: list[int]):
+    def _nonfinite(self, step: int, ranks: list[int], why: str = ""):
         self.ckpt.complete()  # an asynchronous save of an earlier, finite step counts
         latest = checkpoint.find_resumable(self.rt.run_dir)
         kept = f"the last good checkpoint {latest} is kept" if latest else "no checkpoint was saved"
         raise NonFiniteLoss(
-            f"non-finite loss by step {step} on rank(s) {ranks}: the run stopped and {kept}; "
+            f"non-finite loss by step {step} on rank(s) {ranks}{why}: the run stopped and {kept}; "
             "lower trainer.lr, keep trainer.grad_clip > 0, or use trainer.precision=bf16 "
             "rather than fp16",
             step,
@@ -339,6 +341,7 @@ class TrainLoop:
         rt, module = self.rt, self.strategy.module
         timer.start()
         self.fault.before_step(step + 1)
+        losses = []
         for micro in range(self.accum):
             waited = time.perf_counter()
             x, y = next(batches)
@@ -348,17 +351,59 @@ class TrainLoop:
             with self.strategy.micro_step(micro == self.accum - 1):
                 with self.strategy.autocast(), attention_backend(self.cfg.attention):
                     loss = model_loss(module, self.impl, x, y) / self.accum
+                loss = self.fault.poison(step + 1, loss)
                 self.strategy.backward(loss)
-            self.interval.add_loss(loss)
-        self.interval.grad_norm = self.strategy.step(lr_at(step, self.t))
+            losses.append(loss)
+        self.fault.end_step(step + 1)
+        bad_ranks = self._bad_ranks(losses) if self.t.on_nonfinite == "skip" else []
+        if bad_ranks:
+            self.strategy.drop_step()
+            self._skip(step + 1, bad_ranks)
+        else:
+            for loss in losses:
+                self.interval.add_loss(loss)
+            self.interval.grad_norm = self.strategy.step(lr_at(step, self.t))
         timer.stop()
         self.interval.end_step()
+
+    def _bad_ranks(self, losses: list[torch.Tensor]) -> list[int]:
+        """The ranks whose loss this step is not finite, agreed by all (trainer.on_nonfinite=
+        skip): one tiny all-gather and one device sync per step, the policy's cost."""
+        bad = float(not all(torch.isfinite(loss.detach()).item() for loss in losses))
+        flags = self.rt.all_gather_floats([bad])
+        return [r for r, (flag,) in enumerate(flags) if flag]
+
+    def _skip(self, step: int, ranks: list[int]) -> None:
+        """Step `step` was dropped on every rank; stop (exit 3) when it is one too many."""
+        t = self.t
+        self.interval.dropped += 1
+        if self.bad_steps.record(step):
+            self._nonfinite(
+                step,
+                ranks,
+                f" ({self.bad_steps.in_window()} bad steps within {t.bad_step_window}, more "
+                f"than trainer.max_bad_steps={t.max_bad_steps})",
+            )
+        if self.rt.is_main:
+            log.warning(
+                "non-finite loss in step %d on rank(s) %s: its update is dropped on every rank "
+                "(trainer.on_nonfinite=skip; %d of trainer.max_bad_steps=%d within %d steps)",
+                step, ranks, self.bad_steps.in_window(), t.max_bad_steps, t.bad_step_window,
+            )  # fmt: skip
+
+    def _bad_step_counts(self) -> dict:
+        """`bad_steps/skipped` when steps may be skipped (absent under on_nonfinite=stop)."""
+        return (
+            {"bad_steps/skipped": self.bad_steps.skipped} if self.t.on_nonfinite == "skip" else {}
+        )
 
     def _after_step(self, step: int, lr: float, timer: StepTimer) -> None:
         t = self.t
         last = step == t.max_steps
         record: dict = {}
-        if step % t.log_interval == 0 or last:
+        # An interval whose every step was dropped (on_nonfinite=skip) has no loss to log: its
+        # time is logged with the next interval's.
+        if (step % t.log_interval == 0 or last) and self.interval.loss_sum is not None:
             record.update(self._log_metrics(step, lr, timer))
         stopping = False
         if t.eval_interval and (step % t.eval_interval == 0 or last):
@@ -395,6 +440,7 @@ class TrainLoop:
             **agg.figures,
             **self.stragglers.update(agg.figures),
             "comm/buckets": self.strategy.comm_buckets(),
+            **self._bad_step_counts(),
             "elapsed_s": time.perf_counter() - self.start_time,
             "eta_s": (self.t.max_steps - step) * agg.step_time_p50,
         }
@@ -494,6 +540,7 @@ class TrainLoop:
             "mem/host_peak_gb": max((r["mem/host_peak_gb"] for r in steady), default=None),
             "comm/buckets": logged[-1]["comm/buckets"] if logged else None,
             "replicas_in_sync": self.replicas_in_sync,
+            **self._bad_step_counts(),
             "flops_per_token": self.flops_per_token,
             "wall_time_s": time.perf_counter() - self.start_time,
         }
