@@ -301,6 +301,21 @@ ROWS: list[Row] = [
         engines=("deepspeed",),
         refusal="trainer.on_nonfinite=skip is not supported with strategy=deepspeed",
     ),
+    row(
+        "on_nonfinite_rewind",
+        ["trainer.on_nonfinite=rewind"],
+        "equal",
+        "no bad step: nothing rewound (tests/test_faults.py injects one)",
+        engines=("ddp", "fsdp2"),
+    ),
+    row(
+        "on_nonfinite_rewind_refused",
+        ["trainer.on_nonfinite=rewind"],
+        "refused",
+        "DeepSpeed's engine owns the optimizer step",
+        engines=("deepspeed",),
+        refusal="trainer.on_nonfinite=rewind is not supported with strategy=deepspeed",
+    ),
     # Knobs that change the numbers.
     row(
         "bf16",

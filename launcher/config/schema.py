@@ -33,7 +33,7 @@ ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
 FAULT_KINDS = (
     "none", "stall", "sigstop", "exit", "oom", "loader_error", "slow", "slow_data", "nonfinite"
 )  # fmt: skip
-NONFINITE_POLICIES = ("stop", "skip")
+NONFINITE_POLICIES = ("stop", "skip", "rewind")
 
 
 @dataclass
@@ -105,7 +105,7 @@ class TrainerConfig:
     checkpoint_interval: int = 100
     keep_checkpoints: int = 2
     async_checkpoint: bool = False  # strategy=fsdp2: files written while training goes on
-    on_nonfinite: str = "stop"  # stop (exit 3) or skip the step's update (docs/faults.md)
+    on_nonfinite: str = "stop"  # stop (exit 3), skip the update, or rewind (docs/faults.md)
     max_bad_steps: int = 3  # skipped steps allowed within bad_step_window; one more: exit 3
     bad_step_window: int = 100  # steps
 
