@@ -30,7 +30,7 @@ from launcher.data import prepare_data
 from launcher.model.build import build_model, model_loss
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.process import RuntimeConfig, env_world, start, teardown
-from launcher.strategy.ddp import DDPStrategy
+from launcher.strategy.ddp.engine import DDPStrategy
 
 BUDGET = 0.02
 DEFAULTS = ["strategy.bucket_cap_mb=0.05", "data.num_workers=0", "data.persistent_workers=false"]

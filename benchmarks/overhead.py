@@ -47,7 +47,7 @@ from launcher.model.build import build_model, model_loss
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.process import pick_device, seed_everything
 from launcher.strategy.base import compile_mode
-from launcher.strategy.ddp import AUTOCAST_DTYPES
+from launcher.strategy.ddp.engine import AUTOCAST_DTYPES
 from launcher.strategy.optim import build_optimizer
 from launcher.train.batch import BatchPlan
 from launcher.train.job import check_or_exit, run

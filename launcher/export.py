@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -21,6 +20,7 @@ import torch
 from launcher.checkpoint import protocol as checkpoint
 from launcher.model.gpt2 import config_of, hf_config, to_hf_state_dict
 from launcher.resilience import exit_codes
+from launcher.strategy.registry import format_of, formats
 
 
 class ExportError(ValueError):
@@ -28,26 +28,16 @@ class ExportError(ValueError):
 
 
 def read_state(folder: Path) -> dict[str, torch.Tensor]:
-    """The whole model's state dict from a checkpoint of any engine, on the CPU."""
-    if (folder / "model.pt").is_file():  # DDP: the whole model, written by rank 0
-        return torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
-    if (folder / ".metadata").is_file():  # FSDP2: DCP shards, gathered into one file
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-        with tempfile.TemporaryDirectory() as tmp:
-            dcp_to_torch_save(folder, Path(tmp) / "whole.pt")
-            return torch.load(Path(tmp) / "whole.pt", map_location="cpu", weights_only=False)[
-                "model"
-            ]
-    if (folder / "strategy.json").is_file():  # DeepSpeed: ZeRO shards merged to fp32
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        state = get_fp32_state_dict_from_zero_checkpoint(str(folder.parent), tag=folder.name)
-        return {k: v.float() for k, v in state.items()}
-    raise ExportError(
-        f"{folder} holds no model.pt, DCP .metadata or DeepSpeed strategy.json; pass a run "
-        "directory or a checkpoints/step_<n> folder the launcher wrote"
-    )
+    """The whole model's state dict from a checkpoint of any engine, on the CPU, read by the
+    reader its format declares (launcher.strategy.registry)."""
+    fmt = format_of(folder)
+    if fmt is None:
+        markers = ", ".join(f.marker for f in formats().values())
+        raise ExportError(
+            f"{folder} holds none of the files a checkpoint starts with ({markers}); pass a run "
+            "directory or a checkpoints/step_<n> folder the launcher wrote"
+        )
+    return fmt.module().weights(folder)
 
 
 def newest_readable(source: Path) -> tuple[Path, dict[str, torch.Tensor]]:

@@ -19,20 +19,23 @@ from omegaconf import ListConfig, OmegaConf
 from launcher import doctor
 from launcher.analyze.__main__ import main as analyze_main
 from launcher.config import (
-    ENGINES,
     ConfigError,
     TrainConfig,
     compose,
     friendly_overrides,
     validate,
 )
-from launcher.config.ranges import RANGES, Range, numeric_keys
+from launcher.config.ranges import Range, all_ranges, numeric_keys
 from launcher.config.sweep import main as sweep_main
 from launcher.data.shm import shm_available_bytes
+from launcher.strategy.deepspeed import cpu_has_fp16
+from launcher.strategy.registry import schemas
 from launcher.train.front_door import main
-from launcher.train.preflight import cpu_has_fp16, init_from_problem, logger_problems
+from launcher.train.preflight import init_from_problem, logger_problems
 
 from launch import FAST, base_env, torchrun_cmd
+
+RANGES = all_ranges()
 
 
 def run_main(monkeypatch, capsys, args: list[str]) -> tuple[int, str]:
@@ -256,7 +259,7 @@ def test_bad_input_under_torchrun_starts_nothing(tmp_path):
 
 def schema_numeric_keys() -> set[str]:
     keys = set(numeric_keys(OmegaConf.structured(TrainConfig)))
-    for engine in ENGINES.values():
+    for engine in schemas().values():
         keys |= set(numeric_keys(OmegaConf.structured(engine), "strategy."))
     return keys - {k for k in keys if k.startswith("strategy.") and k.count(".") > 1}
 
@@ -287,7 +290,7 @@ def default_config(engine: str):
 def composed_for(key: str):
     """A copy of the default config, with the engine that has `key` if it is a strategy key."""
     leaf = key.removeprefix("strategy.")
-    engine = next((n for n, s in ENGINES.items() if leaf in s.__dataclass_fields__), "ddp")
+    engine = next((n for n, s in schemas().items() if leaf in s.__dataclass_fields__), "ddp")
     return copy.deepcopy(default_config(engine))
 
 

@@ -42,8 +42,8 @@ from launcher.observe.comm_stats import StepComm, bus_bandwidth, step_figures
 from launcher.observe.metrics import Interval, aggregate, local_vector, percentile
 from launcher.resilience import preemption
 from launcher.resilience.preemption import StopVote, install_stop_handlers, stop_requested
-from launcher.strategy.comm_hooks import make_hook
-from launcher.strategy.powersgd import PowerSGDState, load_state, powersgd_hook, save_state
+from launcher.strategy.ddp.comm_hooks import make_hook
+from launcher.strategy.ddp.powersgd import PowerSGDState, load_state, powersgd_hook, save_state
 from launcher.train.batch import BatchPlan
 from launcher.train.job import is_secret_key, redacted
 from launcher.train.loop import lr_at

@@ -17,8 +17,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from launcher.config import ConfigError, compose, normalize, validate
-from launcher.config.schema import ENGINES, TrainConfig
-from launcher.train.preflight import cpu_has_fp16, preflight
+from launcher.config.schema import TrainConfig
+from launcher.strategy.deepspeed import cpu_has_fp16
+from launcher.strategy.registry import schemas
+from launcher.train.preflight import preflight
 
 from knob_rows import ENGINE_FREE, GROUPS, ROWS
 from knob_rows import ENGINES as MATRIX_ENGINES
@@ -38,7 +40,7 @@ def _schemas(engine: str):
     """(prefix, dataclass) of the matrix's groups with `engine` as the strategy."""
     groups = {f.name: f.default_factory for f in fields(TrainConfig)}
     for group in GROUPS:
-        yield group, ENGINES[engine] if group == "strategy" else groups[group]
+        yield group, schemas()[engine] if group == "strategy" else groups[group]
 
 
 def defaults(engine: str, *overrides: str):

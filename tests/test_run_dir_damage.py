@@ -27,7 +27,7 @@ from launcher.checkpoint import resume
 from launcher.config import ConfigError
 from launcher.observe.sinks import JsonlSink
 from launcher.runtime import lock
-from launcher.strategy import ds_universal
+from launcher.strategy.deepspeed import universal as ds_universal
 
 DDP2 = {
     "model": {

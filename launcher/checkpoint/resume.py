@@ -32,13 +32,11 @@ from pathlib import Path
 from launcher.checkpoint import protocol as checkpoint
 from launcher.config import ConfigError
 from launcher.runtime import run_history
+from launcher.strategy.registry import engine, engines, format_of
 from launcher.train.batch import BatchPlan
 
 log = logging.getLogger("launcher")
 
-# Engines whose checkpoints any of them resumes at any world size: DDP's hold the whole
-# model and optimizer, FSDP2's are DCP shards that reshard on load.
-RESHARDABLE = {"ddp", "fsdp2"}
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
 ARCHIVE = "archive"
 # What a launch writes at the top of a run directory (files), and the folders it writes in.
@@ -60,9 +58,7 @@ def identity(cfg, model, world_size: int) -> dict:
     """What a checkpoint must share with a launch to be resumed by it (goes in meta.json)."""
     mc = getattr(model, "config", None)
     shape = {k: int(getattr(mc, k, None) or getattr(cfg.model, k, None) or 0) for k in MODEL_KEYS}
-    strategy = {"name": str(cfg.strategy.name)}
-    if cfg.strategy.name == "deepspeed":
-        strategy.update(zero_stage=int(cfg.strategy.zero_stage), precision=cfg.trainer.precision)
+    strategy = {"name": str(cfg.strategy.name), **engine(cfg.strategy.name).identity(cfg)}
     return {
         "model": {"name": str(cfg.model.name), "impl": str(cfg.model.impl), **shape},
         "strategy": strategy,
@@ -144,46 +140,37 @@ def differences(saved: dict, now: dict) -> list[Difference]:
             "differently; python -m launcher.export converts finished runs)"
         )
         found.append(Difference(what, f"model.impl={saved_impl}"))
-    ss, ns = saved.get("strategy") or {}, now["strategy"]
-    if {ss.get("name"), ns["name"]} <= RESHARDABLE:
-        return found  # DDP and FSDP2 load each other's checkpoints, at any world size
-    if ss.get("name") == "deepspeed" and ns["name"] in RESHARDABLE and ss.get("zero_stage") != 0:
-        return found  # ZeRO 1-3: its universal conversion is the whole state (ds_universal)
-    if ss.get("name") and ss["name"] != ns["name"]:
-        fix = f"strategy={ss['name']}"
-        if ss["name"] == "deepspeed" and "zero_stage" in ss:
-            fix = f"strategy=deepspeed strategy.zero_stage={ss['zero_stage']}"
-        why = ""
-        if ss["name"] == "deepspeed":
-            why = (" (a ZeRO-0 checkpoint has no shards for DeepSpeed's universal conversion; "
-                   "the fp32 weights alone: zero_to_fp32.py in the checkpoint folder)")  # fmt: skip
-        elif ns["name"] == "deepspeed":
-            why = " (DeepSpeed loads no other engine's checkpoint)"
-        found.append(Difference(f"strategy is {ss['name']} there, {ns['name']} now{why}", fix))
-        return found  # the engine's own settings compare only within one engine
-    if ns["name"] == "deepspeed":
-        # Another world size, or ZeRO-1 <-> ZeRO-2: the universal conversion (ds_universal)
-        # loads it. ZeRO-0 has no shards to convert; DeepSpeed 0.19.8 loads no ZeRO-1/2
-        # conversion into ZeRO-3 nor a ZeRO-3 one into ZeRO-1/2 (its loaders expect their
-        # own stage's files: tried, docs/strategies.md).
-        old_stage = ss.get("zero_stage", ns["zero_stage"])
-        if old_stage != ns["zero_stage"] and not {old_stage, ns["zero_stage"]} <= {1, 2}:
-            found.append(
-                Difference(
-                    f"strategy.zero_stage is {old_stage} there, {ns['zero_stage']} now "
-                    "(DeepSpeed's universal checkpoint converts ZeRO-1 <-> ZeRO-2, and any "
-                    "stage 1-3 to another world size, not into or out of ZeRO-0 or ZeRO-3)",
-                    f"strategy.zero_stage={old_stage} (at any world size)",
-                )
-            )
-        if "precision" in ss and ss["precision"] != ns["precision"]:
-            found.append(
-                Difference(
-                    f"trainer.precision is {ss['precision']} there, {ns['precision']} now",
-                    f"trainer.precision={ss['precision']}",
-                )
-            )
-    return found
+    return found + _engine_differences(saved.get("strategy") or {}, now["strategy"])
+
+
+def _engine_differences(ss: dict, ns: dict) -> list[Difference]:
+    """What the engines say of a checkpoint's strategy `ss` and a launch's `ns`: within one
+    engine, its own rules (DeepSpeed's stage and precision); across two, whether the launch's
+    engine reads the checkpoint's format (launcher.strategy.registry)."""
+    now = engine(ns["name"])
+    if not ss.get("name") or ss["name"] == ns["name"]:
+        return [Difference(what, fix) for what, fix in now.own_differences(ss, ns)]
+    there = engines().get(ss["name"])
+    if there is None:
+        why = "an engine this installation does not have"
+    else:
+        why = now.refuses_other_formats or there.unreadable_by_others(ss)
+    if not why:
+        return []  # the launch's engine reads the other's format, at any world size
+    fix = there.overrides_to_resume(ss) if there else f"strategy={ss['name']}"
+    return [Difference(f"strategy is {ss['name']} there, {ns['name']} now ({why})", fix)]
+
+
+def prepare(candidates: list[str], now: dict) -> list[str]:
+    """The checkpoints to try, newest first, once each format that must be converted before
+    another world size or engine loads it has done so (DeepSpeed's universal conversion; rank
+    0, under the lock): its reader's `prepare` may also leave fallbacks out."""
+    found = {format_of(Path(c)) for c in candidates} - {None}
+    for fmt in sorted(found, key=lambda f: f.name):
+        reader = fmt.module()
+        if hasattr(reader, "prepare"):
+            candidates = reader.prepare(candidates, now)
+    return candidates
 
 
 def fresh_start_hint(run_dir: Path) -> str:

@@ -14,11 +14,10 @@ from launcher.config.compose import (
 )
 from launcher.config.errors import ConfigError
 from launcher.config.schema import *  # noqa: F403 - the schema's classes and choices
-from launcher.config.schema import ENGINES, TrainConfig, typed
+from launcher.config.schema import TrainConfig, typed
 from launcher.config.validate import normalize, validate
 
 __all__ = [
-    "ENGINES",
     "ConfigError",
     "TrainConfig",
     "compose",

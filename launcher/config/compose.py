@@ -11,7 +11,8 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from launcher.config.errors import ConfigError
-from launcher.config.schema import CONFIG_MODULE, CONFIG_NAME, ENGINES, TrainConfig
+from launcher.config.schema import CONFIG_MODULE, CONFIG_NAME, TrainConfig
+from launcher.strategy.registry import schemas
 
 
 def compose(overrides: list[str], sweep: bool = False) -> DictConfig:
@@ -88,7 +89,7 @@ def _schema_node(key: str) -> Any:
     """The schema's node at a dotted key (engine keys looked up in every engine), or None."""
     head, _, rest = key.partition(".")
     if head == "strategy" and rest:
-        engines = map(_schema_tree, ENGINES.values())
+        engines = map(_schema_tree, schemas().values())
         nodes = (e._get_node(rest, validate_access=False) for e in engines)
         return next((n for n in nodes if n is not None), None)
     parent, _, leaf = key.rpartition(".")
@@ -148,8 +149,8 @@ def unknown_key_line(key: str, parent_type: Any, advice: str = "see") -> str:
     hint = f" (did you mean {', '.join(f'{parent}.{c}' if parent else c for c in close)}?)"
     hint = hint if close else ""
     if parent == "strategy" and is_dataclass(parent_type):
-        chosen = next((n for n, s in ENGINES.items() if s is parent_type), "?")
-        owners = [n for n, s in ENGINES.items() if leaf in {f.name for f in fields(s)}]
+        chosen = next((n for n, s in schemas().items() if s is parent_type), "?")
+        owners = [n for n, s in schemas().items() if leaf in {f.name for f in fields(s)}]
         if owners:
             hint = (
                 f" for strategy={chosen}: it is a key of strategy={'/'.join(owners)}, "

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.nodes import FloatNode, IntegerNode
 
+from launcher.strategy.registry import engines
+
 
 @dataclass(frozen=True)
 class Range:
@@ -57,9 +59,8 @@ POSITIVE = Range(low=0.0, low_open=True)
 FRACTION = Range(low=0.0, high=1.0)
 BELOW_1 = Range(low=0.0, high=1.0, high_open=True)
 
-# Every numeric key of the schema, engine keys under `strategy.` (a key absent from the
-# chosen engine's schema is skipped). A null value is always allowed where the schema
-# allows null.
+# Every numeric key of the schema but the engines' (each engine declares its own `strategy.`
+# keys' ranges: `all_ranges`). A null value is always allowed where the schema allows null.
 RANGES: dict[str, Range] = {
     "model.n_layer": AT_LEAST_1,
     "model.n_head": AT_LEAST_1,
@@ -97,19 +98,6 @@ RANGES: dict[str, Range] = {
     "trainer.keep_checkpoints": AT_LEAST_1,
     "trainer.max_bad_steps": Range(low=0, why="0: the first bad step stops the run"),
     "trainer.bad_step_window": AT_LEAST_1,
-    "strategy.bucket_cap_mb": Range(low=0.0, low_open=True, why="DDP's bucket size in MB"),
-    "strategy.powersgd_rank": Range(
-        low=1, why="the rank of each gradient matrix's approximation; 1-4 is usual"
-    ),
-    "strategy.powersgd_warmup_steps": Range(
-        low=0, why="steps of plain all-reduce before PowerSGD starts"
-    ),
-    "strategy.powersgd_min_compression_rate": Range(
-        low=1.0, why="a matrix is compressed only if its factors are this many times smaller"
-    ),
-    "strategy.zero_stage": Range(low=0, high=3),
-    "strategy.reduce_bucket_size": Range(low=1, why="elements"),
-    "strategy.allgather_bucket_size": Range(low=1, why="elements"),
     "dist.timeout_s": AT_LEAST_1,
     "profiler.ranks": Range(low=0, why="each rank"),
     "profiler.skip_first": NON_NEGATIVE,
@@ -163,9 +151,18 @@ RANGES: dict[str, Range] = {
 _ABSENT = object()
 
 
+def all_ranges() -> dict[str, Range]:
+    """Every numeric key's range, the engines' `strategy.` keys included (a key absent from
+    the chosen engine's schema is skipped when checked)."""
+    found = dict(RANGES)
+    for engine in engines().values():
+        found.update(engine.ranges)
+    return found
+
+
 def range_problem(cfg: DictConfig) -> str | None:
     """The error line for the first key outside its range, or None when all are inside."""
-    for key, allowed in RANGES.items():
+    for key, allowed in all_ranges().items():
         value = OmegaConf.select(cfg, key, default=_ABSENT)
         if value is _ABSENT or value is None:
             continue

@@ -1,4 +1,5 @@
-"""The typed configuration schema: one dataclass per config group, one per strategy engine.
+"""The typed configuration schema: one dataclass per config group; each strategy engine's
+is declared by the engine (launcher.strategy.registry).
 
 Hydra composes `conf/train.yaml` from its groups on top of `TrainConfig` (registered in
 Hydra's ConfigStore as `train_schema`), so a wrong key or type is rejected while composing.
@@ -15,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from launcher.config.nccl_vars import NcclEnv
+from launcher.strategy.registry import StrategyConfig, engines
 
 CONFIG_MODULE = "launcher.conf"
 CONFIG_NAME = "train"
@@ -25,8 +27,6 @@ COMPILE_MODES = ("off", "default", "reduce-overhead", "max-autotune")
 DATA_SOURCES = ("stdlib", "text_files", "wikitext2", "memmap", "synthetic")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
-OFFLOAD_DEVICES = ("none", "cpu")
-COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 PROFILERS = ("off", "steps", "full")
 MODEL_IMPLS = ("native", "hf")
 ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
@@ -108,64 +108,6 @@ class TrainerConfig:
     on_nonfinite: str = "stop"  # stop (exit 3), skip the update, or rewind (docs/faults.md)
     max_bad_steps: int = 3  # skipped steps allowed within bad_step_window; one more: exit 3
     bad_step_window: int = 100  # steps
-
-
-@dataclass
-class StrategyConfig:
-    """What every engine has. Each engine's schema extends it and is registered as that
-    option's schema (`conf/strategy/<engine>.yaml` names `<engine>_schema` first), so a key
-    of another engine is an unknown key, not a setting silently ignored."""
-
-    name: str = MISSING
-    time_comm: bool = True
-
-
-@dataclass
-class DDPConfig(StrategyConfig):
-    name: str = "ddp"
-    bucket_cap_mb: float = 25.0
-    gradient_as_bucket_view: bool = True
-    static_graph: bool = False
-    find_unused_parameters: bool = False
-    broadcast_buffers: bool = True
-    comm_hook: str = "none"
-    powersgd_rank: int = 4
-    powersgd_warmup_steps: int | None = None  # null: trainer.warmup_steps
-    powersgd_min_compression_rate: float = 2.0
-
-
-@dataclass
-class DeepSpeedConfig(StrategyConfig):
-    """strategy=deepspeed (and its presets zero1-3); see docs/deepspeed.md."""
-
-    name: str = "deepspeed"
-    zero_stage: int = 2
-    offload_optimizer: str = "none"  # none | cpu: optimizer states and step on the CPU
-    offload_param: str = "none"  # none | cpu: ZeRO-3 parameters live on the CPU
-    overlap_comm: bool | None = None  # null: DeepSpeed's default for the stage
-    reduce_bucket_size: int = 500_000_000  # elements per gradient reduction bucket
-    allgather_bucket_size: int = 500_000_000  # elements per parameter all-gather (ZeRO-1/2)
-    extra: dict[str, Any] = field(default_factory=dict)  # any other DeepSpeed config key
-
-
-@dataclass
-class FSDP2Config(StrategyConfig):
-    """strategy=fsdp2: torch's fully_shard per GPT-2 block, then the root; see
-    docs/strategies.md."""
-
-    name: str = "fsdp2"
-    reshard_after_forward: Any = True  # true | false | an int: reshard to that many ranks
-    reduce_dtype: str = "fp32"  # fp32 | bf16: the dtype gradients are reduce-scattered in
-    offload: str = "none"  # none | cpu: sharded parameters, gradients, optimizer on the CPU
-
-
-# `strategy.name` -> its schema. A new engine adds its schema here and a
-# conf/strategy/<name>.yaml whose defaults list starts with `<name>_schema`.
-ENGINES: dict[str, type[StrategyConfig]] = {
-    "ddp": DDPConfig,
-    "deepspeed": DeepSpeedConfig,
-    "fsdp2": FSDP2Config,
-}
 
 
 @dataclass
@@ -388,8 +330,10 @@ def register_schema() -> None:
     each engine's schema for its `strategy` option to name first in its own."""
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainConfig)
-    for name, schema in ENGINES.items():
-        store.store(group="strategy", name=f"{name}_schema", node=schema)
+    for name, engine in engines().items():
+        store.store(group="strategy", name=f"{name}_schema", node=engine.schema)
+        if not engine.has_yaml:  # an engine from another package: its schema is the option
+            store.store(group="strategy", name=name, node=engine.schema)
 
 
 register_schema()

@@ -11,31 +11,27 @@ from dataclasses import fields, is_dataclass
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.config.compose import unknown_key_line
-from launcher.config.errors import ConfigError
+from launcher.config.errors import ConfigError, check_choice
 from launcher.config.ranges import range_problem
 from launcher.config.schema import (
     ATTENTION_BACKENDS,
     BACKENDS,
-    COMM_HOOKS,
     COMPILE_MODES,
     DATA_SOURCES,
     DEVICES,
-    ENGINES,
     FAULT_KINDS,
     LOGGER_MODES,
     MODEL_IMPLS,
     NONFINITE_POLICIES,
-    OFFLOAD_DEVICES,
     PRECISIONS,
     PROFILERS,
 )
+from launcher.strategy.registry import engine, engines, schemas
 from launcher.train.batch import BatchPlan
 
 
 def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
-    value = OmegaConf.select(cfg, key)
-    if value not in allowed:
-        raise ConfigError(f"{key}={value}: not one of {', '.join(allowed)}")
+    check_choice(key, OmegaConf.select(cfg, key), allowed)
 
 
 def normalize(cfg: DictConfig, world_size: int) -> None:
@@ -148,27 +144,31 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     _validate_profiler(cfg.profiler, t.max_steps, world_size)
     _validate_watchdog(cfg.watchdog, cfg.dist.timeout_s)
     _validate_fault(cfg, world_size)
-    if t.async_checkpoint and cfg.strategy.name != "fsdp2":
+    chosen = engine(cfg.strategy.name)
+    if t.async_checkpoint and not chosen.async_checkpoint:
+        able = [e.name for e in engines().values() if e.async_checkpoint]
         raise ConfigError(
-            f"trainer.async_checkpoint=true needs strategy=fsdp2 (DCP's asynchronous save); "
-            f"strategy={cfg.strategy.name} writes its checkpoints synchronously"
+            f"trainer.async_checkpoint=true needs strategy={' or '.join(able)} (an asynchronous "
+            f"save); strategy={cfg.strategy.name} writes its checkpoints synchronously"
         )
-    engine_rules = {
-        "ddp": _validate_ddp,
-        "deepspeed": _validate_deepspeed,
-        "fsdp2": _validate_fsdp2,
-    }
-    if cfg.strategy.name in engine_rules:
-        engine_rules[cfg.strategy.name](cfg, world_size)
+    if t.on_nonfinite != "stop" and not chosen.drops_steps:
+        able = [e.name for e in engines().values() if e.drops_steps]
+        raise ConfigError(
+            f"trainer.on_nonfinite={t.on_nonfinite} is not supported with "
+            f"strategy={cfg.strategy.name} (its engine owns the optimizer step); use "
+            f"trainer.on_nonfinite=stop, or strategy={' or '.join(able)}"
+        )
+    chosen.rules(cfg, world_size)
 
 
 def _validate_engine(cfg: DictConfig) -> None:
     """`strategy.name` must be the engine whose schema the strategy option loaded."""
     name, loaded = cfg.strategy.name, OmegaConf.get_type(cfg.strategy)
-    if name not in ENGINES:
-        raise ConfigError(f"strategy.name={name}: not one of {', '.join(ENGINES)}")
-    if ENGINES[name] is not loaded:
-        chosen = next((n for n, s in ENGINES.items() if s is loaded), "?")
+    known = schemas()
+    if name not in known:
+        raise ConfigError(f"strategy.name={name}: not one of {', '.join(known)}")
+    if known[name] is not loaded:
+        chosen = next((n for n, s in known.items() if s is loaded), "?")
         raise ConfigError(
             f"strategy.name={name} does not match the strategy option (strategy={chosen}); "
             f"choose the engine with strategy={name}, not with strategy.name"
@@ -229,66 +229,6 @@ def _validate_fault(cfg: DictConfig, world_size: int) -> None:
         raise ConfigError(
             f"fault.step={f.step}: the fault would never fire; give a step within "
             f"1..trainer.max_steps={cfg.trainer.max_steps}"
-        )
-
-
-def _validate_ddp(cfg: DictConfig, world_size: int) -> None:
-    """strategy=ddp: the compression hook, and what PowerSGD cannot do."""
-    s = cfg.strategy
-    _choice(cfg, "strategy.comm_hook", COMM_HOOKS)
-    if s.comm_hook == "powersgd" and cfg.trainer.precision == "fp16":
-        raise ConfigError(
-            "strategy.comm_hook=powersgd does not work with trainer.precision=fp16: its error "
-            "feedback would keep loss-scaled (and overflowed) gradients; use bf16 or fp32"
-        )
-
-
-def _validate_deepspeed(cfg: DictConfig, world_size: int) -> None:
-    """strategy=deepspeed: the stage and offload (`strategy.extra` against trainer.* is
-    judged where DeepSpeed's config is built: launcher.train.preflight.check_config)."""
-    s, t = cfg.strategy, cfg.trainer
-    _choice(cfg, "strategy.offload_optimizer", OFFLOAD_DEVICES)
-    _choice(cfg, "strategy.offload_param", OFFLOAD_DEVICES)
-    if s.offload_optimizer != "none" and s.zero_stage == 0:
-        raise ConfigError(
-            "strategy.offload_optimizer=cpu needs ZeRO: set strategy.zero_stage to 1, 2 or 3"
-        )
-    if s.offload_param != "none" and s.zero_stage != 3:
-        raise ConfigError(
-            f"strategy.offload_param={s.offload_param} needs strategy.zero_stage=3 (only ZeRO-3 "
-            f"partitions parameters; zero_stage is {s.zero_stage})"
-        )
-    if t.on_nonfinite != "stop":
-        raise ConfigError(
-            f"trainer.on_nonfinite={t.on_nonfinite} is not supported with strategy=deepspeed "
-            "(its engine owns the optimizer step); use trainer.on_nonfinite=stop, or "
-            "strategy=ddp or fsdp2"
-        )
-    if t.compile != "off":
-        raise ConfigError(
-            f"trainer.compile={t.compile} is not supported with strategy=deepspeed; "
-            "use trainer.compile=off (or strategy=ddp to compile)"
-        )
-
-
-def _validate_fsdp2(cfg: DictConfig, world_size: int) -> None:
-    """strategy=fsdp2: reshard_after_forward's three forms, dtypes, offload."""
-    s = cfg.strategy
-    _choice(cfg, "strategy.reduce_dtype", ("fp32", "bf16"))
-    _choice(cfg, "strategy.offload", OFFLOAD_DEVICES)
-    raf = s.reshard_after_forward
-    if not isinstance(raf, bool):
-        divides = isinstance(raf, int) and 1 < raf < world_size and world_size % raf == 0
-        if not divides:
-            raise ConfigError(
-                f"strategy.reshard_after_forward={raf}: give true, false, or a number of ranks "
-                f"to reshard to that divides the world size {world_size} (neither 1 nor "
-                f"{world_size} itself)"
-            )
-    if cfg.trainer.precision == "fp16":
-        raise ConfigError(
-            "trainer.precision=fp16 is not supported with strategy=fsdp2 (it would need a "
-            "sharded loss scaler); use trainer.precision=bf16 or fp32"
         )
 
 

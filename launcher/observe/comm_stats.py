@@ -23,7 +23,7 @@ class StepComm:
 
 def step_figures(buckets: list[tuple[float, float, int]]) -> StepComm:
     """(ready, done, bytes) per DDP bucket -> the step's communication figures (the
-    definitions are in launcher.strategy.comm_timing)."""
+    definitions are in launcher.strategy.ddp.comm_timing)."""
     if not buckets:
         return StepComm(0.0, 0.0, 0)
     spans = [(ready, done) for ready, done, _ in buckets]

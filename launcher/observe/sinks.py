@@ -21,7 +21,7 @@ from launcher.runtime.paths import atomic_write
 log = logging.getLogger("launcher")
 
 
-def _clean(value):
+def finite_or_none(value):
     """JSON has no NaN/inf: such figures are written as null."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -85,7 +85,7 @@ class JsonlSink(Sink):
         if self.file is None:
             return  # the disk filled up: the run is stopping
         try:
-            self.file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+            self.file.write(json.dumps({k: finite_or_none(v) for k, v in record.items()}) + "\n")
             self.file.flush()
         except OSError as exc:
             if not disk.is_full(exc, self.path):
@@ -112,7 +112,7 @@ class JsonlSink(Sink):
 
 def write_summary(run_dir: Path, summary: dict) -> None:
     """summary.json, written whole under another name first so a reader never sees half."""
-    text = json.dumps({k: _clean(v) for k, v in summary.items()}, indent=1)
+    text = json.dumps({k: finite_or_none(v) for k, v in summary.items()}, indent=1)
     atomic_write(run_dir / "summary.json", text)
 
 

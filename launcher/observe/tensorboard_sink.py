@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from launcher.observe.sinks import Sink, _clean
+from launcher.observe.sinks import Sink, finite_or_none
 
 log = logging.getLogger("launcher")
 
@@ -48,7 +48,7 @@ def scalars(record: Mapping) -> dict[str, float]:
     return {
         key: float(value)
         for key, value in record.items()
-        if key != "step" and isinstance(_clean(value), (int, float))
+        if key != "step" and isinstance(finite_or_none(value), (int, float))
     }
 
 
@@ -61,7 +61,7 @@ def markdown_table(columns: list[str], rows: list[list]) -> str:
     """A markdown table for TensorBoard's text plugin; null, NaN and inf show as `-`."""
 
     def cell(value) -> str:
-        value = _clean(value)
+        value = finite_or_none(value)
         if value is None:
             return "-"
         if isinstance(value, float):

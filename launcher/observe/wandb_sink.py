@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from launcher.observe.sinks import Sink, _clean
+from launcher.observe.sinks import Sink, finite_or_none
 
 log = logging.getLogger("launcher")
 
@@ -98,7 +98,9 @@ class WandbSink(Sink):
     def log(self, record: dict) -> None:
         # commit=True writes the row now: W&B otherwise holds a step's row until the next
         # step arrives, and the last row would land after (and overwrite) the summary.
-        self.run.log({k: _clean(v) for k, v in record.items()}, step=record["step"], commit=True)
+        self.run.log(
+            {k: finite_or_none(v) for k, v in record.items()}, step=record["step"], commit=True
+        )
 
     def close(self, summary: dict) -> None:
         """Summary into the run summary; a failed run finishes with exit code 1 (W&B shows
@@ -109,7 +111,7 @@ class WandbSink(Sink):
         """
         status = str(summary.get("status", ""))
         try:
-            self.run.summary.update({k: _clean(v) for k, v in summary.items()})
+            self.run.summary.update({k: finite_or_none(v) for k, v in summary.items()})
             if status == "stopped":
                 self.run.mark_preempting()
             self.run.finish(exit_code=0 if status in ("completed", "stopped") else 1)
@@ -197,7 +199,9 @@ def add_to_run(
 
 def _table(wandb, columns: list[str], rows: list[list]):
     return wandb.Table(
-        columns=columns, data=[[_clean(v) for v in row] for row in rows], allow_mixed_types=True
+        columns=columns,
+        data=[[finite_or_none(v) for v in row] for row in rows],
+        allow_mixed_types=True,
     )
 
 

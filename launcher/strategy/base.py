@@ -14,12 +14,22 @@ from pathlib import Path
 import torch
 
 from launcher.observe.comm_stats import StepComm
+from launcher.strategy.registry import format_of
 
 
 def compile_mode(compile: str) -> str | None:
     """`torch.compile`'s mode for a `trainer.compile` setting other than off (`default`
     is torch's own default, passed as None)."""
     return None if compile == "default" else compile
+
+
+def load_other_format(folder: Path, model: torch.nn.Module, optimizer, load_whole) -> None:
+    """Another engine's checkpoint into this one, through the reader its format declares
+    (launcher.strategy.registry.Format): a reader of a whole state hands it to
+    `load_whole(model_sd, optim_sd)` (the optimizer state keyed by position, as
+    launcher.strategy.optim.build_optimizer orders the parameters); DCP's loads into the
+    model and optimizer as they are, sharded or whole."""
+    format_of(folder).module().load_into(folder, model, optimizer, load_whole)
 
 
 class Strategy(ABC):

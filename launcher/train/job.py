@@ -47,7 +47,7 @@ from launcher.runtime.process import (
     ranks_per_node,
     start,
 )
-from launcher.strategy import build_strategy, ds_universal, needs_process_group
+from launcher.strategy.registry import build_strategy, engine
 from launcher.train.batch import BatchPlan
 from launcher.train.loop import LoopConfig, NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
 from launcher.train.preflight import preflight, shm_need
@@ -187,7 +187,7 @@ def plan_resume(cfg: TrainConfig, rt: Runtime, model) -> list[Path] | None:
             log.info("%s", resume.finished_line(rt.run_dir, decided.finished_at, max_steps))
             return None
         # A DeepSpeed checkpoint at another world size, stage or engine: converted here.
-        return ds_universal.prepare(decided.candidates, now)
+        return resume.prepare(decided.candidates, now)
 
     folders = decide_on_main(rt, decide)
     return None if folders is None else [Path(p) for p in folders]
@@ -300,7 +300,7 @@ def run(cfg: DictConfig, launch: LaunchState, point: str | None = None) -> int:
     """
     normalize(cfg, env_world()[2])  # Hydra composed this job's config anew
     cfg = typed(cfg)
-    needs_group = needs_process_group(cfg.strategy.name)
+    needs_group = engine(cfg.strategy.name).needs_process_group
     rt = start(RuntimeConfig.of(cfg), launch, point, needs_group=needs_group)
     if point is not None and cfg.resume == "auto" and already_completed(rt):
         log.info("sweep point %s already completed in %s; not run again", point, rt.run_dir)

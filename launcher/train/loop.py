@@ -49,7 +49,7 @@ from launcher.resilience.preemption import StopVote
 from launcher.resilience.stragglers import StragglerWatch
 from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime.process import Runtime
-from launcher.strategy import Strategy
+from launcher.strategy.base import Strategy
 from launcher.train.batch import BatchPlan
 
 log = logging.getLogger("launcher")

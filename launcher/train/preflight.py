@@ -28,6 +28,7 @@ from launcher.data.tokenizer import tokenizer_path_problem
 from launcher.model import pretrained
 from launcher.observe.tensorboard_sink import WRITER_PACKAGE, tensorboard_enabled
 from launcher.runtime.paths import creatable_dir_problem, writable_dir_problem
+from launcher.strategy.registry import engine
 
 WANDB_DEFAULT_HOST = "https://api.wandb.ai"
 
@@ -51,18 +52,11 @@ def preflight(cfg: DictConfig, world_size: int, ranks_per_node: int) -> None:
 
 
 def check_config(cfg: DictConfig, world_size: int) -> None:
-    """The config alone (`validate`, which normalises it too), then DeepSpeed's config as
-    these keys and `strategy.extra` build it: what a submission checks before it reaches
-    the cluster."""
+    """The config alone (`validate`, which normalises it too), then the engine's own config
+    as these keys build it (DeepSpeed's, with `strategy.extra`): what a submission checks
+    before it reaches the cluster."""
     validate(cfg, world_size)
-    if cfg.strategy.name == "deepspeed":
-        from launcher.strategy.ds_config import DeepSpeedConfigError, build_ds_config
-
-        checked = typed(cfg)  # the dataclasses the strategy will get
-        try:
-            build_ds_config(checked.strategy, checked.trainer, world_size)
-        except DeepSpeedConfigError as exc:
-            raise ConfigError(str(exc)) from exc
+    engine(cfg.strategy.name).config_check(typed(cfg), world_size)
 
 
 def machine_problems(cfg: DictConfig, ranks_per_node: int) -> list[str]:
@@ -78,20 +72,16 @@ def machine_problems(cfg: DictConfig, ranks_per_node: int) -> list[str]:
 
 
 def device_problems(cfg: DictConfig) -> list[str]:
-    """A CUDA device or NCCL asked for on a machine without a visible GPU; fp16 DeepSpeed
-    on a CPU that DeepSpeed refuses it on; an attention kernel the device or precision
-    does not have."""
+    """A CUDA device or NCCL asked for on a machine without a visible GPU; what the engine
+    cannot do on this device (fp16 DeepSpeed on a CPU that DeepSpeed refuses it on); an
+    attention kernel the device or precision does not have."""
     import torch
 
     t = cfg.trainer
     on_cpu = t.device == "cpu" or (t.device == "auto" and not torch.cuda.is_available())
-    deepspeed_fp16 = cfg.strategy.name == "deepspeed" and t.precision == "fp16"
-    if deepspeed_fp16 and on_cpu and not cpu_has_fp16():
-        return [
-            "trainer.precision=fp16 with strategy=deepspeed needs a GPU or a CPU with "
-            "AVX-512 FP16 (DeepSpeed refuses fp16 on this CPU); use trainer.precision="
-            "bf16 or fp32"
-        ]
+    refused = engine(cfg.strategy.name).device_problem(cfg, on_cpu)
+    if refused:
+        return [refused]
     attention = attention_problem(cfg.model.attention, on_cpu, t.precision)
     if attention:
         return [attention]
@@ -121,16 +111,6 @@ def attention_problem(attention: str, on_cpu: bool, precision: str) -> str | Non
             "fp32; use trainer.precision=bf16, or model.attention=auto or efficient"
         )
     return None
-
-
-def cpu_has_fp16() -> bool:
-    """Whether this CPU's oneDNN has fp16: DeepSpeed's own check."""
-    import torch
-
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def path_problems(cfg: DictConfig) -> list[str]:
@@ -217,9 +197,8 @@ def init_from_problem(value: str) -> str | None:
 
 def package_problems(cfg: DictConfig) -> list[str]:
     """Optional packages the chosen settings import later."""
-    needs = []
-    if cfg.strategy.name == "deepspeed":
-        needs.append(("deepspeed", "strategy=deepspeed", "pip install 'launcher[deepspeed]'"))
+    strategy = cfg.strategy.name
+    needs = [(p, f"strategy={strategy}", fix) for p, fix in engine(strategy).packages]
     if cfg.data.source == "wikitext2":
         needs.append(("datasets", "data=wikitext2", "pip install 'launcher[hub]'"))
     return [p for p in (missing_package(*need) for need in needs) if p]

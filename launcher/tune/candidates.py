@@ -17,8 +17,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from launcher.analyze.advice import FUSED_ATTENTION, NEXT_COMPILE
-
-DEFAULT_BUCKET_MB = 25.0  # DDP's own default: where a sweep of bucket_cap_mb starts
+from launcher.strategy.registry import engine
 
 
 @dataclass
@@ -79,27 +78,16 @@ def _pinned(cfg: DictConfig, world_size: int, gpu: bool, kind="pageable_copies")
 
 
 def _exposed_comm(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
-    """DDP's bucket size (its default, and 4x either way of the current one), its two
-    flags that save copies and re-planning, and bf16 compression of the gradients."""
-    s = cfg.strategy
-    if s.name != "ddp":
-        return []
-    cap = float(s.bucket_cap_mb)
-    caps = {DEFAULT_BUCKET_MB, cap * 4} | ({cap / 4} if cap > 1 else set())
-    out = [Candidate({"strategy.bucket_cap_mb": c}, "exposed_comm") for c in sorted(caps - {cap})]
-    if not s.gradient_as_bucket_view:
-        out.append(Candidate({"strategy.gradient_as_bucket_view": True}, "exposed_comm"))
-    if not s.static_graph:
-        out.append(Candidate({"strategy.static_graph": True}, "exposed_comm"))
-    if s.comm_hook == "none" and cfg.trainer.precision != "fp16":
-        out.append(Candidate({"strategy.comm_hook": "bf16"}, "exposed_comm", changes_math=True))
-    return out
+    """What the engine offers against exposed communication (DDP: its bucket size, the two
+    flags that save copies and re-planning, bf16 compression of the gradients)."""
+    offered = engine(cfg.strategy.name).tune_candidates(cfg)
+    return [Candidate(changes, "exposed_comm", changes_math=m) for changes, m in offered]
 
 
 def _launch_bound(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
     out = []
     mode = NEXT_COMPILE.get(str(cfg.trainer.compile))
-    if mode and cfg.strategy.name != "deepspeed":
+    if mode and engine(cfg.strategy.name).compiles:
         out.append(Candidate({"trainer.compile": mode}, "launch_bound"))
     return out + _micro_batches(cfg, world_size, "launch_bound", [2])
 
@@ -107,7 +95,7 @@ def _launch_bound(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate
 def _memory_bound(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
     """Fuse the memory-bound kernels: compile, or (compiled already) the native GPT-2,
     whose loss runs inside the compiled region."""
-    if str(cfg.trainer.compile) == "off" and cfg.strategy.name != "deepspeed":
+    if str(cfg.trainer.compile) == "off" and engine(cfg.strategy.name).compiles:
         return [Candidate({"trainer.compile": NEXT_COMPILE["off"]}, "memory_bound")]
     if cfg.model.impl == "hf" and not cfg.model.init_from:
         return [Candidate({"model.impl": "native"}, "memory_bound", changes_math=True)]

@@ -27,14 +27,9 @@ import torch
 from launcher.checkpoint import protocol as checkpoint
 from launcher.config import ConfigError
 from launcher.runtime.paths import atomic_write
+from launcher.strategy.deepspeed.ds_import import import_deepspeed
 
 log = logging.getLogger("launcher")
-
-STRATEGY_FILE = "strategy.json"  # in each DeepSpeed checkpoint: what wrote it
-
-
-def is_deepspeed_checkpoint(folder: Path) -> bool:
-    return (folder / STRATEGY_FILE).is_file()
 
 
 def converted_folder(step_dir: Path) -> Path:
@@ -101,8 +96,6 @@ def convert(step_dir: Path) -> Path:
     if checkpoint.is_complete(final):
         log.info("using %s, converted earlier from %s", final, step_dir.name)
         return final
-    from launcher.strategy.ds_import import import_deepspeed
-
     import_deepspeed()
     from deepspeed.checkpoint import ds_to_universal
 
@@ -176,3 +169,18 @@ def torch_state(folder: Path, model: torch.nn.Module, optimizer) -> tuple[dict, 
         for i, n in enumerate(ordered)
     }
     return model_sd, {"state": state, "param_groups": optimizer.state_dict()["param_groups"]}
+
+
+def load_into(folder: Path, model: torch.nn.Module, optimizer, load_whole) -> None:
+    """The format reader's entry (launcher.strategy.registry.Format): the whole state from
+    the universal conversion (made by `prepare` on rank 0), into another engine."""
+    load_whole(*torch_state(folder, model, optimizer))
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The whole model in fp32, the ZeRO shards merged (DeepSpeed's zero_to_fp32)."""
+    import_deepspeed()
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(folder.parent), tag=folder.name)
+    return {k: v.float() for k, v in state.items()}

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from launcher.strategy.comm_timing import CommTimer
+from launcher.strategy.ddp.comm_timing import CommTimer
 
 log = logging.getLogger("launcher")
 

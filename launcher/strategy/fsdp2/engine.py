@@ -34,19 +34,19 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 )
 from torch.distributed.tensor import DTensor
 
-from launcher.config.schema import FSDP2Config, TrainerConfig
+from launcher.config.schema import TrainerConfig
 from launcher.observe.comm_stats import StepComm
 from launcher.runtime.process import Runtime
-from launcher.strategy.base import Strategy, compile_mode
-from launcher.strategy.dcp import is_dcp_checkpoint, load_dcp
-from launcher.strategy.ds_comm import KINDS, CollectiveTimer
-from launcher.strategy.ds_universal import is_deepspeed_checkpoint, torch_state
+from launcher.strategy.base import Strategy, compile_mode, load_other_format
+from launcher.strategy.collective_timer import KINDS, CollectiveTimer
+from launcher.strategy.fsdp2 import FORMAT, FSDP2Config
+from launcher.strategy.fsdp2.dcp import load_dcp
 from launcher.strategy.optim import build_optimizer
+from launcher.strategy.registry import format_of
 
 log = logging.getLogger("launcher")
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-DDP_FILES = ("model.pt", "optimizer.pt")  # a DDP checkpoint (launcher.strategy.ddp)
 
 
 class _TimedAllGather(DefaultAllGather):
@@ -55,7 +55,7 @@ class _TimedAllGather(DefaultAllGather):
     def __init__(self, timer: CollectiveTimer):
         super().__init__()
         params = KINDS["all_gather_into_tensor"][1]
-        self._call = timer._wrap("all_gather_into_tensor", "all_gather", params, super().__call__)
+        self._call = timer.wrap("all_gather_into_tensor", "all_gather", params, super().__call__)
 
     def __call__(self, **kwargs):
         return self._call(**kwargs)
@@ -65,9 +65,7 @@ class _TimedReduceScatter(DefaultReduceScatter):
     def __init__(self, timer: CollectiveTimer):
         super().__init__()
         params = KINDS["reduce_scatter_tensor"][1]
-        self._call = timer._wrap(
-            "reduce_scatter_tensor", "reduce_scatter", params, super().__call__
-        )
+        self._call = timer.wrap("reduce_scatter_tensor", "reduce_scatter", params, super().__call__)
 
     def __call__(self, **kwargs):
         return self._call(**kwargs)
@@ -176,15 +174,11 @@ class FSDP2Strategy(Strategy):
         )
 
     def load(self, folder: Path) -> None:
-        """A DCP checkpoint (resharded to this world size), or a DDP one converted."""
-        if is_dcp_checkpoint(folder):
+        """A DCP checkpoint (resharded to this world size), or another engine's converted."""
+        if format_of(folder) is FORMAT:
             load_dcp(self.raw_model, self.optimizer, folder)
-        elif is_deepspeed_checkpoint(folder):  # its universal conversion, made by rank 0
-            self._load_full(*torch_state(folder, self.raw_model, self.optimizer))
         else:
-            model_sd = torch.load(folder / DDP_FILES[0], map_location="cpu", weights_only=True)
-            saved = torch.load(folder / DDP_FILES[1], map_location="cpu", weights_only=True)
-            self._load_full(model_sd, saved["optimizer"])
+            load_other_format(folder, self.raw_model, self.optimizer, self._load_full)
 
     def _load_full(self, model_sd: dict, osd: dict) -> None:
         """A whole model and optimizer state in DDP's layout (a DDP checkpoint, or a

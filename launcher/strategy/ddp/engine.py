@@ -12,15 +12,14 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from launcher.config.schema import DDPConfig, TrainerConfig
+from launcher.config.schema import TrainerConfig
 from launcher.observe.comm_stats import StepComm
 from launcher.runtime.process import Runtime
-from launcher.strategy import comm_hooks, powersgd
-from launcher.strategy.base import Strategy, compile_mode
-from launcher.strategy.comm_timing import CommTimer
-from launcher.strategy.dcp import is_dcp_checkpoint, load_dcp
-from launcher.strategy.ds_universal import is_deepspeed_checkpoint, torch_state
+from launcher.strategy.base import Strategy, compile_mode, load_other_format
+from launcher.strategy.ddp import FILES, FORMAT, DDPConfig, comm_hooks, powersgd
+from launcher.strategy.ddp.comm_timing import CommTimer
 from launcher.strategy.optim import build_optimizer
+from launcher.strategy.registry import format_of
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -118,36 +117,33 @@ class DDPStrategy(Strategy):
         powersgd.save_state(self.comm_state, folder, rank)  # per rank (PowerSGD's memory)
         if rank != 0:  # DDP keeps every rank's model and optimizer identical
             return
-        torch.save(self.raw_model.state_dict(), folder / "model.pt")
+        torch.save(self.raw_model.state_dict(), folder / FILES[0])
         torch.save(
             {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict()},
-            folder / "optimizer.pt",
+            folder / FILES[1],
         )
 
     def files_to_load(self, folder: Path) -> list[Path]:
         own = powersgd.state_file(folder, self.rank) if self.comm_state is not None else None
-        whole = [folder / "model.pt", folder / "optimizer.pt"]
-        if not whole[0].exists() and is_dcp_checkpoint(folder):
-            whole = []  # an FSDP2 checkpoint: DCP files are not torch.save archives
-        if is_deepspeed_checkpoint(folder):
-            whole = []  # read from its universal conversion, sealed with every file's size
+        # Another engine's format is read by its own reader (sealed with every file's size).
+        whole = [folder / f for f in FILES] if format_of(folder) in (FORMAT, None) else []
         return whole + ([own] if own is not None and own.exists() else [])
 
     def load(self, folder: Path) -> None:
-        if is_deepspeed_checkpoint(folder):  # the universal conversion, made by rank 0
-            model_sd, optim_sd = torch_state(folder, self.raw_model, self.optimizer)
-            self.raw_model.load_state_dict(model_sd)
-            self.optimizer.load_state_dict(optim_sd)
-        elif (folder / "model.pt").exists() or not is_dcp_checkpoint(folder):
+        if format_of(folder) in (FORMAT, None):
             self._load_own(folder)
-        else:  # an FSDP2 (DCP) checkpoint: its shards, gathered whole on every rank
-            load_dcp(self.raw_model, self.optimizer, folder)
+        else:  # FSDP2's shards gathered whole, or DeepSpeed's universal conversion
+            load_other_format(folder, self.raw_model, self.optimizer, self._load_whole)
         powersgd.load_state(self.comm_state, folder, self.rank, self.device)
 
+    def _load_whole(self, model_sd: dict, optim_sd: dict) -> None:
+        self.raw_model.load_state_dict(model_sd)
+        self.optimizer.load_state_dict(optim_sd)
+
     def _load_own(self, folder: Path) -> None:
-        state = torch.load(folder / "model.pt", map_location=self.device, weights_only=True)
+        state = torch.load(folder / FILES[0], map_location=self.device, weights_only=True)
         self.raw_model.load_state_dict(state)
-        opt = torch.load(folder / "optimizer.pt", map_location=self.device, weights_only=True)
+        opt = torch.load(folder / FILES[1], map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(opt["optimizer"])
         self.scaler.load_state_dict(opt["scaler"])
 

@@ -5,7 +5,7 @@ drives DDP: `micro_step` tells the engine whether this micro-batch ends the accu
 (ZeRO-2/3 reduce gradients every micro-step, ZeRO-0/1 at the boundary only), `backward`
 is the engine's (the loop already divides the loss by the accumulation steps), and `step`
 sets the step's LR and lets the engine clip, step and zero the gradients. The DeepSpeed
-config is built from the Hydra keys (launcher.strategy.ds_config) and written to the run
+config is built from the Hydra keys (launcher.strategy.deepspeed.ds_config) and written to the run
 directory as `ds_config.json`. `deepspeed` is imported here only, when chosen.
 """
 
@@ -21,14 +21,15 @@ import torch
 import torch.distributed as dist
 
 from launcher.checkpoint import protocol as checkpoint
-from launcher.config.schema import DeepSpeedConfig, TrainerConfig
+from launcher.config.schema import TrainerConfig
 from launcher.observe.comm_stats import StepComm
 from launcher.runtime.process import Runtime
 from launcher.strategy.base import Strategy
-from launcher.strategy.ds_comm import CollectiveTimer
-from launcher.strategy.ds_config import build_ds_config
-from launcher.strategy.ds_import import import_deepspeed, restore_torch_linear
-from launcher.strategy.ds_universal import STRATEGY_FILE, converted_folder, needs_conversion
+from launcher.strategy.collective_timer import CollectiveTimer
+from launcher.strategy.deepspeed import STRATEGY_FILE
+from launcher.strategy.deepspeed.ds_config import DeepSpeedConfig, build_ds_config
+from launcher.strategy.deepspeed.ds_import import import_deepspeed, restore_torch_linear
+from launcher.strategy.deepspeed.universal import converted_folder, needs_conversion
 from launcher.strategy.optim import build_optimizer
 
 log = logging.getLogger("launcher")

@@ -3,7 +3,7 @@
 none/fp16/bf16 are one all-reduce of the bucket's gradients divided by the world size; fp16
 and bf16 send the bucket cast to 16 bits (half the bytes on the wire) and cast the sum back
 into the bucket. powersgd sends low-rank approximations of the large gradient matrices
-(launcher.strategy.powersgd). Every rank applies the same reduced gradient, so the replicas
+(launcher.strategy.ddp.powersgd). Every rank applies the same reduced gradient, so the replicas
 stay identical; the trainer checks that at the end of a run.
 
 The all-reduce hooks are PyTorch's `allreduce_hook`, `fp16_compress_hook` and
@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from launcher.config.schema import DDPConfig
-from launcher.strategy.comm_timing import CommTimer
-from launcher.strategy.powersgd import PowerSGDState, powersgd_hook
+from launcher.strategy.ddp import DDPConfig
+from launcher.strategy.ddp.comm_timing import CommTimer
+from launcher.strategy.ddp.powersgd import PowerSGDState, powersgd_hook
 
 WIRE_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 

@@ -1,4 +1,5 @@
-"""Per-step communication figures of a DeepSpeed engine, timed at its collective entry points.
+"""Per-step communication figures of an engine that issues its own collectives (DeepSpeed,
+FSDP2), timed at their entry points.
 
 Every collective DeepSpeed issues (ZeRO's gradient reduce-scatters and all-reduces, ZeRO-3's
 parameter all-gathers, the all-gather of updated partitions after the step, the gradient
@@ -173,7 +174,7 @@ class CollectiveTimer:
             original = getattr(backend, method, None)
             if original is None or method in backend.__dict__:
                 continue
-            setattr(backend, method, self._wrap(method, kind, params, original))
+            setattr(backend, method, self.wrap(method, kind, params, original))
             self._installed.append((backend, method))
 
     def uninstall(self) -> None:
@@ -181,7 +182,10 @@ class CollectiveTimer:
             backend.__dict__.pop(method, None)
         self._installed.clear()
 
-    def _wrap(self, method: str, kind: str, params: tuple[str, ...], original):
+    def wrap(self, method: str, kind: str, params: tuple[str, ...], original):
+        """`original` (a collective `method` of `kind`, taking `params` positionally)
+        timed: DeepSpeed's backend methods by `install`, FSDP2's all-gather and
+        reduce-scatter by the engine itself."""
         full = FULL_ARGUMENT.get(method, "tensor")
 
         def timed(*args, **kwargs):

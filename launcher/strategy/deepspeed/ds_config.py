@@ -11,9 +11,11 @@ refused here, with one line naming both, before any process starts: the config v
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.config.schema import DeepSpeedConfig, TrainerConfig
+from launcher.config.schema import TrainerConfig
+from launcher.strategy.registry import StrategyConfig
 from launcher.train.batch import BatchPlan
 
 # Sections DeepSpeed would build its own optimizer or LR schedule from: the launcher passes
@@ -23,6 +25,20 @@ REFUSED_SECTIONS = {
     "scheduler": "the LR schedule is trainer.warmup_steps/lr_decay_steps/min_lr_ratio",
     "amp": "NVIDIA apex AMP is not supported; use trainer.precision=bf16 or fp16",
 }
+
+
+@dataclass
+class DeepSpeedConfig(StrategyConfig):
+    """strategy=deepspeed (and its presets zero1-3); see docs/deepspeed.md."""
+
+    name: str = "deepspeed"
+    zero_stage: int = 2
+    offload_optimizer: str = "none"  # none | cpu: optimizer states and step on the CPU
+    offload_param: str = "none"  # none | cpu: ZeRO-3 parameters live on the CPU
+    overlap_comm: bool | None = None  # null: DeepSpeed's default for the stage
+    reduce_bucket_size: int = 500_000_000  # elements per gradient reduction bucket
+    allgather_bucket_size: int = 500_000_000  # elements per parameter all-gather (ZeRO-1/2)
+    extra: dict[str, Any] = field(default_factory=dict)  # any other DeepSpeed config key
 
 
 class DeepSpeedConfigError(ValueError):

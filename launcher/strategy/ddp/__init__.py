@@ -1,0 +1,88 @@
+"""strategy=ddp: PyTorch DistributedDataParallel (`engine`), its gradient compression hooks
+(`comm_hooks`, `powersgd`) and their timing (`comm_timing`). This module is what the rest
+of the launcher knows of the engine (launcher.strategy.registry): its config and rules, and
+its checkpoint format, `model.pt` + `optimizer.pt` written by rank 0 (every rank holds the
+whole model), which it and FSDP2 load at any world size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.config.errors import ConfigError, check_choice
+from launcher.config.ranges import Range
+from launcher.strategy.registry import Engine, Format, StrategyConfig
+
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+DEFAULT_BUCKET_MB = 25.0
+
+
+@dataclass
+class DDPConfig(StrategyConfig):
+    name: str = "ddp"
+    bucket_cap_mb: float = DEFAULT_BUCKET_MB
+    gradient_as_bucket_view: bool = True
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+    broadcast_buffers: bool = True
+    comm_hook: str = "none"
+    powersgd_rank: int = 4
+    powersgd_warmup_steps: int | None = None  # null: trainer.warmup_steps
+    powersgd_min_compression_rate: float = 2.0
+
+
+RANGES = {
+    "strategy.bucket_cap_mb": Range(low=0.0, low_open=True, why="DDP's bucket size in MB"),
+    "strategy.powersgd_rank": Range(
+        low=1, why="the rank of each gradient matrix's approximation; 1-4 is usual"
+    ),
+    "strategy.powersgd_warmup_steps": Range(
+        low=0, why="steps of plain all-reduce before PowerSGD starts"
+    ),
+    "strategy.powersgd_min_compression_rate": Range(
+        low=1.0, why="a matrix is compressed only if its factors are this many times smaller"
+    ),
+}
+
+# Whole model and optimizer: DDP keeps every rank's identical, so rank 0 writes them.
+FILES = ("model.pt", "optimizer.pt")
+FORMAT = Format("torch", marker=FILES[0], reader="launcher.strategy.ddp.files")
+
+
+def rules(cfg, world_size: int) -> None:
+    """The compression hook, and what PowerSGD cannot do."""
+    s = cfg.strategy
+    check_choice("strategy.comm_hook", s.comm_hook, COMM_HOOKS)
+    if s.comm_hook == "powersgd" and cfg.trainer.precision == "fp16":
+        raise ConfigError(
+            "strategy.comm_hook=powersgd does not work with trainer.precision=fp16: its error "
+            "feedback would keep loss-scaled (and overflowed) gradients; use bf16 or fp32"
+        )
+
+
+def tune_candidates(cfg) -> list[tuple[dict, bool]]:
+    """Against exposed communication: the bucket size (its default, and 4x either way of
+    the current one), the two flags that save copies and re-planning, and bf16 compression
+    of the gradients (which changes the math)."""
+    s = cfg.strategy
+    cap = float(s.bucket_cap_mb)
+    caps = {DEFAULT_BUCKET_MB, cap * 4} | ({cap / 4} if cap > 1 else set())
+    out = [({"strategy.bucket_cap_mb": c}, False) for c in sorted(caps - {cap})]
+    if not s.gradient_as_bucket_view:
+        out.append(({"strategy.gradient_as_bucket_view": True}, False))
+    if not s.static_graph:
+        out.append(({"strategy.static_graph": True}, False))
+    if s.comm_hook == "none" and cfg.trainer.precision != "fp16":
+        out.append(({"strategy.comm_hook": "bf16"}, True))
+    return out
+
+
+ENGINE = Engine(
+    name="ddp",
+    schema=DDPConfig,
+    strategy="launcher.strategy.ddp.engine:DDPStrategy",
+    format=FORMAT,
+    rules=rules,
+    ranges=RANGES,
+    tune_candidates=tune_candidates,
+    drops_steps=True,
+)

@@ -1,0 +1,143 @@
+"""strategy=deepspeed (and its presets zero1-3): DeepSpeed's engine (`engine`), its config
+keys and the DeepSpeed config built from them (`ds_config`), its quiet import (`ds_import`)
+and its universal checkpoint conversion (`universal`). What the rest of the launcher knows of it
+(launcher.strategy.registry): its config and rules, and its checkpoint format, DeepSpeed's
+own ZeRO shards, which it resumes at its precision and (but for ZeRO-1 <-> ZeRO-2) stage, and
+which DDP and FSDP2 load through the universal conversion; it loads no other engine's.
+See docs/deepspeed.md."""
+
+from __future__ import annotations
+
+from launcher.config.errors import ConfigError, check_choice
+from launcher.config.ranges import Range
+from launcher.strategy.deepspeed.ds_config import (
+    DeepSpeedConfig,
+    DeepSpeedConfigError,
+    build_ds_config,
+)
+from launcher.strategy.registry import Engine, Format
+
+OFFLOAD_DEVICES = ("none", "cpu")
+STRATEGY_FILE = "strategy.json"  # in each DeepSpeed checkpoint: what wrote it
+
+
+RANGES = {
+    "strategy.zero_stage": Range(low=0, high=3),
+    "strategy.reduce_bucket_size": Range(low=1, why="elements"),
+    "strategy.allgather_bucket_size": Range(low=1, why="elements"),
+}
+
+FORMAT = Format("deepspeed", marker=STRATEGY_FILE, reader="launcher.strategy.deepspeed.universal")
+
+
+def rules(cfg, world_size: int) -> None:
+    """The stage and offload (`strategy.extra` against trainer.* is judged where DeepSpeed's
+    config is built: `config_check`); no torch.compile."""
+    s, t = cfg.strategy, cfg.trainer
+    check_choice("strategy.offload_optimizer", s.offload_optimizer, OFFLOAD_DEVICES)
+    check_choice("strategy.offload_param", s.offload_param, OFFLOAD_DEVICES)
+    if s.offload_optimizer != "none" and s.zero_stage == 0:
+        raise ConfigError(
+            "strategy.offload_optimizer=cpu needs ZeRO: set strategy.zero_stage to 1, 2 or 3"
+        )
+    if s.offload_param != "none" and s.zero_stage != 3:
+        raise ConfigError(
+            f"strategy.offload_param={s.offload_param} needs strategy.zero_stage=3 (only ZeRO-3 "
+            f"partitions parameters; zero_stage is {s.zero_stage})"
+        )
+    if t.compile != "off":
+        raise ConfigError(
+            f"trainer.compile={t.compile} is not supported with strategy=deepspeed; "
+            "use trainer.compile=off (or strategy=ddp to compile)"
+        )
+
+
+def config_check(typed_cfg, world_size: int) -> None:
+    """DeepSpeed's config as these keys and `strategy.extra` build it."""
+    try:
+        build_ds_config(typed_cfg.strategy, typed_cfg.trainer, world_size)
+    except DeepSpeedConfigError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def identity(cfg) -> dict:
+    """Its shards are laid out for the stage, and its loss scaling for the precision."""
+    return {"zero_stage": int(cfg.strategy.zero_stage), "precision": cfg.trainer.precision}
+
+
+def own_differences(saved: dict, now: dict) -> list[tuple[str, str]]:
+    """Another world size, or ZeRO-1 <-> ZeRO-2: the universal conversion loads it. ZeRO-0
+    has no shards to convert; DeepSpeed 0.19.8 loads no ZeRO-1/2 conversion into ZeRO-3 nor
+    a ZeRO-3 one into ZeRO-1/2 (its loaders expect their own stage's files: tried,
+    docs/strategies.md)."""
+    found = []
+    old_stage = saved.get("zero_stage", now["zero_stage"])
+    if old_stage != now["zero_stage"] and not {old_stage, now["zero_stage"]} <= {1, 2}:
+        found.append((
+            f"strategy.zero_stage is {old_stage} there, {now['zero_stage']} now "
+            "(DeepSpeed's universal checkpoint converts ZeRO-1 <-> ZeRO-2, and any "
+            "stage 1-3 to another world size, not into or out of ZeRO-0 or ZeRO-3)",
+            f"strategy.zero_stage={old_stage} (at any world size)",
+        ))  # fmt: skip
+    if "precision" in saved and saved["precision"] != now["precision"]:
+        found.append((
+            f"trainer.precision is {saved['precision']} there, {now['precision']} now",
+            f"trainer.precision={saved['precision']}",
+        ))  # fmt: skip
+    return found
+
+
+def resume_with(saved: dict) -> str:
+    if "zero_stage" in saved:
+        return f"strategy=deepspeed strategy.zero_stage={saved['zero_stage']}"
+    return "strategy=deepspeed"
+
+
+def unreadable_by_others(saved: dict) -> str | None:
+    if saved.get("zero_stage") == 0:
+        return (
+            "a ZeRO-0 checkpoint has no shards for DeepSpeed's universal conversion; "
+            "the fp32 weights alone: zero_to_fp32.py in the checkpoint folder"
+        )
+    return None
+
+
+def device_problem(cfg, on_cpu: bool) -> str | None:
+    """fp16 on a CPU whose oneDNN lacks it: DeepSpeed's own check, made before it starts."""
+    if cfg.trainer.precision != "fp16" or not on_cpu or cpu_has_fp16():
+        return None
+    return (
+        "trainer.precision=fp16 with strategy=deepspeed needs a GPU or a CPU with "
+        "AVX-512 FP16 (DeepSpeed refuses fp16 on this CPU); use trainer.precision="
+        "bf16 or fp32"
+    )
+
+
+def cpu_has_fp16() -> bool:
+    """Whether this CPU's oneDNN has fp16: DeepSpeed's own check."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+ENGINE = Engine(
+    name="deepspeed",
+    schema=DeepSpeedConfig,
+    strategy="launcher.strategy.deepspeed.engine:DeepSpeedStrategy",
+    format=FORMAT,
+    needs_process_group=True,
+    refuses_other_formats="DeepSpeed loads no other engine's checkpoint",
+    rules=rules,
+    ranges=RANGES,
+    config_check=config_check,
+    identity=identity,
+    own_differences=own_differences,
+    resume_with=resume_with,
+    unreadable_by_others=unreadable_by_others,
+    packages=(("deepspeed", "pip install 'launcher[deepspeed]'"),),
+    device_problem=device_problem,
+    compiles=False,
+)

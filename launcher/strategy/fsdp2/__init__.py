@@ -1,0 +1,60 @@
+"""strategy=fsdp2: torch's `fully_shard` per GPT-2 block, then the root (`engine`). What the
+rest of the launcher knows of it (launcher.strategy.registry): its config and rules, and its
+checkpoint format, torch Distributed Checkpoint folders (`dcp`) that every rank writes its
+shard into and that any world size, or DDP, loads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.config.errors import ConfigError, check_choice
+from launcher.strategy.registry import Engine, Format, StrategyConfig
+
+OFFLOAD_DEVICES = ("none", "cpu")
+
+
+@dataclass
+class FSDP2Config(StrategyConfig):
+    """strategy=fsdp2; see docs/strategies.md."""
+
+    name: str = "fsdp2"
+    reshard_after_forward: Any = True  # true | false | an int: reshard to that many ranks
+    reduce_dtype: str = "fp32"  # fp32 | bf16: the dtype gradients are reduce-scattered in
+    offload: str = "none"  # none | cpu: sharded parameters, gradients, optimizer on the CPU
+
+
+FORMAT = Format("dcp", marker=".metadata", reader="launcher.strategy.fsdp2.dcp")
+
+
+def rules(cfg, world_size: int) -> None:
+    """reshard_after_forward's three forms, dtypes, offload; no fp16 (no sharded scaler)."""
+    s = cfg.strategy
+    check_choice("strategy.reduce_dtype", s.reduce_dtype, ("fp32", "bf16"))
+    check_choice("strategy.offload", s.offload, OFFLOAD_DEVICES)
+    raf = s.reshard_after_forward
+    if not isinstance(raf, bool):
+        divides = isinstance(raf, int) and 1 < raf < world_size and world_size % raf == 0
+        if not divides:
+            raise ConfigError(
+                f"strategy.reshard_after_forward={raf}: give true, false, or a number of ranks "
+                f"to reshard to that divides the world size {world_size} (neither 1 nor "
+                f"{world_size} itself)"
+            )
+    if cfg.trainer.precision == "fp16":
+        raise ConfigError(
+            "trainer.precision=fp16 is not supported with strategy=fsdp2 (it would need a "
+            "sharded loss scaler); use trainer.precision=bf16 or fp32"
+        )
+
+
+ENGINE = Engine(
+    name="fsdp2",
+    schema=FSDP2Config,
+    strategy="launcher.strategy.fsdp2.engine:FSDP2Strategy",
+    format=FORMAT,
+    needs_process_group=True,
+    rules=rules,
+    async_checkpoint=True,
+    drops_steps=True,
+)

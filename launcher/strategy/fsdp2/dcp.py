@@ -1,0 +1,41 @@
+"""Distributed Checkpoint (DCP) folders, as FSDP2 writes them, read into a sharded model (at
+any world size) or a whole one (a DDP replica on every rank), or gathered for export.
+
+`torch.distributed.checkpoint` is imported only to read one: it takes 1-3 s to import.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+
+
+def load_dcp(model: torch.nn.Module, optimizer, folder: Path) -> None:
+    """A DCP checkpoint into `model` and `optimizer`, sharded (FSDP2, at any world size) or
+    whole (a DDP replica on every rank): DCP reads each rank's part of every tensor."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=folder)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+
+
+def load_into(folder: Path, model, optimizer, load_whole) -> None:
+    """The format reader's entry (launcher.strategy.registry.Format): DCP reshards into the
+    model as it is, so the engine's `load_whole` is not needed."""
+    load_dcp(model, optimizer, folder)
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The whole model's state dict: the shards gathered into one file, on the CPU."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(folder, Path(tmp) / "whole.pt")
+        return torch.load(Path(tmp) / "whole.pt", map_location="cpu", weights_only=False)["model"]

@@ -1,0 +1,144 @@
+"""The engines a run can name (`strategy=<name>`), and everything the rest of the launcher
+may know about one: each engine declares it in its own package as an `Engine`, and nothing
+outside `launcher/strategy/` compares an engine's name.
+
+The built-in engines are `ddp`, `deepspeed` and `fsdp2`; another package adds one through
+the `launcher.engines` entry-point group (the entry point names a module whose `ENGINE` is an
+`Engine`), with no edit to the launcher: docs/architecture.md, "Adding an engine". Engines are
+found by module name, not imported here, so that this module stays below the config layer that
+reads it, and an engine's own imports (DeepSpeed) happen only when a run chooses it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING
+
+BUILTIN = ("launcher.strategy.ddp", "launcher.strategy.deepspeed", "launcher.strategy.fsdp2")
+ENTRY_POINTS = "launcher.engines"
+
+
+@dataclass
+class StrategyConfig:
+    """What every engine's config has. Each engine's schema extends it and is registered as
+    that option's schema (`conf/strategy/<engine>.yaml` names `<engine>_schema` first), so a key
+    of another engine is an unknown key, not a setting silently ignored."""
+
+    name: str = MISSING
+    time_comm: bool = True
+
+
+@dataclass(frozen=True)
+class Format:
+    """A checkpoint layout on disk, declared by the engine that writes it.
+
+    `marker` is the file that tells the layout apart (a step folder holding it is in this
+    format). `reader` names a module with `load_into(folder, model, optimizer)` (the whole
+    state into any engine's model and optimizer, sharded or not), `weights(folder)` (the
+    model's state dict, for export) and, when a checkpoint must be converted before it is
+    loaded (rank 0, under the run directory's lock), `prepare(candidates, now)`.
+    """
+
+    name: str
+    marker: str
+    reader: str
+
+    def module(self):
+        return importlib.import_module(self.reader)
+
+
+def _nothing(*_args, **_kwargs):
+    return None
+
+
+def _no_differences(_saved: dict, _now: dict) -> list[tuple[str, str]]:
+    return []
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine: its config, what it refuses, its checkpoint format and what it loads."""
+
+    name: str
+    schema: type[StrategyConfig]
+    strategy: str  # "module:Class" of its launcher.strategy.base.Strategy, built when chosen
+    format: Format
+    needs_process_group: bool = False  # even a run of one process
+    # None: loads every other engine's format its `Format.reader` can read; else the clause
+    # that says why it cannot ("DeepSpeed loads no other engine's checkpoint").
+    refuses_other_formats: str | None = None
+    has_yaml: bool = True  # conf/strategy/<name>.yaml exists; else the schema is the option
+    rules: Callable[[Any, int], None] = _nothing  # (cfg, world_size): raises ConfigError
+    ranges: Mapping[str, Any] = field(default_factory=dict)  # "strategy.<key>" -> Range
+    # (typed cfg, world size): the engine's own config built and judged (raises ConfigError)
+    config_check: Callable[[Any, int], None] = _nothing
+    identity: Callable[[Any], dict] = lambda _cfg: {}  # extra keys meta.json records
+    # (saved, now) identity dicts of two checkpoints of this engine: [(what, fix)] that keeps
+    # one from being resumed by the other
+    own_differences: Callable[[dict, dict], list[tuple[str, str]]] = _no_differences
+    resume_with: Callable[[dict], str] | None = None  # saved identity -> overrides; None: name
+    # saved identity -> why other engines cannot load it (None: they can)
+    unreadable_by_others: Callable[[dict], str | None] = _nothing
+    packages: tuple[tuple[str, str], ...] = ()  # (import name, pip install line)
+    device_problem: Callable[[Any, bool], str | None] = _nothing  # (cfg, on_cpu)
+    compiles: bool = True  # trainer.compile is allowed
+    async_checkpoint: bool = False  # trainer.async_checkpoint is allowed
+    drops_steps: bool = False  # Strategy.drop_step: trainer.on_nonfinite=skip|rewind allowed
+    # (cfg) -> [(changes, changes_math)]: what the tuner may try against exposed communication
+    tune_candidates: Callable[[Any], list[tuple[dict, bool]]] = lambda _cfg: []
+
+    def overrides_to_resume(self, saved: dict) -> str:
+        return self.resume_with(saved) if self.resume_with else f"strategy={self.name}"
+
+    def build(self, *args):
+        module, _, cls = self.strategy.partition(":")
+        return getattr(importlib.import_module(module), cls)(*args)
+
+
+@functools.cache
+def engines() -> dict[str, Engine]:
+    """Every engine this installation has, by name: the built-in ones, then the entry
+    points'. A name declared twice is an error of the installation, said at once."""
+    found: dict[str, Engine] = {}
+    modules = [*BUILTIN, *(ep.value for ep in entry_points(group=ENTRY_POINTS))]
+    for module in modules:
+        engine = importlib.import_module(module).ENGINE
+        if engine.name in found:
+            raise RuntimeError(f"engine {engine.name} is declared twice (again by {module})")
+        found[engine.name] = engine
+    return found
+
+
+def schemas() -> dict[str, type[StrategyConfig]]:
+    """`strategy.name` -> its config schema."""
+    return {name: e.schema for name, e in engines().items()}
+
+
+def engine(name: str) -> Engine:
+    """The engine `name`; a KeyError names the ones there are."""
+    try:
+        return engines()[name]
+    except KeyError:
+        raise KeyError(f"strategy.name={name}: not one of {', '.join(engines())}") from None
+
+
+def formats() -> dict[str, Format]:
+    return {e.format.name: e.format for e in engines().values()}
+
+
+def format_of(folder: Path) -> Format | None:
+    """The format of a step folder, from its marker file (None: none this installation
+    knows)."""
+    return next((f for f in formats().values() if (Path(folder) / f.marker).is_file()), None)
+
+
+def build_strategy(s, t, rt, model):
+    """The strategy named by `strategy.name`, set up around `model`."""
+    return engine(s.name).build(s, t, rt, model)
