@@ -286,6 +286,36 @@ ROWS: list[Row] = [
         engines=("ddp", "deepspeed"),
         refusal="trainer.async_checkpoint=true needs strategy=fsdp2",
     ),
+    row(
+        "on_nonfinite_skip",
+        ["trainer.on_nonfinite=skip"],
+        "equal",
+        "no bad step: the per-step check drops nothing (tests/test_faults.py injects one)",
+        engines=("ddp", "fsdp2"),
+    ),
+    row(
+        "on_nonfinite_skip_refused",
+        ["trainer.on_nonfinite=skip"],
+        "refused",
+        "DeepSpeed's engine owns the optimizer step",
+        engines=("deepspeed",),
+        refusal="trainer.on_nonfinite=skip is not supported with strategy=deepspeed",
+    ),
+    row(
+        "on_nonfinite_rewind",
+        ["trainer.on_nonfinite=rewind"],
+        "equal",
+        "no bad step: nothing rewound (tests/test_faults.py injects one)",
+        engines=("ddp", "fsdp2"),
+    ),
+    row(
+        "on_nonfinite_rewind_refused",
+        ["trainer.on_nonfinite=rewind"],
+        "refused",
+        "DeepSpeed's engine owns the optimizer step",
+        engines=("deepspeed",),
+        refusal="trainer.on_nonfinite=rewind is not supported with strategy=deepspeed",
+    ),
     # Knobs that change the numbers.
     row(
         "bf16",

@@ -117,6 +117,11 @@ CASES = [
         ["strategy=zero2", "+strategy.bucket_cap_mb=5"],
         "strategy.bucket_cap_mb: unknown key for strategy=deepspeed",
     ),
+    (["trainer.on_nonfinite=ignore"], "trainer.on_nonfinite=ignore: not one of stop, skip, rewind"),
+    (
+        ["strategy=deepspeed", "trainer.on_nonfinite=skip"],
+        "trainer.on_nonfinite=skip is not supported with strategy=deepspeed",
+    ),
     (
         ["strategy.name=deepspeed"],
         "strategy.name=deepspeed does not match the strategy option (strategy=ddp)",

@@ -17,6 +17,7 @@ from launcher.analyze.hang import analyze_hang, load_flight_recorder, markdown_h
 from launcher.config import WatchdogConfig
 from launcher.observe.metrics import aggregate
 from launcher.resilience import exit_codes
+from launcher.resilience.bad_steps import BadSteps
 from launcher.resilience.stragglers import StragglerWatch
 from launcher.resilience.watchdog import HangWatchdog
 
@@ -181,3 +182,14 @@ def test_a_recorder_dump_with_objects_is_refused(tmp_path):
     path.write_bytes(pickle.dumps({"entries": [OmegaConf.create({})]}))
     with pytest.raises(pickle.UnpicklingError):
         load_flight_recorder(path)
+
+
+def test_bad_steps_allow_max_bad_steps_within_the_window():
+    """trainer.max_bad_steps=2 within bad_step_window=10: a third bad step inside ten steps
+    is one too many; bad steps that leave the window no longer count."""
+    bad = BadSteps(max_bad=2, window=10)
+    assert not bad.record(3) and not bad.record(5)
+    assert not bad.record(13)  # step 3 has left the window (steps 4..13)
+    assert (bad.skipped, bad.in_window()) == (3, 2)
+    assert bad.record(14)  # 5, 13, 14: three within 5..14
+    assert bad.skipped == 3

@@ -9,6 +9,7 @@ error, the contract exit code and the last good checkpoint untouched.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -151,6 +152,79 @@ def test_nonfinite_loss_stops_and_keeps_the_good_checkpoint(tmp_path):
 
     state = torch.load(ckpts / latest / "model.pt", weights_only=True)
     assert all(torch.isfinite(t).all() for t in state.values())
+
+
+SKIP_BAD = ["trainer.on_nonfinite=skip", "fault.kind=nonfinite", "fault.rank=1", "fault.step=5"]
+
+
+def test_nonfinite_skip_drops_that_step_on_every_rank(reference, tmp_path):
+    """Rank 1's loss of step 5 is NaN: every rank drops step 5's update (its data window is
+    spent), counts it, and trains on; the steps before it are the reference's."""
+    run_dir = tmp_path / "skip"
+    proc = torchrun([*LONG, *SKIP_BAD, f"run.root={tmp_path}", "run.id=skip"], runner=FRONT_DOOR)
+    assert proc.returncode == 0, explain(proc)
+    got = losses(run_dir)
+    assert {s: got[s] for s in range(1, 5)} == {s: reference[s] for s in range(1, 5)}
+    assert 5 not in got  # its interval (log_interval=1) is logged with step 6's
+    assert sorted(got) == [s for s in range(1, 61) if s != 5]
+    assert all(math.isfinite(v) for v in got.values())
+    counts = {r["step"]: r["bad_steps/skipped"] for r in metrics(run_dir) if "loss" in r}
+    assert counts[4] == 0 and counts[6] == 1 and counts[60] == 1
+    s = summary(run_dir)
+    assert (s["status"], s["steps"], s["bad_steps/skipped"]) == ("completed", 60, 1)
+    assert s["replicas_in_sync"] is True  # the drop was collective
+    assert "non-finite loss in step 5 on rank(s) [1]: its update is dropped" in proc.stderr
+
+
+def test_nonfinite_rewind_restores_and_skips_the_data_window(reference, tmp_path):
+    """Rank 1's loss of step 25 is NaN: every rank restores step 20's checkpoint, redoes
+    steps 21-24 exactly as before, and reads past step 25's data window from then on."""
+    run_dir = tmp_path / "rewind"
+    bad = ["trainer.on_nonfinite=rewind", "fault.kind=nonfinite", "fault.rank=1", "fault.step=25"]
+    proc = torchrun([*LONG, *bad, f"run.root={tmp_path}", "run.id=rewind"], runner=FRONT_DOOR)
+    assert proc.returncode == 0, explain(proc)
+    records = [r for r in metrics(run_dir) if "loss" in r]
+    steps = [r["step"] for r in records]
+    assert steps == [*range(1, 25), *range(21, 61)]  # 21-24 twice: before and after the rewind
+    first, again = records[20:24], records[24:28]
+    assert [r["loss"] for r in first] == [r["loss"] for r in again]  # a replay, bit for bit
+    assert [r["loss"] for r in first] == [reference[s] for s in range(21, 25)]
+    got = losses(run_dir)
+    assert got[25] != reference[25] and got[25] != reference[26]  # neither 25's nor same-state
+    assert all(math.isfinite(v) for v in got.values())
+    assert (
+        "rewound to step 20 (step_00000020) after the non-finite step 25; data window 24 is skipped"
+        in proc.stderr
+    )
+    s = summary(run_dir)
+    assert (s["status"], s["steps"], s["bad_steps/skipped"], s["bad_steps/rewinds"]) == (
+        "completed", 60, 1, 1,
+    )  # fmt: skip
+    assert s["replicas_in_sync"] is True
+    meta = json.loads((run_dir / "checkpoints" / "step_00000040" / "meta.json").read_text())
+    assert meta["data_step"] == 41  # one window ahead of the step: a restart resumes past it
+
+
+def test_nonfinite_skip_with_fsdp2(tmp_path):
+    """FSDP2 drops the step the same way: each rank's shards stay as they were."""
+    args = [*SHORT, *SKIP_BAD, "strategy=fsdp2", f"run.root={tmp_path}", "run.id=fsdp2"]
+    proc = torchrun(args, runner=FRONT_DOOR)
+    assert proc.returncode == 0, explain(proc)
+    got = losses(tmp_path / "fsdp2")
+    assert sorted(got) == [s for s in range(1, 13) if s != 5]
+    assert all(math.isfinite(v) for v in got.values())
+    s = summary(tmp_path / "fsdp2")
+    assert (s["status"], s["steps"], s["bad_steps/skipped"]) == ("completed", 12, 1)
+    assert s["replicas_in_sync"] is None  # sharded: each rank holds its own part
+
+
+def test_nonfinite_skip_past_the_limit_stops_with_exit_3(tmp_path):
+    args = [*SHORT, *SKIP_BAD, "trainer.max_bad_steps=0", f"run.root={tmp_path}", "run.id=lim"]
+    proc = torchrun(args, runner=FRONT_DOOR)
+    assert proc.returncode == exit_codes.NONFINITE, explain(proc)
+    assert "more than trainer.max_bad_steps=0" in proc.stderr
+    s = summary(tmp_path / "lim")
+    assert (s["status"], s["steps"]) == ("failed: non-finite loss", 5)
 
 
 def test_unreadable_latest_falls_back_to_previous(long_run, reference, tmp_path):

@@ -96,6 +96,8 @@ RANGES: dict[str, Range] = {
     "trainer.eval_batches": AT_LEAST_1,
     "trainer.checkpoint_interval": Range(low=0, why="0: never"),
     "trainer.keep_checkpoints": AT_LEAST_1,
+    "trainer.max_bad_steps": Range(low=0, why="0: the first bad step stops the run"),
+    "trainer.bad_step_window": AT_LEAST_1,
     "dist.timeout_s": AT_LEAST_1,
     "profiler.ranks": Range(low=0, why="each rank"),
     "profiler.skip_first": NON_NEGATIVE,

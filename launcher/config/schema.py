@@ -31,7 +31,10 @@ BACKENDS = ("auto", "gloo", "nccl")
 PROFILERS = ("off", "steps", "full")
 MODEL_IMPLS = ("native", "hf")
 ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
-FAULT_KINDS = ("none", "stall", "sigstop", "exit", "oom", "loader_error", "slow", "slow_data")
+FAULT_KINDS = (
+    "none", "stall", "sigstop", "exit", "oom", "loader_error", "slow", "slow_data", "nonfinite"
+)  # fmt: skip
+NONFINITE_POLICIES = ("stop", "skip", "rewind")
 
 
 @dataclass
@@ -103,6 +106,9 @@ class TrainerConfig:
     checkpoint_interval: int = 100
     keep_checkpoints: int = 2
     async_checkpoint: bool = False  # strategy=fsdp2: files written while training goes on
+    on_nonfinite: str = "stop"  # stop (exit 3), skip the update, or rewind (docs/faults.md)
+    max_bad_steps: int = 3  # skipped steps allowed within bad_step_window; one more: exit 3
+    bad_step_window: int = 100  # steps
 
 
 @dataclass
@@ -133,7 +139,8 @@ class FaultConfig:
 
     stall: rank `rank` sleeps `seconds` when step `step` starts; sigstop: it stops itself
     (SIGSTOP: frozen, as a process stuck in a driver is); exit: it exits with `exit_code`;
-    oom: it raises an out-of-memory error; loader_error: its data loader raises for that
+    oom: it raises an out-of-memory error; nonfinite: its loss in that step is NaN;
+    loader_error: its data loader raises for that
     step; slow: it spends `seconds` more in every step from `step` on (a straggler);
     slow_data: every rank's data source takes `seconds` for each micro-batch it reads (storage
     with a high latency, such as a busy network file system; `rank` and `step` do not apply).

@@ -22,6 +22,7 @@ from launcher.config.schema import (
     FAULT_KINDS,
     LOGGER_MODES,
     MODEL_IMPLS,
+    NONFINITE_POLICIES,
     PRECISIONS,
     PROFILERS,
 )
@@ -116,6 +117,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     _choice(cfg, "trainer.precision", PRECISIONS)
     _choice(cfg, "trainer.compile", COMPILE_MODES)
     _choice(cfg, "trainer.device", DEVICES)
+    _choice(cfg, "trainer.on_nonfinite", NONFINITE_POLICIES)
     _choice(cfg, "dist.backend", BACKENDS)
     _choice(cfg, "data.source", DATA_SOURCES)
     _choice(cfg, "profiler.name", PROFILERS)
@@ -148,6 +150,13 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         raise ConfigError(
             f"trainer.async_checkpoint=true needs strategy={' or '.join(able)} (an asynchronous "
             f"save); strategy={cfg.strategy.name} writes its checkpoints synchronously"
+        )
+    if t.on_nonfinite != "stop" and not chosen.drops_steps:
+        able = [e.name for e in engines().values() if e.drops_steps]
+        raise ConfigError(
+            f"trainer.on_nonfinite={t.on_nonfinite} is not supported with "
+            f"strategy={cfg.strategy.name} (its engine owns the optimizer step); use "
+            f"trainer.on_nonfinite=stop, or strategy={' or '.join(able)}"
         )
     chosen.rules(cfg, world_size)
 

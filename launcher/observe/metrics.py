@@ -51,6 +51,7 @@ class Interval:
     loss_sum: torch.Tensor | None = None
     nonfinite: torch.Tensor | None = None
     grad_norm: torch.Tensor | None = None
+    dropped: int = 0  # steps whose non-finite update was skipped: not in loss_sum
     _waited: float = 0.0
 
     def add_data_wait(self, seconds: float) -> None:
@@ -126,7 +127,8 @@ def local_figures(
     scalars (`loss` per step, `nonfinite`, `grad_norm`, `mem_gb`: None without a device
     figure, `host_gb`) and one value per step for each series (NaN where not measured)."""
     n = len(step_times)
-    loss = interval.loss_sum.item() / max(n, 1) if interval.loss_sum is not None else math.nan
+    kept = max(n - interval.dropped, 1)  # steps whose update was dropped carry no loss
+    loss = interval.loss_sum.item() / kept if interval.loss_sum is not None else math.nan
     if comm is None or len(comm) != n:
         comm = [StepComm(math.nan, math.nan, math.nan)] * n
     figures = {

@@ -48,8 +48,8 @@ class FaultInjector:
             if step >= cfg.step:
                 time.sleep(cfg.seconds)
             return
-        if step != cfg.step or kind in ("loader_error", "slow_data"):  # fire in the loader
-            return
+        if step != cfg.step or kind in ("loader_error", "slow_data", "nonfinite"):
+            return  # those fire in the loader, or in the loss (`poison`)
         self.armed = False
         self.marker.write_text(f"{kind} at step {step}\n")
         log.warning("fault.kind=%s: injecting at step %d", kind, step)
@@ -63,6 +63,22 @@ class FaultInjector:
             os._exit(cfg.exit_code)
         elif kind == "oom":
             raise torch.OutOfMemoryError(f"injected by fault.kind=oom at step {step}")
+
+    def poison(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        """With `kind=nonfinite`, step `step`'s loss on the fault's rank becomes NaN (so do
+        its gradients, and after the all-reduce every rank's), as a bad batch or an
+        overflow makes it; every other loss passes through unchanged."""
+        if not (self.armed and self.cfg.kind == "nonfinite" and step == self.cfg.step):
+            return loss
+        if not self.marker.exists():
+            self.marker.write_text(f"nonfinite at step {step}\n")
+            log.warning("fault.kind=nonfinite: the loss of step %d is NaN", step)
+        return loss * float("nan")
+
+    def end_step(self, step: int) -> None:
+        """After step `step`: a loss fault has fired and is not armed for another step."""
+        if self.armed and self.cfg.kind == "nonfinite" and step == self.cfg.step:
+            self.armed = False
 
     def wrap_windows(self, windows: Dataset, sampler: StepBatchSampler) -> Dataset:
         """With `kind=loader_error`, the dataset whose worker fails on the fault's step;

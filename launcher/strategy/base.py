@@ -53,6 +53,11 @@ class Strategy(ABC):
     def step(self, lr: float) -> torch.Tensor:
         """Clip, step the optimizer at `lr`, zero grads; return the pre-clip grad norm."""
 
+    def drop_step(self) -> None:
+        """Throw this step's gradients away without an optimizer step (trainer.on_nonfinite=
+        skip): every rank calls it at the same step, so the replicas stay identical."""
+        raise NotImplementedError(f"{type(self).__name__} cannot drop a step")
+
     @abstractmethod
     def save(self, folder: Path, rank: int) -> Future | None:
         """Write this rank's share of the model/optimizer state into `folder`; an engine

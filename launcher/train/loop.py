@@ -43,6 +43,7 @@ from launcher.observe.metrics import (
 )
 from launcher.observe.profiling import build_profiler, step_region, trace_dir
 from launcher.observe.sinks import Sink, write_summary
+from launcher.resilience.bad_steps import BadSteps
 from launcher.resilience.faults import FaultInjector
 from launcher.resilience.preemption import StopVote
 from launcher.resilience.stragglers import StragglerWatch
@@ -78,6 +79,14 @@ class OutOfMemory(RuntimeError):
 
     def __init__(self, message: str, step: int):
         super().__init__(message)
+        self.step = step
+
+
+class _Rewound(Exception):
+    """trainer.on_nonfinite=rewind restored checkpoint `step`: the loop goes on from it."""
+
+    def __init__(self, step: int):
+        super().__init__(f"rewound to step {step}")
         self.step = step
 
 
@@ -161,6 +170,12 @@ class TrainLoop:
         self.stop = StopVote(rt.control_group)
         self.fault = FaultInjector(cfg.fault, rank=rt.rank, run_dir=rt.run_dir)
         self.stragglers = StragglerWatch(cfg.watchdog, announce=rt.is_main)
+        self.bad_steps = BadSteps(self.t.max_bad_steps, self.t.bad_step_window)
+        # The data window (0-based, one step's sequences) the next step reads: ahead of the
+        # step by the windows on_nonfinite=rewind skipped (kept in the checkpoint meta).
+        self.data_step: int | None = None
+        self.skip_windows: set[int] = set()  # windows a rewind skips when it comes to them
+        self.rewinds = 0
         self.watchdog: HangWatchdog | None = None
         self.replicas_in_sync: bool | None = None
 
@@ -172,7 +187,10 @@ class TrainLoop:
         checkpoint.CheckpointWriter)."""
         self.strategy.load(folder)
         self.ckpt.adopt(folder)
-        self._note_world_change(checkpoint.read_meta(folder) or {})
+        meta = checkpoint.read_meta(folder) or {}
+        self._note_world_change(meta)
+        step = checkpoint.step_of(folder)
+        self.data_step = meta.get("data_step", step)
         rng_file = folder / f"rng_rank{self.rt.rank}.pt"
         if rng_file.exists():
             state = torch.load(rng_file, weights_only=False)
@@ -187,7 +205,7 @@ class TrainLoop:
                 folder,
                 self.rt.rank,
             )
-        return checkpoint.step_of(folder)
+        return step
 
     def _note_world_change(self, meta: dict) -> None:
         """Say once (rank 0) that the run continues at another world size: the global batch
@@ -237,6 +255,7 @@ class TrainLoop:
                     "world_size": self.rt.world_size,
                     "accum": self.accum,
                     "tokens": step * self.tokens_per_step,
+                    "data_step": self.data_step,
                 },
             )
             if wait:
@@ -250,12 +269,12 @@ class TrainLoop:
         if ranks:
             self._nonfinite(step, ranks)
 
-    def _nonfinite(self, step: int, ranks: list[int]):
+    def _nonfinite(self, step: int, ranks: list[int], why: str = ""):
         self.ckpt.complete()  # an asynchronous save of an earlier, finite step counts
         latest = checkpoint.find_resumable(self.rt.run_dir)
         kept = f"the last good checkpoint {latest} is kept" if latest else "no checkpoint was saved"
         raise NonFiniteLoss(
-            f"non-finite loss by step {step} on rank(s) {ranks}: the run stopped and {kept}; "
+            f"non-finite loss by step {step} on rank(s) {ranks}{why}: the run stopped and {kept}; "
             "lower trainer.lr, keep trainer.grad_clip > 0, or use trainer.precision=bf16 "
             "rather than fp16",
             step,
@@ -264,9 +283,9 @@ class TrainLoop:
     # -- the loop ----------------------------------------------------------------------
     def run(self, start_step: int) -> dict:
         t, rt = self.t, self.rt
-        loader = self.open_loader(start_step=start_step, wrap_windows=self.fault.wrap_windows)
-        with stop_signals_held():  # workers start deaf to a stop meant for the trainer
-            batches = iter(loader)
+        if self.data_step is None:
+            self.data_step = start_step
+        self._open_batches()
         timer = StepTimer(rt.device)
         self.interval = Interval()
         self.start_time = time.perf_counter()
@@ -293,8 +312,12 @@ class TrainLoop:
         try:
             with profiler or contextlib.nullcontext():
                 while step < t.max_steps:
-                    with step_region(profiler, step + 1):
-                        self._train_step(step, batches, timer)
+                    try:
+                        with step_region(profiler, step + 1):
+                            self._train_step(step, timer)
+                    except _Rewound as rewound:
+                        step = rewound.step
+                        continue
                     step += 1
                     if profiler is not None:
                         profiler.step()
@@ -309,7 +332,7 @@ class TrainLoop:
                 memory_snapshot.stop_history()
             self.stop.drain()
             gc.unfreeze()
-            del batches, loader
+            del self.batches, self.loader
         return self.summary("completed", step)
 
     def _on_hang(self, step: int) -> None:
@@ -334,31 +357,116 @@ class TrainLoop:
             step,
         )
 
-    def _train_step(self, step: int, batches, timer: StepTimer) -> None:
+    def _open_batches(self) -> None:
+        """This rank's micro-batches from data window `data_step` on."""
+        self.loader = self.open_loader(
+            start_step=self.data_step, wrap_windows=self.fault.wrap_windows
+        )
+        with stop_signals_held():  # workers start deaf to a stop meant for the trainer
+            self.batches = iter(self.loader)
+
+    def _train_step(self, step: int, timer: StepTimer) -> None:
         """One optimizer step: accumulate over micro-batches, then step at this step's lr."""
         rt, module = self.rt, self.strategy.module
         timer.start()
         self.fault.before_step(step + 1)
+        while self.data_step in self.skip_windows:  # read past it, as the sampler can't
+            for _ in range(self.accum):
+                next(self.batches)
+            self.data_step += 1
+        losses = []
         for micro in range(self.accum):
             waited = time.perf_counter()
-            x, y = next(batches)
+            x, y = next(self.batches)
             self.interval.add_data_wait(time.perf_counter() - waited)
             x = x.to(rt.device, non_blocking=True)
             y = y.to(rt.device, non_blocking=True)
             with self.strategy.micro_step(micro == self.accum - 1):
                 with self.strategy.autocast(), attention_backend(self.cfg.attention):
                     loss = model_loss(module, self.impl, x, y) / self.accum
+                loss = self.fault.poison(step + 1, loss)
                 self.strategy.backward(loss)
-            self.interval.add_loss(loss)
-        self.interval.grad_norm = self.strategy.step(lr_at(step, self.t))
+            losses.append(loss)
+        self.data_step += 1
+        self.fault.end_step(step + 1)
+        bad_ranks = self._bad_ranks(losses) if self.t.on_nonfinite != "stop" else []
+        if bad_ranks:
+            self.strategy.drop_step()
+            self._skip(step + 1, bad_ranks)
+            if self.t.on_nonfinite == "rewind":
+                raise self._rewind(step + 1, bad_ranks, timer)
+        else:
+            for loss in losses:
+                self.interval.add_loss(loss)
+            self.interval.grad_norm = self.strategy.step(lr_at(step, self.t))
         timer.stop()
         self.interval.end_step()
+
+    def _bad_ranks(self, losses: list[torch.Tensor]) -> list[int]:
+        """The ranks whose loss this step is not finite, agreed by all (trainer.on_nonfinite=
+        skip): one tiny all-gather and one device sync per step, the policy's cost."""
+        bad = float(not all(torch.isfinite(loss.detach()).item() for loss in losses))
+        flags = self.rt.all_gather_floats([bad])
+        return [r for r, (flag,) in enumerate(flags) if flag]
+
+    def _skip(self, step: int, ranks: list[int]) -> None:
+        """Step `step` was dropped on every rank; stop (exit 3) when it is one too many."""
+        t = self.t
+        self.interval.dropped += 1
+        if self.bad_steps.record(step):
+            self._nonfinite(
+                step,
+                ranks,
+                f" ({self.bad_steps.in_window()} bad steps within {t.bad_step_window}, more "
+                f"than trainer.max_bad_steps={t.max_bad_steps})",
+            )
+        if self.rt.is_main:
+            log.warning(
+                "non-finite loss in step %d on rank(s) %s: its update is dropped on every rank "
+                "(trainer.on_nonfinite=%s; %d of trainer.max_bad_steps=%d within %d steps)",
+                step, ranks, t.on_nonfinite, self.bad_steps.in_window(), t.max_bad_steps,
+                t.bad_step_window,
+            )  # fmt: skip
+
+    def _rewind(self, step: int, ranks: list[int], timer: StepTimer) -> _Rewound:
+        """Restore the newest complete checkpoint and go on from it, past the data window
+        that made step `step` bad."""
+        self.ckpt.complete()
+        folder = checkpoint.find_resumable(self.rt.run_dir)
+        if folder is None:
+            self._nonfinite(step, ranks, " (trainer.on_nonfinite=rewind: no checkpoint yet)")
+        window = self.data_step - 1
+        self.skip_windows.add(window)
+        del self.batches, self.loader  # its workers end before the new loader's start
+        back_to = self.restore(folder)
+        self.rewinds += 1
+        timer.drain()
+        self.interval = Interval()
+        self._open_batches()
+        if self.rt.is_main:
+            log.warning(
+                "rewound to step %d (%s) after the non-finite step %d; data window %d is "
+                "skipped", back_to, folder.name, step, window,
+            )  # fmt: skip
+        return _Rewound(back_to)
+
+    def _bad_step_counts(self) -> dict:
+        """`bad_steps/skipped` (and `bad_steps/rewinds`) unless on_nonfinite=stop."""
+        policy = self.t.on_nonfinite
+        if policy == "stop":
+            return {}
+        counts = {"bad_steps/skipped": self.bad_steps.skipped}
+        if policy == "rewind":
+            counts["bad_steps/rewinds"] = self.rewinds
+        return counts
 
     def _after_step(self, step: int, lr: float, timer: StepTimer) -> None:
         t = self.t
         last = step == t.max_steps
         record: dict = {}
-        if step % t.log_interval == 0 or last:
+        # An interval whose every step was dropped (on_nonfinite=skip) has no loss to log: its
+        # time is logged with the next interval's.
+        if (step % t.log_interval == 0 or last) and self.interval.loss_sum is not None:
             record.update(self._log_metrics(step, lr, timer))
         stopping = False
         if t.eval_interval and (step % t.eval_interval == 0 or last):
@@ -395,6 +503,7 @@ class TrainLoop:
             **agg.figures,
             **self.stragglers.update(agg.figures),
             "comm/buckets": self.strategy.comm_buckets(),
+            **self._bad_step_counts(),
             "elapsed_s": time.perf_counter() - self.start_time,
             "eta_s": (self.t.max_steps - step) * agg.step_time_p50,
         }
@@ -494,6 +603,7 @@ class TrainLoop:
             "mem/host_peak_gb": max((r["mem/host_peak_gb"] for r in steady), default=None),
             "comm/buckets": logged[-1]["comm/buckets"] if logged else None,
             "replicas_in_sync": self.replicas_in_sync,
+            **self._bad_step_counts(),
             "flops_per_token": self.flops_per_token,
             "wall_time_s": time.perf_counter() - self.start_time,
         }

@@ -84,4 +84,5 @@ ENGINE = Engine(
     rules=rules,
     ranges=RANGES,
     tune_candidates=tune_candidates,
+    drops_steps=True,
 )

@@ -56,4 +56,5 @@ ENGINE = Engine(
     needs_process_group=True,
     rules=rules,
     async_checkpoint=True,
+    drops_steps=True,
 )

@@ -146,6 +146,11 @@ class FSDP2Strategy(Strategy):
             self.comm_timer.end_step()
         return norm
 
+    def drop_step(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.comm_timer is not None:
+            self.comm_timer.end_step()
+
     def drain_comm(self) -> list[StepComm] | None:
         return self.comm_timer.drain() if self.comm_timer is not None else None
 
