@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -241,6 +242,11 @@ def test_stopped_process_is_named_by_its_silence(tmp_path):
     assert proc.returncode == exit_codes.HANG, explain(proc)
     logs = tmp_path / "frozen" / "logs"
     assert (logs / "stacks.rank0.txt").is_file() and not (logs / "stacks.rank1.txt").exists()
+    # The front door kills the frozen rank once rank 0 reported the hang, without
+    # torchrun's fixed 30 s SIGTERM wait: the job ends seconds after the hang line.
+    assert "rank 1 (pid " in proc.stderr and "is stopped (SIGSTOP)" in proc.stderr
+    hang_at = json.loads((logs / "hang.rank0.json").read_text())["time"]
+    assert time.time() - hang_at < 15, explain(proc)
     cli = subprocess.run(
         [sys.executable, "-m", "launcher.analyze", str(tmp_path / "frozen"), "--no-wandb"],
         capture_output=True,
