@@ -259,6 +259,23 @@ def test_stopped_process_is_named_by_its_silence(tmp_path):
     assert report["culprits"] == [1] and report["step"] == 7
 
 
+def test_a_frozen_rank_ends_the_default_job_within_90_s(tmp_path):
+    """The default watchdog (watchdog.min_s=60) and the front door's end of a stopped rank:
+    SIGSTOP of one rank of a short-step job exits 5 within 90 s of its last step (issue 30:
+    it was over 150 s, 120 s to detect and torchrun's fixed 30 s SIGTERM wait), culprit
+    named by the front door."""
+    fault = ["fault.kind=sigstop", "fault.rank=1", "fault.step=4"]
+    proc = torchrun([*SHORT, f"run.root={tmp_path}", "run.id=frozen", *fault], runner=FRONT_DOOR)
+    ended = time.time()
+    assert proc.returncode == exit_codes.HANG, explain(proc)
+    hang = json.loads((tmp_path / "frozen" / "logs" / "hang.rank0.json").read_text())
+    assert hang["step"] == 3 and hang["limit_s"] == 60.0, hang
+    last_step = hang["time"] - hang["idle_s"]
+    assert ended - last_step < 90, (ended - last_step, explain(proc))
+    (killed,) = [ln for ln in proc.stderr.splitlines() if "is stopped (SIGSTOP)" in ln]
+    assert "rank 1 (pid " in killed
+
+
 def test_straggler_is_named_in_metrics(tmp_path):
     proc = torchrun(
         [
