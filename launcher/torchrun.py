@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from torch.distributed import run as torch_run
@@ -45,6 +47,47 @@ def forward_every_signal(environ: dict) -> None:
     environ[SIGNALS_ENV] = ",".join(dict.fromkeys(wanted))
 
 
+def stopped_workers() -> dict[int, str]:
+    """{pid: RANK} of this process's children that are stopped (SIGSTOP, state T): they
+    cannot take torchrun's SIGTERM, so torchrun would wait its whole shutdown timeout."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # pid (comm) state ppid ...; comm may hold spaces, so split after its ")".
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+            if int(ppid) != os.getpid() or state != "T":
+                continue
+            environ = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+        rank = next((v[5:].decode() for v in environ if v.startswith(b"RANK=")), "?")
+        found[int(stat.parent.name)] = rank
+    return found
+
+
+def end_stopped_ranks_after_a_hang(folder: Path, done: threading.Event) -> None:
+    """Once a rank has reported a hang, SIGKILL the ranks that are stopped.
+
+    The peers of a frozen rank detect the hang and exit 5; torchrun then SIGTERMs the
+    frozen one, which cannot run to take it, and SIGKILLs it only after its fixed 30 s
+    wait. A stopped rank never resumes on its own, so waiting is time lost: the job exits
+    as soon as the peers have written their stacks. A rank that is running (however
+    slowly) is left to torchrun's SIGTERM and its stop checkpoint."""
+    while not done.wait(0.5):
+        if exit_codes.HANG not in exit_codes.read_reports(folder).values():
+            continue
+        for pid, rank in stopped_workers().items():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                continue
+            print(
+                f"launcher.torchrun: rank {rank} (pid {pid}) is stopped (SIGSTOP) and cannot "
+                f"take SIGTERM; killed it now that its peers have reported a hang",
+                file=sys.stderr,
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -56,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="launcher-outcome-") as folder:
         os.environ[exit_codes.OUTCOME_DIR_ENV] = folder
         succeeded, stopped_by = False, None
+        done = threading.Event()
+        reaper = threading.Thread(
+            target=end_stopped_ranks_after_a_hang, args=(Path(folder), done), daemon=True
+        )
+        reaper.start()
         try:
             torch_run.main(argv)
             succeeded = True
@@ -64,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         except SignalException as exc:
             stopped_by = exc.sigval.name
             print(f"launcher.torchrun: stopped by {stopped_by}", file=sys.stderr)
+        finally:
+            done.set()
+            reaper.join()
         ranks = exit_codes.read_reports(Path(folder))
     code = exit_codes.job_code(ranks, succeeded)
     by_rank = ", ".join(f"{r}: {c}" for r, c in sorted(ranks.items())) or "none reported"

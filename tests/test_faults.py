@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -315,6 +316,11 @@ def test_stopped_process_is_named_by_its_silence(tmp_path):
     assert proc.returncode == exit_codes.HANG, explain(proc)
     logs = tmp_path / "frozen" / "logs"
     assert (logs / "stacks.rank0.txt").is_file() and not (logs / "stacks.rank1.txt").exists()
+    # The front door kills the frozen rank once rank 0 reported the hang, without
+    # torchrun's fixed 30 s SIGTERM wait: the job ends seconds after the hang line.
+    assert "rank 1 (pid " in proc.stderr and "is stopped (SIGSTOP)" in proc.stderr
+    hang_at = json.loads((logs / "hang.rank0.json").read_text())["time"]
+    assert time.time() - hang_at < 15, explain(proc)
     cli = subprocess.run(
         [sys.executable, "-m", "launcher.analyze", str(tmp_path / "frozen"), "--no-wandb"],
         capture_output=True,
@@ -325,6 +331,23 @@ def test_stopped_process_is_named_by_its_silence(tmp_path):
     assert "Culprit: rank 1" in cli.stdout and "could not run" in cli.stdout
     report = json.loads((tmp_path / "frozen" / "analysis" / "hang.json").read_text())
     assert report["culprits"] == [1] and report["step"] == 7
+
+
+def test_a_frozen_rank_ends_the_default_job_within_90_s(tmp_path):
+    """The default watchdog (watchdog.min_s=60) and the front door's end of a stopped rank:
+    SIGSTOP of one rank of a short-step job exits 5 within 90 s of its last step (issue 30:
+    it was over 150 s, 120 s to detect and torchrun's fixed 30 s SIGTERM wait), culprit
+    named by the front door."""
+    fault = ["fault.kind=sigstop", "fault.rank=1", "fault.step=4"]
+    proc = torchrun([*SHORT, f"run.root={tmp_path}", "run.id=frozen", *fault], runner=FRONT_DOOR)
+    ended = time.time()
+    assert proc.returncode == exit_codes.HANG, explain(proc)
+    hang = json.loads((tmp_path / "frozen" / "logs" / "hang.rank0.json").read_text())
+    assert hang["step"] == 3 and hang["limit_s"] == 60.0, hang
+    last_step = hang["time"] - hang["idle_s"]
+    assert ended - last_step < 90, (ended - last_step, explain(proc))
+    (killed,) = [ln for ln in proc.stderr.splitlines() if "is stopped (SIGSTOP)" in ln]
+    assert "rank 1 (pid " in killed
 
 
 def test_straggler_is_named_in_metrics(tmp_path):

@@ -62,8 +62,14 @@ def test_a_finished_run_relaunched_is_left_alone_and_continues_when_asked(tmp_pa
     longer = torchrun([*args, "trainer.max_steps=6"], runner="launcher.torchrun")
     assert longer.returncode == 0, explain(longer)
     assert "resumed from step 4" in longer.stderr
+    (changed,) = [ln for ln in longer.stderr.splitlines() if "with changed settings" in ln]
+    said = "continuing from step 4 with changed settings: trainer.max_steps: 4 -> 6"
+    assert changed.endswith(said)  # the one setting this launch changed
     assert (run / "metrics.jsonl").read_bytes().startswith(old_metrics)  # appended to
-    assert [r["step"] for r in metrics(run) if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    records = [r for r in metrics(run) if "loss" in r]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    tokens = [r["tokens"] for r in records]
+    assert tokens == sorted(tokens) and len(set(tokens)) == 6  # never backwards, never stalls
     assert summary(run)["status"] == "completed" and summary(run)["steps"] == 6
     assert summary(run)["loss"] is not None and summary(run)["tokens_per_s"] is not None
 

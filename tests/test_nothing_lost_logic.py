@@ -230,6 +230,31 @@ def test_a_run_id_that_is_not_one_folder_name_is_one_line(
     assert list(tmp_path.iterdir()) == []  # nothing made, anywhere under the test's folder
 
 
+@pytest.mark.parametrize(
+    ("run_id", "why"), [RUN_IDS[0], RUN_IDS[4], RUN_IDS[7]], ids=lambda v: str(v)[:20]
+)
+def test_launcher_run_id_is_checked_like_run_id(monkeypatch, capsys, tmp_path, run_id, why):
+    """$LAUNCHER_RUN_ID names the run directory when run.id is unset (the Slurm and
+    Kubernetes renderers set it), so a bad one is the same one line, naming the variable."""
+    monkeypatch.setenv("LAUNCHER_RUN_ID", run_id)
+    monkeypatch.setattr(sys, "argv", ["launcher.train", f"run.root={tmp_path}/runs"])
+    with pytest.raises(SystemExit) as exit_info:
+        train_main()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: LAUNCHER_RUN_ID=") and why in lines[0], lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_id_wins_over_a_bad_launcher_run_id(monkeypatch):
+    """An explicit run.id is the name used, so the variable it overrides is not checked."""
+    from launcher.config.validate import validate
+
+    monkeypatch.setenv("LAUNCHER_RUN_ID", "../elsewhere")
+    cfg = compose(["run.id=exp-1"])
+    validate(cfg, world_size=1)  # no ConfigError
+
+
 @pytest.mark.parametrize("run_id", ["exp-1", "a.b_c", "x" * 255, "é" * 127])
 def test_a_plain_run_id_passes(run_id):
     assert run_id_problem(run_id) is None

@@ -125,7 +125,9 @@ class WatchdogConfig:
 
     enabled: bool = True
     step_multiple: float = 10.0
-    min_s: float = 120.0  # never sooner: log, eval and checkpoint steps take longer
+    # never sooner. 60: a frozen rank of a short-step job ends it within 90 s of its last
+    # step; the long stretches (first step, eval, checkpoint, trace) have their own.
+    min_s: float = 60.0
     first_step_s: float = 600.0  # the first step of a launch: compilation, warm-up, caches
     checkpoint_s: float = 600.0  # while a checkpoint is written
     flight_recorder_entries: int = 2000  # recent collectives kept per rank; 0: recorder off

@@ -163,14 +163,16 @@ def read_point(run_dir: Path) -> Point:
             f"{run_dir}: summary.json or config.yaml does not hold a mapping; "
             "is this a run directory?"
         )
-    return Point(run_dir.name, _flatten(config), summary)
+    return Point(run_dir.name, flatten(config), summary)
 
 
-def _flatten(node, prefix: str = "") -> dict:
+def flatten(node, prefix: str = "") -> dict:
+    """A nested config as `{"trainer.max_steps": 8, ...}` (lists as JSON), so two configs
+    compare key by key: a sweep's points, or a resumed run's settings then and now."""
     if isinstance(node, dict):
         out = {}
         for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(flatten(value, f"{prefix}{key}."))
         return out
     return {prefix.rstrip("."): json.dumps(node) if isinstance(node, list) else node}
 

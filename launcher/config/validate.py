@@ -6,6 +6,7 @@ machine, the files or an engine's own config is launcher.train.preflight's.
 
 from __future__ import annotations
 
+import os
 from dataclasses import fields, is_dataclass
 
 from omegaconf import DictConfig, OmegaConf
@@ -72,8 +73,9 @@ def _validate_model_bias(m: DictConfig) -> None:
 NAME_MAX = 255
 
 
-def run_id_problem(run_id) -> str | None:
-    """Why `run.id` cannot name a folder directly under `run.root`, or None.
+def run_id_problem(run_id, key: str = "run.id") -> str | None:
+    """Why `run.id` (or `$LAUNCHER_RUN_ID`, its stand-in when unset: `key` names which)
+    cannot name a folder directly under `run.root`, or None.
 
     The id is the run directory's name: a separator or `..` would put the run (and its
     resume) outside run.root or inside another run, and a name past the file system's
@@ -92,7 +94,7 @@ def run_id_problem(run_id) -> str | None:
         return None
     shown = name if len(name) <= 60 else name[:57] + "..."
     return (
-        f"run.id={shown} {why}; choose a plain name (letters, digits, - _ .), and put runs "
+        f"{key}={shown} {why}; choose a plain name (letters, digits, - _ .), and put runs "
         f"elsewhere with run.root"
     )
 
@@ -111,6 +113,8 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         raise ConfigError(problem)
     t, d, m = cfg.trainer, cfg.data, cfg.model
     problem = run_id_problem(cfg.run.id)
+    if cfg.run.id is None and os.environ.get("LAUNCHER_RUN_ID"):
+        problem = run_id_problem(os.environ["LAUNCHER_RUN_ID"], "LAUNCHER_RUN_ID")
     if problem:
         raise ConfigError(problem)
     _choice(cfg, "logger.mode", LOGGER_MODES)

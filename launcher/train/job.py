@@ -19,6 +19,7 @@ from launcher.checkpoint import protocol as checkpoint
 from launcher.checkpoint import resume
 from launcher.config import ConfigError, TrainConfig, normalize, typed
 from launcher.config.secret_keys import is_secret_key
+from launcher.config.sweep import flatten
 from launcher.data import TokenData, build_train_loader, prepare_data
 from launcher.model.build import build_model, count_params, flops_per_token, peak_flops
 from launcher.observe.nccl_transport import transport_recorders
@@ -64,9 +65,45 @@ def redacted(cfg: TrainConfig) -> dict:
     return mask(dataclasses.asdict(cfg))
 
 
-def write_run_files(cfg: TrainConfig, rt: Runtime) -> None:
-    """config.yaml and env.json, each whole or not at all (a full disk cuts neither)."""
-    atomic_write(rt.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(redacted(cfg))))
+def changed_settings(before: dict, now: dict) -> list[str]:
+    """`key: old -> new` for each setting that differs between two configs (a key only
+    one of them has counts as changed; secrets are masked in both, so never shown)."""
+    old, new = flatten(before), flatten(now)
+    keys = sorted(set(old) | set(new))
+    missing = "(unset)"
+    return [
+        f"{k}: {old.get(k, missing)} -> {new.get(k, missing)}"
+        for k in keys
+        if old.get(k, missing) != new.get(k, missing)
+    ]
+
+
+def log_changed_settings(config_file: Path, now: dict, start_step: int) -> None:
+    """A continued run says what its settings changed since the launch that wrote
+    config.yaml (e.g. a raised trainer.max_steps), before that file is replaced: the
+    resume checks refuse the changes that would lose or repeat data, so what is left
+    here is what the user chose to change. A config.yaml that cannot be read says so."""
+    try:
+        before = OmegaConf.to_container(OmegaConf.load(config_file))
+    except FileNotFoundError:
+        return
+    except Exception as exc:  # noqa: BLE001 - a damaged file must not stop the resume
+        log.warning("%s is unreadable (%s); cannot say which settings changed", config_file, exc)
+        return
+    changes = changed_settings(before if isinstance(before, dict) else {}, now)
+    if changes:
+        log.info("continuing from step %d with changed settings: %s", start_step,
+                 "; ".join(changes))  # fmt: skip
+
+
+def write_run_files(cfg: TrainConfig, rt: Runtime, start_step: int) -> None:
+    """config.yaml and env.json, each whole or not at all (a full disk cuts neither).
+    A continued run (start_step > 0) first logs what changed since its last launch."""
+    settings = OmegaConf.create(redacted(cfg))
+    if start_step > 0:
+        now = OmegaConf.to_container(settings)  # as config.yaml holds it: lists, not tuples
+        log_changed_settings(rt.run_dir / "config.yaml", now, start_step)
+    atomic_write(rt.run_dir / "config.yaml", OmegaConf.to_yaml(settings))
     env = envinfo.collect(shm_need(cfg))
     env.update(world_size=rt.world_size, backend=rt.backend, run_id=rt.run_id)
     atomic_write(rt.run_dir / "env.json", json.dumps(env, indent=1))
@@ -414,7 +451,7 @@ def open_rank0_sinks(cfg: TrainConfig, rt: Runtime, point: str | None, start_ste
 def rank0_sinks(cfg: TrainConfig, rt: Runtime, point: str | None, start_step: int) -> list:
     """Rank 0's run files and sinks: config.yaml and env.json, metrics.jsonl, the console,
     and W&B and TensorBoard when enabled."""
-    write_run_files(cfg, rt)
+    write_run_files(cfg, rt, start_step)
     sinks = [
         JsonlSink(rt.run_dir / "metrics.jsonl", start_step),
         ConsoleSink(cfg.trainer.max_steps, start_step),

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.profiler import ProfilerAction
 from torch.utils.data import DataLoader, Dataset
 
 from launcher.checkpoint import protocol as checkpoint
@@ -280,6 +281,16 @@ class TrainLoop:
             step,
         )
 
+    def _profiler_step(self, profiler) -> None:
+        """Advance the profiler's schedule. The step that ends a recording writes its trace
+        (seconds to minutes for a large one): that is the `profiler flush` phase, with a
+        checkpoint's allowance, not a step that the hang watchdog would time."""
+        if profiler.current_action != ProfilerAction.RECORD_AND_SAVE:
+            profiler.step()
+            return
+        with self.watchdog.phase("profiler flush", self.cfg.watchdog.checkpoint_s):
+            profiler.step()
+
     # -- the loop ----------------------------------------------------------------------
     def run(self, start_step: int) -> dict:
         t, rt = self.t, self.rt
@@ -320,7 +331,7 @@ class TrainLoop:
                         continue
                     step += 1
                     if profiler is not None:
-                        profiler.step()
+                        self._profiler_step(profiler)
                     self._after_step(step, lr_at(step - 1, t), timer)
                     self.watchdog.step_done(step)
             self.replicas_in_sync = self._replicas_agree()
