@@ -26,7 +26,7 @@ STRATEGY_SCHEDULE = [
     "trainer.eval_interval=10",
     "trainer.checkpoint_interval=10",
 ]
-STRATEGY_POINTS = ("ddp", "zero1", "zero2", "zero3", "fsdp2", "fsdp2_noreshard")
+STRATEGY_POINTS = ("ddp", "fsdp2", "fsdp2_noreshard", "zero1", "zero2", "zero3")  # glob order
 
 # The DDP sweep: two bucket sizes (gpt2-tiny: 8 buckets at 0.05 MB, 1 at 25 MB) in one
 # launch, 10 steps, profiled over steps 5-9 (PROFILED), W&B offline and TensorBoard together,
