@@ -33,6 +33,7 @@ import jsonschema
 import pytest
 import yaml
 
+from launcher.checkpoint import memory as memory_tier
 from launcher.config import ConfigError
 from launcher.submit import k8s, k8s_check, pod_security
 from launcher.submit.__main__ import main
@@ -136,8 +137,13 @@ def test_example_fields(example):
     assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == 8
     workers = job.cfg.data.num_workers
     assert res["requests"]["cpu"] == str(8 * (1 + workers)) and "cpu" not in res["limits"]
-    # /dev/shm: the loaders' need on 8 ranks plus the 1 GiB margin, held by the memory limit.
-    need = shm_need(job.cfg) * 8
+    # /dev/shm: the loaders' and the memory tier's need on 8 ranks (the tier is on by default
+    # under torchrun's restarts, cluster.k8s.max_restarts=3) plus the 1 GiB margin, held by
+    # the memory limit.
+    tier = memory_tier.shm_bytes(job.cfg, job.cluster.k8s.max_restarts)
+    assert tier == 2 * memory_tier.state_bytes(job.cfg) > 0
+    need = shm_need(job.cfg, job.cluster.k8s.max_restarts) * 8
+    assert need == shm_need(job.cfg, 0) * 8 + tier * 8
     shm = pod["volumes"][0]
     assert shm["emptyDir"] == {
         "medium": "Memory",

@@ -22,8 +22,8 @@ import yaml
 
 from launcher.checkpoint.protocol import CheckpointWriter
 from launcher.config import ConfigError
-from launcher.model.build import build_model
-from launcher.submit import k8s, k8s_check, pod_security, stop_time
+from launcher.model.build import GPT2_VOCAB, build_model, param_count
+from launcher.submit import k8s, k8s_check, pod_security
 from launcher.submit.__main__ import main as submit_main
 from launcher.submit.job import prepare
 
@@ -371,11 +371,11 @@ def test_restricted_with_rdma_warns_that_the_namespace_must_be_privileged(tmp_pa
 
 
 def test_the_state_size_estimate_is_the_models_own_parameter_count():
-    """stop_time.param_count from the shape equals the parameters of the model built."""
+    """param_count from the shape equals the parameters of the model built."""
     for model in ("gpt2-tiny", "gpt2"):
         cfg = prepare("k8s", [f"model={model}", "cluster.gpus_per_node=0"], check_paths=False).cfg
-        built = build_model(cfg.model, stop_time.GPT2_VOCAB)
-        assert stop_time.param_count(cfg) == sum(p.numel() for p in built.parameters()), model
+        built = build_model(cfg.model, GPT2_VOCAB)
+        assert param_count(cfg.model) == sum(p.numel() for p in built.parameters()), model
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -95,6 +95,7 @@ RANGES: dict[str, Range] = {
     "trainer.eval_interval": Range(low=0, why="0: never"),
     "trainer.eval_batches": AT_LEAST_1,
     "trainer.checkpoint_interval": Range(low=0, why="0: never"),
+    "trainer.memory_checkpoint_interval": Range(low=0, why="0: off; null: 10 under restarts"),
     "trainer.keep_checkpoints": AT_LEAST_1,
     "trainer.max_bad_steps": Range(low=0, why="0: the first bad step stops the run"),
     "trainer.bad_step_window": AT_LEAST_1,

@@ -106,6 +106,11 @@ class TrainerConfig:
     checkpoint_interval: int = 100
     keep_checkpoints: int = 2
     async_checkpoint: bool = False  # strategy=fsdp2: files written while training goes on
+    # Steps between two memory-tier checkpoints (each rank's state in node memory; what a
+    # torchrun restart resumes from, docs/checkpoints.md); 0: off; null: 10 where torchrun
+    # restarts the job (--max-restarts > 0) and the engine can, else off.
+    memory_checkpoint_interval: int | None = None
+    memory_checkpoint_dir: str = "/dev/shm"  # node-local memory (a tmpfs) the tier writes to
     on_nonfinite: str = "stop"  # stop (exit 3), skip the update, or rewind (docs/faults.md)
     max_bad_steps: int = 3  # skipped steps allowed within bad_step_window; one more: exit 3
     bad_step_window: int = 100  # steps

@@ -155,6 +155,14 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             f"trainer.async_checkpoint=true needs strategy={' or '.join(able)} (an asynchronous "
             f"save); strategy={cfg.strategy.name} writes its checkpoints synchronously"
         )
+    if t.memory_checkpoint_interval and not chosen.memory_checkpoint:
+        able = [e.name for e in engines().values() if e.memory_checkpoint]
+        raise ConfigError(
+            f"trainer.memory_checkpoint_interval={t.memory_checkpoint_interval} needs "
+            f"strategy={' or '.join(able)}; strategy={cfg.strategy.name} cannot write the "
+            "memory tier yet: set trainer.memory_checkpoint_interval=0 (its durable "
+            "checkpoints are kept as before)"
+        )
     if t.on_nonfinite != "stop" and not chosen.drops_steps:
         able = [e.name for e in engines().values() if e.drops_steps]
         raise ConfigError(

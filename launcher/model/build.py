@@ -29,6 +29,19 @@ def padded_vocab_size(vocab_size: int, multiple: int) -> int:
     return int(math.ceil(vocab_size / multiple) * multiple)
 
 
+GPT2_VOCAB = 50257  # the vocabulary of GPT-2's tokenizer, the largest the data configs use
+BYTES_PER_PARAM = 4 + 8  # a checkpoint's state: fp32 weights + AdamW's exp_avg and exp_avg_sq
+
+
+def param_count(m) -> int:
+    """GPT-2's parameters from its shape (`model` config): embeddings (tied LM head), and
+    per layer the attention's and MLP's weights and biases and two LayerNorms. Without a
+    model.vocab_size, GPT-2's vocabulary: an upper bound for what is sized from it."""
+    d, layers = int(m.n_embd), int(m.n_layer)
+    vocab = padded_vocab_size(int(m.vocab_size or GPT2_VOCAB), int(m.vocab_multiple))
+    return vocab * d + int(m.n_positions) * d + layers * (12 * d * d + 13 * d) + 2 * d
+
+
 def build_model(
     model_cfg: ModelConfig,
     vocab_size: int,

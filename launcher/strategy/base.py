@@ -7,6 +7,7 @@ module to call, a context for each micro-step, and to run backward and the optim
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -30,6 +31,19 @@ def load_other_format(folder: Path, model: torch.nn.Module, optimizer, load_whol
     launcher.strategy.optim.build_optimizer orders the parameters); DCP's loads into the
     model and optimizer as they are, sharded or whole."""
     format_of(folder).module().load_into(folder, model, optimizer, load_whole)
+
+
+def host_copy(tree):
+    """`tree` (a state dict: nested dicts, lists and tuples of tensors and plain values) with
+    every container new and every tensor copied to host memory: a snapshot that the next
+    optimizer step, which updates the live tensors and dicts in place, leaves as it is."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, dict):
+        return {k: host_copy(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(host_copy(v) for v in tree)
+    return tree
 
 
 class Strategy(ABC):
@@ -62,6 +76,12 @@ class Strategy(ABC):
     def save(self, folder: Path, rank: int) -> Future | None:
         """Write this rank's share of the model/optimizer state into `folder`; an engine
         that writes asynchronously (trainer.async_checkpoint) returns the future of it."""
+
+    def snapshot(self, rank: int) -> Callable[[Path], None]:
+        """This rank's whole state copied to host memory now, and the function that writes
+        it into a folder this rank's `load` reads alone (the memory tier: every rank writes
+        all it needs, in node-local memory). Engines declaring `memory_checkpoint` have it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot write the memory tier")
 
     @abstractmethod
     def load(self, folder: Path) -> None:

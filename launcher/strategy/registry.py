@@ -91,6 +91,8 @@ class Engine:
     device_problem: Callable[[Any, bool], str | None] = _nothing  # (cfg, on_cpu)
     compiles: bool = True  # trainer.compile is allowed
     async_checkpoint: bool = False  # trainer.async_checkpoint is allowed
+    # Strategy.snapshot: trainer.memory_checkpoint_interval (the memory tier) is allowed
+    memory_checkpoint: bool = False
     drops_steps: bool = False  # Strategy.drop_step: trainer.on_nonfinite=skip|rewind allowed
     # (cfg) -> [(changes, changes_math)]: what the tuner may try against exposed communication
     tune_candidates: Callable[[Any], list[tuple[dict, bool]]] = lambda _cfg: []

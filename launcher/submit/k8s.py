@@ -332,7 +332,8 @@ def name_of(job: SubmitJob) -> str:
 def expectations(job: SubmitJob) -> k8s_check.Expect:
     """What the manifests must agree with, from the composed config."""
     k = job.cluster.k8s
-    need = max(shm_need(point) for point in (job.points or [job.cfg])) * job.procs_per_node
+    restarts = int(k.max_restarts)  # the memory tier's default follows torchrun's restarts
+    need = max(shm_need(p, restarts) for p in (job.points or [job.cfg])) * job.procs_per_node
     memory = int(k8s_check.parse_quantity(k.memory, "cluster.k8s.memory"))
     return k8s_check.Expect(
         nodes=job.nodes,
@@ -356,10 +357,12 @@ def shm_size_limit(job: SubmitJob, need: int) -> str:
         if size < need:
             raise ConfigError(
                 f"cluster.k8s.shm_size={k.shm_size} is less than the "
-                f"{k8s_check.format_bytes(need)} this config's DataLoader workers need per pod "
-                f"(data.num_workers x data.prefetch_factor x batch x {job.procs_per_node} "
-                "processes, see docs/shared-memory.md); raise it, leave it null to have it "
-                "computed, or lower data.num_workers / data.prefetch_factor"
+                f"{k8s_check.format_bytes(need)} this config's DataLoader workers and memory "
+                f"tier need per pod (data.num_workers x data.prefetch_factor x batch, and two "
+                f"copies of the model and optimizer state with trainer.memory_checkpoint_interval "
+                f"on, x {job.procs_per_node} processes, see docs/shared-memory.md); raise it, "
+                "leave it null to have it computed, or lower data.num_workers / "
+                "data.prefetch_factor"
             )
         return str(k.shm_size)
     margin = k8s_check.parse_quantity(k.shm_margin, "cluster.k8s.shm_margin")

@@ -446,8 +446,9 @@ def _check_shm(obj, container, where, shm, path, expect: Expect) -> None:
     if size < expect.shm_need:
         raise ConfigError(
             f"{_where(obj)}: /dev/shm sizeLimit {empty_dir['sizeLimit']} is less than the "
-            f"{format_bytes(expect.shm_need)} this config's DataLoader workers need per pod "
-            "(data.num_workers x data.prefetch_factor x batch x processes per node); raise "
+            f"{format_bytes(expect.shm_need)} this config's DataLoader workers and memory "
+            "tier need per pod (data.num_workers x data.prefetch_factor x batch, and the "
+            "memory tier's two copies of the state, x processes per node); raise "
             "cluster.k8s.shm_size (or leave it null) or lower data.num_workers / "
             "data.prefetch_factor"
         )

@@ -21,26 +21,14 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from launcher.checkpoint.protocol import find_resumable, read_meta
-from launcher.model.build import padded_vocab_size
+from launcher.model.build import BYTES_PER_PARAM, param_count
 from launcher.submit.job import SubmitJob, visible
-
-GPT2_VOCAB = 50257  # the vocabulary of GPT-2's tokenizer, the largest the data configs use
-BYTES_PER_PARAM = 4 + 8  # fp32 weights + AdamW's exp_avg and exp_avg_sq
 
 
 @dataclass
 class WriteTime:
     seconds: float
     why: str  # how it was obtained, for the refusal's line
-
-
-def param_count(cfg: DictConfig) -> int:
-    """GPT-2's parameters from its shape: embeddings (tied LM head), and per layer the
-    attention's and MLP's weights and biases and two LayerNorms."""
-    m = cfg.model
-    d, layers = int(m.n_embd), int(m.n_layer)
-    vocab = padded_vocab_size(int(m.vocab_size or GPT2_VOCAB), int(m.vocab_multiple))
-    return vocab * d + int(m.n_positions) * d + layers * (12 * d * d + 13 * d) + 2 * d
 
 
 def checkpoint_write(job: SubmitJob, group: DictConfig, key: str) -> WriteTime:
@@ -61,7 +49,7 @@ def checkpoint_write(job: SubmitJob, group: DictConfig, key: str) -> WriteTime:
             f"the run's last checkpoint ({last.name}, {size / 1e9:.2f} GB) at "
             f"{key}.checkpoint_write_mb_s={group.checkpoint_write_mb_s:g}",
         )
-    size = max(param_count(p) for p in (job.points or [job.cfg])) * BYTES_PER_PARAM
+    size = max(param_count(p.model) for p in (job.points or [job.cfg])) * BYTES_PER_PARAM
     return WriteTime(
         size / rate,
         f"{size / 1e9:.2f} GB of model and optimizer state ({job.cfg.model.name}) at "

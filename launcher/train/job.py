@@ -15,8 +15,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.checkpoint import memory, resume
 from launcher.checkpoint import protocol as checkpoint
-from launcher.checkpoint import resume
+from launcher.checkpoint.memory import MemoryTier
 from launcher.config import ConfigError, TrainConfig, normalize, typed
 from launcher.config.secret_keys import is_secret_key
 from launcher.config.sweep import flatten
@@ -196,6 +197,36 @@ def plan_resume(cfg: TrainConfig, rt: Runtime, model) -> list[Path] | None:
     return None if folders is None else [Path(p) for p in folders]
 
 
+def memory_tier(cfg: TrainConfig, rt: Runtime, model) -> MemoryTier | None:
+    """This rank's memory tier (launcher.checkpoint.memory), when it is on."""
+    every = memory.interval(cfg)
+    if not every:
+        return None
+    if rt.is_main:
+        log.info("memory tier: every %d steps, in %s", every, cfg.trainer.memory_checkpoint_dir)
+    return MemoryTier(
+        cfg.trainer.memory_checkpoint_dir, every, rt, resume.identity(cfg, model, rt.world_size)
+    )
+
+
+def newer_in_memory(cfg: TrainConfig, tier: MemoryTier | None, folders: list[Path]) -> Path | None:
+    """This rank's memory checkpoint of the newest step every rank holds, when it is newer
+    than the newest durable one (resume=auto only) and of the run's lineage: what a torchrun
+    restart resumes from, losing at most trainer.memory_checkpoint_interval steps."""
+    if tier is None or cfg.resume != "auto":
+        return None
+    newest = folders[0] if folders else None
+    lineage = (checkpoint.read_meta(newest) or {}).get("lineage") if newest else None
+    after = checkpoint.step_of(newest) if newest else 0
+    found = tier.newest_common(lineage, after)
+    if found is not None and tier.rt.is_main:
+        log.info(
+            "memory tier: step %d is newer than the durable %s; resuming from it",
+            checkpoint.step_of(found), newest.name if newest else "start",
+        )  # fmt: skip
+    return found
+
+
 def restore(loop: TrainLoop, rt: Runtime, folders: list[Path]) -> int:
     """Load the newest checkpoint that every rank can read.
 
@@ -350,6 +381,7 @@ class Job:
         if folders is None:
             return {}  # finished already: nothing is trained, summary.json stays as it is
         self.strategy = build_strategy(cfg.strategy, cfg.trainer, rt, model)
+        tier = memory_tier(cfg, rt, model)
         self.loop = TrainLoop(
             LoopConfig.of(cfg),
             rt,
@@ -360,8 +392,12 @@ class Job:
             fpt,
             peak_flops(rt.device),
             ckpt_meta=resume.identity(cfg, model, rt.world_size),
+            memory=tier,
         )
-        start_step = restore(self.loop, rt, folders)
+        newer = newer_in_memory(cfg, tier, folders)
+        start_step = restore(self.loop, rt, [newer, *folders] if newer else folders)
+        if tier is not None:
+            tier.keep_only(newer if newer and start_step == checkpoint.step_of(newer) else None)
         self.sinks += open_rank0_sinks(cfg, rt, self.point, start_step)
         return self.loop.run(start_step)
 

@@ -22,6 +22,7 @@ from torch.profiler import ProfilerAction
 from torch.utils.data import DataLoader, Dataset
 
 from launcher.checkpoint import protocol as checkpoint
+from launcher.checkpoint.memory import MemoryTier
 from launcher.config.schema import (
     FaultConfig,
     ProfilerConfig,
@@ -147,6 +148,7 @@ class TrainLoop:
         flops_per_token: float,
         peak_flops: float | None,
         ckpt_meta: dict | None = None,
+        memory: MemoryTier | None = None,
     ):
         self.cfg, self.t, self.rt = cfg, cfg.trainer, rt
         self.impl = cfg.impl
@@ -168,6 +170,9 @@ class TrainLoop:
             meta=ckpt_meta,
             gather=rt.all_gather_objects,
         )
+        self.memory = memory  # the memory tier (launcher.checkpoint.memory), when on
+        if memory is not None:
+            memory.follow(self.ckpt.meta["lineage"])
         self.stop = StopVote(rt.control_group)
         self.fault = FaultInjector(cfg.fault, rank=rt.rank, run_dir=rt.run_dir)
         self.stragglers = StragglerWatch(cfg.watchdog, announce=rt.is_main)
@@ -188,6 +193,8 @@ class TrainLoop:
         checkpoint.CheckpointWriter)."""
         self.strategy.load(folder)
         self.ckpt.adopt(folder)
+        if self.memory is not None:
+            self.memory.follow(self.ckpt.meta["lineage"])
         meta = checkpoint.read_meta(folder) or {}
         self._note_world_change(meta)
         step = checkpoint.step_of(folder)
@@ -230,37 +237,50 @@ class TrainLoop:
         rng_file = folder / f"rng_rank{self.rt.rank}.pt"
         return self.strategy.files_to_load(folder) + ([rng_file] if rng_file.exists() else [])
 
+    def _rng_state(self) -> dict:
+        cuda = torch.cuda.get_rng_state(self.rt.device) if self.rt.device.type == "cuda" else None
+        return {
+            "torch": torch.get_rng_state(),
+            "cuda": cuda,
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+        }
+
     def _write_checkpoint(self, folder: Path):
         pending = self.strategy.save(folder, self.rt.rank)  # a future when asynchronous
-        cuda = torch.cuda.get_rng_state(self.rt.device) if self.rt.device.type == "cuda" else None
-        torch.save(
-            {
-                "torch": torch.get_rng_state(),
-                "cuda": cuda,
-                "python": random.getstate(),
-                "numpy": np.random.get_state(),
-            },
-            folder / f"rng_rank{self.rt.rank}.pt",
-        )
+        torch.save(self._rng_state(), folder / f"rng_rank{self.rt.rank}.pt")
         return pending
+
+    def _progress(self, step: int) -> dict:
+        """What meta.json records of the run's progress at `step`, in either tier."""
+        return {
+            "world_size": self.rt.world_size,
+            "accum": self.accum,
+            "tokens": step * self.tokens_per_step,
+            "data_step": self.data_step,
+        }
 
     def save(self, step: int, wait: bool = False) -> None:
         """Checkpoint `step`; with trainer.async_checkpoint the files are written while
         training goes on, unless `wait` (a stop, the end of the run)."""
         self._check_finite(step)
         with self.watchdog.phase("checkpoint", self.cfg.watchdog.checkpoint_s):
-            self.ckpt.save(
-                step,
-                self._write_checkpoint,
-                {
-                    "world_size": self.rt.world_size,
-                    "accum": self.accum,
-                    "tokens": step * self.tokens_per_step,
-                    "data_step": self.data_step,
-                },
-            )
+            self.ckpt.save(step, self._write_checkpoint, self._progress(step))
             if wait:
                 self.ckpt.complete()
+
+    def save_to_memory(self, step: int) -> None:
+        """A memory-tier checkpoint of `step`: the state is copied now, between two steps,
+        and written by the tier's thread while the next step runs (sealed after it)."""
+        self._check_finite(step)
+        write_state = self.strategy.snapshot(self.rt.rank)
+        rng, rng_file = self._rng_state(), f"rng_rank{self.rt.rank}.pt"
+
+        def write(folder: Path) -> None:
+            write_state(folder)
+            torch.save(rng, folder / rng_file)
+
+        self.memory.save(step, write, self._progress(step))
 
     def _check_finite(self, step: int) -> None:
         """Collective check, so that every rank refuses together."""
@@ -335,9 +355,14 @@ class TrainLoop:
                     self._after_step(step, lr_at(step - 1, t), timer)
                     self.watchdog.step_done(step)
             self.replicas_in_sync = self._replicas_agree()
+            self._close_memory(remove=True)
+        except Stopped:
+            self._close_memory(remove=True)  # the stop's durable checkpoint is complete
+            raise
         except torch.OutOfMemoryError as exc:
             raise self._out_of_memory(exc, step + 1) from None
         finally:
+            self._close_memory(remove=False)  # kept for the restart that resumes from it
             self.watchdog.close()
             if profiler is not None and self.cfg.profiler.memory_snapshot and on_gpu:
                 memory_snapshot.stop_history()
@@ -345,6 +370,11 @@ class TrainLoop:
             gc.unfreeze()
             del self.batches, self.loader
         return self.summary("completed", step)
+
+    def _close_memory(self, remove: bool) -> None:
+        if self.memory is not None:
+            self.memory.close(remove)
+            self.memory = None
 
     def _on_hang(self, step: int) -> None:
         """Runs in the watchdog thread just before the process exits with the hang code."""
@@ -444,6 +474,10 @@ class TrainLoop:
         that made step `step` bad."""
         self.ckpt.complete()
         folder = checkpoint.find_resumable(self.rt.run_dir)
+        if self.memory is not None:  # the memory tier first, when it holds a newer step
+            self.memory.complete()
+            after = checkpoint.step_of(folder) if folder else -1
+            folder = self.memory.newest_common(self.ckpt.meta["lineage"], after) or folder
         if folder is None:
             self._nonfinite(step, ranks, " (trainer.on_nonfinite=rewind: no checkpoint yet)")
         window = self.data_step - 1
@@ -474,6 +508,8 @@ class TrainLoop:
     def _after_step(self, step: int, lr: float, timer: StepTimer) -> None:
         t = self.t
         last = step == t.max_steps
+        if self.memory is not None:
+            self.memory.complete()  # the memory checkpoint of the step before, if one
         record: dict = {}
         # An interval whose every step was dropped (on_nonfinite=skip) has no loss to log: its
         # time is logged with the next interval's.
@@ -493,6 +529,8 @@ class TrainLoop:
             raise Stopped(step)
         if t.checkpoint_interval and (step % t.checkpoint_interval == 0 or last):
             self.save(step, wait=last)
+        elif self.memory is not None and not last and self.memory.due(step):
+            self.save_to_memory(step)
 
     def _log_metrics(self, step: int, lr: float, timer: StepTimer) -> dict:
         figures = local_figures(

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from omegaconf import DictConfig
 
+from launcher.checkpoint import memory
 from launcher.checkpoint.protocol import find_resumable
 from launcher.config import ConfigError, typed, validate
 from launcher.data.cache import CACHE_ENV, cache_root
@@ -33,14 +34,17 @@ from launcher.strategy.registry import engine
 WANDB_DEFAULT_HOST = "https://api.wandb.ai"
 
 
-def shm_need(cfg: DictConfig) -> int:
-    """Bytes of /dev/shm this config's DataLoader workers need on one rank."""
-    return shm_need_bytes(
+def shm_need(cfg: DictConfig, restarts: int | None = None) -> int:
+    """Bytes of /dev/shm one rank needs: its DataLoader workers' batches, and the memory
+    tier's checkpoints (launcher.checkpoint.memory; `restarts`: torchrun's --max-restarts
+    the job will run with, else this process's)."""
+    loaders = shm_need_bytes(
         num_workers=cfg.data.num_workers,
         prefetch_factor=cfg.data.prefetch_factor,
         micro_batch=cfg.trainer.micro_batch_size,
         seq_len=cfg.trainer.seq_len,
     )
+    return loaders + memory.shm_bytes(cfg, restarts)
 
 
 def preflight(cfg: DictConfig, world_size: int, ranks_per_node: int) -> None:
@@ -69,7 +73,8 @@ def machine_problems(cfg: DictConfig, ranks_per_node: int) -> list[str]:
         *package_problems(cfg),
         *logger_problems(cfg.logger),
     ]
-    shm = check_shm(need=shm_need(cfg) * ranks_per_node)
+    who = "data loader workers" + (" and the memory tier" if memory.shm_bytes(cfg) else "")
+    shm = check_shm(need=shm_need(cfg) * ranks_per_node, who=who)
     return [*problems, shm] if shm else problems
 
 

@@ -85,4 +85,5 @@ ENGINE = Engine(
     ranges=RANGES,
     tune_candidates=tune_candidates,
     drops_steps=True,
+    memory_checkpoint=True,
 )

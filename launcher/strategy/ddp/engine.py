@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from launcher.config.schema import TrainerConfig
 from launcher.observe.comm_stats import StepComm
 from launcher.runtime.process import Runtime
-from launcher.strategy.base import Strategy, compile_mode, load_other_format
+from launcher.strategy.base import Strategy, compile_mode, host_copy, load_other_format
 from launcher.strategy.ddp import FILES, FORMAT, DDPConfig, comm_hooks, powersgd
 from launcher.strategy.ddp.comm_timing import CommTimer
 from launcher.strategy.optim import build_optimizer
@@ -113,15 +113,32 @@ class DDPStrategy(Strategy):
         sizes = str(info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes", ""))
         return len([s for s in sizes.split(",") if s.strip()]) or None
 
+    def _state_files(self, rank: int, whole: bool) -> dict[str, object]:
+        """File name -> what it holds: PowerSGD's memory on every rank, and with `whole` the
+        model and optimizer (which DDP keeps identical on every rank)."""
+        files: dict[str, object] = {}
+        if self.comm_state is not None:
+            files[powersgd.state_file(Path(), rank).name] = self.comm_state.state_dict()
+        if whole:
+            files[FILES[0]] = self.raw_model.state_dict()
+            files[FILES[1]] = {
+                "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(),
+            }
+        return files
+
     def save(self, folder: Path, rank: int) -> None:
-        powersgd.save_state(self.comm_state, folder, rank)  # per rank (PowerSGD's memory)
-        if rank != 0:  # DDP keeps every rank's model and optimizer identical
-            return
-        torch.save(self.raw_model.state_dict(), folder / FILES[0])
-        torch.save(
-            {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict()},
-            folder / FILES[1],
-        )
+        for name, state in self._state_files(rank, whole=rank == 0).items():
+            torch.save(state, folder / name)
+
+    def snapshot(self, rank: int):
+        files = host_copy(self._state_files(rank, whole=True))
+
+        def write(folder: Path) -> None:
+            for name, state in files.items():
+                torch.save(state, folder / name)
+
+        return write
 
     def files_to_load(self, folder: Path) -> list[Path]:
         own = powersgd.state_file(folder, self.rank) if self.comm_state is not None else None

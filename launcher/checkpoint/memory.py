@@ -1,0 +1,194 @@
+"""The memory tier: every rank's whole state in node-local memory every few steps, so that a
+rank lost between two durable checkpoints costs at most `trainer.memory_checkpoint_interval`
+steps once torchrun restarts the job (docs/checkpoints.md, "The memory tier").
+
+Each rank writes into its own folder,
+`<trainer.memory_checkpoint_dir>/launcher-<uid>-<hash of the run directory>/rank<r>/`, with
+the durable checkpoints' protocol (launcher.checkpoint.protocol.CheckpointWriter): every
+rank seals its own `step_<n>` once every rank has written its files, so a step is complete
+on one rank only when all ranks wrote it. Node-local memory is seen by one node's ranks
+only: no rank reads another's folder, and the step every rank can load is agreed by
+gathering each rank's complete steps.
+
+A memory checkpoint is loaded only by a launch of the same run directory, run id, world size
+and rank, with nothing the resume check refuses, of the same lineage as the run's newest
+durable checkpoint (or, before the first one, of the same launch: torchrun's rendezvous id,
+Slurm's job id). That is what an in-job restart resumes, and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from launcher.checkpoint import protocol as checkpoint
+from launcher.checkpoint.resume import differences
+from launcher.model.build import BYTES_PER_PARAM, param_count
+from launcher.runtime.process import Runtime, launch_key
+from launcher.strategy.registry import engine
+
+log = logging.getLogger("launcher")
+
+# Steps between two memory checkpoints when trainer.memory_checkpoint_interval is null and
+# torchrun restarts the job: a restart then redoes at most 10 steps; the measured cost at
+# the default job's shape is in docs/checkpoints.md.
+DEFAULT_INTERVAL = 10
+KEEP = 1  # complete memory checkpoints kept per rank (a second one exists while one is written)
+SHM = Path("/dev/shm")
+
+
+def restarts_from_env() -> int:
+    """torchrun's --max-restarts, as its agent tells every worker (0 outside torchrun)."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def interval(cfg, restarts: int | None = None) -> int:
+    """trainer.memory_checkpoint_interval as it applies to `cfg`: null means DEFAULT_INTERVAL
+    where torchrun restarts the job (`restarts`, else this process's torchrun) and the
+    engine can write the tier, 0 otherwise."""
+    chosen = cfg.trainer.memory_checkpoint_interval
+    if chosen is not None:
+        return int(chosen)
+    restarts = restarts_from_env() if restarts is None else restarts
+    able = engine(cfg.strategy.name).memory_checkpoint
+    return DEFAULT_INTERVAL if restarts > 0 and able else 0
+
+
+def state_bytes(cfg) -> int:
+    """One rank's memory checkpoint, estimated from the model's shape (every rank of the
+    engines that write the tier holds the whole model and optimizer state)."""
+    return param_count(cfg.model) * BYTES_PER_PARAM
+
+
+def shm_bytes(cfg, restarts: int | None = None) -> int:
+    """What the tier puts in /dev/shm on one rank: the kept checkpoint and the one being
+    written (0 when the tier is off or writes elsewhere)."""
+    if not interval(cfg, restarts):
+        return 0
+    root = Path(cfg.trainer.memory_checkpoint_dir).expanduser()
+    if root != SHM and SHM not in root.parents:
+        return 0
+    return (KEEP + 1) * state_bytes(cfg)
+
+
+def rank_folder(root: str, run_dir: Path, rank: int) -> Path:
+    """This rank's folder of the tier: one per user and run directory."""
+    key = hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
+    return Path(root).expanduser() / f"launcher-{os.getuid()}-{key}" / f"rank{rank}"
+
+
+class MemoryTier:
+    """One rank's memory checkpoints: written by a thread from a snapshot taken between two
+    steps, sealed at the next step (CheckpointWriter's protocol, every rank its own folder).
+
+    All ranks call `save`, `complete` and `newest_common` at the same steps (each gathers on
+    the control group). A write that fails on any rank (memory full) turns the tier off on
+    every rank, with one warning: the durable checkpoints go on as before."""
+
+    def __init__(self, root: str, every: int, rt: Runtime, identity: dict):
+        self.every = every
+        self.rt = rt
+        self.folder = rank_folder(root, rt.run_dir, rt.rank)
+        self.expect = {
+            "tier": "memory",
+            "run_dir": str(Path(rt.run_dir).resolve()),
+            "run_id": rt.run_id,
+            "rank": rt.rank,
+            "launch": launch_key(),
+        }
+        self.writer = checkpoint.CheckpointWriter(
+            self.folder,
+            is_main=True,  # each rank seals its own folder, after every rank has written
+            barrier=lambda: None,
+            keep=KEEP,
+            meta={**identity, **self.expect},
+            gather=rt.all_gather_objects,
+        )
+        self.identity = identity
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="memory-checkpoint")
+        self.on = True
+        checkpoint.remove_leftovers(checkpoint.scan(self.folder))  # this launch holds the lock
+
+    def follow(self, lineage: str) -> None:
+        """Write (and prune) in the lineage the durable checkpoints continue."""
+        self.writer.meta["lineage"] = lineage
+        self.writer.prunable = {lineage}
+
+    def due(self, step: int) -> bool:
+        return self.on and step % self.every == 0
+
+    def save(self, step: int, snapshot: Callable[[Path], None], meta: dict) -> None:
+        """Start writing `snapshot` (this rank's state, copied already) as step `step`."""
+        self._guarded(
+            lambda: self.writer.save(step, lambda tmp: self.pool.submit(snapshot, tmp), meta)
+        )
+
+    def complete(self) -> None:
+        """Seal the save in progress (every rank's files written), if any."""
+        if self.on:
+            self._guarded(self.writer.complete)
+
+    def _guarded(self, action: Callable[[], object]) -> None:
+        try:
+            action()
+        except checkpoint.CheckpointNotWritten as exc:  # every rank raised it together
+            self.on = False
+            if self.rt.is_main:
+                log.warning(
+                    "memory checkpoint tier off for the rest of this run (%s); durable "
+                    "checkpoints go on; free memory in %s or set trainer.memory_checkpoint_dir",
+                    exc, self.folder.parent.parent,
+                )  # fmt: skip
+
+    def usable(self, lineage: str | None) -> dict[int, Path]:
+        """This rank's complete memory checkpoints this launch may load, by step."""
+        found = {}
+        for path in checkpoint.scan(self.folder).complete:
+            meta = checkpoint.read_meta(path) or {}
+            if any(meta.get(k) != v for k, v in self.expect.items() if k != "launch"):
+                continue
+            if meta.get("world_size") != self.rt.world_size or differences(meta, self.identity):
+                continue
+            same_line = meta.get("lineage") == lineage if lineage else None
+            same_launch = (
+                self.expect["launch"] is not None and meta.get("launch") == self.expect["launch"]
+            )
+            if same_line or (lineage is None and same_launch):
+                found[checkpoint.step_of(path)] = path
+        return found
+
+    def newest_common(self, lineage: str | None, after: int) -> Path | None:
+        """This rank's folder of the newest step past `after` that every rank holds (a
+        collective: every rank calls it with the same arguments)."""
+        mine = self.usable(lineage)
+        everyone = self.rt.all_gather_objects(sorted(mine))
+        common = set.intersection(*(set(steps) for steps in everyone))
+        newer = [s for s in common if s > after]
+        return mine[max(newer)] if newer else None
+
+    def keep_only(self, kept: Path | None) -> None:
+        """Remove this rank's memory checkpoints but `kept` (what it resumed from): the
+        others are of a history this launch does not continue."""
+        for path in checkpoint.scan(self.folder).complete + [
+            p for p, _ in checkpoint.scan(self.folder).incomplete
+        ]:
+            if kept is None or path.resolve() != Path(kept).resolve():
+                shutil.rmtree(path, ignore_errors=True)
+
+    def close(self, remove: bool) -> None:
+        """Wait for the writing thread; with `remove` (the run completed or stopped with a
+        durable checkpoint), free the memory the tier holds on this rank."""
+        self.pool.shutdown(wait=True)
+        if remove:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the node's last rank leaves no folder
+                self.folder.parent.rmdir()
