@@ -58,11 +58,12 @@ def worker_pid(run_dir, rank: int) -> int:
 
 
 def test_killed_worker_restarts_and_resumes(reference, tmp_path):
+    """The durable checkpoints alone (the memory tier off; tests/test_memory_tier.py kills a
+    rank with it on)."""
     output = tmp_path / "out.txt"
     root = tmp_path / "runs"
-    proc = start_torchrun(
-        [*LONG, f"run.root={root}"], output, "--max-restarts=1", runner="torch.distributed.run"
-    )
+    args = [*LONG, "trainer.memory_checkpoint_interval=0", f"run.root={root}"]
+    proc = start_torchrun(args, output, "--max-restarts=1", runner="torch.distributed.run")
     wait_for(checkpointed(root, 20), proc)
     run_dir = run_dir_of(root)
     os.kill(worker_pid(run_dir, 1), signal.SIGKILL)

@@ -123,6 +123,10 @@ class MemoryTier:
         self.writer.meta["lineage"] = lineage
         self.writer.prunable = {lineage}
 
+    @property
+    def lineage(self) -> str:
+        return self.writer.meta["lineage"]
+
     def due(self, step: int) -> bool:
         return self.on and step % self.every == 0
 

@@ -171,8 +171,8 @@ class TrainLoop:
             gather=rt.all_gather_objects,
         )
         self.memory = memory  # the memory tier (launcher.checkpoint.memory), when on
-        if memory is not None:
-            memory.follow(self.ckpt.meta["lineage"])
+        if memory is not None:  # rank 0's lineage, which the durable meta.json records
+            memory.follow(rt.broadcast_object(self.ckpt.meta["lineage"]))
         self.stop = StopVote(rt.control_group)
         self.fault = FaultInjector(cfg.fault, rank=rt.rank, run_dir=rt.run_dir)
         self.stragglers = StragglerWatch(cfg.watchdog, announce=rt.is_main)
@@ -477,7 +477,7 @@ class TrainLoop:
         if self.memory is not None:  # the memory tier first, when it holds a newer step
             self.memory.complete()
             after = checkpoint.step_of(folder) if folder else -1
-            folder = self.memory.newest_common(self.ckpt.meta["lineage"], after) or folder
+            folder = self.memory.newest_common(self.memory.lineage, after) or folder
         if folder is None:
             self._nonfinite(step, ranks, " (trainer.on_nonfinite=rewind: no checkpoint yet)")
         window = self.data_step - 1
