@@ -287,6 +287,21 @@ ROWS: list[Row] = [
         refusal="trainer.async_checkpoint=true needs strategy=fsdp2",
     ),
     row(
+        "memory_tier",
+        ["trainer.memory_checkpoint_interval=2"],
+        "equal",
+        "the memory tier copies the state between steps and writes it from a thread",
+        engines=("ddp",),
+    ),
+    row(
+        "memory_tier_refused",
+        ["trainer.memory_checkpoint_interval=2"],
+        "refused",
+        "only DDP's every rank holds its whole state to write",
+        engines=("deepspeed", "fsdp2"),
+        refusal="trainer.memory_checkpoint_interval=2 needs strategy=ddp",
+    ),
+    row(
         "on_nonfinite_skip",
         ["trainer.on_nonfinite=skip"],
         "equal",
