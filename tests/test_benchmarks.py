@@ -42,6 +42,11 @@ CASES = {
         ["| trainer |", "trainer / bare, median of paired runs"],
         (0, 1),  # 1: over the 3% budget on this noisy machine, still a verdict
     ),
+    "memory_tier": (
+        script("memory_tier.py", "--pairs", "1", "--steps", "20", *TINY),
+        ["| on          |", "on / off, median of paired runs"],
+        (0, 1),  # 1: over the 3% budget on this noisy machine, still a verdict
+    ),
     "profiler_cost": (
         script("profiler_cost.py", "--rounds", "1", "--steps", "11", *TINY),
         ["| off      |", "| steps    |", "| full     |"],

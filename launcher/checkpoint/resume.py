@@ -254,10 +254,14 @@ def _report(found: checkpoint.Scan, chosen: Path | None) -> None:
         log.info("ignoring %s: not a checkpoint (the launcher leaves it alone)", path)
 
 
-def plan(resume: str, run_dir: Path, now: dict, max_steps: int | None = None) -> Plan:
+def plan(
+    resume: str, run_dir: Path, now: dict, max_steps: int | None = None, continues: bool = False
+) -> Plan:
     """Decide what this launch resumes from (rank 0, under the lock), or raise ConfigError
     with the one line that says why it must not start. `now` is this launch's `identity`;
-    `max_steps` (trainer.max_steps) tells a finished run from one to continue.
+    `max_steps` (trainer.max_steps) tells a finished run from one to continue; `continues`:
+    the memory tier holds this launch's own step (launcher.checkpoint.memory), so a run
+    without a durable checkpoint keeps its history for the restart that resumes from it.
     """
     run_dir = Path(run_dir)
     check_run_files(run_dir)
@@ -291,7 +295,8 @@ def plan(resume: str, run_dir: Path, now: dict, max_steps: int | None = None) ->
                 f"{source} holds checkpoints but none is complete ({_reasons(found)}); "
                 f"{fresh_start_hint(run_dir)}"
             )
-        _start_over(run_dir, resume)
+        if not continues:
+            _start_over(run_dir, resume)
         return Plan()
     found_diff = differences(checkpoint.read_meta(chosen) or {}, now)
     if found_diff:

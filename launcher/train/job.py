@@ -178,15 +178,19 @@ def claim_run_dir(rt: Runtime) -> RunLock | None:
     return taken[0] if taken else None
 
 
-def plan_resume(cfg: TrainConfig, rt: Runtime, model) -> list[Path] | None:
+def plan_resume(
+    cfg: TrainConfig, rt: Runtime, model, tier: MemoryTier | None = None
+) -> list[Path] | None:
     """The checkpoints to try, newest first, decided by rank 0 under the lock (see
     launcher.checkpoint.resume); a checkpoint that does not fit these settings stops the launch.
     None when the run is finished (its newest checkpoint is at trainer.max_steps)."""
     now = resume.identity(cfg, model, rt.world_size)
     max_steps = cfg.trainer.max_steps
+    # This launch's own memory checkpoint (a restart before the first durable checkpoint)
+    continues = bool(tier and cfg.resume == "auto" and tier.newest_common(None, 0))
 
     def decide() -> list[str] | None:
-        decided = resume.plan(cfg.resume, rt.run_dir, now, max_steps)
+        decided = resume.plan(cfg.resume, rt.run_dir, now, max_steps, continues)
         if decided.finished_at is not None:
             log.info("%s", resume.finished_line(rt.run_dir, decided.finished_at, max_steps))
             return None
@@ -220,10 +224,9 @@ def newer_in_memory(cfg: TrainConfig, tier: MemoryTier | None, folders: list[Pat
     after = checkpoint.step_of(newest) if newest else 0
     found = tier.newest_common(lineage, after)
     if found is not None and tier.rt.is_main:
-        log.info(
-            "memory tier: step %d is newer than the durable %s; resuming from it",
-            checkpoint.step_of(found), newest.name if newest else "start",
-        )  # fmt: skip
+        than = f"the durable {newest.name}" if newest else "any durable checkpoint (none yet)"
+        log.info("memory tier: step %d is newer than %s; resuming from it",
+                 checkpoint.step_of(found), than)  # fmt: skip
     return found
 
 
@@ -377,11 +380,11 @@ class Job:
         cfg, rt = self.cfg, self.rt
         self.lock = claim_run_dir(rt)  # nothing in the run directory is written before this
         data, model, fpt = build_data_and_model(cfg, rt)
-        folders = plan_resume(cfg, rt, model)
+        tier = memory_tier(cfg, rt, model)
+        folders = plan_resume(cfg, rt, model, tier)
         if folders is None:
             return {}  # finished already: nothing is trained, summary.json stays as it is
         self.strategy = build_strategy(cfg.strategy, cfg.trainer, rt, model)
-        tier = memory_tier(cfg, rt, model)
         self.loop = TrainLoop(
             LoopConfig.of(cfg),
             rt,
