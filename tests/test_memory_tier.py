@@ -7,6 +7,7 @@ one line.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -21,7 +22,17 @@ from launcher.config import ConfigError, compose
 from launcher.runtime.process import Runtime
 from launcher.train.preflight import check_config, shm_need
 
-from launch import finish, losses, run_dir_of, start_torchrun, summary, wait_for
+from launch import (
+    explain,
+    finish,
+    losses,
+    metrics,
+    run_dir_of,
+    start_torchrun,
+    summary,
+    torchrun,
+    wait_for,
+)
 from reference_runs import LONG
 
 # -- in process: which memory checkpoints a launch may load -----------------------------------
@@ -144,3 +155,24 @@ def test_killed_rank_resumes_from_the_memory_tier(long_run, tmp_path):
     kept = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
     assert kept == ["step_00000040", "step_00000060"]
     assert not memory.rank_folder("/dev/shm", run_dir, 0).parent.exists()  # freed at the end
+
+
+def test_a_rewind_restores_the_memory_tiers_newer_step(long_run, tmp_path):
+    """trainer.on_nonfinite=rewind with the tier every 2 steps: rank 1's NaN in step 25
+    rewinds to step 24's memory checkpoint (sealed first), not the durable step 20, and
+    skips only step 25's data window: no step is redone."""
+    run = [*LONG, f"run.root={tmp_path}", "run.id=rw", "trainer.memory_checkpoint_interval=2"]
+    bad = ["trainer.on_nonfinite=rewind", "fault.kind=nonfinite", "fault.rank=1", "fault.step=25"]
+    proc = torchrun([*run, *bad], runner="launcher.torchrun")
+    assert proc.returncode == 0, explain(proc)
+    assert (
+        "rewound to step 24 (step_00000024) after the non-finite step 25; data window 24 is "
+        "skipped" in proc.stderr
+    )
+    reference = losses(long_run)
+    got = [r for r in metrics(tmp_path / "rw") if "loss" in r]
+    assert [r["step"] for r in got] == [*range(1, 25), *range(25, 61)]  # nothing redone
+    assert {r["step"]: r["loss"] for r in got[:24]} == {s: reference[s] for s in range(1, 25)}
+    assert all(math.isfinite(r["loss"]) for r in got)
+    s = summary(tmp_path / "rw")
+    assert (s["status"], s["steps"], s["bad_steps/rewinds"]) == ("completed", 60, 1)
