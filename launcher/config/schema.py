@@ -185,7 +185,7 @@ class LoggerConfig:
     true (`logger=tensorboard`; both: `logger=[wandb,tensorboard]`). The API key is never a
     config key: wandb reads WANDB_API_KEY from the environment."""
 
-    mode: str = "disabled"
+    mode: str = "disabled"  # online, offline (files only; `wandb sync` later), disabled
     project: str = "launcher"
     entity: str | None = None
     tags: list[str] = field(default_factory=list)
@@ -313,6 +313,9 @@ class TuneConfig:
 @dataclass
 class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
+    # auto: continue from the latest complete checkpoint of this run directory if there is one;
+    # never: start fresh (refuses a run directory that already holds checkpoints);
+    # a path: a run directory, its checkpoints/ folder, or one step_<n> folder.
     resume: str = "auto"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

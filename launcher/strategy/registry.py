@@ -32,6 +32,8 @@ class StrategyConfig:
     of another engine is an unknown key, not a setting silently ignored."""
 
     name: str = MISSING
+    # Time gradient communication per step (comm/allreduce_s, comm/exposed_s, ...); false:
+    # the engine's own collectives untimed (DDP: its built-in C++ all-reduce), no comm figures.
     time_comm: bool = True
 
 

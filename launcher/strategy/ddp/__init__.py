@@ -24,10 +24,12 @@ class DDPConfig(StrategyConfig):
     static_graph: bool = False
     find_unused_parameters: bool = False
     broadcast_buffers: bool = True
-    comm_hook: str = "none"
-    powersgd_rank: int = 4
-    powersgd_warmup_steps: int | None = None  # null: trainer.warmup_steps
-    powersgd_min_compression_rate: float = 2.0
+    comm_hook: str = "none"  # none, bf16, fp16, powersgd (docs/communication.md)
+    # PowerSGD (comm_hook=powersgd): all-reduce a rank-r approximation of every large
+    # gradient matrix instead of the matrix.
+    powersgd_rank: int = 4  # r: bytes grow with it; 1-4 is typical, 4 leans to accuracy
+    powersgd_warmup_steps: int | None = None  # plain all-reduce first; null: trainer.warmup_steps
+    powersgd_min_compression_rate: float = 2.0  # compress a matrix if P, Q are this much smaller
 
 
 RANGES = {

@@ -32,13 +32,19 @@ class DeepSpeedConfig(StrategyConfig):
     """strategy=deepspeed (and its presets zero1-3); see docs/deepspeed.md."""
 
     name: str = "deepspeed"
+    # 0: data parallel (replicated states), 1: optimizer states sharded, 2: + gradients,
+    # 3: + parameters (gathered layer by layer in forward and backward).
     zero_stage: int = 2
     offload_optimizer: str = "none"  # none | cpu: optimizer states and step on the CPU
     offload_param: str = "none"  # none | cpu: ZeRO-3 parameters live on the CPU
     overlap_comm: bool | None = None  # null: DeepSpeed's default for the stage
     reduce_bucket_size: int = 500_000_000  # elements per gradient reduction bucket
     allgather_bucket_size: int = 500_000_000  # elements per parameter all-gather (ZeRO-1/2)
-    extra: dict[str, Any] = field(default_factory=dict)  # any other DeepSpeed config key
+    # Any other DeepSpeed config key, passed through, e.g.
+    # +strategy.extra.zero_optimization.contiguous_gradients=false. Keys the launcher owns
+    # (batch, accumulation, clipping, precision, stage, offload) must agree with it; optimizer
+    # and scheduler sections are refused.
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class DeepSpeedConfigError(ValueError):

@@ -19,8 +19,13 @@ class FSDP2Config(StrategyConfig):
     """strategy=fsdp2; see docs/strategies.md."""
 
     name: str = "fsdp2"
-    reshard_after_forward: Any = True  # true | false | an int: reshard to that many ranks
-    reduce_dtype: str = "fp32"  # fp32 | bf16: the dtype gradients are reduce-scattered in
+    # true: free each block's gathered parameters after its forward (gather again in backward:
+    # least memory); false: keep them until backward (no second all-gather); an int N: keep a
+    # copy sharded over N ranks (a divisor of the world size, neither 1 nor the world size).
+    reshard_after_forward: Any = True
+    # fp32 (exact) | bf16 (half the bytes): the dtype gradients are reduce-scattered in; the
+    # parameters' is trainer.precision (bf16: gathered and computed in bf16, kept in fp32).
+    reduce_dtype: str = "fp32"
     offload: str = "none"  # none | cpu: sharded parameters, gradients, optimizer on the CPU
 
 
