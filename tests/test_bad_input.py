@@ -25,7 +25,8 @@ from launcher.config import (
     friendly_overrides,
     validate,
 )
-from launcher.config.ranges import Range, all_ranges, numeric_keys
+from launcher.config.ranges import Range, numeric_keys
+from launcher.config.schema import all_ranges
 from launcher.config.sweep import main as sweep_main
 from launcher.data.shm import shm_available_bytes
 from launcher.strategy.deepspeed import cpu_has_fp16
@@ -198,10 +199,11 @@ def test_resume_path_without_checkpoint(monkeypatch, capsys, tmp_path):
 
 
 def test_shm_too_small_names_both_numbers_and_fixes(monkeypatch, capsys):
-    size, free = shm_available_bytes()
-    # Choose a prefetch depth whose need exceeds what /dev/shm has free right now.
+    size, _ = shm_available_bytes()
+    # A prefetch depth whose need exceeds the whole of /dev/shm: refused whatever other
+    # processes free meanwhile (measured against the free space, it raced them).
     batch_bytes = 2 * 4 * 128 * 8
-    prefetch = free // (2 * batch_bytes * 2) + 1
+    prefetch = size // (2 * batch_bytes * 2) + 1
     code, err = run_main(
         monkeypatch, capsys, ["data.num_workers=2", f"data.prefetch_factor={prefetch}"]
     )

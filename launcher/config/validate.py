@@ -26,6 +26,7 @@ from launcher.config.schema import (
     NONFINITE_POLICIES,
     PRECISIONS,
     PROFILERS,
+    all_ranges,
 )
 from launcher.strategy.registry import engine, engines, schemas
 from launcher.train.batch import BatchPlan
@@ -108,7 +109,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     """
     normalize(cfg, world_size)
     _reject_unknown_keys(cfg, "")
-    problem = range_problem(cfg)
+    problem = range_problem(cfg, all_ranges())
     if problem:
         raise ConfigError(problem)
     t, d, m = cfg.trainer, cfg.data, cfg.model

@@ -9,7 +9,6 @@ See docs/deepspeed.md."""
 from __future__ import annotations
 
 from launcher.config.errors import ConfigError, check_choice
-from launcher.config.ranges import Range
 from launcher.strategy.deepspeed.ds_config import (
     DeepSpeedConfig,
     DeepSpeedConfigError,
@@ -20,12 +19,6 @@ from launcher.strategy.registry import Engine, Format
 OFFLOAD_DEVICES = ("none", "cpu")
 STRATEGY_FILE = "strategy.json"  # in each DeepSpeed checkpoint: what wrote it
 
-
-RANGES = {
-    "strategy.zero_stage": Range(low=0, high=3),
-    "strategy.reduce_bucket_size": Range(low=1, why="elements"),
-    "strategy.allgather_bucket_size": Range(low=1, why="elements"),
-}
 
 FORMAT = Format("deepspeed", marker=STRATEGY_FILE, reader="launcher.strategy.deepspeed.universal")
 
@@ -131,7 +124,6 @@ ENGINE = Engine(
     needs_process_group=True,
     refuses_other_formats="DeepSpeed loads no other engine's checkpoint",
     rules=rules,
-    ranges=RANGES,
     config_check=config_check,
     identity=identity,
     own_differences=own_differences,

@@ -14,6 +14,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.config.ranges import Range, ranged
 from launcher.config.schema import TrainerConfig
 from launcher.strategy.registry import StrategyConfig
 from launcher.train.batch import BatchPlan
@@ -34,12 +35,14 @@ class DeepSpeedConfig(StrategyConfig):
     name: str = "deepspeed"
     # 0: data parallel (replicated states), 1: optimizer states sharded, 2: + gradients,
     # 3: + parameters (gathered layer by layer in forward and backward).
-    zero_stage: int = 2
+    zero_stage: int = ranged(2, Range(low=0, high=3))
     offload_optimizer: str = "none"  # none | cpu: optimizer states and step on the CPU
     offload_param: str = "none"  # none | cpu: ZeRO-3 parameters live on the CPU
     overlap_comm: bool | None = None  # null: DeepSpeed's default for the stage
-    reduce_bucket_size: int = 500_000_000  # elements per gradient reduction bucket
-    allgather_bucket_size: int = 500_000_000  # elements per parameter all-gather (ZeRO-1/2)
+    # elements per gradient reduction bucket
+    reduce_bucket_size: int = ranged(500_000_000, Range(low=1, why="elements"))
+    # elements per parameter all-gather (ZeRO-1/2)
+    allgather_bucket_size: int = ranged(500_000_000, Range(low=1, why="elements"))
     # Any other DeepSpeed config key, passed through, e.g.
     # +strategy.extra.zero_optimization.contiguous_gradients=false. Keys the launcher owns
     # (batch, accumulation, clipping, precision, stage, offload) must agree with it; optimizer
