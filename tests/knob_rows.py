@@ -12,8 +12,8 @@ step), on each engine that accepts it, and what the run must show against the la
 - `refused`: refused before start on this machine, one line holding `refusal` (checked in
   process by tests/unit/config/test_knob_rows.py: compose and preflight, what the front door runs).
 
-tests/unit/config/test_knob_rows.py derives the knobs from launcher/config/schema.py itself (every bool
-field, and every string key validate refuses with "not one of") and fails for any
+tests/unit/config/test_knob_rows.py derives the knobs from launcher/config/schema.py itself
+(every bool field, and every string key validate refuses with "not one of") and fails for any
 (engine, key, value) no row covers: a new knob arrives with its row.
 """
 

@@ -31,7 +31,7 @@ STRATEGY_POINTS = ("ddp", "fsdp2", "fsdp2_noreshard", "zero1", "zero2", "zero3")
 # The DDP sweep: two bucket sizes (gpt2-tiny: 8 buckets at 0.05 MB, 1 at 25 MB) in one
 # launch, 10 steps, profiled over steps 5-9 (PROFILED), W&B offline and TensorBoard together,
 # eval once at the end (outside the profiled steps), no checkpoints. The reference of
-# tests/launches/test_sweep.py, tests/launches/test_profiler.py and tests/launches/test_tensorboard.py.
+# tests/launches/: test_sweep.py, test_profiler.py and test_tensorboard.py.
 BUCKETS = ("0.05", "25")
 DDP_SWEEP_POINTS = tuple(f"bucket_cap_mb={size}" for size in BUCKETS)
 DDP_SWEEP_STEPS = 10
@@ -48,7 +48,7 @@ LOGGERS = ["logger=[wandb,tensorboard]", "logger.mode=offline"]
 # The DDP run: the defaults on 2 ranks for 24 steps, eval every 6, checkpoints at 12 and 24,
 # W&B offline (with a recognisable fake API key in the environment) and TensorBoard. The
 # reference of tests/launches/test_train.py (layout, world size 1 = 2, exact resume),
-# tests/launches/test_wandb.py and tests/launches/test_tensorboard.py (a resumed run shows every step once).
+# tests/launches/test_wandb.py and test_tensorboard.py (a resumed run shows every step once).
 DDP_RUN_STEPS = 24
 DDP_RUN = [*FAST, f"trainer.max_steps={DDP_RUN_STEPS}", "trainer.checkpoint_interval=12"]
 DDP_RUN_ID = "wb-offline"  # also the W&B run's id, so a valid one
