@@ -1,5 +1,5 @@
-"""`model.attention`: which SDPA kernel the loss runs, the same loss whichever it is, and
-the kernels a device or precision rules out refused in one line."""
+"""A real trainer launch profiled with `model.attention=math` runs only the math SDPA kernel
+(the trace names it); the in-process choices and refusals are tests/unit/model/test_attention.py."""
 
 from __future__ import annotations
 

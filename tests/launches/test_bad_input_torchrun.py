@@ -1,4 +1,5 @@
-"""Bad input: one clear line naming the key or file and the fix, exit code 2, nothing started."""
+"""Bad input under torchrun: rank 0's one line, exit code 2, nothing started, and every other
+rank gone within 2 s of it (no 20 s linger)."""
 
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def test_run_directory_config_and_comm_figures(strategy_sweep, shared_root):
         assert [r["step"] for r in metrics(run_dir) if "eval/loss" in r] == [10, 20]
     with open(sweep_dir / "sweep_summary.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    rows = [r for r in rows if r["point"] in POINTS]  # tests/test_fsdp2.py reads the rest
+    rows = [r for r in rows if r["point"] in POINTS]  # test_fsdp2.py reads the rest
     assert [r["point"] for r in rows] == list(POINTS)
     assert [r["strategy.zero_stage"] for r in rows] == ["", "1", "2", "3"]  # DDP has none
     for r in rows:

@@ -8,7 +8,7 @@ few launches that resume the sweep's step-10 checkpoints: FSDP2 at the same worl
 torchrun's elastic membership, 2 -> 1 -> 2 ranks; an asynchronous checkpoint cut by
 SIGTERM; and one 4-rank launch with strategy.reshard_after_forward=2. Resume launches use
 the default DataLoader. The sweep is the session's shared `strategy_sweep` reference
-(tests/reference_runs.py), also read by tests/test_deepspeed.py.
+(tests/reference_runs.py), also read by test_deepspeed.py.
 """
 
 from __future__ import annotations

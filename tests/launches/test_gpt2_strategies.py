@@ -1,6 +1,5 @@
-"""The native GPT-2 (model.impl=native): the same function as transformers' on the same
-weights, both ways; one compiled graph with the loss inside; the same losses compiled and
-eager; gradient checkpointing, FLOPs, config and checkpoint-identity rules."""
+"""The native GPT-2 under every engine on real ranks: DDP, ZeRO-2 and FSDP2 (which must find
+the native blocks to shard) give the same steps, also checkpointed and in bf16."""
 
 import pytest
 

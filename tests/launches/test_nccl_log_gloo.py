@@ -1,5 +1,4 @@
-"""NCCL transport from NCCL's INFO log: the parser on real-format logs, the log file's way
-into the run directory, env.json's `nccl_transport`, and no claim at all without NCCL."""
+"""A gloo run with NCCL_DEBUG set claims no NCCL transport in env.json: no claim without NCCL."""
 
 from __future__ import annotations
 

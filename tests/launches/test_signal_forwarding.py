@@ -1,9 +1,5 @@
-"""A run directory's history belongs to it (in-process): every run-directory state x every
-`resume` setting x a max_steps at, above and below the run's step, against the resume
-decision. Each case either continues, says the run is finished, starts fresh in an empty
-directory, moves an unfinished attempt aside (byte for byte), or refuses in one line
-without touching a byte. What needs real ranks is in test_nothing_lost.py.
-"""
+"""The front door (`python -m launcher.torchrun`) has torchrun forward every signal a
+scheduler or a person sends, each named case to its expected end."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""What a run directory can hold, damaged every way, against the resume decision (in-process).
-
-Every file and folder a run directory can hold x missing, empty, truncated, garbage
-bytes, wrong type: each resume either falls back with one warning naming the thing and
-why, or refuses with one line; never a traceback, and the good checkpoint's bytes never
-change. Also: the compatibility check, retention, the lock, metrics.jsonl on resume.
-What needs real ranks is in test_resume_launch.py.
-"""
+"""A stale lock (a dead pid here, another host's expired heartbeat) is taken over by a real
+launch with one warning naming why."""
 
 from __future__ import annotations
 

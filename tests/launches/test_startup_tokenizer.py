@@ -1,12 +1,5 @@
-"""Start-up without its avoidable costs, and with the same results.
-
-A single run is composed once before Hydra starts, and that config is the one composing it
-for a single run gives; where composing for a sweep would accept what a single run
-refuses, the refusal is the same line as before. `data.tokenizer=auto` looks for GPT-2's
-files before importing transformers, and still loads them through transformers when they
-are there. (The launch figures are benchmarks/startup.py's; the bad-input exit bound is
-tests/test_bad_input.py's.)
-"""
+"""`data.tokenizer=auto` on real launches: without GPT-2's files offline it does not import
+transformers; with them in the hub cache it loads them through transformers."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""What `python -m launcher.submit` renders and refuses, for every cluster, without a cluster.
-
-Pure rendering and validation (plus `bash` running a rendered script's setup part): the CPU
-request each renderer computes, secrets refused by every renderer, values Hydra would
-retype refused in every key that becomes shell text, the files a run reads checked at
-submit where this host sees them, failing setup lines ending the job at once, and what a
-container job mounts. The cluster tests (tests/test_slurm.py, tests/test_k8s.py) show
-the same on a real Slurm cluster and in pods.
-"""
+"""A rendered job's setup run for real: a failing setup line, `module` or venv ends the job at
+once naming it; the manifests need Kubernetes 1.29 as the refusal says."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""logger=wandb: real offline W&B runs, read back with `wandb leet inspect`, against the files.
-
-One 2-rank torchrun launch with `logger.mode=offline` serves most checks; a one-process
-launch checks `logger.mode=disabled`; the sweep summary and resume are checked in-process.
-"""
+"""logger=wandb: the session's 2-rank offline W&B run, read back with `wandb leet inspect`,
+against the files; a one-process launch checks `logger.mode=disabled`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The pure parts of fault handling, in-process and fast: the job's exit code from the ranks'
-reports, the straggler streak, the compute-time spread, the watchdog's limits, and the hang
-analyser on run directories laid out as the watchdog leaves them."""
+"""The hang watchdog on a real launch: a stalled rank has every rank's stacks dumped and the
+job exits with the hang code (the watchdog's pure limits: tests/unit/resilience/)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Every file and folder a run directory can hold x missing, empty, truncated, garb
 bytes, wrong type: each resume either falls back with one warning naming the thing and
 why, or refuses with one line; never a traceback, and the good checkpoint's bytes never
 change. Also: the compatibility check, retention, the lock, metrics.jsonl on resume.
-What needs real ranks is in test_resume_launch.py.
+What needs real ranks is in tests/launches/test_resume_launch.py.
 """
 
 from __future__ import annotations

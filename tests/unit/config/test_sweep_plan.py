@@ -1,5 +1,5 @@
-"""Sweeps inside one torchrun launch (Hydra multirun on one process group), their summary,
-and the comparison of separate launches."""
+"""A sweep's plan in-process: point labels name the swept values, and a strategy sweep's
+comparison leaves out keys of one engine only."""
 
 from __future__ import annotations
 

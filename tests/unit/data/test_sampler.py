@@ -1,10 +1,4 @@
-"""Unit tests of the pure cores that the launch tests reach only through torchrun.
-
-Each section pins the invariants its arithmetic fixes, on fabricated inputs, in one
-process: metric aggregation, the LR schedule, the checkpoint writer (two ranks as two
-threads sharing a barrier), the stop vote (a real signal, a real one-rank gloo group),
-PowerSGD on a fabricated bucket, and the batch arithmetic with the data order built on it.
-"""
+"""The step sampler: one global batch split alike at any world size, resumed at a step."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""`model.attention`: which SDPA kernel the loss runs, the same loss whichever it is, and
-the kernels a device or precision rules out refused in one line."""
+"""`model.attention` in-process: which SDPA kernel the loss runs, the same loss and gradients
+whichever it is, and the kernels a device or precision rules out refused in one line."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Unit tests of the pure cores that the launch tests reach only through torchrun.
-
-Each section pins the invariants its arithmetic fixes, on fabricated inputs, in one
-process: metric aggregation, the LR schedule, the checkpoint writer (two ranks as two
-threads sharing a barrier), the stop vote (a real signal, a real one-rank gloo group),
-PowerSGD on a fabricated bucket, and the batch arithmetic with the data order built on it.
-"""
+"""Metrics across ranks on fabricated inputs: percentiles, intervals, the figures gathered by
+name, their aggregation (slowest rank, spreads, comm, memory) and bus bandwidth."""
 
 from __future__ import annotations
 

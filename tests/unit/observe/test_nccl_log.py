@@ -1,5 +1,5 @@
 """NCCL transport from NCCL's INFO log: the parser on real-format logs, the log file's way
-into the run directory, env.json's `nccl_transport`, and no claim at all without NCCL."""
+into the run directory, and env.json's `nccl_transport`."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""logger=tensorboard: real event files, read back with TensorBoard's own event reader (the
-accumulator its server uses), against metrics.jsonl and the sweep summary.
-
-The session's DDP sweep (2 points, W&B offline and TensorBoard together) is read back; a
-copy of the session's DDP run, resumed, shows every step once; the missing package is
-checked in-process.
-
-TensorBoard stores every scalar as a 32-bit float, so values are compared with
-metrics.jsonl's at float32 precision: float32(jsonl value) == the stored value, exactly.
-"""
+"""logger=tensorboard without its writer package is one line and exit code 2."""
 
 from __future__ import annotations
 

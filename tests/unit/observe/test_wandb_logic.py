@@ -1,8 +1,5 @@
-"""logger=wandb: real offline W&B runs, read back with `wandb leet inspect`, against the files.
-
-One 2-rank torchrun launch with `logger.mode=offline` serves most checks; a one-process
-launch checks `logger.mode=disabled`; the sweep summary and resume are checked in-process.
-"""
+"""logger=wandb in-process, on real offline W&B runs: a bad mode is one line, the run id is
+stable and valid, a restart continues the same run, the sweep summary's table and plot."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""DDP communication knobs on 2 gloo ranks: hooks, buckets, replicas in sync, NCCL settings."""
+"""DDP's per-bucket communication timing: the union of bucket intervals and the part of it
+not hidden behind compute, on fabricated timestamps."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""strategy=deepspeed on 2 gloo ranks: ZeRO-1/2/3 against DDP, resume, offload, bad configs.
-
-The session's shared `strategy_sweep` (tests/reference_runs.py: DDP, ZeRO-1/2/3 and FSDP2 in
-one launch, 20 steps each, the same seed and data) is the reference for most tests; a ZeRO-3
-run resumed from the sweep's step-10 checkpoint and a short ZeRO-3 run with optimizer and
-parameter offload are compared with it, and the sweep's ZeRO-2/ZeRO-3 checkpoints are
-resumed at another world size, stage and engine through DeepSpeed's universal conversion.
-No test needs a compiler: the launcher keeps DeepSpeed from building its ops.
-"""
+"""strategy=deepspeed's config refusals in-process: settings that contradict each other or
+trainer.* are one line each, before anything starts."""
 
 from __future__ import annotations
 

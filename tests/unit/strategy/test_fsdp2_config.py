@@ -1,15 +1,5 @@
-"""strategy=fsdp2 on 2 gloo ranks, and resume at another world size.
-
-One `+exp=strategy_sweep` launch (DDP, ZeRO-1/2/3, FSDP2 with and without resharding after
-forward; 20 steps each, the same seed and data, checkpoints at 10 and 20) is the reference:
-FSDP2 against DDP's losses, its comm figures and DCP checkpoints, the sweep table. Then a
-few launches that resume the sweep's step-10 checkpoints: FSDP2 at the same world size
-(bit-exact), DDP 2 -> 1 rank then into FSDP2 on 2, FSDP2 into DDP on 1 rank; FSDP2 under
-torchrun's elastic membership, 2 -> 1 -> 2 ranks; an asynchronous checkpoint cut by
-SIGTERM; and one 4-rank launch with strategy.reshard_after_forward=2. Resume launches use
-the default DataLoader. The sweep is the session's shared `strategy_sweep` reference
-(tests/reference_runs.py), also read by tests/test_deepspeed.py.
-"""
+"""strategy=fsdp2's config refusals in-process: reshard_after_forward's forms, dtypes,
+offload and precision, one line each."""
 
 from __future__ import annotations
 

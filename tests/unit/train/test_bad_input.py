@@ -1,4 +1,5 @@
-"""Bad input: one clear line naming the key or file and the fix, exit code 2, nothing started."""
+"""Bad input, in-process through the train front door: one clear line naming the key or file
+and the fix, exit code 2, nothing started; every numeric key's range; the refusal tables."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""Start-up without its avoidable costs, and with the same results.
-
-A single run is composed once before Hydra starts, and that config is the one composing it
-for a single run gives; where composing for a sweep would accept what a single run
-refuses, the refusal is the same line as before. `data.tokenizer=auto` looks for GPT-2's
-files before importing transformers, and still loads them through transformers when they
-are there. (The launch figures are benchmarks/startup.py's; the bad-input exit bound is
-tests/test_bad_input.py's.)
-"""
+"""Start-up without its avoidable costs, and with the same results: a single run is composed
+once into the config composing it for a single run gives; a sweep still composes every
+point; what a single run refuses is refused in the same line. (The launch figures are
+benchmarks/startup.py's.)"""
 
 from __future__ import annotations
 

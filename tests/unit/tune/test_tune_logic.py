@@ -1,12 +1,5 @@
-"""launcher.tune: tuning rounds inside one torchrun launch, from planted slow starting
-points to a measured, confirmed speed-up, and the winner written back as an experiment.
-
-The launches plant big effects (several times the step time) so that the decisions hold on
-a busy two-core machine: a data source with a high latency read without workers together
-with accumulation far beyond need; tiny DDP buckets; and a single process with nothing to
-fix. The pure logic (candidates, the keep/reject rule, tuned.yaml) is tested without
-launches.
-"""
+"""launcher.tune's pure logic: candidates follow the analyser's evidence, the keep/reject rule
+against the noise and the loss tolerance, tuned.yaml, bad input, and the submitted tuner."""
 
 from __future__ import annotations
 
