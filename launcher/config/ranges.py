@@ -71,15 +71,33 @@ def ranged(default: Any = MISSING, allowed: Range | None = None, *, factory=None
     return field(default=default, metadata={RANGE: allowed})
 
 
+CHOICES = "choices"  # the dataclass field metadata key that holds a string key's values
+
+
+def one_of(default: str, choices: tuple[str, ...]) -> Any:
+    """A schema field whose allowed values sit beside its default: `precision: str =
+    one_of("fp32", PRECISIONS)`; anything else is refused by name before start."""
+    return field(default=default, metadata={CHOICES: choices})
+
+
+def choices_of(schema: type, prefix: str = "") -> dict[str, tuple[str, ...]]:
+    """`prefix.key` -> its values for every `one_of` field of a schema, nested sections too."""
+    return _walk(schema, prefix, CHOICES)
+
+
 def ranges_of(schema: type, prefix: str = "") -> dict[str, Range]:
     """`prefix.key` -> Range for every ranged field of a schema dataclass, nested sections
     (a field whose default is a dataclass) included."""
+    return _walk(schema, prefix, RANGE)
+
+
+def _walk(schema: type, prefix: str, key: str) -> dict[str, Any]:
     found = {}
     for f in fields(schema):
-        if f.metadata.get(RANGE) is not None:
-            found[f"{prefix}{f.name}"] = f.metadata[RANGE]
+        if f.metadata.get(key) is not None:
+            found[f"{prefix}{f.name}"] = f.metadata[key]
         elif is_dataclass(f.default_factory):
-            found.update(ranges_of(f.default_factory, f"{prefix}{f.name}."))
+            found.update(_walk(f.default_factory, f"{prefix}{f.name}.", key))
     return found
 
 

@@ -24,6 +24,8 @@ from launcher.config.ranges import (
     NON_NEGATIVE,
     POSITIVE,
     Range,
+    choices_of,
+    one_of,
     ranged,
     ranges_of,
 )
@@ -64,14 +66,16 @@ class ModelConfig:
     vocab_multiple: int = ranged(64, AT_LEAST_1)
     dropout: float = ranged(0.0, BELOW_1)
     init_from: str | None = None
-    impl: str = "native"  # native (launcher.model.gpt2) or hf (transformers' GPT2LMHeadModel)
+    # native (launcher.model.gpt2) or hf (transformers' GPT2LMHeadModel)
+    impl: str = one_of("native", MODEL_IMPLS)
     bias: bool = True  # biases in linears and LayerNorms (GPT-2's weights have them)
-    attention: str = "auto"  # SDPA's kernel: auto (PyTorch picks), flash, efficient, cudnn, math
+    # SDPA's kernel: auto (PyTorch picks), flash, efficient, cudnn, math
+    attention: str = one_of("auto", ATTENTION_BACKENDS)
 
 
 @dataclass
 class DataConfig:
-    source: str = "stdlib"
+    source: str = one_of("stdlib", DATA_SOURCES)
     paths: list[str] = field(default_factory=list)
     val_paths: list[str] = field(default_factory=list)
     max_bytes: int | None = ranged(None, AT_LEAST_1)
@@ -108,18 +112,19 @@ class TrainerConfig:
     beta2: float = ranged(0.95, BELOW_1)
     grad_clip: float = ranged(1.0, Range(low=0.0, why="0 disables clipping"))
     fused_adamw: bool = True
-    precision: str = "fp32"
-    compile: str = "off"
+    precision: str = one_of("fp32", PRECISIONS)
+    compile: str = one_of("off", COMPILE_MODES)
     grad_checkpointing: bool = False
     seed: int = ranged(1337, Range(low=0, high=2**32 - 1))
-    device: str = "auto"
+    device: str = one_of("auto", DEVICES)
     log_interval: int = ranged(10, AT_LEAST_1)
     eval_interval: int = ranged(100, Range(low=0, why="0: never"))
     eval_batches: int = ranged(4, AT_LEAST_1)
     checkpoint_interval: int = ranged(100, Range(low=0, why="0: never"))
     keep_checkpoints: int = ranged(2, AT_LEAST_1)
     async_checkpoint: bool = False  # strategy=fsdp2: files written while training goes on
-    on_nonfinite: str = "stop"  # stop (exit 3), skip the update, or rewind (docs/faults.md)
+    # stop (exit 3), skip the update, or rewind (docs/faults.md)
+    on_nonfinite: str = one_of("stop", NONFINITE_POLICIES)
     # skipped steps allowed within bad_step_window; one more: exit 3
     max_bad_steps: int = ranged(3, Range(low=0, why="0: the first bad step stops the run"))
     bad_step_window: int = ranged(100, AT_LEAST_1)  # steps
@@ -127,7 +132,7 @@ class TrainerConfig:
 
 @dataclass
 class DistConfig:
-    backend: str = "auto"
+    backend: str = one_of("auto", BACKENDS)
     timeout_s: int = ranged(900, AT_LEAST_1)
 
 
@@ -166,7 +171,7 @@ class FaultConfig:
     with a high latency, such as a busy network file system; `rank` and `step` do not apply).
     """
 
-    kind: str = "none"
+    kind: str = one_of("none", FAULT_KINDS)
     rank: int = ranged(0, NON_NEGATIVE)
     step: int = ranged(1, AT_LEAST_1)
     seconds: float = ranged(60.0, NON_NEGATIVE)
@@ -182,7 +187,7 @@ class NcclConfig:
 
 @dataclass
 class ProfilerConfig:
-    name: str = "off"
+    name: str = one_of("off", PROFILERS)
     # empty: every rank
     ranks: list[int] = ranged(factory=list, allowed=Range(low=0, why="each rank"))
     skip_first: int = ranged(10, NON_NEGATIVE)
@@ -204,7 +209,8 @@ class LoggerConfig:
     true (`logger=tensorboard`; both: `logger=[wandb,tensorboard]`). The API key is never a
     config key: wandb reads WANDB_API_KEY from the environment."""
 
-    mode: str = "disabled"  # online, offline (files only; `wandb sync` later), disabled
+    # online, offline (files only; `wandb sync` later), disabled
+    mode: str = one_of("disabled", LOGGER_MODES)
     project: str = "launcher"
     entity: str | None = None
     tags: list[str] = field(default_factory=list)
@@ -404,6 +410,14 @@ def all_ranges() -> dict[str, Range]:
     found = ranges_of(TrainConfig)
     for engine in engines().values():
         found.update(ranges_of(engine.schema, "strategy."))
+    return found
+
+
+def all_choices() -> dict[str, tuple[str, ...]]:
+    """Every string key with a fixed set of values, the engines' `strategy.` keys included."""
+    found = choices_of(TrainConfig)
+    for engine in engines().values():
+        found.update(choices_of(engine.schema, "strategy."))
     return found
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.config.errors import ConfigError, check_choice
-from launcher.config.ranges import Range, ranged
+from launcher.config.errors import ConfigError
+from launcher.config.ranges import Range, one_of, ranged
 from launcher.strategy.registry import Engine, Format, StrategyConfig
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
@@ -26,7 +26,8 @@ class DDPConfig(StrategyConfig):
     static_graph: bool = False
     find_unused_parameters: bool = False
     broadcast_buffers: bool = True
-    comm_hook: str = "none"  # none, bf16, fp16, powersgd (docs/communication.md)
+    # none, bf16, fp16, powersgd (docs/communication.md)
+    comm_hook: str = one_of("none", COMM_HOOKS)
     # PowerSGD (comm_hook=powersgd): all-reduce a rank-r approximation of every large
     # gradient matrix instead of the matrix.
     # r: bytes grow with it; 1-4 is typical, 4 leans to accuracy
@@ -54,7 +55,6 @@ FORMAT = Format("torch", marker=FILES[0], reader="launcher.strategy.ddp.files")
 def rules(cfg, world_size: int) -> None:
     """The compression hook, and what PowerSGD cannot do."""
     s = cfg.strategy
-    check_choice("strategy.comm_hook", s.comm_hook, COMM_HOOKS)
     if s.comm_hook == "powersgd" and cfg.trainer.precision == "fp16":
         raise ConfigError(
             "strategy.comm_hook=powersgd does not work with trainer.precision=fp16: its error "
