@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from launcher.checkpoint import memory
 from launcher.checkpoint.protocol import find_resumable
 from launcher.config import ConfigError, typed, validate
+from launcher.config.schema import TrainConfig
 from launcher.data.cache import CACHE_ENV, cache_root
 from launcher.data.shm import check_shm, shm_need_bytes
 from launcher.data.tokenizer import tokenizer_path_problem
@@ -34,10 +35,11 @@ from launcher.strategy.registry import engine
 WANDB_DEFAULT_HOST = "https://api.wandb.ai"
 
 
-def shm_need(cfg: DictConfig, restarts: int | None = None) -> int:
+def shm_need(cfg: DictConfig | TrainConfig, restarts: int | None = None) -> int:
     """Bytes of /dev/shm one rank needs: its DataLoader workers' batches, and the memory
     tier's checkpoints (launcher.checkpoint.memory; `restarts`: torchrun's --max-restarts
-    the job will run with, else this process's)."""
+    the job will run with, else this process's). Read from the composed config (doctor,
+    submit) or the typed one (the job's env.json) alike."""
     loaders = shm_need_bytes(
         num_workers=cfg.data.num_workers,
         prefetch_factor=cfg.data.prefetch_factor,

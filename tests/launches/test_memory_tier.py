@@ -1,0 +1,81 @@
+"""The memory tier launched (launcher.checkpoint.memory, docs/checkpoints.md): a rank killed
+between two durable checkpoints costs at most `trainer.memory_checkpoint_interval` steps after
+torchrun's restart, with the uninterrupted run's losses; a rewind restores its newer step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+from pathlib import Path
+
+from launcher.checkpoint import memory
+
+from launch import (
+    explain,
+    finish,
+    losses,
+    metrics,
+    run_dir_of,
+    start_torchrun,
+    summary,
+    torchrun,
+    wait_for,
+)
+from reference_runs import LONG
+
+
+def worker_pid(run_dir: Path, rank: int) -> int:
+    text = (run_dir / "logs" / f"rank{rank}.log").read_text()
+    return int(re.findall(r"pid (\d+)\)", text)[-1])
+
+
+def test_killed_rank_resumes_from_the_memory_tier(long_run, tmp_path):
+    """The long run (durable checkpoints at 20, 40, 60) under torchrun --max-restarts=1, the
+    tier at its default (every 10 steps under restarts, in /dev/shm): rank 1 is SIGKILLed as
+    soon as step 30's memory checkpoint is sealed. The restart resumes from step 30, not the
+    durable 20, and ends with the uninterrupted run's losses, bit for bit."""
+    output, root = tmp_path / "out.txt", tmp_path / "runs"
+    proc = start_torchrun(
+        [*LONG, f"run.root={root}"], output, "--max-restarts=1", runner="torch.distributed.run"
+    )
+    wait_for(lambda: run_dir_of(root) is not None, proc)
+    run_dir = run_dir_of(root)
+    sealed = memory.rank_folder("/dev/shm", run_dir, 1) / "step_00000030" / "meta.json"
+    wait_for(sealed.exists, proc)
+    os.kill(worker_pid(run_dir, 1), signal.SIGKILL)
+    out = finish(proc, output)
+    assert proc.returncode == 0, out
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    first, again = log.split("memory tier: step 30 is newer than the durable step_00000020")
+    assert "resumed from step 30" in again
+    reached = max(int(s) for s in re.findall(r"step (\d+)/60", first))
+    assert 30 <= reached <= 30 + memory.DEFAULT_INTERVAL  # the steps the kill lost
+    assert losses(run_dir) == losses(long_run)
+    assert summary(run_dir)["steps"] == 60
+    kept = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
+    assert kept == ["step_00000040", "step_00000060"]
+    assert not memory.rank_folder("/dev/shm", run_dir, 0).parent.exists()  # freed at the end
+
+
+def test_a_rewind_restores_the_memory_tiers_newer_step(long_run, tmp_path):
+    """trainer.on_nonfinite=rewind with the tier every 2 steps: rank 1's NaN in step 25
+    rewinds to step 24's memory checkpoint (sealed first), not the durable step 20, and
+    skips only step 25's data window: no step is redone."""
+    run = [*LONG, f"run.root={tmp_path}", "run.id=rw", "trainer.memory_checkpoint_interval=2"]
+    bad = ["trainer.on_nonfinite=rewind", "fault.kind=nonfinite", "fault.rank=1", "fault.step=25"]
+    proc = torchrun([*run, *bad], runner="launcher.torchrun")
+    assert proc.returncode == 0, explain(proc)
+    assert (
+        "rewound to step 24 (step_00000024) after the non-finite step 25; data window 24 is "
+        "skipped" in proc.stderr
+    )
+    reference = losses(long_run)
+    got = [r for r in metrics(tmp_path / "rw") if "loss" in r]
+    assert [r["step"] for r in got] == [*range(1, 25), *range(25, 61)]  # nothing redone
+    assert {r["step"]: r["loss"] for r in got[:24]} == {s: reference[s] for s in range(1, 25)}
+    assert all(math.isfinite(r["loss"]) for r in got)
+    s = summary(tmp_path / "rw")
+    assert (s["status"], s["steps"], s["bad_steps/rewinds"]) == ("completed", 60, 1)

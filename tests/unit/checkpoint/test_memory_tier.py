@@ -1,0 +1,105 @@
+"""The memory tier's decisions in process (launcher.checkpoint.memory, docs/checkpoints.md):
+which memory checkpoints a launch may load (never another run's, world size's, lineage's or
+launch's), the default interval under torchrun's restarts, what it adds to the shared-memory
+need, and the one-line refusal of an engine that cannot write it. The launches are in
+tests/launches/test_memory_tier.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from launcher.checkpoint import memory
+from launcher.checkpoint.resume import identity
+from launcher.config import ConfigError, compose
+from launcher.runtime.process import Runtime
+from launcher.train.preflight import check_config, shm_need
+
+IDENTITY = {"model": {"name": "m"}, "strategy": {"name": "ddp"}, "world_size": 1}
+
+
+def runtime(run_dir: Path, run_id: str = "r", world_size: int = 1) -> Runtime:
+    return Runtime(0, 0, world_size, torch.device("cpu"), None, run_id=run_id, run_dir=run_dir)
+
+
+def tier(root: Path, rt: Runtime, lineage: str = "line-a") -> memory.MemoryTier:
+    made = memory.MemoryTier(str(root), 2, rt, {**IDENTITY, "world_size": rt.world_size})
+    made.follow(lineage)
+    return made
+
+
+def write_step(t: memory.MemoryTier, step: int) -> None:
+    t.save(step, lambda folder: (folder / "model.pt").write_bytes(b"x"), {"data_step": step})
+    t.complete()
+
+
+def test_a_launch_loads_only_its_own_runs_memory_checkpoints(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    root, run = tmp_path / "shm", tmp_path / "runs" / "r"
+    writer = tier(root, runtime(run))
+    write_step(writer, 4)
+    write_step(writer, 6)  # keeps the newest one only
+    assert sorted(p.name for p in writer.folder.glob("step_*")) == ["step_00000006"]
+    assert writer.newest_common("line-a", after=2) == writer.folder / "step_00000006"
+    assert writer.newest_common("line-a", after=6) is None  # not newer than the durable one
+    assert writer.newest_common("line-b", after=0) is None  # another lineage
+    assert tier(root, runtime(run, run_id="other")).usable("line-a") == {}  # another run id
+    assert tier(root, runtime(run, world_size=2)).usable("line-a") == {}  # another world size
+    elsewhere = tier(root, runtime(tmp_path / "runs" / "r2"))  # another run directory
+    assert elsewhere.folder != writer.folder and elsewhere.usable("line-a") == {}
+    # Before the first durable checkpoint, only the same launch's (none here: no launch id).
+    assert writer.usable(None) == {}
+    writer.close(remove=True)
+    assert not writer.folder.exists() and not writer.folder.parent.exists()
+
+
+def test_before_a_durable_checkpoint_only_the_same_launch_resumes(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "launch-1")
+    root, run = tmp_path / "shm", tmp_path / "runs" / "r"
+    write_step(tier(root, runtime(run)), 4)
+    assert sorted(tier(root, runtime(run)).usable(None)) == [4]  # a restart of the launch
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "launch-2")
+    assert tier(root, runtime(run)).usable(None) == {}  # a later launch of the run directory
+
+
+def test_a_memory_checkpoint_the_resume_check_refuses_is_skipped(tmp_path):
+    """Written by another model shape (a changed config between two launches of the run)."""
+    root, run = tmp_path / "shm", tmp_path / "runs" / "r"
+    written = tier(root, runtime(run))
+    written.writer.meta.update(identity(compose([]), None, 1))
+    write_step(written, 4)
+    same = tier(root, runtime(run))
+    same.identity = identity(compose([]), None, 1)
+    assert sorted(same.usable("line-a")) == [4]
+    deeper = tier(root, runtime(run))
+    deeper.identity = identity(compose(["model.n_layer=4"]), None, 1)
+    assert deeper.usable("line-a") == {}
+
+
+def test_the_interval_default_follows_torchruns_restarts():
+    cfg = compose([])
+    assert memory.interval(cfg, restarts=0) == 0
+    assert memory.interval(cfg, restarts=3) == memory.DEFAULT_INTERVAL == 10
+    assert memory.interval(compose(["strategy=fsdp2"]), restarts=3) == 0  # cannot: off
+    assert memory.interval(compose(["trainer.memory_checkpoint_interval=0"]), restarts=3) == 0
+    # /dev/shm holds the kept checkpoint and the one being written, on top of the loaders'.
+    tiered = shm_need(cfg, restarts=3) - shm_need(cfg, restarts=0)
+    assert tiered == 2 * memory.state_bytes(cfg) > 0
+    elsewhere = compose(["trainer.memory_checkpoint_dir=/tmp/ram"])
+    assert shm_need(elsewhere, restarts=3) == shm_need(cfg, restarts=0)
+
+
+@pytest.mark.parametrize("engine", ["fsdp2", "deepspeed"])
+def test_an_engine_without_the_tier_is_refused_in_one_line(engine):
+    cfg = compose([f"strategy={engine}", "trainer.memory_checkpoint_interval=5"])
+    with pytest.raises(ConfigError) as refused:
+        check_config(cfg, 2)
+    assert str(refused.value) == (
+        f"trainer.memory_checkpoint_interval=5 needs strategy=ddp; strategy={engine} cannot "
+        "write the memory tier yet: set trainer.memory_checkpoint_interval=0 (its durable "
+        "checkpoints are kept as before)"
+    )
