@@ -32,8 +32,10 @@ PROFILERS = ("off", "steps", "full")
 MODEL_IMPLS = ("native", "hf")
 ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
 FAULT_KINDS = (
-    "none", "stall", "sigstop", "exit", "oom", "loader_error", "slow", "slow_data", "nonfinite"
+    "none", "stall", "sigstop", "exit", "oom", "loader_error", "slow", "slow_data", "nonfinite",
+    "slow_device",
 )  # fmt: skip
+BURNIN_ACTIONS = ("warn", "refuse")
 NONFINITE_POLICIES = ("stop", "skip", "rewind")
 
 
@@ -145,7 +147,9 @@ class FaultConfig:
     loader_error: its data loader raises for that
     step; slow: it spends `seconds` more in every step from `step` on (a straggler);
     slow_data: every rank's data source takes `seconds` for each micro-batch it reads (storage
-    with a high latency, such as a busy network file system; `rank` and `step` do not apply).
+    with a high latency, such as a busy network file system; `rank` and `step` do not apply);
+    slow_device: its device is slow, each burn-in matmul and every step take `seconds` more
+    (the burn-in gate's outlier, docs/burnin.md).
     """
 
     kind: str = "none"
@@ -154,6 +158,21 @@ class FaultConfig:
     seconds: float = 60.0
     exit_code: int = 1
     once: bool = True  # fire in one attempt only: a restart or requeue then resumes past it
+
+
+@dataclass
+class BurninConfig:
+    """The burn-in gate before training (docs/burnin.md): every rank times a matmul on its
+    device and an all-reduce within its node and across nodes; a rank (or node) slower than
+    the median of the others by more than `tolerance` is named, and with `action=refuse`
+    the job exits with the bad-node code before any step, its host recorded for exclusion."""
+
+    enabled: bool | None = None  # null: on for cluster=slurm and k8s, off for local
+    tolerance: float = 0.25  # slower than the others' median by this fraction: named
+    action: str = "warn"  # warn: name it and train; refuse: exit 6 (bad node)
+    matmul_size: int | None = None  # n of the n x n matmul; null: 8192 (bf16) on GPU, 512 on CPU
+    iters: int = 10  # timed repetitions of the matmul and of each all-reduce
+    budget_s: float = 10.0  # the gate's time budget: a gate that takes longer says so
 
 
 @dataclass
@@ -326,6 +345,7 @@ class TrainConfig:
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    burnin: BurninConfig = field(default_factory=BurninConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)

@@ -17,6 +17,7 @@ from launcher.config.ranges import range_problem
 from launcher.config.schema import (
     ATTENTION_BACKENDS,
     BACKENDS,
+    BURNIN_ACTIONS,
     COMPILE_MODES,
     DATA_SOURCES,
     DEVICES,
@@ -51,6 +52,8 @@ def normalize(cfg: DictConfig, world_size: int) -> None:
         cfg.trainer.global_batch_size = cfg.trainer.micro_batch_size * world_size
     if cfg.data.persistent_workers is None and isinstance(cfg.data.num_workers, int):
         cfg.data.persistent_workers = cfg.data.num_workers > 0
+    if cfg.burnin.enabled is None:  # the submitted job's config carries cluster=slurm/k8s
+        cfg.burnin.enabled = cfg.cluster.name != "local"
     if cfg.strategy.get("powersgd_warmup_steps", 0) is None:
         cfg.strategy.powersgd_warmup_steps = cfg.trainer.warmup_steps
 
@@ -127,6 +130,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     _choice(cfg, "profiler.name", PROFILERS)
     _choice(cfg, "model.impl", MODEL_IMPLS)
     _choice(cfg, "model.attention", ATTENTION_BACKENDS)
+    _choice(cfg, "burnin.action", BURNIN_ACTIONS)
     _validate_model_bias(m)
     _validate_engine(cfg)
     problem = BatchPlan.of(t, world_size).problem()
