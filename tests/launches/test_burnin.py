@@ -2,18 +2,24 @@
 rank 1 made the outlier by `fault.kind=slow_device`. One torchrun runs both actions as the
 two points of a sweep: `warn` names the rank (rank, host, figure) in burnin.json, env.json
 and one line of rank 0's log, and trains; `refuse` names it the same way and exits 6 (bad
-node) before any step: no step record, no checkpoint, the host in bad_hosts. The requeue
-on another node is shown on the real Slurm cluster (tests/cluster/test_slurm.py).
+node) before any step: no step record, no checkpoint, the host in bad_hosts. The sbatch
+script's bad-node block, run by bash with a stand-in `scontrol`, requeues once with the
+hosts excluded; the requeue on another node is shown on the real Slurm cluster
+(tests/cluster/test_slurm.py).
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import subprocess
+from pathlib import Path
 
 from launcher.resilience import exit_codes
+from launcher.resilience.burnin import record_bad_hosts
 
 from launch import FAST_USER_LOADER, explain, metrics, summary, torchrun
+from submit_render import render
 
 # 0.2 s more per matmul against a few ms: far above any tolerance noise could reach.
 SLOW_RANK_1 = ["fault.kind=slow_device", "fault.rank=1", "fault.seconds=0.2"]
@@ -71,3 +77,46 @@ def test_the_gate_names_the_slow_rank_then_warns_or_refuses(tmp_path):
     assert not list(refused.glob("checkpoints/step_*"))
     assert (refused / "bad_hosts").read_text() == f"{host}\n"
     assert "refused: exit 6 (bad node)" in gate_lines(refused)[0]
+
+
+def bad_node_block(script: str) -> str:
+    start = script.index("# The burn-in gate refused a node")
+    return script[start : script.index("# Requeue after Slurm's warning")]
+
+
+# A stand-in scontrol: the job already excludes n9; hostnames of a comma list; every other
+# call is recorded, so the test sees what would have been asked of Slurm.
+SCONTROL = """
+scontrol() {
+  case "$1 $2" in
+    "-o show") echo "JobId=7 JobName=x ExcNodeList=$EXCLUDED Reason=None" ;;
+    "show hostnames") echo "$3" | tr , '\\n' ;;
+    *) echo "$*" >> "$run_dir/calls" ;;
+  esac
+}
+"""
+
+
+def run_block(block: str, run_dir: Path, excluded: str) -> str:
+    script = f'{SCONTROL}\ncode=6\nrun_dir={run_dir}\nSLURM_JOB_ID=7\nEXCLUDED="{excluded}"\n'
+    proc = subprocess.run(["bash", "-c", script + block], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_the_sbatch_script_requeues_once_excluding_the_refused_hosts(tmp_path):
+    block = bad_node_block(render("slurm", tmp_path)["job.sbatch"])
+    run_dir = tmp_path / "r"
+    out = run_block(block, run_dir, "(null)")
+    assert out == f"launcher: not requeued: exit 6 but no {run_dir}/bad_hosts names a host\n"
+    record_bad_hosts(run_dir, ["n2", "n1"])
+    out = run_block(block, run_dir, "n9")
+    assert out.strip().endswith("gate refused: --exclude=n1,n2,n9")
+    assert (run_dir / "calls").read_text().splitlines() == [
+        "requeuehold 7",
+        "update JobId=7 ExcNodeList=n1,n2,n9",
+        "release 7",
+    ]
+    again = run_block(block, run_dir, "n1,n2,n9")  # refused again after the requeue
+    assert again.startswith("launcher: not requeued: the burn-in gate refused a node again")
+    assert len((run_dir / "calls").read_text().splitlines()) == 3

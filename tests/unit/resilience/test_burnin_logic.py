@@ -1,13 +1,12 @@
 """The burn-in gate's pure parts (docs/burnin.md): who is slow (the median of the others),
 how a slow rank or node is named, the run's record of refused hosts, and what each
-renderer makes of it: the sbatch script's once-only requeue with the hosts excluded (its
-shell block run with a stand-in `scontrol`) and the pods' node affinity. The launches are
-in tests/launches/test_burnin.py, the real Slurm requeue in tests/cluster/test_slurm.py.
+renderer makes of it: `--exclude` and the pods' node affinity. The launches (and the
+sbatch script's requeue block, run by bash with a stand-in `scontrol`) are in
+tests/launches/test_burnin.py, the real Slurm requeue in tests/cluster/test_slurm.py.
 """
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from launcher.resilience.burnin import (
 )
 from launcher.submit.k8s import without_nodes
 
+from paths import REPO
 from submit_render import render
 
 
@@ -106,7 +106,7 @@ def test_the_bad_node_code_is_new_and_ranked_after_bad_input():
     assert exit_codes.BAD_NODE == 6 and exit_codes.BAD_NODE not in codes
     assert exit_codes.BAD_NODE < 126  # not the shell's 126/127 nor a signal's 128+n
     assert exit_codes.job_code({0: exit_codes.BAD_NODE, 1: exit_codes.STOPPED}, False) == 6
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "faults.md").read_text()
+    doc = (REPO / "docs" / "faults.md").read_text()
     assert "| 6 | bad node" in doc
 
 
@@ -132,49 +132,6 @@ def test_bad_burnin_values_are_one_line(override, words):
     with pytest.raises(ConfigError) as exc:
         validate(compose([override]), 1)
     assert words in str(exc.value) and "\n" not in str(exc.value)
-
-
-def bad_node_block(script: str) -> str:
-    start = script.index("# The burn-in gate refused a node")
-    return script[start : script.index("# Requeue after Slurm's warning")]
-
-
-# A stand-in scontrol: the job already excludes n9; hostnames of a comma list; every other
-# call is recorded, so the test sees what would have been asked of Slurm.
-SCONTROL = """
-scontrol() {
-  case "$1 $2" in
-    "-o show") echo "JobId=7 JobName=x ExcNodeList=$EXCLUDED Reason=None" ;;
-    "show hostnames") echo "$3" | tr , '\\n' ;;
-    *) echo "$*" >> "$run_dir/calls" ;;
-  esac
-}
-"""
-
-
-def run_block(block: str, run_dir: Path, excluded: str) -> str:
-    script = f'{SCONTROL}\ncode=6\nrun_dir={run_dir}\nSLURM_JOB_ID=7\nEXCLUDED="{excluded}"\n'
-    proc = subprocess.run(["bash", "-c", script + block], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
-def test_the_sbatch_script_requeues_once_excluding_the_refused_hosts(tmp_path):
-    block = bad_node_block(render("slurm", tmp_path)["job.sbatch"])
-    run_dir = tmp_path / "r"
-    out = run_block(block, run_dir, "(null)")
-    assert out == f"launcher: not requeued: exit 6 but no {run_dir}/bad_hosts names a host\n"
-    record_bad_hosts(run_dir, ["n2", "n1"])
-    out = run_block(block, run_dir, "n9")
-    assert out.strip().endswith("gate refused: --exclude=n1,n2,n9")
-    assert (run_dir / "calls").read_text().splitlines() == [
-        "requeuehold 7",
-        "update JobId=7 ExcNodeList=n1,n2,n9",
-        "release 7",
-    ]
-    again = run_block(block, run_dir, "n1,n2,n9")  # refused again after the requeue
-    assert again.startswith("launcher: not requeued: the burn-in gate refused a node again")
-    assert len((run_dir / "calls").read_text().splitlines()) == 3
 
 
 def test_a_resubmission_renders_the_refused_hosts_excluded(tmp_path):
