@@ -18,13 +18,12 @@ import datetime as dt
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from launcher.observe.comm_stats import bus_bandwidth
+from launcher.observe.comm_stats import bus_bandwidth, time_allreduce
 from launcher.runtime.process import env_world, init_process_group, pick_backend, pick_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -44,20 +43,6 @@ def message_sizes(low: int, high: int, factor: int) -> list[int]:
         sizes.append(size)
         size *= factor
     return sizes
-
-
-def time_allreduce(tensor: torch.Tensor, warmup: int, iters: int) -> float:
-    """Mean seconds per all-reduce on this rank."""
-    sync = torch.cuda.synchronize if tensor.is_cuda else (lambda: None)
-    for _ in range(warmup):
-        dist.all_reduce(tensor)
-    sync()
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        dist.all_reduce(tensor)
-    sync()
-    return (time.perf_counter() - start) / iters
 
 
 def run(args: argparse.Namespace) -> list[dict]:

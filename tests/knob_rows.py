@@ -24,10 +24,11 @@ from dataclasses import dataclass
 ENGINES = ("ddp", "deepspeed", "fsdp2")
 # The groups whose knobs the matrix must cover (the other groups are launch-wide, cluster
 # or fault settings: tests/launches/test_comm.py, test_slurm.py, test_k8s.py, test_faults.py).
-GROUPS = ("strategy", "trainer", "model", "data", "profiler", "logger")
+GROUPS = ("strategy", "trainer", "model", "data", "profiler", "logger", "burnin")
 # The data layer hands every engine the same token tensors, however they were read: its
 # sources (and their dtype) are launched on DDP, and one of them (synthetic) on every engine.
-ENGINE_FREE = ("data.source", "data.dtype")
+# The burn-in gate runs before any engine is built: launched on DDP.
+ENGINE_FREE = ("data.source", "data.dtype", "burnin.enabled", "burnin.action")
 DATA_ENGINES = ("ddp",)
 
 # On top of tests/launch.py's FAST_USER_LOADER (workers on): short, no eval, no checkpoints.
@@ -415,6 +416,14 @@ ROWS: list[Row] = [
         "finite",
         "a local folder laid out like WikiText-2 (train.txt, validation.txt)",
         rel=0.2,
+        engines=DATA_ENGINES,
+    ),
+    row(
+        "burnin",
+        ["burnin.enabled=true", "burnin.action=refuse", "burnin.tolerance=3"],
+        "equal",
+        "the gate only measures, before the model exists, with a private generator: the "
+        "same losses bit for bit; no rank of one machine is 4x slower, so refuse lets it train",
         engines=DATA_ENGINES,
     ),
     row(

@@ -77,13 +77,20 @@ def expand(text: str, env: dict[str, str]) -> str:
 
 
 def container_env(
-    container: dict, injected: dict[str, str], secrets: dict[str, dict[str, str]]
+    container: dict,
+    injected: dict[str, str],
+    secrets: dict[str, dict[str, str]],
+    fields: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """The variables a container sees from its manifest, in order, plus the injected ones."""
+    """The variables a container sees from its manifest, in order, plus the injected ones;
+    `fields`: the pod's fields a `fieldRef` may name (spec.nodeName)."""
     env = dict(injected)
     for entry in container.get("env", []):
         if "value" in entry:
             env[entry["name"]] = expand(str(entry["value"]), env)
+            continue
+        if "fieldRef" in entry["valueFrom"]:
+            env[entry["name"]] = (fields or {})[entry["valueFrom"]["fieldRef"]["fieldPath"]]
             continue
         ref = entry["valueFrom"]["secretKeyRef"]
         value = secrets.get(ref["name"], {}).get(ref["key"])
@@ -246,7 +253,8 @@ class IndexedJobPods:
         container = self.pod_spec["containers"][0]
         injected = {**self.image_env, "HOSTNAME": pod.hostname}
         injected["JOB_COMPLETION_INDEX"] = str(index)
-        env = container_env(container, injected, self.secrets)
+        # Each pod on a node of its own, named as a kubelet would report spec.nodeName.
+        env = container_env(container, injected, self.secrets, {"spec.nodeName": f"node{index}"})
         argv = [expand(a, env) for a in container.get("command", []) + container.get("args", [])]
         shm = next(
             v["emptyDir"]["sizeLimit"]

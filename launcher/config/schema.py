@@ -44,8 +44,10 @@ PROFILERS = ("off", "steps", "full")
 MODEL_IMPLS = ("native", "hf")
 ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
 FAULT_KINDS = (
-    "none", "stall", "sigstop", "exit", "oom", "loader_error", "slow", "slow_data", "nonfinite"
+    "none", "stall", "sigstop", "exit", "oom", "loader_error", "slow", "slow_data", "nonfinite",
+    "slow_device",
 )  # fmt: skip
+BURNIN_ACTIONS = ("warn", "refuse")
 NONFINITE_POLICIES = ("stop", "skip", "rewind")
 
 
@@ -175,7 +177,9 @@ class FaultConfig:
     loader_error: its data loader raises for that
     step; slow: it spends `seconds` more in every step from `step` on (a straggler);
     slow_data: every rank's data source takes `seconds` for each micro-batch it reads (storage
-    with a high latency, such as a busy network file system; `rank` and `step` do not apply).
+    with a high latency, such as a busy network file system; `rank` and `step` do not apply);
+    slow_device: its device is slow in the burn-in gate, each of its matmuls there takes
+    `seconds` more (the gate's outlier, docs/burnin.md; `step` does not apply).
     """
 
     kind: str = one_of("none", FAULT_KINDS)
@@ -184,6 +188,24 @@ class FaultConfig:
     seconds: float = ranged(60.0, NON_NEGATIVE)
     exit_code: int = ranged(1, Range(low=0, high=255, why="a process exit code"))
     once: bool = True  # fire in one attempt only: a restart or requeue then resumes past it
+
+
+@dataclass
+class BurninConfig:
+    """The burn-in gate before training (docs/burnin.md): every rank times a matmul on its
+    device and an all-reduce within its node and across nodes; a rank (or node) slower than
+    the median of the others by more than `tolerance` is named, and with `action=refuse`
+    the job exits with the bad-node code before any step, its host recorded for exclusion."""
+
+    enabled: bool | None = None  # null: on for cluster=slurm and k8s, off for local
+    tolerance: float = ranged(0.25, POSITIVE)  # slower than the others' median by this: named
+    action: str = one_of("warn", BURNIN_ACTIONS)  # refuse: exit 6 (bad node) before any step
+    # n of the n x n matmul; null: 8192 (bf16) on a GPU, 512 (fp32) on a CPU
+    matmul_size: int | None = ranged(
+        None, Range(low=16, why="n of the n x n matmul each rank times")
+    )
+    iters: int = ranged(10, AT_LEAST_1)  # timed repetitions of the matmul and each all-reduce
+    budget_s: float = ranged(10.0, POSITIVE)  # the gate's budget: one that takes longer says so
 
 
 @dataclass
@@ -389,6 +411,7 @@ class TrainConfig:
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    burnin: BurninConfig = field(default_factory=BurninConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)

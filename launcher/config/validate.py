@@ -26,8 +26,8 @@ def normalize(cfg: DictConfig, world_size: int) -> None:
 
     YAML's boolean spellings of `trainer.compile` (off/on/true/false) become modes, a
     null `trainer.global_batch_size` becomes one micro-batch per rank (no accumulation),
-    and a null `data.persistent_workers` follows `data.num_workers` (workers kept when
-    there are any).
+    a null `data.persistent_workers` follows `data.num_workers` (workers kept when
+    there are any), and a null `burnin.enabled` follows the cluster (on for slurm and k8s).
     """
     mode = str(cfg.trainer.compile).lower()
     cfg.trainer.compile = {"false": "off", "none": "off", "true": "default", "on": "default"}.get(
@@ -37,6 +37,8 @@ def normalize(cfg: DictConfig, world_size: int) -> None:
         cfg.trainer.global_batch_size = cfg.trainer.micro_batch_size * world_size
     if cfg.data.persistent_workers is None and isinstance(cfg.data.num_workers, int):
         cfg.data.persistent_workers = cfg.data.num_workers > 0
+    if cfg.burnin.enabled is None:  # the submitted job's config carries cluster=slurm/k8s
+        cfg.burnin.enabled = cfg.cluster.name != "local"
     if cfg.strategy.get("powersgd_warmup_steps", 0) is None:
         cfg.strategy.powersgd_warmup_steps = cfg.trainer.warmup_steps
 

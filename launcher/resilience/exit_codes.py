@@ -3,7 +3,8 @@
 Slurm (`--requeue` decisions in the sbatch script), a Kubernetes `podFailurePolicy` and
 PyTorchJob's `restartPolicy: ExitCode` act on the code of the process they wait on, so
 each code says what to do next: 2 is never worth retrying, 3 and 4 need a change before a
-retry helps, 5 and 143 resume from the last complete checkpoint.
+retry helps, 5 and 143 resume from the last complete checkpoint, 6 is worth retrying on
+other nodes (the refused host is recorded in the run directory's `bad_hosts`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ BAD_INPUT = 2  # a config or file problem, one line names it; retrying cannot he
 NONFINITE = 3  # the loss became NaN/inf; the last good checkpoint is kept
 OOM = 4  # out of device memory; a memory snapshot is named in the error line
 HANG = 5  # no step completed in time; stacks (and flight-recorder dumps) are in logs/
+# The burn-in gate refused a slow node before any step (burnin.action=refuse); its host is in
+# the run directory's bad_hosts. 6: free in the shell's (126, 127, 128+n) and Slurm's codes.
+BAD_NODE = 6
 STOPPED = 143  # stopped on request (SIGTERM/SIGINT) after a complete checkpoint
 
 MEANING = {
@@ -30,6 +34,7 @@ MEANING = {
     NONFINITE: "non-finite loss",
     OOM: "out of memory",
     HANG: "hang detected",
+    BAD_NODE: "bad node refused by the burn-in gate",
     STOPPED: "stopped with a checkpoint",
 }
 
@@ -38,7 +43,7 @@ OUTCOME_DIR_ENV = "LAUNCHER_OUTCOME_DIR"
 
 # When ranks end differently, the most specific diagnosis is the job's: a bad input or a
 # non-finite loss explains why the other ranks were stopped, not the other way round.
-PRIORITY = (BAD_INPUT, NONFINITE, OOM, HANG, STOPPED)
+PRIORITY = (BAD_INPUT, BAD_NODE, NONFINITE, OOM, HANG, STOPPED)
 
 
 def report(code: int) -> None:

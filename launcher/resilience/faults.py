@@ -48,8 +48,8 @@ class FaultInjector:
             if step >= cfg.step:
                 time.sleep(cfg.seconds)
             return
-        if step != cfg.step or kind in ("loader_error", "slow_data", "nonfinite"):
-            return  # those fire in the loader, or in the loss (`poison`)
+        if step != cfg.step or kind in ("loader_error", "slow_data", "nonfinite", "slow_device"):
+            return  # those fire in the loader, in the loss (`poison`), or in the burn-in gate
         self.armed = False
         self.marker.write_text(f"{kind} at step {step}\n")
         log.warning("fault.kind=%s: injecting at step %d", kind, step)
@@ -89,6 +89,21 @@ class FaultInjector:
             return windows
         poisoned = sampler.rank_batch(self.cfg.step - 1)[: sampler.micro_batch]
         return _FailingWindows(windows, poisoned, self.marker)
+
+
+def device_delay(cfg: DictConfig, *, rank: int, run_dir: Path) -> float:
+    """With `kind=slow_device`, the seconds each of this rank's burn-in matmuls takes more
+    (0 elsewhere): the gate's outlier, without a slow GPU to hand. It fires in the gate of
+    one attempt only with `once` (a requeued job on other nodes then passes)."""
+    if cfg.kind != "slow_device" or rank != cfg.rank:
+        return 0.0
+    marker = run_dir / "logs" / f"fault.rank{rank}"
+    if cfg.once and marker.exists():
+        log.info("fault.kind=slow_device already fired in an earlier attempt; not again")
+        return 0.0
+    marker.write_text("slow_device in the burn-in gate\n")
+    log.warning("fault.kind=slow_device: every burn-in matmul takes %g s more", cfg.seconds)
+    return float(cfg.seconds)
 
 
 class _FailingWindows(Dataset):

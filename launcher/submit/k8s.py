@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 
 from launcher.config import ConfigError
 from launcher.resilience import exit_codes
+from launcher.resilience.burnin import BAD_HOSTS, read_bad_hosts
 from launcher.submit import k8s_check, stop_time
 from launcher.submit.job import (
     DEFAULT_JOB_NAME,
@@ -150,6 +151,12 @@ def notes(job: SubmitJob) -> list[str]:
             f"needs: Secret {k.wandb_secret} with key {k.wandb_secret_key} ({required}: "
             f"kubectl create secret generic {k.wandb_secret} "
             f"--from-literal={k.wandb_secret_key}=$WANDB_API_KEY{ns_flag})"
+        )
+    refused = read_bad_hosts(job.run_dir)
+    if refused:
+        lines.append(
+            f"excluded: node(s) {', '.join(refused)}, refused by this run's burn-in gate "
+            f"({job.run_dir / BAD_HOSTS}; docs/burnin.md)"
         )
     if k.gang == "kueue":
         lines.append(f"needs: Kueue with a LocalQueue {k.queue} in {ns}")
@@ -652,8 +659,12 @@ def pod_template(
         spec["nodeSelector"] = {str(a): str(b) for a, b in k.node_selector.items()}
     if k.tolerations:
         spec["tolerations"] = OmegaConf.to_container(k.tolerations, resolve=True)
-    if k.affinity:
-        spec["affinity"] = OmegaConf.to_container(k.affinity, resolve=True)
+    affinity = OmegaConf.to_container(k.affinity, resolve=True) if k.affinity else {}
+    refused = read_bad_hosts(job.run_dir)  # the burn-in gates of this run's earlier pods
+    if refused:
+        affinity = without_nodes(affinity, refused)
+    if affinity:
+        spec["affinity"] = affinity
     spec["containers"] = [main]
     spec["volumes"] = [
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}},
@@ -674,6 +685,22 @@ def pod_template(
     annotations.update({str(a): str(b) for a, b in k.annotations.items()})
     meta["annotations"] = annotations
     return {"metadata": meta, "spec": spec}
+
+
+def without_nodes(affinity: dict, hosts: list[str]) -> dict:
+    """`affinity` with a required node-affinity rule that keeps the pods off `hosts` (by
+    the kubernetes.io/hostname label, which is the node's name unless a cloud sets it
+    otherwise). Node selector terms are ORed, so the rule joins every term there is."""
+    out = copy.deepcopy(affinity)
+    rule = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": list(hosts)}
+    node = out.setdefault("nodeAffinity", {})
+    required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        term.setdefault("matchExpressions", []).append(rule)
+    return out
 
 
 def resources(job: SubmitJob, memory_limit: str) -> dict:
@@ -737,6 +764,8 @@ def container_env(job: SubmitJob) -> list[dict]:
     """The `nccl` group's and cluster.env's variables; the W&B key only through a Secret."""
     k = job.cluster.k8s
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
+    # The node, as the burn-in gate names a slow one (and the next render excludes it).
+    env.append({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     if k.security == "restricted":
         env.append({"name": "HOME", "value": HOME_DIR})
     env += [{"name": name, "value": value} for name, value in job.env().items()]

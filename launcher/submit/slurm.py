@@ -22,6 +22,8 @@ from omegaconf import DictConfig
 
 from launcher.config import ConfigError
 from launcher.data.cache import cache_root
+from launcher.resilience import exit_codes
+from launcher.resilience.burnin import BAD_HOSTS, read_bad_hosts
 from launcher.submit import stop_time
 from launcher.submit.job import (
     FRONT_DOOR,
@@ -181,6 +183,7 @@ def render(job: SubmitJob) -> dict[str, str]:
         "sbatch": "\n".join([*(f"#SBATCH {opt}" for opt in sbatch_options(job)), *_notes(job)]),
         "setup": "\n".join(_setup_lines(job)),
         "setup_failed_exit": str(SETUP_FAILED_EXIT),
+        "bad_node_exit": str(exit_codes.BAD_NODE),
         "exports": "\n".join(
             f"export {name}={shlex.quote(value)}" for name, value in job.env().items()
         ),
@@ -218,6 +221,9 @@ def sbatch_options(job: SubmitJob) -> list[str]:
         opts.append("--exclusive")
     if s.constraint is not None:
         opts.append(f"--constraint={s.constraint}")
+    refused = read_bad_hosts(job.run_dir)  # the burn-in gates of this run's earlier jobs
+    if refused:
+        opts.append(f"--exclude={','.join(refused)}")
     opts += [
         f"--signal=B:USR1@{s.signal_lead_s}",
         "--requeue" if s.requeue else "--no-requeue",
@@ -325,11 +331,13 @@ def _policy(job: SubmitJob) -> str:
 def _requeue_block(job: SubmitJob) -> str:
     """Requeue only what can make progress: after the warning or a hang, never after bad
     input (2), a non-finite loss (3) or out of memory (4), and only when this start
-    completed a newer checkpoint than the one it began from."""
+    completed a newer checkpoint than the one it began from; once after a refused node (6),
+    elsewhere."""
     s = job.cluster.slurm
     if not s.requeue:
         return "# cluster.slurm.requeue=false: a stopped job is not requeued; submit it again"
     lines = [
+        *_bad_node_block(),
         "# Requeue after Slurm's warning or a hang, only when this start advanced the checkpoint.",
         'if { [ "$stop" = USR1 ] || [ "$code" -eq 5 ]; } && [ "$code" -ne 2 ] '
         '&& [ "$code" -ne 3 ] && [ "$code" -ne 4 ]; then',
@@ -355,6 +363,40 @@ def _requeue_block(job: SubmitJob) -> str:
         "fi",
     ]
     return "\n".join(lines)
+
+
+def _bad_node_block() -> list[str]:
+    """After the burn-in gate refused a node (exit 6, the hosts in the run directory's
+    bad_hosts): requeue once with them added to the job's excluded nodes. Slurm changes a
+    job's ExcNodeList only while it is pending, hence requeuehold, update, release; the TERM
+    that the requeue sends this shell is not Slurm ending the job, so it is ignored here."""
+    code = exit_codes.BAD_NODE
+    return [
+        f"# The burn-in gate refused a node (exit {code}): requeue once, without the hosts.",
+        f'if [ "$code" -eq {code} ]; then',
+        f'  bad=$(paste -sd, "$run_dir"/{BAD_HOSTS} 2>/dev/null)',
+        '  marker="$run_dir/submit/burnin-requeued.$SLURM_JOB_ID"',
+        '  if [ -z "$bad" ]; then',
+        f'    echo "launcher: not requeued: exit {code} but no $run_dir/{BAD_HOSTS} names a host"',
+        '  elif [ -e "$marker" ]; then',
+        '    echo "launcher: not requeued: the burn-in gate refused a node again after its one '
+        'requeue (refused so far: $bad)"',
+        "  else",
+        '    excluded=$(scontrol -o show job "$SLURM_JOB_ID" | grep -o "ExcNodeList=[^ ]*" '
+        "| cut -d= -f2)",
+        '    [ "$excluded" = "(null)" ] && excluded=""',
+        '    exclude=$({ [ -n "$excluded" ] && scontrol show hostnames "$excluded"; '
+        'scontrol show hostnames "$bad"; } | sort -u | paste -sd, -)',
+        '    echo "launcher: requeueing job $SLURM_JOB_ID once without the node(s) the burn-in '
+        'gate refused: --exclude=$exclude"',
+        '    touch "$marker"',
+        '    trap "" TERM',
+        '    scontrol requeuehold "$SLURM_JOB_ID" && scontrol update JobId="$SLURM_JOB_ID" '
+        'ExcNodeList="$exclude" && scontrol release "$SLURM_JOB_ID"',
+        "    exit 0",
+        "  fi",
+        "fi",
+    ]
 
 
 def submit(job: SubmitJob, paths: list[Path]) -> str:

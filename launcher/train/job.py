@@ -31,7 +31,7 @@ from launcher.observe.tensorboard_sink import (  # imports no tensorboardX
     tensorboard_enabled,
 )
 from launcher.observe.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
-from launcher.resilience import exit_codes
+from launcher.resilience import burnin, exit_codes
 from launcher.runtime import disk, envinfo
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.lock import LockHeld, RunLock
@@ -97,9 +97,12 @@ def log_changed_settings(config_file: Path, now: dict, start_step: int) -> None:
                  "; ".join(changes))  # fmt: skip
 
 
-def write_run_files(cfg: TrainConfig, rt: Runtime, start_step: int) -> None:
-    """config.yaml and env.json, each whole or not at all (a full disk cuts neither).
-    A continued run (start_step > 0) first logs what changed since its last launch."""
+def write_run_files(
+    cfg: TrainConfig, rt: Runtime, start_step: int, gate: dict | None = None
+) -> None:
+    """config.yaml and env.json (with the burn-in gate's verdict, when it ran), each whole
+    or not at all (a full disk cuts neither). A continued run (start_step > 0) first logs
+    what changed since its last launch."""
     settings = OmegaConf.create(redacted(cfg))
     if start_step > 0:
         now = OmegaConf.to_container(settings)  # as config.yaml holds it: lists, not tuples
@@ -107,6 +110,8 @@ def write_run_files(cfg: TrainConfig, rt: Runtime, start_step: int) -> None:
     atomic_write(rt.run_dir / "config.yaml", OmegaConf.to_yaml(settings))
     env = envinfo.collect(shm_need(cfg))
     env.update(world_size=rt.world_size, backend=rt.backend, run_id=rt.run_id)
+    if gate is not None:
+        env["burnin"] = burnin.summary(gate)
     atomic_write(rt.run_dir / "env.json", json.dumps(env, indent=1))
 
 
@@ -374,11 +379,13 @@ class Job:
         self.sinks = transport_recorders(rt)  # before rank 0's sinks: env.json, then metrics
         self.lock: RunLock | None = None
         self.strategy = self.loop = None
+        self.gate: dict | None = None  # the burn-in gate's report, when it ran
 
     def train(self) -> dict:
         """Claim the run directory, build, resume, run the loop; the end-of-run summary."""
         cfg, rt = self.cfg, self.rt
         self.lock = claim_run_dir(rt)  # nothing in the run directory is written before this
+        self.gate = burnin.gate(cfg.burnin, cfg.fault, rt)  # a bad node costs seconds, no more
         data, model, fpt = build_data_and_model(cfg, rt)
         tier = memory_tier(cfg, rt, model)
         folders = plan_resume(cfg, rt, model, tier)
@@ -401,8 +408,11 @@ class Job:
         start_step = restore(self.loop, rt, [newer, *folders] if newer else folders)
         if tier is not None:
             tier.keep_only(newer if newer and start_step == checkpoint.step_of(newer) else None)
-        self.sinks += open_rank0_sinks(cfg, rt, self.point, start_step)
-        return self.loop.run(start_step)
+        self.sinks += open_rank0_sinks(cfg, rt, self.point, start_step, self.gate)
+        summary = self.loop.run(start_step)
+        if self.gate is not None:
+            summary["burnin/seconds"] = self.gate["seconds"]
+        return summary
 
     def ending(self, exc: Exception) -> tuple[int, dict]:
         """The exit code and summary of a job that raised `exc` (CRASH: re-raise it)."""
@@ -410,6 +420,10 @@ class Job:
         if isinstance(exc, ConfigError):  # every rank found it; rank 0 prints the one line
             (log.error if rt.is_main else log.info)("error: %s", exc)
             return exit_codes.BAD_INPUT, {}
+        if isinstance(exc, burnin.BadNode):  # every rank raised it, before any step
+            (log.error if rt.is_main else log.info)("%s", exc)
+            refused = {"status": "refused: bad node", "run_id": rt.run_id}
+            return exit_codes.BAD_NODE, {**refused, "burnin/seconds": exc.seconds}
         if isinstance(exc, checkpoint.CheckpointNotWritten):  # every rank raised it together
             (log.error if rt.is_main else log.info)("error: %s", exc)
             if exc.disk_full:  # a retry fails the same way until someone frees space
@@ -471,13 +485,15 @@ def loader_opener(cfg: TrainConfig, rt: Runtime, data: TokenData):
     )
 
 
-def open_rank0_sinks(cfg: TrainConfig, rt: Runtime, point: str | None, start_step: int) -> list:
+def open_rank0_sinks(
+    cfg: TrainConfig, rt: Runtime, point: str | None, start_step: int, gate: dict | None
+) -> list:
     """`rank0_sinks` on rank 0 (none elsewhere); a full disk stops every rank, one line."""
     opened: list = []
 
     def open_them() -> None:
         try:
-            opened.extend(rank0_sinks(cfg, rt, point, start_step))
+            opened.extend(rank0_sinks(cfg, rt, point, start_step, gate))
         except OSError as exc:
             if not disk.is_full(exc, rt.run_dir):
                 raise
@@ -487,10 +503,12 @@ def open_rank0_sinks(cfg: TrainConfig, rt: Runtime, point: str | None, start_ste
     return opened
 
 
-def rank0_sinks(cfg: TrainConfig, rt: Runtime, point: str | None, start_step: int) -> list:
+def rank0_sinks(
+    cfg: TrainConfig, rt: Runtime, point: str | None, start_step: int, gate: dict | None = None
+) -> list:
     """Rank 0's run files and sinks: config.yaml and env.json, metrics.jsonl, the console,
     and W&B and TensorBoard when enabled."""
-    write_run_files(cfg, rt, start_step)
+    write_run_files(cfg, rt, start_step, gate)
     sinks = [
         JsonlSink(rt.run_dir / "metrics.jsonl", start_step),
         ConsoleSink(cfg.trainer.max_steps, start_step),

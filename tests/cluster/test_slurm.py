@@ -16,6 +16,7 @@ the log) and test_bad_input_fails_without_requeue (exit 2).
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -514,3 +515,37 @@ def test_a_container_job_without_pyxis_is_refused_before_sbatch(cluster, tmp_pat
         "leave container_image=null and use cluster.slurm.modules or venv"
     ]
     assert queued(cluster) == before
+
+
+def test_a_node_the_burn_in_gate_refuses_is_excluded_on_the_one_requeue(cluster, tmp_path):
+    """One node x 2 ranks, rank 0 slowed in the burn-in gate (once: the fault marks itself
+    fired): the gate refuses, the job exits 6 (bad node) before any step, the batch script
+    adds the host to the job's excluded nodes and requeues it once; the requeued start runs
+    on the other node, passes the gate and trains. Needs launcher.torchrun (exit 6)."""
+    job_id, run_dir = submit(
+        cluster,
+        tmp_path,
+        "badnode",
+        "cluster.nodes=1",
+        "cluster.procs_per_node=2",
+        "burnin.action=refuse",
+        "burnin.tolerance=3",
+        "fault.kind=slow_device",
+        "fault.rank=0",
+        "fault.seconds=0.2",
+        run=[*SHORT, "trainer.max_steps=4"],
+    )
+    state = wait_until_done(cluster, job_id, run_dir)
+    out = slurm_output(run_dir, job_id)
+    assert (state["JobState"], state["Restarts"]) == ("COMPLETED", "1"), out[-4000:]
+    assert state["ExcNodeList"] == "n1" and state["NodeList"] == "n2"  # scontrol's own view
+    assert (
+        "launcher: training ended with exit code 6 (bad node: the burn-in gate refused n1)" in out
+    )
+    assert f"launcher: requeueing job {job_id} once without the node(s) the burn-in gate " \
+        "refused: --exclude=n1" in out  # fmt: skip
+    assert re.search(r"burn-in: slower than the others .*: rank 0 on n1: matmul", out)
+    assert f"launcher: job {job_id}, start 1, nodes n2" in out
+    assert (run_dir / "bad_hosts").read_text() == "n1\n"
+    assert json.loads((run_dir / "burnin.json").read_text())["verdict"] == "pass"  # on n2
+    assert summary(run_dir)["status"] == "completed"
