@@ -107,6 +107,7 @@ RANGES: dict[str, Range] = {
     "profiler.repeat": Range(low=0, why="0: cycles until the end of the run"),
     "watchdog.step_multiple": POSITIVE,
     "watchdog.min_s": POSITIVE,
+    "watchdog.startup_s": POSITIVE,
     "watchdog.first_step_s": POSITIVE,
     "watchdog.checkpoint_s": POSITIVE,
     "watchdog.flight_recorder_entries": Range(low=0, why="0: the recorder is off"),

@@ -32,7 +32,8 @@ PROFILERS = ("off", "steps", "full")
 MODEL_IMPLS = ("native", "hf")
 ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
 FAULT_KINDS = (
-    "none", "stall", "sigstop", "exit", "oom", "loader_error", "slow", "slow_data", "nonfinite"
+    "none", "stall", "sigstop", "exit", "oom", "loader_error", "slow", "slow_data", "nonfinite",
+    "slow_phase",
 )  # fmt: skip
 NONFINITE_POLICIES = ("stop", "skip", "rewind")
 
@@ -128,8 +129,9 @@ class WatchdogConfig:
     # never sooner. 60: a frozen rank of a short-step job ends it within 90 s of its last
     # step; the long stretches (first step, eval, checkpoint, trace) have their own.
     min_s: float = 60.0
+    startup_s: float = 600.0  # start-up: data preparation, model build, resume
     first_step_s: float = 600.0  # the first step of a launch: compilation, warm-up, caches
-    checkpoint_s: float = 600.0  # while a checkpoint is written
+    checkpoint_s: float = 600.0  # a checkpoint or trace write, until one was measured
     flight_recorder_entries: int = 2000  # recent collectives kept per rank; 0: recorder off
     straggler_frac: float = 0.2  # a rank whose compute is this much above the others'...
     straggler_intervals: int = 3  # ...for this many log intervals in a row is named
@@ -145,7 +147,9 @@ class FaultConfig:
     loader_error: its data loader raises for that
     step; slow: it spends `seconds` more in every step from `step` on (a straggler);
     slow_data: every rank's data source takes `seconds` for each micro-batch it reads (storage
-    with a high latency, such as a busy network file system; `rank` and `step` do not apply).
+    with a high latency, such as a busy network file system; `rank` and `step` do not apply);
+    slow_phase: every rank spends `seconds` more in each phase named in `phases` (start-up,
+    first step, eval, checkpoint, profiler flush, end of run), each time it comes.
     """
 
     kind: str = "none"
@@ -154,6 +158,7 @@ class FaultConfig:
     seconds: float = 60.0
     exit_code: int = 1
     once: bool = True  # fire in one attempt only: a restart or requeue then resumes past it
+    phases: list[str] = field(default_factory=list)  # kind=slow_phase: the phases slowed
 
 
 @dataclass

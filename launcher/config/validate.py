@@ -27,6 +27,7 @@ from launcher.config.schema import (
     PRECISIONS,
     PROFILERS,
 )
+from launcher.resilience.watchdog import PHASES
 from launcher.strategy.registry import engine, engines, schemas
 from launcher.train.batch import BatchPlan
 
@@ -211,7 +212,7 @@ def _validate_watchdog(w: DictConfig, dist_timeout_s: int) -> None:
     """The allowances must end before a collective times out (ranges are in ranges.py)."""
     if not w.enabled:
         return
-    for key in ("min_s", "first_step_s", "checkpoint_s"):
+    for key in ("min_s", "startup_s", "first_step_s", "checkpoint_s"):
         if w[key] >= dist_timeout_s:
             raise ConfigError(
                 f"watchdog.{key}={w[key]} is not below dist.timeout_s={dist_timeout_s}: a "
@@ -225,6 +226,12 @@ def _validate_fault(cfg: DictConfig, world_size: int) -> None:
     _choice(cfg, "fault.kind", FAULT_KINDS)
     if f.kind == "none":
         return
+    unknown = [p for p in f.phases if p not in PHASES]
+    if f.kind == "slow_phase" and (unknown or not f.phases):
+        raise ConfigError(
+            f"fault.phases={list(f.phases)}: fault.kind=slow_phase needs phases from "
+            f"{', '.join(PHASES)}"
+        )
     if not 0 <= f.rank < world_size:
         raise ConfigError(
             f"fault.rank={f.rank}: no such rank in a job of {world_size}; give 0..{world_size - 1}"

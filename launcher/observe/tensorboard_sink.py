@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from launcher.observe.sinks import Sink, finite_or_none
+from launcher.resilience.preemption import stop_for_full_disk
+from launcher.runtime import disk
 
 log = logging.getLogger("launcher")
 
@@ -89,14 +91,25 @@ class TensorBoardSink(Sink):
         log.info("TensorBoard event files in %s/", self.logdir.as_posix())
 
     def log(self, record: dict) -> None:
+        if self.writer is None:
+            return  # the disk filled up: the run is stopping
         step = record["step"]
-        for tag, value in scalars(record).items():
-            self.writer.add_scalar(tag, value, step)
-        self.writer.flush()  # as metrics.jsonl: a crash loses nothing already logged
+        try:
+            for tag, value in scalars(record).items():
+                self.writer.add_scalar(tag, value, step)
+            self.writer.flush()  # as metrics.jsonl: a crash loses nothing already logged
+        except OSError as exc:
+            if not disk.is_full(exc, self.logdir):
+                raise
+            # Not closed: its writer thread would die with a traceback on a closed queue.
+            self.writer = None
+            stop_for_full_disk(disk.no_space_line("TensorBoard event files", self.logdir, None))
 
     def close(self, summary: dict) -> None:
         """summary.json's figures as a table at the last step. A failure here is logged,
         not raised: summary.json and the teardown that follow matter more."""
+        if self.writer is None:
+            return
         try:
             if summary:
                 table = markdown_table(["figure", "value"], [list(kv) for kv in summary.items()])

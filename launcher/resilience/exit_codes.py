@@ -3,7 +3,7 @@
 Slurm (`--requeue` decisions in the sbatch script), a Kubernetes `podFailurePolicy` and
 PyTorchJob's `restartPolicy: ExitCode` act on the code of the process they wait on, so
 each code says what to do next: 2 is never worth retrying, 3 and 4 need a change before a
-retry helps, 5 and 143 resume from the last complete checkpoint.
+retry helps, 5, 7 and 143 resume from the last complete checkpoint.
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ BAD_INPUT = 2  # a config or file problem, one line names it; retrying cannot he
 NONFINITE = 3  # the loss became NaN/inf; the last good checkpoint is kept
 OOM = 4  # out of device memory; a memory snapshot is named in the error line
 HANG = 5  # no step completed in time; stacks (and flight-recorder dumps) are in logs/
+# stopped on request in a phase that cannot be cut short (start-up, a first compile, a
+# checkpoint or trace write, the end of the run), and killed by torchrun's shutdown timeout
+# before its end: no stop checkpoint; the steps since the last complete one are lost
+STOPPED_NO_CHECKPOINT = 7
 STOPPED = 143  # stopped on request (SIGTERM/SIGINT) after a complete checkpoint
 
 MEANING = {
@@ -30,6 +34,7 @@ MEANING = {
     NONFINITE: "non-finite loss",
     OOM: "out of memory",
     HANG: "hang detected",
+    STOPPED_NO_CHECKPOINT: "stopped without a checkpoint",
     STOPPED: "stopped with a checkpoint",
 }
 
@@ -38,7 +43,8 @@ OUTCOME_DIR_ENV = "LAUNCHER_OUTCOME_DIR"
 
 # When ranks end differently, the most specific diagnosis is the job's: a bad input or a
 # non-finite loss explains why the other ranks were stopped, not the other way round.
-PRIORITY = (BAD_INPUT, NONFINITE, OOM, HANG, STOPPED)
+# A rank that wrote the stop checkpoint (143) shows it is complete: every rank wrote its part.
+PRIORITY = (BAD_INPUT, NONFINITE, OOM, HANG, STOPPED, STOPPED_NO_CHECKPOINT)
 
 
 def report(code: int) -> None:

@@ -48,8 +48,8 @@ class FaultInjector:
             if step >= cfg.step:
                 time.sleep(cfg.seconds)
             return
-        if step != cfg.step or kind in ("loader_error", "slow_data", "nonfinite"):
-            return  # those fire in the loader, or in the loss (`poison`)
+        if step != cfg.step or kind in ("loader_error", "slow_data", "nonfinite", "slow_phase"):
+            return  # those fire in the loader, in the loss (`poison`) or in a phase
         self.armed = False
         self.marker.write_text(f"{kind} at step {step}\n")
         log.warning("fault.kind=%s: injecting at step %d", kind, step)
@@ -89,6 +89,17 @@ class FaultInjector:
             return windows
         poisoned = sampler.rank_batch(self.cfg.step - 1)[: sampler.micro_batch]
         return _FailingWindows(windows, poisoned, self.marker)
+
+
+def slow_phase(cfg: DictConfig, phase: str) -> None:
+    """With `kind=slow_phase`, every rank spends `seconds` more in each phase named in
+    `fault.phases` (watchdog.PHASES), each time it comes: a slow but healthy job (a long
+    eval, a slow checkpoint or trace write, a slow first compile or data preparation),
+    which the hang watchdog must not kill, or a stalled one when `seconds` is past the
+    phase's allowance."""
+    if cfg.kind == "slow_phase" and phase in cfg.phases:
+        log.warning("fault.kind=slow_phase: %s takes %g s more", phase, cfg.seconds)
+        time.sleep(cfg.seconds)
 
 
 class _FailingWindows(Dataset):

@@ -21,6 +21,7 @@ from launcher.config import ConfigError, TrainConfig, normalize, typed
 from launcher.config.secret_keys import is_secret_key
 from launcher.config.sweep import flatten
 from launcher.data import TokenData, build_train_loader, prepare_data
+from launcher.data.cache import cache_root
 from launcher.model.build import build_model, count_params, flops_per_token, peak_flops
 from launcher.observe.nccl_transport import transport_recorders
 from launcher.observe.sinks import ConsoleSink, JsonlSink, write_summary
@@ -31,6 +32,8 @@ from launcher.observe.tensorboard_sink import (  # imports no tensorboardX
 )
 from launcher.observe.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
 from launcher.resilience import exit_codes
+from launcher.resilience.faults import slow_phase
+from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime import disk, envinfo
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.lock import LockHeld, RunLock
@@ -278,6 +281,11 @@ def build_data_and_model(cfg: TrainConfig, rt: Runtime):
         )
     except (ValueError, FileNotFoundError) as exc:  # worded for the user by launcher.data
         raise ConfigError(str(exc)) from exc
+    except OSError as exc:
+        cache = cache_root(cfg.data.cache_dir)
+        if not disk.is_full(exc, cache):
+            raise
+        raise ConfigError(disk.no_space_line("the data cache", cache, None)) from exc
     log.info("data: %s", data.description)
     model = build_model(
         cfg.model, data.vocab_size, eot_id=data.eot_id, grad_checkpointing=t.grad_checkpointing
@@ -340,11 +348,21 @@ class Job:
         self.sinks = transport_recorders(rt)  # before rank 0's sinks: env.json, then metrics
         self.lock: RunLock | None = None
         self.strategy = self.loop = None
+        self.watchdog: HangWatchdog | None = None
 
     def train(self) -> dict:
         """Claim the run directory, build, resume, run the loop; the end-of-run summary."""
         cfg, rt = self.cfg, self.rt
         self.lock = claim_run_dir(rt)  # nothing in the run directory is written before this
+        self.watchdog = HangWatchdog(  # start-up, then the loop's phases (on_hang: the loop's)
+            cfg.watchdog,
+            rank=rt.rank,
+            run_dir=rt.run_dir,
+            start_step=0,
+            on_hang=lambda step: None,
+            async_writes=cfg.trainer.async_checkpoint,
+        )
+        slow_phase(cfg.fault, "start-up")
         data, model, fpt = build_data_and_model(cfg, rt)
         folders = plan_resume(cfg, rt, model)
         if folders is None:
@@ -363,7 +381,7 @@ class Job:
         )
         start_step = restore(self.loop, rt, folders)
         self.sinks += open_rank0_sinks(cfg, rt, self.point, start_step)
-        return self.loop.run(start_step)
+        return self.loop.run(start_step, self.watchdog)
 
     def ending(self, exc: Exception) -> tuple[int, dict]:
         """The exit code and summary of a job that raised `exc` (CRASH: re-raise it)."""
@@ -391,6 +409,8 @@ class Job:
         the lock, end the job's logging; the process group stays for the next job."""
         rt = self.rt
         try:
+            if self.watchdog is not None:
+                self.watchdog.close()  # the loop has, unless the job ended before it
             for sink in self.sinks:
                 sink.close(summary)
             if rt.is_main and summary:
