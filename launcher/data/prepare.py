@@ -115,8 +115,8 @@ def _text(d, *, seq_len: int, is_builder: bool, wait: Callable[[], None]) -> Tok
                     source_description=source.description,
                 ),
             )
-    except OSError:  # a full disk: the ranks waiting for the cache find none and stop too
-        if is_builder:
+    except Exception:  # a full disk (tokenizers says so in a plain Exception): the ranks
+        if is_builder:  # waiting for the cache find none and stop too
             wait()
         raise
     if is_builder:

@@ -16,6 +16,7 @@ replace what they wrote before (the sweep summary, the analysis) purge from step
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Mapping
@@ -42,6 +43,18 @@ def _writer(logdir: Path, purge_step: int):
 
     logdir.mkdir(parents=True, exist_ok=True)
     return SummaryWriter(logdir=str(logdir), purge_step=purge_step)
+
+
+def _abandon(writer) -> None:
+    """Stop tensorboardX's writer thread without the final flush that a full disk fails:
+    its close (also run at exit) would flush, fail, and leave a traceback from the thread
+    on a closed queue. tensorboardX offers no public way to drop what it buffered."""
+    events = getattr(getattr(writer, "file_writer", None), "event_writer", None)
+    if events is None or events._closed:
+        return
+    with contextlib.suppress(Exception):
+        events._worker.stop()
+    events._closed = True
 
 
 def scalars(record: Mapping) -> dict[str, float]:
@@ -101,7 +114,7 @@ class TensorBoardSink(Sink):
         except OSError as exc:
             if not disk.is_full(exc, self.logdir):
                 raise
-            # Not closed: its writer thread would die with a traceback on a closed queue.
+            _abandon(self.writer)
             self.writer = None
             stop_for_full_disk(disk.no_space_line("TensorBoard event files", self.logdir, None))
 

@@ -281,7 +281,7 @@ def build_data_and_model(cfg: TrainConfig, rt: Runtime):
         )
     except (ValueError, FileNotFoundError) as exc:  # worded for the user by launcher.data
         raise ConfigError(str(exc)) from exc
-    except OSError as exc:
+    except Exception as exc:  # tokenizers reports a full disk in a plain Exception
         cache = cache_root(cfg.data.cache_dir)
         if not disk.is_full(exc, cache):
             raise
