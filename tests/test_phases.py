@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -104,6 +106,12 @@ def test_a_stalled_phase_is_a_hang_named_with_its_allowance(tmp_path, phase, ove
         assert f"({phase} allowance " in line and why in line, line
         assert f"after step {after} ({phase})" in line, line
     assert "Traceback" not in proc.stderr
+    if phase == "eval":  # docs/faults.md's invocation of torch's own analyser, on these dumps
+        fr = tmp_path / "stall" / "logs" / "fr"
+        analyser = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", "-v"]
+        read = subprocess.run([*analyser, str(fr)], capture_output=True, text=True, timeout=120)
+        assert read.returncode == 0, read.stderr[-3000:]
+        assert "desc='default_pg', size=2" in read.stdout, read.stdout[:2000]
 
 
 # phase, the overrides that make it come; each is slowed for longer than torchrun's

@@ -270,4 +270,26 @@ class HangWatchdog:
 
         folder = logs / "fr"
         folder.mkdir(exist_ok=True)
-        (folder / f"rank_{self.rank}").write_bytes(_dump_fr_trace(True, True, False))
+        dump = with_process_groups(_dump_fr_trace(True, True, False))
+        (folder / f"rank_{self.rank}").write_bytes(dump)
+
+
+def with_process_groups(dump: bytes) -> bytes:
+    """The flight recorder's dump with its table of process groups filled in where torch
+    left it empty (its gloo recorder does, in torch 2.13), so that torch's own analyser,
+    `python -m torch.distributed.flight_recorder.fr_trace`, can read it: every group of
+    this process by name, with its description and its ranks."""
+    import pickle
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    record = pickle.loads(dump)
+    if any(pg.get("ranks", "[]") != "[]" for pg in record.get("pg_config", {}).values()):
+        return dump
+    groups = {}
+    for pg, name in c10d._world.pg_names.items():  # no public list of a process's groups
+        desc = getattr(pg, "group_desc", "undefined")
+        groups[name] = {"name": name, "desc": desc, "ranks": str(dist.get_process_group_ranks(pg))}
+    record["pg_config"] = groups
+    return pickle.dumps(record)
