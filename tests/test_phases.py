@@ -111,7 +111,8 @@ def test_a_stalled_phase_is_a_hang_named_with_its_allowance(tmp_path, phase, ove
         analyser = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", "-v"]
         read = subprocess.run([*analyser, str(fr)], capture_output=True, text=True, timeout=120)
         assert read.returncode == 0, read.stderr[-3000:]
-        assert "desc='default_pg', size=2" in read.stdout, read.stdout[:2000]
+        report = read.stdout + read.stderr  # -v logs its tables
+        assert "desc='default_pg', size=2" in report and "Collectives" in report, report[:2000]
 
 
 # phase, the overrides that make it come; each is slowed for longer than torchrun's
