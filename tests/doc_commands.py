@@ -450,7 +450,7 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
         "skip",
         "the test suite itself (.ci/run and the lead run it)",
     ),
-    ("docs/testing.md", "python -m pytest tests/test_fsdp2.py"): (
+    ("docs/testing.md", "python -m pytest tests/launches/test_fsdp2.py"): (
         "skip",
         "the test suite itself (.ci/run and the lead run it)",
     ),
