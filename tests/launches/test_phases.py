@@ -86,7 +86,7 @@ def test_slow_storage_is_not_a_hang(tmp_path):
 # source as the hang line names it, the step the phase follows
 STALLS = [
     ("start-up", ["watchdog.startup_s=2"], "watchdog.startup_s", 0),
-    ("eval", ["trainer.eval_interval=2", "trainer.eval_batches=2", "watchdog.step_multiple=25"],
+    ("eval", ["trainer.eval_interval=2", "trainer.eval_batches=2", "watchdog.step_multiple=60"],
      "watchdog.step_multiple x 2 batches x the step time", 2),
     ("checkpoint", ["trainer.checkpoint_interval=2", "watchdog.checkpoint_s=2"],
      "watchdog.checkpoint_s", 2),
