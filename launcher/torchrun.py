@@ -3,11 +3,12 @@ whose exit code is the job's.
 
 torchrun exits 1 after any worker failure and after a stop signal, so the codes of
 `launcher.resilience.exit_codes` (2 bad input, 3 non-finite loss, 4 out of memory, 5 hang,
-143 stopped with a checkpoint) never reach Slurm, a Kubernetes `podFailurePolicy` or PyTorchJob's
-`restartPolicy: ExitCode`. This front door runs torchrun's own agent in this process, with
-every option torchrun takes, lets each worker leave its code in a private folder, and exits
-with the job's code once torchrun has ended. Plain `torchrun -m launcher.train` still works
-the same; only its exit code is less informative.
+7 stopped without a checkpoint, 143 stopped with a checkpoint) never reach Slurm, a
+Kubernetes `podFailurePolicy` or PyTorchJob's `restartPolicy: ExitCode`. This front door
+runs torchrun's own agent in this process, with every option torchrun takes, lets each
+worker leave its code in a private folder, and exits with the job's code once torchrun has
+ended. Plain `torchrun -m launcher.train` still works the same; only its exit code is less
+informative.
 """
 
 from __future__ import annotations
@@ -117,13 +118,19 @@ def main(argv: list[str] | None = None) -> int:
             reaper.join()
         ranks = exit_codes.read_reports(Path(folder))
     code = exit_codes.job_code(ranks, succeeded)
+    killed = stopped_by not in (None, "SIGQUIT") and code in (
+        exit_codes.CRASH,  # killed before any rank could say where it was
+        exit_codes.STOPPED_NO_CHECKPOINT,  # a rank said: in a phase that cannot be cut short
+    )
+    if killed:
+        code = exit_codes.STOPPED_NO_CHECKPOINT
     by_rank = ", ".join(f"{r}: {c}" for r, c in sorted(ranks.items())) or "none reported"
     print(
         f"launcher.torchrun: exit code {code} ({exit_codes.MEANING.get(code, 'chosen by a rank')})"
         f"; ranks' codes: {by_rank}",
         file=sys.stderr,
     )
-    if stopped_by and stopped_by != "SIGQUIT" and code == exit_codes.CRASH:
+    if killed:
         print(killed_before_checkpoint(stopped_by), file=sys.stderr)
     return code
 

@@ -8,6 +8,8 @@ module's converted (launcher.model.gpt2), transformers' copied.
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import torch
 
 from launcher.checkpoint import protocol as checkpoint
 from launcher.model.gpt2 import config_of, hf_config, to_hf_state_dict
+from launcher.runtime import disk
 from launcher.strategy.registry import format_of, formats
 
 
@@ -83,5 +86,21 @@ def export(source: Path, out: Path) -> Path:
             f"{folder}: the weights do not fit a GPT-2 (first mismatch: {sorted(wrong)[0]}); "
             "export a checkpoint the launcher's GPT-2 wrote"
         )
-    model.save_pretrained(out)
+    write_whole(model, out, needed=sum(t.numel() * t.element_size() for t in state.values()))
     return folder
+
+
+def write_whole(model, out: Path, *, needed: int) -> None:
+    """`model.save_pretrained` into a temporary sibling, renamed to `out` when complete, so
+    a full disk (or any failure) leaves no half an export; a full disk is one line."""
+    tmp = out.with_name(f".tmp-{out.name}")
+    shutil.rmtree(tmp, ignore_errors=True)  # a crashed export's leftover
+    try:
+        model.save_pretrained(tmp)
+        os.rename(tmp, out)  # replaces an empty `out` (POSIX rename)
+    except OSError as exc:
+        if not disk.is_full(exc, out.parent):
+            raise
+        raise ExportError(disk.no_space_line("the export", out, needed)) from exc
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -46,6 +46,7 @@ ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
 FAULT_KINDS = (
     "none", "stall", "sigstop", "exit", "oom", "loader_error", "slow", "slow_data", "nonfinite",
     "slow_device",
+    "slow_phase",
 )  # fmt: skip
 BURNIN_ACTIONS = ("warn", "refuse")
 NONFINITE_POLICIES = ("stop", "skip", "rewind")
@@ -156,9 +157,12 @@ class WatchdogConfig:
     # never sooner. 60: a frozen rank of a short-step job ends it within 90 s of its last
     # step; the long stretches (first step, eval, checkpoint, trace) have their own.
     min_s: float = ranged(60.0, POSITIVE)
+    # start-up: data preparation, model build, resume
+    startup_s: float = ranged(600.0, POSITIVE)
     # the first step of a launch: compilation, warm-up, caches
     first_step_s: float = ranged(600.0, POSITIVE)
-    checkpoint_s: float = ranged(600.0, POSITIVE)  # while a checkpoint is written
+    # a checkpoint or trace write, until one was measured
+    checkpoint_s: float = ranged(600.0, POSITIVE)
     # recent collectives kept per rank; 0: recorder off
     flight_recorder_entries: int = ranged(2000, Range(low=0, why="0: the recorder is off"))
     # a rank whose compute is this much above the others'...
@@ -180,6 +184,8 @@ class FaultConfig:
     with a high latency, such as a busy network file system; `rank` and `step` do not apply);
     slow_device: its device is slow in the burn-in gate, each of its matmuls there takes
     `seconds` more (the gate's outlier, docs/burnin.md; `step` does not apply).
+    slow_phase: every rank spends `seconds` more in each phase named in `phases` (start-up,
+    first step, eval, checkpoint, profiler flush, end of run), each time it comes.
     """
 
     kind: str = one_of("none", FAULT_KINDS)
@@ -188,6 +194,7 @@ class FaultConfig:
     seconds: float = ranged(60.0, NON_NEGATIVE)
     exit_code: int = ranged(1, Range(low=0, high=255, why="a process exit code"))
     once: bool = True  # fire in one attempt only: a restart or requeue then resumes past it
+    phases: list[str] = field(default_factory=list)  # kind=slow_phase: the phases slowed
 
 
 @dataclass

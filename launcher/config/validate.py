@@ -15,6 +15,7 @@ from launcher.config.compose import unknown_key_line
 from launcher.config.errors import ConfigError, check_choice
 from launcher.config.ranges import range_problem
 from launcher.config.schema import all_choices, all_ranges
+from launcher.resilience.watchdog import PHASES
 from launcher.strategy.registry import engine, engines, schemas
 from launcher.train.batch import BatchPlan
 
@@ -200,7 +201,7 @@ def _validate_watchdog(w: DictConfig, dist_timeout_s: int) -> None:
     """The allowances must end before a collective times out (ranges are in ranges.py)."""
     if not w.enabled:
         return
-    for key in ("min_s", "first_step_s", "checkpoint_s"):
+    for key in ("min_s", "startup_s", "first_step_s", "checkpoint_s"):
         if w[key] >= dist_timeout_s:
             raise ConfigError(
                 f"watchdog.{key}={w[key]} is not below dist.timeout_s={dist_timeout_s}: a "
@@ -213,6 +214,12 @@ def _validate_fault(cfg: DictConfig, world_size: int) -> None:
     f = cfg.fault
     if f.kind == "none":
         return
+    unknown = [p for p in f.phases if p not in PHASES]
+    if f.kind == "slow_phase" and (unknown or not f.phases):
+        raise ConfigError(
+            f"fault.phases={list(f.phases)}: fault.kind=slow_phase needs phases from "
+            f"{', '.join(PHASES)}"
+        )
     if not 0 <= f.rank < world_size:
         raise ConfigError(
             f"fault.rank={f.rank}: no such rank in a job of {world_size}; give 0..{world_size - 1}"

@@ -96,24 +96,30 @@ def _text(d, *, seq_len: int, is_builder: bool, wait: Callable[[], None]) -> Tok
     root = cache_root(d.cache_dir)
     if not is_builder:
         wait()
-    tokenizer = resolve_tokenizer(
-        d.tokenizer,
-        bpe=lambda: bpe_tokenizer(
-            source, vocab_size=d.bpe_vocab_size, cache_root=root, may_train=is_builder
-        ),
-    )
-    folder = root / f"tokens-{_cache_key(source, tokenizer, d.shard_tokens)}"
-    if is_builder:
-        built = publish_dir(
-            folder,
-            lambda tmp: write_token_shards(
-                tmp,
-                source.documents(),
-                tokenizer,
-                shard_tokens=d.shard_tokens,
-                source_description=source.description,
+    try:
+        tokenizer = resolve_tokenizer(
+            d.tokenizer,
+            bpe=lambda: bpe_tokenizer(
+                source, vocab_size=d.bpe_vocab_size, cache_root=root, may_train=is_builder
             ),
         )
+        folder = root / f"tokens-{_cache_key(source, tokenizer, d.shard_tokens)}"
+        if is_builder:
+            built = publish_dir(
+                folder,
+                lambda tmp: write_token_shards(
+                    tmp,
+                    source.documents(),
+                    tokenizer,
+                    shard_tokens=d.shard_tokens,
+                    source_description=source.description,
+                ),
+            )
+    except Exception:  # a full disk (tokenizers says so in a plain Exception): the ranks
+        if is_builder:  # waiting for the cache find none and stop too
+            wait()
+        raise
+    if is_builder:
         log.info("%s token cache %s", "built" if built else "reusing", folder)
         wait()
     if not folder.is_dir():

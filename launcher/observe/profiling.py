@@ -12,11 +12,14 @@ on a GPU, the rank also writes `memory_snapshot.step<n>.pickle` there
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torch import profiler as tp
 
 from launcher.observe import memory_snapshot
+from launcher.resilience.preemption import stop_for_full_disk
+from launcher.runtime import disk
 from launcher.runtime.process import Runtime
 
 if TYPE_CHECKING:
@@ -36,7 +39,11 @@ def build_profiler(pcfg: ProfilerConfig, rt: Runtime) -> tp.profile | None:
         activities.append(tp.ProfilerActivity.CUDA)
     folder = trace_dir(rt)
     folder.mkdir(parents=True, exist_ok=True)
-    write_trace = tp.tensorboard_trace_handler(str(folder), worker_name=f"rank{rt.rank}")
+    write_trace = checked_trace_writer(
+        tp.tensorboard_trace_handler(str(folder), worker_name=f"rank{rt.rank}"),
+        folder,
+        announce=rt.is_main,
+    )
     on_trace_ready = write_trace
     if pcfg.memory_snapshot and rt.device.type == "cuda":
         memory_snapshot.start_history()
@@ -61,6 +68,50 @@ def build_profiler(pcfg: ProfilerConfig, rt: Runtime) -> tp.profile | None:
         with_stack=pcfg.with_stack,
     )
     return prof
+
+
+def checked_trace_writer(write_trace, folder: Path, *, announce: bool):
+    """`write_trace` that notices a full disk. torch's trace export says nothing when the
+    disk is full (it leaves an empty or cut file), so a new trace that is not whole JSON
+    while the disk is nearly full counts as one: the file is removed, one line says where
+    (rank 0; `announce`), and the run stops with a checkpoint, as for metrics.jsonl."""
+
+    def write(prof: tp.profile) -> None:
+        before = set(folder.iterdir())
+        failure: OSError | None = None
+        try:
+            write_trace(prof)
+        except OSError as exc:
+            failure = exc
+        cut = [p for p in set(folder.iterdir()) - before if not _whole_json(p)]
+        full = disk.is_full(failure, folder) if failure else bool(cut) and _nearly_full(folder)
+        if failure is not None and not full:
+            raise failure
+        if not full:
+            return
+        needed = max((p.stat().st_size for p in before if p.suffix == ".json"), default=0)
+        for path in cut:
+            path.unlink(missing_ok=True)
+        stop_for_full_disk(
+            disk.no_space_line("a profiler trace", folder, needed or None), announce=announce
+        )
+
+    return write
+
+
+def _whole_json(path: Path) -> bool:
+    """Whether a trace file ends as a JSON document does (an empty or cut one does not)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(path.stat().st_size - 64, 0))
+            return f.read().rstrip().endswith((b"}", b"]"))
+    except OSError:
+        return False
+
+
+def _nearly_full(folder: Path) -> bool:
+    free = disk.free_bytes(folder)
+    return free is not None and free < disk.NEARLY_FULL
 
 
 STEP_REGION = "launcher/step "

@@ -14,7 +14,7 @@ import math
 import sys
 from pathlib import Path
 
-from launcher.resilience.preemption import request_stop
+from launcher.resilience.preemption import stop_for_full_disk
 from launcher.runtime import disk
 from launcher.runtime.paths import atomic_write
 
@@ -95,14 +95,10 @@ class JsonlSink(Sink):
     def _disk_full(self) -> None:
         """Stop writing, and ask every rank to stop at the next step boundary with a
         checkpoint (the vote a stop signal starts): training on would lose its records."""
-        log.warning(
-            "%s; stopping at the next step boundary with a checkpoint",
-            disk.no_space_line("metrics.jsonl", self.path, None),
-        )
         with contextlib.suppress(OSError):  # its buffer cannot be flushed either
             self.file.close()
         self.file = None
-        request_stop("a full disk")
+        stop_for_full_disk(disk.no_space_line("metrics.jsonl", self.path, None))
 
     def close(self, summary: dict) -> None:
         if self.file is not None:

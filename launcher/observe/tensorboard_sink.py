@@ -16,12 +16,15 @@ replace what they wrote before (the sweep summary, the analysis) purge from step
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
 
 from launcher.observe.sinks import Sink, finite_or_none
+from launcher.resilience.preemption import stop_for_full_disk
+from launcher.runtime import disk
 
 log = logging.getLogger("launcher")
 
@@ -40,6 +43,18 @@ def _writer(logdir: Path, purge_step: int):
 
     logdir.mkdir(parents=True, exist_ok=True)
     return SummaryWriter(logdir=str(logdir), purge_step=purge_step)
+
+
+def _abandon(writer) -> None:
+    """Stop tensorboardX's writer thread without the final flush that a full disk fails:
+    its close (also run at exit) would flush, fail, and leave a traceback from the thread
+    on a closed queue. tensorboardX offers no public way to drop what it buffered."""
+    events = getattr(getattr(writer, "file_writer", None), "event_writer", None)
+    if events is None or events._closed:
+        return
+    with contextlib.suppress(Exception):
+        events._worker.stop()
+    events._closed = True
 
 
 def scalars(record: Mapping) -> dict[str, float]:
@@ -89,14 +104,25 @@ class TensorBoardSink(Sink):
         log.info("TensorBoard event files in %s/", self.logdir.as_posix())
 
     def log(self, record: dict) -> None:
+        if self.writer is None:
+            return  # the disk filled up: the run is stopping
         step = record["step"]
-        for tag, value in scalars(record).items():
-            self.writer.add_scalar(tag, value, step)
-        self.writer.flush()  # as metrics.jsonl: a crash loses nothing already logged
+        try:
+            for tag, value in scalars(record).items():
+                self.writer.add_scalar(tag, value, step)
+            self.writer.flush()  # as metrics.jsonl: a crash loses nothing already logged
+        except OSError as exc:
+            if not disk.is_full(exc, self.logdir):
+                raise
+            _abandon(self.writer)
+            self.writer = None
+            stop_for_full_disk(disk.no_space_line("TensorBoard event files", self.logdir, None))
 
     def close(self, summary: dict) -> None:
         """summary.json's figures as a table at the last step. A failure here is logged,
         not raised: summary.json and the teardown that follow matter more."""
+        if self.writer is None:
+            return
         try:
             if summary:
                 table = markdown_table(["figure", "value"], [list(kv) for kv in summary.items()])

@@ -16,7 +16,9 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from launcher.config.errors import ConfigError
 from launcher.observe.sinks import Sink, finite_or_none
+from launcher.runtime import disk
 
 log = logging.getLogger("launcher")
 
@@ -65,6 +67,15 @@ def _init(wandb, logger_cfg, directory: Path, **kwargs):
     )
 
 
+def refuse_a_full_disk(directory: Path) -> None:
+    """W&B writes its files (and its own log) there from a service process that reports a
+    full disk only as pages of logging tracebacks: below the space a run needs to start,
+    one line instead, before W&B starts."""
+    free = disk.free_bytes(directory)
+    if free is not None and free < disk.NEARLY_FULL:
+        raise ConfigError(disk.no_space_line("W&B files", directory / "wandb", disk.NEARLY_FULL))
+
+
 class WandbSink(Sink):
     """Sends rank 0's records to one W&B run: the same names and values as metrics.jsonl,
     at W&B step = the record's `step`; the end-of-run summary goes to the run summary."""
@@ -82,6 +93,7 @@ class WandbSink(Sink):
         import wandb
 
         directory = Path(logger_cfg.dir).expanduser() if logger_cfg.dir else Path(run_dir)
+        refuse_a_full_disk(directory)
         self.run = _init(
             wandb,
             logger_cfg,

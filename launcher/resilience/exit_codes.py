@@ -3,7 +3,7 @@
 Slurm (`--requeue` decisions in the sbatch script), a Kubernetes `podFailurePolicy` and
 PyTorchJob's `restartPolicy: ExitCode` act on the code of the process they wait on, so
 each code says what to do next: 2 is never worth retrying, 3 and 4 need a change before a
-retry helps, 5 and 143 resume from the last complete checkpoint, 6 is worth retrying on
+retry helps, 5, 7 and 143 resume from the last complete checkpoint, 6 is worth retrying on
 other nodes (the refused host is recorded in the run directory's `bad_hosts`).
 """
 
@@ -25,6 +25,10 @@ HANG = 5  # no step completed in time; stacks (and flight-recorder dumps) are in
 # The burn-in gate refused a slow node before any step (burnin.action=refuse); its host is in
 # the run directory's bad_hosts. 6: free in the shell's (126, 127, 128+n) and Slurm's codes.
 BAD_NODE = 6
+# stopped on request in a phase that cannot be cut short (start-up, a first compile, a
+# checkpoint or trace write, the end of the run), and killed by torchrun's shutdown timeout
+# before its end: no stop checkpoint; the steps since the last complete one are lost
+STOPPED_NO_CHECKPOINT = 7
 STOPPED = 143  # stopped on request (SIGTERM/SIGINT) after a complete checkpoint
 
 MEANING = {
@@ -35,6 +39,7 @@ MEANING = {
     OOM: "out of memory",
     HANG: "hang detected",
     BAD_NODE: "bad node refused by the burn-in gate",
+    STOPPED_NO_CHECKPOINT: "stopped without a checkpoint",
     STOPPED: "stopped with a checkpoint",
 }
 
@@ -43,7 +48,8 @@ OUTCOME_DIR_ENV = "LAUNCHER_OUTCOME_DIR"
 
 # When ranks end differently, the most specific diagnosis is the job's: a bad input or a
 # non-finite loss explains why the other ranks were stopped, not the other way round.
-PRIORITY = (BAD_INPUT, BAD_NODE, NONFINITE, OOM, HANG, STOPPED)
+# A rank that wrote the stop checkpoint (143) shows it is complete: every rank wrote its part.
+PRIORITY = (BAD_INPUT, BAD_NODE, NONFINITE, OOM, HANG, STOPPED, STOPPED_NO_CHECKPOINT)
 
 
 def report(code: int) -> None:

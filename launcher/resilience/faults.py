@@ -48,8 +48,14 @@ class FaultInjector:
             if step >= cfg.step:
                 time.sleep(cfg.seconds)
             return
-        if step != cfg.step or kind in ("loader_error", "slow_data", "nonfinite", "slow_device"):
-            return  # those fire in the loader, in the loss (`poison`), or in the burn-in gate
+        if step != cfg.step or kind in (
+            "loader_error",
+            "slow_data",
+            "nonfinite",
+            "slow_device",
+            "slow_phase",
+        ):
+            return  # those fire in the loader, in the loss (`poison`), the burn-in gate or a phase
         self.armed = False
         self.marker.write_text(f"{kind} at step {step}\n")
         log.warning("fault.kind=%s: injecting at step %d", kind, step)
@@ -104,6 +110,17 @@ def device_delay(cfg: DictConfig, *, rank: int, run_dir: Path) -> float:
     marker.write_text("slow_device in the burn-in gate\n")
     log.warning("fault.kind=slow_device: every burn-in matmul takes %g s more", cfg.seconds)
     return float(cfg.seconds)
+
+
+def slow_phase(cfg: DictConfig, phase: str) -> None:
+    """With `kind=slow_phase`, every rank spends `seconds` more in each phase named in
+    `fault.phases` (watchdog.PHASES), each time it comes: a slow but healthy job (a long
+    eval, a slow checkpoint or trace write, a slow first compile or data preparation),
+    which the hang watchdog must not kill, or a stalled one when `seconds` is past the
+    phase's allowance."""
+    if cfg.kind == "slow_phase" and phase in cfg.phases:
+        log.warning("fault.kind=slow_phase: %s takes %g s more", phase, cfg.seconds)
+        time.sleep(cfg.seconds)
 
 
 class _FailingWindows(Dataset):

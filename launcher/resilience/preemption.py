@@ -27,6 +27,8 @@ import threading
 import torch
 import torch.distributed as dist
 
+from launcher.resilience import exit_codes, watchdog
+
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -48,10 +50,22 @@ def install_stop_handlers() -> None:
 
 def _on_signal(signum, frame) -> None:
     name = signal.Signals(signum).name
-    if _Request.signal_name is None:
+    phase = watchdog.current_phase()
+    if _Request.signal_name is not None:
+        log.warning("received %s again: already stopping at the next step boundary", name)
+    elif watchdog.can_be_cut_short(phase):
         log.warning("received %s: will checkpoint at the next step boundary and stop", name)
     else:
-        log.warning("received %s again: already stopping at the next step boundary", name)
+        # Said now: if torchrun's shutdown timeout kills this rank before the phase ends,
+        # nothing else will be, and the front door's exit code says it.
+        log.warning(
+            "received %s during %s, which cannot be cut short: the stop checkpoint comes at "
+            "the step boundary after it; if torchrun's --shutdown-timeout (30 s by default) "
+            "ends this rank first, no stop checkpoint is written and the job exits %d "
+            "(stopped without a checkpoint; the next launch resumes from the last complete "
+            "one)", name, phase, exit_codes.STOPPED_NO_CHECKPOINT,
+        )  # fmt: skip
+        exit_codes.report(exit_codes.STOPPED_NO_CHECKPOINT)  # replaced by the code it ends with
     _Request.signal_name = _Request.signal_name or name
 
 
@@ -61,6 +75,17 @@ def request_stop(reason: str) -> None:
     if _Request.signal_name is None:
         log.warning("stopping at the next step boundary: %s", reason)
     _Request.signal_name = _Request.signal_name or reason
+
+
+def stop_for_full_disk(line: str, *, announce: bool = True) -> None:
+    """A run file (metrics, traces, event files) met a full disk: say so in one line
+    (`announce`: rank 0; the other ranks' logs have it too) and stop with a checkpoint at
+    the next step boundary, as a stop signal would: training on would lose what that file
+    records. The checkpoint then fits or ends the run as a full disk (docs/faults.md)."""
+    (log.warning if announce else log.info)(
+        "%s; stopping at the next step boundary with a checkpoint", line
+    )
+    request_stop("a full disk")
 
 
 def stop_requested() -> bool:

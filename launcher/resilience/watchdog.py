@@ -43,6 +43,16 @@ FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 FR_LEGACY_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # the NCCL-only name older torch reads
 
 
+# The watchdog of this process's job, if one is running: what a stop request asks (which
+# phase the rank is in, and whether it can be cut short).
+_current: list[HangWatchdog] = []
+
+
+def current_phase() -> str:
+    """The phase this rank is in ("start-up" before its job's watchdog starts)."""
+    return _current[-1].current_phase() if _current else "start-up"
+
+
 def enable_flight_recorder(entries: int) -> None:
     """Ask the process group (created after this) to keep its last `entries` collectives.
 
@@ -52,12 +62,32 @@ def enable_flight_recorder(entries: int) -> None:
         os.environ[FR_BUFFER_ENV] = str(entries)
 
 
-class HangWatchdog:
-    """Call `step_done(step)` after every step and wrap long phases in `phase(...)`.
+# The phases a rank goes through, each with its own allowance (docs/faults.md): the ones that
+# cannot be cut short by a stop request (CUT_SHORT lists those that can: a step ends within
+# a step, an eval between two batches).
+PHASES = ("start-up", "first step", "eval", "checkpoint", "profiler flush", "end of run")
+CUT_SHORT = ("training", "eval")
 
-    The limit after a step is max(min_s, step_multiple x median of the recent step times);
-    the first step gets first_step_s, a checkpoint checkpoint_s. `on_hang` runs in the
-    watchdog thread before the dumps (rank 0 uses it to write summary.json).
+
+def can_be_cut_short(phase: str) -> bool:
+    """Whether a stop request in `phase` is acted on within a step or an eval batch."""
+    return phase in CUT_SHORT or phase.startswith("after ")
+
+
+class HangWatchdog:
+    """Call `begin_steps(step)` before the first step, `step_done(step)` after every step,
+    and wrap the other stretches in `phase(...)`.
+
+    Every phase has its own allowance, said in the hang line: after a step,
+    max(min_s, step_multiple x median of the recent step times); start-up (data
+    preparation, model build, resume) startup_s; the first step of a launch (compilation,
+    warm-up) first_step_s; an eval step_multiple x its batches x the measured step time; a
+    checkpoint or a profiler flush checkpoint_s the first time, then step_multiple x the
+    longest earlier one (the state, or the trace, is the same size every time; with
+    `async_writes` never below checkpoint_s, as a write still going on is waited for inside
+    the next one); the end of the run (the profiler's final close) a flush's. Every allowance
+    is at least min_s. `on_hang` runs in the watchdog thread before the dumps (rank 0 uses it
+    to write summary.json).
     """
 
     def __init__(
@@ -68,76 +98,128 @@ class HangWatchdog:
         run_dir: Path,
         start_step: int,
         on_hang: Callable[[int], None],
+        async_writes: bool = False,
     ):
         self.cfg = cfg
         self.rank = rank
         self.run_dir = run_dir
         self.on_hang = on_hang
+        self.async_writes = async_writes
         self._lock = threading.Lock()
         self._durations: deque[float] = deque(maxlen=20)
+        self._last_step_s: float | None = None  # any step's, the first one's too
+        self._longest: dict[str, float] = {}  # the longest time each phase took so far
         self._last = time.monotonic()
         self._step = start_step
-        self._phase = "first step"
-        self._limit = cfg.first_step_s
+        self._phase = "start-up"
+        self._limit, self._why = cfg.startup_s, "watchdog.startup_s"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="launcher-watchdog", daemon=True)
+        _current[:] = [self]
         if cfg.enabled:
             self._thread.start()
+
+    def begin_steps(self, step: int) -> None:
+        """Start-up is over: the first step of this launch comes (compilation, warm-up)."""
+        with self._lock:
+            self._step, self._phase, self._last = step, "first step", time.monotonic()
+            self._limit, self._why = self.cfg.first_step_s, "watchdog.first_step_s"
 
     def step_done(self, step: int) -> None:
         now = time.monotonic()
         with self._lock:
             if self._phase == "training":
                 self._durations.append(now - self._last)
+            if not self._phase.startswith("after "):
+                self._last_step_s = now - self._last
             self._last, self._step, self._phase = now, step, "training"
-            recent = statistics.median(self._durations) if self._durations else 0.0
-            self._limit = max(self.cfg.min_s, self.cfg.step_multiple * recent)
+            self._limit, self._why = self._step_allowance()
+
+    def _step_allowance(self) -> tuple[float, str]:
+        # Until steps are timed, the first one's time (compilation included) is the estimate:
+        # storage that makes every step slow must not make the second one a hang.
+        recent = self._step_estimate()
+        limit = self.cfg.step_multiple * recent
+        if limit <= self.cfg.min_s:
+            return self.cfg.min_s, "watchdog.min_s"
+        return limit, f"watchdog.step_multiple x the step time {recent:.3g} s"
+
+    def _step_estimate(self) -> float:
+        """The median of the recent step times, or the first step's (lock held)."""
+        return statistics.median(self._durations) if self._durations else self._last_step_s or 0.0
+
+    def allowance(self, name: str, *, batches: int = 0) -> tuple[float, str]:
+        """The allowance of phase `name` now, and how it was reached (for the hang line)."""
+        c = self.cfg
+        with self._lock:
+            if name == "eval":
+                step_s = self._step_estimate()
+                limit = c.step_multiple * batches * step_s
+                why = f"watchdog.step_multiple x {batches} batches x the step time {step_s:.3g} s"
+            else:
+                measured = name if name != "end of run" else "profiler flush"
+                took = self._longest.get(measured)
+                if took is None:
+                    return c.checkpoint_s, "watchdog.checkpoint_s"
+                limit = c.step_multiple * took
+                why = f"watchdog.step_multiple x the longest earlier {measured} {took:.3g} s"
+                if self.async_writes and name == "checkpoint" and limit < c.checkpoint_s:
+                    return c.checkpoint_s, "watchdog.checkpoint_s (asynchronous checkpoints)"
+        return (limit, why) if limit > c.min_s else (c.min_s, "watchdog.min_s")
 
     @contextlib.contextmanager
-    def phase(self, name: str, limit_s: float | None = None) -> Iterator[None]:
-        """A stretch that is not a step (a checkpoint, an eval): its own limit (None: the
-        current one, a step's), and it does not count as a step time."""
+    def phase(self, name: str, *, batches: int = 0, step: int | None = None) -> Iterator[None]:
+        """A stretch that is not a step, with its own allowance (see `allowance`); it does
+        not count as a step time, and how long it took sets its next allowance. `step`: the
+        step it follows, when that step is not yet `step_done` (an eval, a checkpoint)."""
+        limit, why = self.allowance(name, batches=batches)
         with self._lock:
-            saved = (self._phase, self._limit)
-            limit = self._limit if limit_s is None else limit_s
-            self._phase, self._limit, self._last = name, limit, time.monotonic()
+            self._step = self._step if step is None else step
+            saved = (self._phase, self._limit, self._why)
+            self._phase, self._limit, self._why = name, limit, why
+            self._last = started = time.monotonic()
         try:
             yield
         finally:
             with self._lock:
-                self._phase, self._limit = saved
-                self._last = time.monotonic()
+                now = time.monotonic()
+                self._longest[name] = max(self._longest.get(name, 0.0), now - started)
+                self._phase, self._limit, self._why = saved
+                self._last = now
                 if self._phase == "training":
                     self._phase = "after " + name  # the next interval is not a step time
 
-    def progress(self) -> None:
-        """Part of a phase is done (one eval batch): the limit applies to each part, so
-        a phase of many parts is never a hang for its length alone."""
+    def current_phase(self) -> str:
         with self._lock:
-            self._last = time.monotonic()
+            return self._phase
 
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        with self._lock:
+            self._phase = "end of run"  # what is left: the sinks, summary.json, teardown
 
     # -- the watchdog thread -------------------------------------------------------------
     def _watch(self) -> None:
         while not self._stop.wait(min(1.0, self.cfg.min_s / 10)):
             with self._lock:
                 idle = time.monotonic() - self._last
-                limit, step, phase = self._limit, self._step, self._phase
+                limit, why, step, phase = self._limit, self._why, self._step, self._phase
             if idle > limit:
-                self._fire(idle, limit, step, phase)
+                self._fire(idle, limit, step, phase, why)
 
-    def _fire(self, idle: float, limit: float, step: int, phase: str) -> None:
+    def _fire(self, idle: float, limit: float, step: int, phase: str, why: str) -> None:
         logs = self.run_dir / "logs"
         log.error(
-            "hang: no progress for %.0f s (limit %.0f s) on rank %d after step %d (%s); "
+            "hang: no progress for %.0f s (%s allowance %.0f s: %s) on rank %d after step %d "
+            "(%s); "
             "stacks in %s, flight recorder in %s; exiting with code %d so the job restarts "
             "from its last checkpoint (see docs/faults.md)",
             idle,
+            phase,
             limit,
+            why,
             self.rank,
             step,
             phase,
@@ -188,4 +270,26 @@ class HangWatchdog:
 
         folder = logs / "fr"
         folder.mkdir(exist_ok=True)
-        (folder / f"rank_{self.rank}").write_bytes(_dump_fr_trace(True, True, False))
+        dump = with_process_groups(_dump_fr_trace(True, True, False))
+        (folder / f"rank_{self.rank}").write_bytes(dump)
+
+
+def with_process_groups(dump: bytes) -> bytes:
+    """The flight recorder's dump with its table of process groups filled in where torch
+    left it empty (its gloo recorder does, in torch 2.13), so that torch's own analyser,
+    `python -m torch.distributed.flight_recorder.fr_trace`, can read it: every group of
+    this process by name, with its description and its ranks."""
+    import pickle
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    record = pickle.loads(dump)
+    if any(pg.get("ranks", "[]") != "[]" for pg in record.get("pg_config", {}).values()):
+        return dump
+    groups = {}
+    for pg, name in c10d._world.pg_names.items():  # no public list of a process's groups
+        desc = getattr(pg, "group_desc", "undefined")
+        groups[name] = {"name": name, "desc": desc, "ranks": str(dist.get_process_group_ranks(pg))}
+    record["pg_config"] = groups
+    return pickle.dumps(record)

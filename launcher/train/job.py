@@ -22,6 +22,7 @@ from launcher.config import ConfigError, TrainConfig, normalize, typed
 from launcher.config.secret_keys import is_secret_key
 from launcher.config.sweep import flatten
 from launcher.data import TokenData, build_train_loader, prepare_data
+from launcher.data.cache import cache_root
 from launcher.model.build import build_model, count_params, flops_per_token, peak_flops
 from launcher.observe.nccl_transport import transport_recorders
 from launcher.observe.sinks import ConsoleSink, JsonlSink, write_summary
@@ -32,6 +33,8 @@ from launcher.observe.tensorboard_sink import (  # imports no tensorboardX
 )
 from launcher.observe.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
 from launcher.resilience import burnin, exit_codes
+from launcher.resilience.faults import slow_phase
+from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime import disk, envinfo
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.lock import LockHeld, RunLock
@@ -317,6 +320,11 @@ def build_data_and_model(cfg: TrainConfig, rt: Runtime):
         )
     except (ValueError, FileNotFoundError) as exc:  # worded for the user by launcher.data
         raise ConfigError(str(exc)) from exc
+    except Exception as exc:  # tokenizers reports a full disk in a plain Exception
+        cache = cache_root(cfg.data.cache_dir)
+        if not disk.is_full(exc, cache):
+            raise
+        raise ConfigError(disk.no_space_line("the data cache", cache, None)) from exc
     log.info("data: %s", data.description)
     model = build_model(
         cfg.model, data.vocab_size, eot_id=data.eot_id, grad_checkpointing=t.grad_checkpointing
@@ -380,11 +388,21 @@ class Job:
         self.lock: RunLock | None = None
         self.strategy = self.loop = None
         self.gate: dict | None = None  # the burn-in gate's report, when it ran
+        self.watchdog: HangWatchdog | None = None
 
     def train(self) -> dict:
         """Claim the run directory, build, resume, run the loop; the end-of-run summary."""
         cfg, rt = self.cfg, self.rt
         self.lock = claim_run_dir(rt)  # nothing in the run directory is written before this
+        self.watchdog = HangWatchdog(  # start-up, then the loop's phases (on_hang: the loop's)
+            cfg.watchdog,
+            rank=rt.rank,
+            run_dir=rt.run_dir,
+            start_step=0,
+            on_hang=lambda step: None,
+            async_writes=cfg.trainer.async_checkpoint,
+        )
+        slow_phase(cfg.fault, "start-up")
         self.gate = burnin.gate(cfg.burnin, cfg.fault, rt)  # a bad node costs seconds, no more
         data, model, fpt = build_data_and_model(cfg, rt)
         tier = memory_tier(cfg, rt, model)
@@ -409,7 +427,7 @@ class Job:
         if tier is not None:
             tier.keep_only(newer if newer and start_step == checkpoint.step_of(newer) else None)
         self.sinks += open_rank0_sinks(cfg, rt, self.point, start_step, self.gate)
-        summary = self.loop.run(start_step)
+        summary = self.loop.run(start_step, self.watchdog)
         if self.gate is not None:
             summary["burnin/seconds"] = self.gate["seconds"]
         return summary
@@ -444,6 +462,8 @@ class Job:
         the lock, end the job's logging; the process group stays for the next job."""
         rt = self.rt
         try:
+            if self.watchdog is not None:
+                self.watchdog.close()  # the loop has, unless the job ended before it
             for sink in self.sinks:
                 sink.close(summary)
             if rt.is_main and summary:

@@ -46,7 +46,7 @@ from launcher.observe.metrics import (
 from launcher.observe.profiling import build_profiler, step_region, trace_dir
 from launcher.observe.sinks import Sink, write_summary
 from launcher.resilience.bad_steps import BadSteps
-from launcher.resilience.faults import FaultInjector
+from launcher.resilience.faults import FaultInjector, slow_phase
 from launcher.resilience.preemption import StopVote
 from launcher.resilience.stragglers import StragglerWatch
 from launcher.resilience.watchdog import HangWatchdog
@@ -264,7 +264,8 @@ class TrainLoop:
         """Checkpoint `step`; with trainer.async_checkpoint the files are written while
         training goes on, unless `wait` (a stop, the end of the run)."""
         self._check_finite(step)
-        with self.watchdog.phase("checkpoint", self.cfg.watchdog.checkpoint_s):
+        with self.watchdog.phase("checkpoint", step=step):
+            slow_phase(self.cfg.fault, "checkpoint")
             self.ckpt.save(step, self._write_checkpoint, self._progress(step))
             if wait:
                 self.ckpt.complete()
@@ -303,16 +304,19 @@ class TrainLoop:
 
     def _profiler_step(self, profiler) -> None:
         """Advance the profiler's schedule. The step that ends a recording writes its trace
-        (seconds to minutes for a large one): that is the `profiler flush` phase, with a
-        checkpoint's allowance, not a step that the hang watchdog would time."""
+        (seconds to minutes for a large one): that is the `profiler flush` phase, with its
+        own allowance, not a step that the hang watchdog would time."""
         if profiler.current_action != ProfilerAction.RECORD_AND_SAVE:
             profiler.step()
             return
-        with self.watchdog.phase("profiler flush", self.cfg.watchdog.checkpoint_s):
+        with self.watchdog.phase("profiler flush"):
+            slow_phase(self.cfg.fault, "profiler flush")
             profiler.step()
 
     # -- the loop ----------------------------------------------------------------------
-    def run(self, start_step: int) -> dict:
+    def run(self, start_step: int, watchdog: HangWatchdog) -> dict:
+        """Train from `start_step` to trainer.max_steps under `watchdog` (started by the
+        job for its start-up; closed here when the steps end)."""
         t, rt = self.t, self.rt
         if self.data_step is None:
             self.data_step = start_step
@@ -333,15 +337,13 @@ class TrainLoop:
         reset_host_peak()  # and so is mem/host_peak_gb, where Linux allows
         step = start_step
         profiler = build_profiler(self.cfg.profiler, rt)
-        self.watchdog = HangWatchdog(
-            self.cfg.watchdog,
-            rank=rt.rank,
-            run_dir=rt.run_dir,
-            start_step=start_step,
-            on_hang=self._on_hang,
-        )
+        self.watchdog = watchdog
+        watchdog.on_hang = self._on_hang
+        watchdog.begin_steps(start_step)
         try:
-            with profiler or contextlib.nullcontext():
+            with contextlib.ExitStack() as recording:
+                if profiler is not None:
+                    recording.enter_context(profiler)
                 while step < t.max_steps:
                     try:
                         with step_region(profiler, step + 1):
@@ -354,7 +356,13 @@ class TrainLoop:
                         self._profiler_step(profiler)
                     self._after_step(step, lr_at(step - 1, t), timer)
                     self.watchdog.step_done(step)
-            self.replicas_in_sync = self._replicas_agree()
+                ending = recording.pop_all()
+            # The end of the run: the profiler's final close writes the last trace (as long
+            # as a flush), then the replicas are compared.
+            with self.watchdog.phase("end of run"):
+                slow_phase(self.cfg.fault, "end of run")
+                ending.close()
+                self.replicas_in_sync = self._replicas_agree()
             self._close_memory(remove=True)
         except Stopped:
             self._close_memory(remove=True)  # the stop's durable checkpoint is complete
@@ -410,6 +418,8 @@ class TrainLoop:
         """One optimizer step: accumulate over micro-batches, then step at this step's lr."""
         rt, module = self.rt, self.strategy.module
         timer.start()
+        if step == self.start_step:
+            slow_phase(self.cfg.fault, "first step")
         self.fault.before_step(step + 1)
         while self.data_step in self.skip_windows:  # read past it, as the sampler can't
             for _ in range(self.accum):
@@ -572,11 +582,12 @@ class TrainLoop:
     def _evaluate(self, step: int) -> dict | None:
         """The eval figures after `step`, or None when the ranks agreed to stop during it.
 
-        Every batch counts as progress for the hang watchdog (each one gets a step's
-        allowance, so a long eval is not a hang), and the stop vote is polled between
-        batches (every rank evaluates the same number), so a stop signal during a long
+        The eval's hang allowance is its number of batches times the measured step time
+        (x watchdog.step_multiple), so a long eval is not a hang; the stop vote is polled
+        between batches (every rank evaluates the same number), so a stop signal during a long
         eval is acted on within a batch, well inside torchrun's shutdown window."""
-        with self.watchdog.phase("eval"):
+        with self.watchdog.phase("eval", batches=self.t.eval_batches, step=step):
+            slow_phase(self.cfg.fault, "eval")
             return self._eval_batches(step)
 
     def _eval_batches(self, step: int) -> dict | None:
@@ -597,7 +608,6 @@ class TrainLoop:
             x, y = x.to(self.rt.device), y.to(self.rt.device)
             with self.strategy.autocast(), attention_backend(self.cfg.attention):
                 total += model_loss(module, self.impl, x, y)
-            self.watchdog.progress()
             if done < len(batches) and self.stop.poll():
                 module.train()
                 if self.rt.is_main:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from launcher.checkpoint import protocol as checkpoint
+from launcher.resilience import exit_codes
 
 from launch import (
     FAST_USER_LOADER,
@@ -121,3 +123,97 @@ def test_a_full_disk_at_start_up_is_one_line_and_leaves_nothing(small_disk):
     os.unlink(filler)
     again = torchrun(args, runner="launcher.torchrun")
     assert again.returncode == 0, explain(again)
+
+
+# -- a full disk at each kind of write that is not a checkpoint or a start-up file -------
+@pytest.fixture
+def full_mounts(tmp_path):
+    """mount(path): a 1 MB tmpfs at `path` (created), filled at once or by `fill` later."""
+    mounted: list[Path] = []
+
+    def mount(path: Path) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)],
+                              capture_output=True, text=True)  # fmt: skip
+        if done.returncode:
+            pytest.skip(f"needs root to mount a tmpfs: {done.stderr.strip()}")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounted):
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+PROFILED = ["profiler=steps", "profiler.skip_first=1", "profiler.warmup=0", "profiler.active=2"]
+# kind of write: where the full file system is (under the run directory, or given by an
+# override), the overrides, when it fills ("start": full before the launch; "running": once
+# the step-2 checkpoint exists), the exit code, what the one line names
+WRITES = [
+    ("traces", "run/traces", PROFILED, "start", exit_codes.STOPPED, "a profiler trace"),
+    ("tensorboard", "run/tb", ["logger=tensorboard"], "running", exit_codes.STOPPED,
+     "TensorBoard event files"),
+    ("wandb-offline", "wandb", ["logger=wandb", "logger.mode=offline", "logger.dir={mount}"],
+     "start", exit_codes.BAD_INPUT, "W&B files"),
+    # data.cache_dir, as the tests set it: through $LAUNCHER_CACHE_DIR, which overrides it
+    ("data-cache", "cache", ["LAUNCHER_CACHE_DIR={mount}"], "start", exit_codes.BAD_INPUT,
+     "the data cache"),
+]  # fmt: skip
+STATUS = {exit_codes.STOPPED: "stopped", exit_codes.BAD_INPUT: None}
+
+
+@pytest.mark.parametrize(("where", "overrides", "when", "code", "what"),
+                         [w[1:] for w in WRITES], ids=[w[0] for w in WRITES])  # fmt: skip
+def test_a_full_disk_at_each_kind_of_write_is_one_line(
+    tmp_path, full_mounts, monkeypatch, where, overrides, when, code, what
+):
+    """One line on rank 0 naming the path (and the space where known), no traceback from
+    any rank, no lock or temporary file left, the checkpoints written before it untouched,
+    summary.json where there is room, the documented code: 143 when the stop checkpoint
+    fits (the full file system is not the checkpoints'), 2 when the launch cannot start."""
+    mount = full_mounts(tmp_path / where)
+    if when == "start":
+        fill(mount)
+    run = tmp_path / "run"
+    output = tmp_path / "out.txt"
+    overrides = [o.format(mount=mount) for o in overrides]
+    for name, value in (o.split("=", 1) for o in overrides if o[0].isupper()):
+        monkeypatch.setenv(name, value)  # an environment variable, not an override
+    args = [*ARGS, "trainer.checkpoint_interval=2", "trainer.keep_checkpoints=1000",
+            *(o for o in overrides if o[0].islower()),
+            f"run.root={tmp_path}", "run.id=run"]  # fmt: skip
+    proc = start_torchrun(args, output)
+    good = {}
+    try:
+        if when == "running":
+            wait_for(checkpointed(tmp_path, 2), proc)
+            fill(mount)
+            good = {p.name: digest(p) for p in checkpoint.scan(run / "checkpoints").complete}
+    finally:
+        out = finish(proc, output)
+    assert proc.returncode == code, out
+    lines = [ln for ln in out.splitlines() if "no space left on device writing" in ln]
+    assert len(lines) == 1 and "[rank 0]" in lines[0], out
+    assert f"writing {what} (" in lines[0] and str(mount) in lines[0], lines[0]
+    assert "Traceback" not in out and "Logging error" not in out, out
+    assert not run.is_dir() or leftovers(run) == []
+    assert [p.name for p in mount.rglob("*") if ".tmp" in p.name] == []
+    if good:  # those the stop checkpoint did not rotate out (trainer.keep_checkpoints)
+        now = {p.name: digest(p) for p in checkpoint.scan(run / "checkpoints").complete}
+        kept = set(good) & set(now)
+        assert kept and all(now[k] == good[k] for k in kept), (good, now)
+    if STATUS[code]:
+        assert '"status": "stopped"' in (run / "summary.json").read_text()
+        assert (run / "checkpoints" / "latest").exists()
+
+
+def test_a_full_disk_under_an_export_is_one_line_and_leaves_nothing(ddp_run, full_mounts, tmp_path):
+    out_dir = full_mounts(tmp_path / "disk") / "exported"
+    fill(out_dir.parent)
+    proc = subprocess.run([sys.executable, "-m", "launcher.export", str(ddp_run), str(out_dir)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == exit_codes.BAD_INPUT, explain(proc)
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: no space left on device writing the export (")
+    assert str(out_dir) in line and "it needs about" in line, line
+    assert sorted(p.name for p in out_dir.parent.iterdir()) == ["filler"]  # no half an export

@@ -261,8 +261,8 @@ SHORT = [*FAST_USER_LOADER, "trainer.max_steps=12"]
             id="loader-crash",
         ),
         pytest.param(
-            ["fault.kind=exit", "fault.rank=1", "fault.step=5", "fault.exit_code=7"],
-            7,
+            ["fault.kind=exit", "fault.rank=1", "fault.step=5", "fault.exit_code=9"],
+            9,
             None,
             id="rank-chosen-code",
         ),

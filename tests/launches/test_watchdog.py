@@ -16,8 +16,9 @@ from omegaconf import OmegaConf
 from launcher.config import WatchdogConfig
 from launcher.resilience.watchdog import HangWatchdog
 cfg = OmegaConf.structured(WatchdogConfig(min_s=0.5, first_step_s=0.5))
-HangWatchdog(cfg, rank=3, run_dir=__import__("pathlib").Path({run_dir!r}), start_step=7,
-             on_hang=lambda step: open({marker!r}, "w").write(str(step)))
+dog = HangWatchdog(cfg, rank=3, run_dir=__import__("pathlib").Path({run_dir!r}), start_step=7,
+                   on_hang=lambda step: open({marker!r}, "w").write(str(step)))
+dog.begin_steps(7)
 def stuck_in_user_code():
     time.sleep(60)
 stuck_in_user_code()

@@ -7,8 +7,6 @@ tests/launches/test_burnin.py, the real Slurm requeue in tests/cluster/test_slur
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 

@@ -31,7 +31,9 @@ E = exit_codes
         ({0: 5}, False, E.HANG),  # rank 1 was frozen and reported nothing
         ({0: 1, 1: 3}, False, E.NONFINITE),
         ({0: 143, 1: 1}, False, E.STOPPED),  # the checkpoint was complete before rank 1 died
-        ({0: 1, 1: 7}, False, 7),  # a code a rank chose (fault.exit_code) passes through
+        ({0: 1, 1: 9}, False, 9),  # a code a rank chose (fault.exit_code) passes through
+        ({0: 7, 1: 7}, False, E.STOPPED_NO_CHECKPOINT),  # killed in a phase not cut short
+        ({0: 143, 1: 7}, False, E.STOPPED),  # rank 0's stop checkpoint is complete: all wrote
         ({0: 1}, False, E.CRASH),
         ({}, False, E.CRASH),  # killed before any rank could say anything
         ({0: 0, 1: 0}, False, E.CRASH),  # torchrun failed although the ranks did not
@@ -90,16 +92,49 @@ def test_compute_time_takes_out_waiting_for_data_and_for_other_ranks():
 def test_watchdog_limits_follow_recent_steps_and_phases(tmp_path):
     cfg = OmegaConf.structured(WatchdogConfig(enabled=False, min_s=2.0, step_multiple=10.0))
     dog = HangWatchdog(cfg, rank=0, run_dir=tmp_path, start_step=0, on_hang=lambda step: None)
+    assert dog._limit == cfg.startup_s and dog.current_phase() == "start-up"
+    dog.begin_steps(0)
     assert dog._limit == cfg.first_step_s
     dog.step_done(1)
     assert dog._limit == 2.0  # no step time known yet: the floor
     dog._last -= 0.5  # a step of 0.5 s
     dog.step_done(2)
     assert dog._limit == pytest.approx(5.0, rel=0.05)
-    with dog.phase("checkpoint", 77.0):
-        assert dog._limit == 77.0
+    with dog.phase("checkpoint"):
+        assert dog._limit == cfg.checkpoint_s  # none measured yet
+        dog._last -= 0.4  # it took 0.4 s (the watchdog reads its own clock)
     dog.step_done(3)  # the interval after the checkpoint is not a step time
     assert len(dog._durations) == 1
+
+
+def test_each_phase_has_an_allowance_scaled_by_what_it_does(tmp_path):
+    """The defaults (min_s=60, step_multiple=10): an eval of 500 batches after 0.5 s steps
+    gets 2,500 s, a checkpoint that took 30 s gets 300 s the next time, a quick one the
+    floor; the first step and start-up their own keys. The hang line names them."""
+    cfg = OmegaConf.structured(WatchdogConfig(enabled=False))
+    dog = HangWatchdog(cfg, rank=0, run_dir=tmp_path, start_step=0, on_hang=lambda step: None)
+    assert dog.allowance("eval", batches=500) == (60.0, "watchdog.min_s")  # no step time yet
+    dog.begin_steps(0)
+    dog._last -= 9.0  # a first step (compilation) of 9 s: the estimate until steps are timed
+    dog.step_done(1)
+    assert dog.allowance("eval", batches=2)[0] == pytest.approx(180.0, rel=0.01)
+    for step in (2, 3, 4):
+        dog._last -= 0.5
+        dog.step_done(step)
+    limit, why = dog.allowance("eval", batches=500)
+    assert limit == pytest.approx(2500.0, rel=0.01)
+    assert why.startswith("watchdog.step_multiple x 500 batches x the step time 0.5")
+    assert dog.allowance("checkpoint") == (600.0, "watchdog.checkpoint_s")
+    for took, phase in ((30.0, "checkpoint"), (2.0, "profiler flush")):
+        with dog.phase(phase):
+            dog._last -= took
+        dog._longest[phase] = took  # as the clock would have it
+    assert dog.allowance("checkpoint")[0] == pytest.approx(300.0)
+    assert dog.allowance("profiler flush") == (60.0, "watchdog.min_s")  # 10 x 2 s < the floor
+    assert dog.allowance("end of run") == dog.allowance("profiler flush")  # its final close
+    dog.async_writes = True  # the next checkpoint may wait for the last one's writes
+    dog._longest["checkpoint"] = 1.0
+    assert dog.allowance("checkpoint")[0] == 600.0
 
 
 # -- the analyser on laid-out run directories ----------------------------------------------

@@ -1,0 +1,141 @@
+"""Every phase of a run under the hang and stop protocols (real launches: 2 CPU ranks, the
+default DataLoader, through `python -m launcher.torchrun`), phases slowed or stalled by
+`fault.kind=slow_phase` (docs/faults.md).
+
+- Slow but healthy: each phase takes longer than watchdog.min_s, and the job finishes with
+  rc 0, because each phase has its own allowance (start-up, first step, a long eval, slow
+  checkpoints and trace writes, the profiler's final close; slow storage).
+- Stalled: past its allowance a phase is a hang, exit 5, the hang line naming the phase,
+  its allowance and how it was reached.
+- A stop signal in a phase that cannot be cut short and outlasts torchrun's shutdown wait:
+  the rank says why when the signal comes, and the job exits 7 (stopped without a
+  checkpoint). A stop during an eval is cut short (tests/test_between_steps.py: 143).
+
+min_s is scaled down (2 s, not the default 60 s) so that a phase longer than it costs
+seconds, not minutes; the allowances derive from min_s, the measured times and their own
+keys the same way at the defaults (tests/test_fault_logic.py computes them there).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from launcher.resilience import exit_codes
+
+from launch import (
+    FAST_USER_LOADER,
+    explain,
+    finish,
+    metrics,
+    start_torchrun,
+    summary,
+    torchrun,
+    wait_for,
+)
+
+MIN_S = 2.0
+BASE = [*FAST_USER_LOADER, f"watchdog.min_s={MIN_S}", "trainer.eval_interval=0"]
+PROFILE = ["profiler=steps", "profiler.skip_first=1", "profiler.warmup=0", "profiler.active=2"]
+SLOWED = ["start-up", "first step", "checkpoint", "profiler flush", "end of run"]
+
+
+def slow(phases, seconds) -> list[str]:
+    return [
+        "fault.kind=slow_phase",
+        f"fault.phases=[{','.join(phases)}]",
+        f"fault.seconds={seconds}",
+    ]
+
+
+def test_a_slow_but_healthy_run_finishes_in_every_phase(tmp_path):
+    """One run: start-up, the first step, two checkpoints (the second one's allowance is
+    measured), a trace write and the end of the run each 2.5 s more (above min_s), and an
+    eval of 1,000 batches (real work, seconds)."""
+    args = [*BASE, "trainer.max_steps=4", "trainer.checkpoint_interval=2",
+            "trainer.eval_interval=4", "trainer.eval_batches=1000", *PROFILE,
+            *slow(SLOWED, MIN_S + 0.5), f"run.root={tmp_path}", "run.id=slow"]  # fmt: skip
+    proc = torchrun(args, runner="launcher.torchrun")
+    assert proc.returncode == 0, explain(proc)
+    assert "hang:" not in proc.stderr
+    for phase in SLOWED:
+        assert f"fault.kind=slow_phase: {phase} takes" in proc.stderr, phase
+    evals = [r for r in metrics(tmp_path / "slow") if "eval/loss" in r]
+    assert [r["step"] for r in evals] == [4]
+    assert evals[0]["eval/time_s"] > MIN_S, evals  # longer than min_s
+    assert summary(tmp_path / "slow")["status"] == "completed"
+
+
+def test_slow_storage_is_not_a_hang(tmp_path):
+    """Every micro-batch read takes 1.2 s, so every step more than min_s=1: at the second
+    step, the first step's time is the estimate until steps are timed."""
+    args = [*FAST_USER_LOADER, "watchdog.min_s=1", "trainer.max_steps=3", "trainer.eval_interval=0",
+            "trainer.checkpoint_interval=0", "fault.kind=slow_data", "fault.seconds=1.2",
+            f"run.root={tmp_path}", "run.id=storage"]  # fmt: skip
+    proc = torchrun(args, runner="launcher.torchrun")
+    assert proc.returncode == 0, explain(proc)
+    assert "hang:" not in proc.stderr
+    assert summary(tmp_path / "storage")["step_time_s/p50"] > 1.0
+
+
+# phase, the overrides that make it come and give it a small allowance, the allowance's
+# source as the hang line names it, the step the phase follows
+STALLS = [
+    ("start-up", ["watchdog.startup_s=2"], "watchdog.startup_s", 0),
+    ("eval", ["trainer.eval_interval=2", "trainer.eval_batches=2", "watchdog.step_multiple=60"],
+     "watchdog.step_multiple x 2 batches x the step time", 2),
+    ("checkpoint", ["trainer.checkpoint_interval=2", "watchdog.checkpoint_s=2"],
+     "watchdog.checkpoint_s", 2),
+    ("end of run", ["watchdog.checkpoint_s=2"], "watchdog.checkpoint_s", 3),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("phase", "overrides", "why", "after"), STALLS, ids=[s[0] for s in STALLS])
+def test_a_stalled_phase_is_a_hang_named_with_its_allowance(tmp_path, phase, overrides, why, after):
+    args = [*BASE, "trainer.max_steps=3", *overrides, *slow([phase], 120),
+            f"run.root={tmp_path}", "run.id=stall"]  # fmt: skip
+    proc = torchrun(args, runner="launcher.torchrun")
+    assert proc.returncode == exit_codes.HANG, explain(proc)
+    lines = [ln for ln in proc.stderr.splitlines() if "hang: no progress" in ln]
+    assert lines, explain(proc)
+    for line in lines:
+        assert f"({phase} allowance " in line and why in line, line
+        assert f"after step {after} ({phase})" in line, line
+    assert "Traceback" not in proc.stderr
+    if phase == "eval":  # docs/faults.md's invocation of torch's own analyser, on these dumps
+        fr = tmp_path / "stall" / "logs" / "fr"
+        analyser = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", "-v"]
+        read = subprocess.run([*analyser, str(fr)], capture_output=True, text=True, timeout=120)
+        assert read.returncode == 0, read.stderr[-3000:]
+        report = read.stdout + read.stderr  # -v logs its tables
+        assert "desc='default_pg', size=2" in report and "Collectives" in report, report[:2000]
+
+
+# phase, the overrides that make it come; each is slowed for longer than torchrun's
+# shutdown wait (3 s here)
+STOPS = [
+    ("start-up", []),
+    ("first step", []),
+    ("checkpoint", ["trainer.checkpoint_interval=2"]),
+]
+
+
+@pytest.mark.parametrize(("phase", "overrides"), STOPS, ids=[s[0] for s in STOPS])
+def test_a_stop_in_a_phase_that_cannot_be_cut_short_says_why(tmp_path, phase, overrides):
+    output = tmp_path / "out.txt"
+    args = [*BASE, "trainer.max_steps=4", *overrides, *slow([phase], 60),
+            f"run.root={tmp_path}", "run.id=stop"]  # fmt: skip
+    proc = start_torchrun(args, output, "--shutdown-timeout=3")
+    fired = f"fault.kind=slow_phase: {phase} takes"
+    wait_for(lambda: fired in output.read_text(), proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    out = finish(proc, output)
+    assert proc.returncode == exit_codes.STOPPED_NO_CHECKPOINT, out
+    said = [ln for ln in out.splitlines() if f"received SIGTERM during {phase}, which" in ln]
+    assert len(said) == 2 and "cannot be cut short" in said[0], out  # each rank, at once
+    assert "exit code 7 (stopped without a checkpoint)" in out, out
+    assert "no stop checkpoint" in out and "Traceback" not in out, out
