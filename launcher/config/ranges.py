@@ -146,6 +146,8 @@ RANGES: dict[str, Range] = {
     "tune.noise_multiple": NON_NEGATIVE,
     "tune.max_rounds": AT_LEAST_1,
     "tune.confirm_steps": Range(low=4, why="and tune.warmup_steps + 3"),
+    "rehearse.nproc": Range(low=2, why="a killed, hung or slow rank needs a peer"),
+    "rehearse.timeout_s": POSITIVE,
 }
 
 _ABSENT = object()

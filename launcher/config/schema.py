@@ -311,6 +311,16 @@ class TuneConfig:
 
 
 @dataclass
+class RehearseConfig:
+    """`python -m launcher.rehearse`'s cases (docs/rehearse.md); launcher.train ignores it."""
+
+    only: list[str] = field(default_factory=list)  # run just these cases: [stop,hung_rank]
+    skip: list[str] = field(default_factory=list)  # every case but these
+    nproc: int | None = None  # ranks of each case; null: torchrun's, else the GPUs here, else 2
+    timeout_s: float = 300.0  # one launch of a case, start-up included; then it is killed
+
+
+@dataclass
 class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
     resume: str = "auto"
@@ -326,6 +336,7 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
+    rehearse: RehearseConfig = field(default_factory=RehearseConfig)
 
 
 @functools.cache
