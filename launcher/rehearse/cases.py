@@ -13,7 +13,6 @@ import importlib
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from launcher.analyze.hang import analyze_hang, write_hang_report
 from launcher.checkpoint.protocol import read_meta, step_name
@@ -27,14 +26,12 @@ from launcher.rehearse.launches import (
     summary,
     worker_pid,
 )
+from launcher.rehearse.rehearsal import Rehearsal
 from launcher.rehearse.report import StopCheckpoint
 from launcher.rehearse.shrink import CHECKPOINT_INTERVAL, STEPS
 from launcher.resilience import exit_codes
 from launcher.submit import stop_time
 from launcher.submit.job import prepare
-
-if TYPE_CHECKING:
-    from launcher.rehearse.runner import Rehearsal
 
 STOP_AFTER = 4  # SIGTERM once this step is logged
 HANG_STEP = 5
