@@ -1,0 +1,193 @@
+"""launcher.rehearse: the default experiment rehearsed on 2 CPU ranks with every row passing,
+the same with one defect planted per case (tests/rehearse_planted.py) with every row
+failing for its own reason, the rehearsal under torchrun, and the pure parts in process:
+the verdict table, the stop checkpoint's extrapolation, the shrunk experiment, the cluster
+case and the figure launcher.submit reads back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.config import ConfigError, compose
+from launcher.rehearse import report
+from launcher.rehearse.cases import NAMES
+from launcher.rehearse.runner import plan, rehearse, selected
+from launcher.submit import slurm, stop_time
+from launcher.submit.job import prepare
+
+from launch import base_env, refuse_in_unit_tier, torchrun_cmd
+
+PLANTED = Path(__file__).with_name("rehearse_planted.py")
+LOCAL_CASES = [n for n in NAMES if n != "cluster"]
+TIMEOUT = 600
+
+
+def run_rehearsal(cmd: list[str]) -> subprocess.CompletedProcess:
+    refuse_in_unit_tier()
+    return subprocess.run(cmd, env=base_env(), capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def read_report(run_dir: Path) -> dict:
+    return json.loads((run_dir / "rehearse" / "report.json").read_text())
+
+
+def test_default_experiment_passes_every_row(tmp_path):
+    run_dir = tmp_path / "exp"
+    proc = run_rehearsal(
+        [sys.executable, "-m", "launcher.rehearse", f"run.root={tmp_path}", "run.id=exp"]
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    got = read_report(run_dir)
+    assert [r["case"] for r in got["rows"]] == LOCAL_CASES  # cluster=local: no job to render
+    assert all(r["verdict"] == "pass" for r in got["rows"]), got["rows"]
+    assert got["passed"] is True and got["nproc"] == 2
+    for row in got["rows"]:
+        assert (run_dir / row["evidence"]).exists(), row
+    rows = {r["case"]: r for r in got["rows"]}
+    assert "all 30 losses equal the uninterrupted run's" in rows["stop"]["observed"]
+    assert "launcher.analyze: culprit rank 1" in rows["hung_rank"]["observed"]
+    assert "straggler/rank=1" in rows["slow_rank"]["observed"]
+    hang = json.loads((run_dir / "rehearse" / "hung_rank" / "analysis" / "hang.json").read_text())
+    assert hang["culprits"] == [1]
+    ckpt = got["stop_checkpoint"]
+    assert ckpt["measured_s"] > 0 and ckpt["shrunk_bytes"] > 0
+    # gpt2-tiny as launcher.submit sizes it: GPT-2's vocabulary, 12 bytes a parameter
+    assert ckpt["real_bytes"] == stop_time.param_count(compose([])) * 12
+    assert ckpt["extrapolated_s"] == round(
+        report.extrapolate(ckpt["measured_s"], ckpt["shrunk_bytes"], ckpt["real_bytes"]), 3
+    )
+    md = (run_dir / "rehearse" / "report.md").read_text()
+    assert "| fault | expected | observed | verdict | evidence path |" in md
+    assert "| fault | expected | observed | verdict | evidence path |" in proc.stdout
+    assert "Stop checkpoint:" in md
+
+
+def test_each_planted_defect_fails_its_row(tmp_path):
+    """One defect per case, in that case's launches only: every row fails, each saying
+    what went wrong, and the rehearsal exits 1."""
+    run_dir = tmp_path / "bad"
+    proc = run_rehearsal([sys.executable, str(PLANTED), f"run.root={tmp_path}", "run.id=bad"])
+    assert proc.returncode == 1, proc.stderr[-6000:]
+    rows = {r["case"]: r for r in read_report(run_dir)["rows"]}
+    assert list(rows) == LOCAL_CASES
+    assert all(r["verdict"] == "FAIL" for r in rows.values()), rows
+    observed = {case: r["observed"] for case, r in rows.items()}
+    assert "exit 7" in observed["stop"]
+    assert "with --max-restarts=1: exit 2 (bad input)" in observed["killed_rank"]
+    assert "no hang detected within" in observed["hung_rank"]
+    assert "resumed on 1 rank(s), but step" in observed["world_size"]
+    assert "no straggler/rank named" in observed["slow_rank"]
+    assert "trainer.log_interval=2: exit 0 (done), not 2" in observed["bad_input"]
+    for row in rows.values():
+        assert (run_dir / row["evidence"]).exists(), row
+
+
+def test_under_torchrun_rank_0_rehearses(tmp_path):
+    """`torchrun -m launcher.rehearse`: the world size is the cases' rank count, and the
+    cases' launches are jobs of their own (not members of the enclosing one)."""
+    args = [f"run.root={tmp_path}", "run.id=tr", "rehearse.only=[bad_input]"]
+    proc = run_rehearsal(torchrun_cmd(args, module="launcher.rehearse", runner="launcher.torchrun"))
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    got = read_report(tmp_path / "tr")
+    assert got["nproc"] == 2 and [r["case"] for r in got["rows"]] == ["bad_input"]
+    assert got["rows"][0]["verdict"] == "pass"
+
+
+# -- in process: no launches ----------------------------------------------------------------
+def test_extrapolation_is_linear_in_the_state_bytes():
+    assert report.extrapolate(0.05, 2_000_000, 1_500_000_000) == pytest.approx(37.5)
+    assert report.extrapolate(0.0, 1000, 2000) == pytest.approx(0.002)  # timed as 0: 1 ms
+    with pytest.raises(ValueError):
+        report.extrapolate(1.0, 0, 10)
+    ckpt = report.StopCheckpoint(0.02, 2_400_000, 1_488_000_000, "gpt2")
+    assert ckpt.extrapolated_s == 12.4
+    assert ckpt.why == (
+        "rehearsed: the stop checkpoint took 0.02 s for 2.4 MB, scaled to 1.49 GB of gpt2 state"
+    )
+
+
+def test_verdict_table_has_the_columns_and_escapes_cells():
+    rows = [
+        report.Row("stop", "stop", "exit 143", "exit 143", True, "rehearse/stop"),
+        report.Row("bad_input", "bad", "one line", "a|b", False, "rehearse/console/x.txt"),
+    ]
+    table = report.markdown_table(rows).splitlines()
+    assert table[0] == "| fault | expected | observed | verdict | evidence path |"
+    assert table[2] == "| stop | exit 143 | exit 143 | pass | `rehearse/stop` |"
+    assert table[3] == "| bad | one line | a\\|b | FAIL | `rehearse/console/x.txt` |"
+    assert not report.all_passed(rows) and report.all_passed(rows[:1])
+    assert not report.all_passed([])
+
+
+def test_only_and_skip_choose_cases_and_refuse_unknown_names():
+    names = [c.name for c in selected(compose(["rehearse.only=[stop,hung_rank]"]))]
+    assert names == ["stop", "hung_rank"]
+    names = [c.name for c in selected(compose(["rehearse.skip=[stop]", "cluster=slurm"]))]
+    assert names == [n for n in NAMES if n != "stop"]
+    with pytest.raises(
+        ConfigError, match="rehearse.only: unknown case 'stpo'; the cases are stop,"
+    ):
+        selected(compose(["rehearse.only=[stpo]"]))
+    with pytest.raises(ConfigError, match="cluster=local renders no job"):
+        selected(compose(["rehearse.only=[cluster]"]))
+    with pytest.raises(ConfigError, match="leave no case"):
+        selected(compose(["rehearse.only=[stop]", "rehearse.skip=[stop]"]))
+
+
+def test_shrunk_experiment_keeps_the_fault_path_settings():
+    user = ["model=gpt2", "strategy=fsdp2", "data.num_workers=3", "trainer.keep_checkpoints=1",
+            "watchdog.straggler_frac=0.5", "trainer.max_steps=100000"]  # fmt: skip
+    cfg, overrides, nproc, notes = plan(user)
+    assert cfg.model.name == "gpt2" and cfg.trainer.max_steps == 100000  # the user's
+    ran = compose(overrides)
+    assert (ran.strategy.name, ran.data.num_workers, ran.watchdog.straggler_frac) == (
+        "fsdp2", 3, 0.5,
+    )  # fmt: skip
+    assert (ran.model.n_layer, ran.model.n_embd, ran.trainer.max_steps) == (2, 64, 30)
+    assert ran.trainer.keep_checkpoints == 2  # the world-size case needs a mid-run one
+    assert ran.trainer.global_batch_size == 2 * 2 * nproc and ran.fault.kind == "none"
+    assert notes == []
+    with pytest.raises(ConfigError, match="rehearses one experiment"):
+        plan(["+exp=bucket_sweep"])
+    with pytest.raises(ConfigError, match="rehearse.nproc=1: must be at least 2"):
+        plan(["rehearse.nproc=1"])
+
+
+def test_cluster_case_checks_the_rendered_job(tmp_path, capsys):
+    """No launch: the cluster case alone renders the job with launcher.submit's checks."""
+    run = [f"run.root={tmp_path}", "run.id=c", "rehearse.only=[cluster]"]
+    assert rehearse([*run, "cluster=slurm"]) == 0
+    (row,) = read_report(tmp_path / "c")["rows"]
+    assert row["verdict"] == "pass" and "requeue limited to 20" in row["observed"]
+    assert (tmp_path / "c" / "rehearse" / "cluster" / "job.sbatch").is_file()
+    assert rehearse([*run, "cluster=slurm", "cluster.slurm.max_requeues=null"]) == 1
+    (row,) = read_report(tmp_path / "c")["rows"]
+    assert "max_requeues=null: a failing job requeues forever" in row["observed"]
+    k8s = ["cluster=k8s", "cluster.k8s.termination_grace_s=1", "trainer.global_batch_size=32"]
+    assert rehearse([*run, *k8s]) == 1
+    (row,) = read_report(tmp_path / "c")["rows"]
+    assert "termination_grace_s=1 is too short to stop with a checkpoint" in row["observed"]
+    assert "| the rendered cluster job |" in capsys.readouterr().out
+
+
+def test_submit_uses_the_rehearsed_stop_checkpoint_time(tmp_path):
+    """A rehearsal's report in the run directory: its extrapolated figure is what the
+    signal lead is checked against, named as rehearsed."""
+    run = [f"run.root={tmp_path}", "run.id=r"]
+    folder = tmp_path / "r" / "rehearse"
+    folder.mkdir(parents=True)
+    ckpt = report.StopCheckpoint(0.5, 1_000_000, 2_000_000_000, "gpt2-xl")  # 1000 s
+    facts = {"run_dir": str(tmp_path / "r"), "nproc": 2, "wall_s": 1.0, "kept": [],
+             "shrunk": [], "notes": []}  # fmt: skip
+    report.write(tmp_path / "r", report.report_dict([], ckpt, facts))
+    job = prepare("slurm", run)
+    write = stop_time.checkpoint_write(job, job.cluster.slurm, "cluster.slurm")
+    assert write.seconds == 1000.0 and write.why.startswith("rehearsed: the stop checkpoint took")
+    with pytest.raises(ConfigError, match="signal_lead_s=300 is too short .* a 1000 s checkpoint "
+                       "write \\(rehearsed: "):  # fmt: skip
+        slurm.render(job)
