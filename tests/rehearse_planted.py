@@ -1,6 +1,7 @@
-"""`python tests/rehearse_planted.py [overrides]`: launcher.rehearse with one defect planted
-in each case's own launches (never in the uninterrupted run they compare with), so that
-each row is shown to fail when its path is broken. The rest is the real rehearsal:
+"""`python [-m launcher.torchrun ...] tests/rehearse_planted.py [overrides]`:
+launcher.rehearse with one defect planted in each case's own launches (never in the
+uninterrupted run they compare with), so that each row is shown to fail when its path is
+broken. The rest is the real rehearsal:
 
 - stop: rank 1 exits (fault.kind=exit, code 7) at the step the stop would checkpoint;
 - killed_rank: resume=never, so the restarted ranks refuse the run's own checkpoints;
@@ -24,7 +25,7 @@ PLANTED = {
     "world_size": ["trainer.lr=0.002"],
     "slow_rank": ["watchdog.straggler_intervals=0"],
 }  # fmt: skip
-VALID_OVERRIDE = "trainer.log_interval=2"
+VALID_OVERRIDE = "trainer.max_steps=3"
 launch = Rehearsal.launch
 
 

@@ -1,6 +1,6 @@
 """launcher.rehearse: the default experiment rehearsed on 2 CPU ranks with every row passing,
-the same with one defect planted per case (tests/rehearse_planted.py) with every row
-failing for its own reason, the rehearsal under torchrun, and the pure parts in process:
+the same under torchrun with one defect planted per case (tests/rehearse_planted.py) and
+every row failing for its own reason, and the pure parts in process:
 the verdict table, the stop checkpoint's extrapolation, the shrunk experiment, the cluster
 case and the figure launcher.submit reads back."""
 
@@ -20,7 +20,7 @@ from launcher.rehearse.runner import plan, rehearse, selected
 from launcher.submit import slurm, stop_time
 from launcher.submit.job import prepare
 
-from launch import base_env, refuse_in_unit_tier, torchrun_cmd
+from launch import base_env, refuse_in_unit_tier
 
 PLANTED = Path(__file__).with_name("rehearse_planted.py")
 LOCAL_CASES = [n for n in NAMES if n != "cluster"]
@@ -67,13 +67,18 @@ def test_default_experiment_passes_every_row(tmp_path):
     assert "Stop checkpoint:" in md
 
 
-def test_each_planted_defect_fails_its_row(tmp_path):
+def test_each_planted_defect_fails_its_row_under_torchrun(tmp_path):
     """One defect per case, in that case's launches only: every row fails, each saying
-    what went wrong, and the rehearsal exits 1."""
+    what went wrong, and the rehearsal exits 1. Started as `torchrun ... rehearse` is: rank
+    0 rehearses with the world size as the cases' rank count, each case's launch a job of
+    its own (not a member of the enclosing one)."""
     run_dir = tmp_path / "bad"
-    proc = run_rehearsal([sys.executable, str(PLANTED), f"run.root={tmp_path}", "run.id=bad"])
+    front_door = [sys.executable, "-m", "launcher.torchrun", "--standalone", "--nproc_per_node=2"]
+    proc = run_rehearsal([*front_door, str(PLANTED), f"run.root={tmp_path}", "run.id=bad"])
     assert proc.returncode == 1, proc.stderr[-6000:]
-    rows = {r["case"]: r for r in read_report(run_dir)["rows"]}
+    got = read_report(run_dir)
+    assert got["nproc"] == 2
+    rows = {r["case"]: r for r in got["rows"]}
     assert list(rows) == LOCAL_CASES
     assert all(r["verdict"] == "FAIL" for r in rows.values()), rows
     observed = {case: r["observed"] for case, r in rows.items()}
@@ -82,20 +87,9 @@ def test_each_planted_defect_fails_its_row(tmp_path):
     assert "no hang detected within" in observed["hung_rank"]
     assert "resumed on 1 rank(s), but step" in observed["world_size"]
     assert "no straggler/rank named" in observed["slow_rank"]
-    assert "trainer.log_interval=2: exit 0 (done), not 2" in observed["bad_input"]
+    assert "trainer.max_steps=3: exit 0 (done), not 2" in observed["bad_input"]
     for row in rows.values():
         assert (run_dir / row["evidence"]).exists(), row
-
-
-def test_under_torchrun_rank_0_rehearses(tmp_path):
-    """`torchrun -m launcher.rehearse`: the world size is the cases' rank count, and the
-    cases' launches are jobs of their own (not members of the enclosing one)."""
-    args = [f"run.root={tmp_path}", "run.id=tr", "rehearse.only=[bad_input]"]
-    proc = run_rehearsal(torchrun_cmd(args, module="launcher.rehearse", runner="launcher.torchrun"))
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    got = read_report(tmp_path / "tr")
-    assert got["nproc"] == 2 and [r["case"] for r in got["rows"]] == ["bad_input"]
-    assert got["rows"][0]["verdict"] == "pass"
 
 
 # -- in process: no launches ----------------------------------------------------------------

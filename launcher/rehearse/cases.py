@@ -38,7 +38,7 @@ HANG_STEP = 5
 # The watchdog's limits for the hang case, so that it is declared in seconds: its other
 # settings (enabled, the flight recorder's size) are the experiment's.
 QUICK_WATCHDOG = ["watchdog.min_s=3", "watchdog.step_multiple=10"]
-HANG_DETECT_S = 25.0  # from the stall's start to the job's end, generously
+HANG_DETECT_S = 20.0  # from the stall's start to the job's end, generously
 SLOW_STEPS = 16
 SLOW_SECONDS = 0.2  # many times a shrunk step
 BAD_OVERRIDE = "trainer.max_step=10"  # a one-letter slip of trainer.max_steps
