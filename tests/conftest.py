@@ -1,9 +1,10 @@
 """Shared test set-up: tiers, xdist groups, one token cache, and strict skips in CI.
 
-Tiers (tests/tiers.py decides them from the source): `-m unit` is the fast tier, `-m launch`
-the real launches, `-m cluster` Slurm and pods, `-m gpu` what needs CUDA. `serial` marks the
-tests whose assertions are timing decisions (the tuner keeping or rejecting a change): they
-run alone, after the parallel part (README).
+Tiers are the folders (tests/tiers.py, which also checks each test's source fits its folder):
+`-m unit` (tests/unit/<package>/) is the fast tier, `-m launch` (tests/launches/) the real
+launches, `-m cluster` (tests/cluster/) Slurm and pods, `-m gpu` (tests/gpu/) what needs CUDA.
+`serial` marks the tests whose assertions are timing decisions (the tuner keeping or
+rejecting a change): they run alone, after the parallel part (README).
 
 Under LAUNCHER_STRICT_SKIPS=1 (set by .ci/run) a skip fails unless its reason starts with
 one of ALLOWED_SKIPS: only tests that need hardware this machine cannot have may skip.
@@ -24,7 +25,9 @@ ALLOWED_SKIPS = ("needs a CUDA GPU",)
 # files fill the tail.
 TIER_ORDER = ("cluster", "launch", "gpu", "unit")
 
-pytest_plugins = ["reference_runs"]
+# Fixtures every tier folder may use: the shared reference runs, a one-rank gloo group, a
+# clean NCCL environment.
+pytest_plugins = ["reference_runs", "in_process", "nccl_fixtures"]
 
 
 def pytest_configure(config):
@@ -40,13 +43,20 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     shared = frozenset(config.pluginmanager.getplugin("reference_runs").STARTING)
+    wrong = []
     for item in items:
         path = Path(item.fspath)
-        tier = tiers.tier_of(path, item.originalname, item.fixturenames, shared)
+        try:
+            tier = tiers.tier_of(path)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        wrong.append(tiers.misplaced(path, item.originalname, item.fixturenames, shared))
         item.add_marker(tier)
         if tiers.is_serial(path, item.originalname, item.fixturenames):
             item.add_marker("serial")
         item.user_properties.append(("tier", tier))
+    if any(wrong):
+        raise pytest.UsageError("misplaced tests: " + "; ".join(sorted(set(filter(None, wrong)))))
     items.sort(key=lambda item: TIER_ORDER.index(_tier(item)))
 
 

@@ -1,6 +1,6 @@
 """The knob matrix's rows: every switch and every choice of the schema, with its proof.
 
-A row is one sweep point of a knob launch (tests/test_knob_matrix.py): its overrides on top
+A row is one sweep point of a knob launch (tests/launches/test_knob_matrix.py): its overrides on top
 of the defaults users run (2 ranks, DataLoader workers on, 2 micro-batches per rank and
 step), on each engine that accepts it, and what the run must show against the launch's
 `reference` point:
@@ -10,10 +10,10 @@ step), on each engine that accepts it, and what the run must show against the la
 - `finite`: every loss finite and the last within `rel` of the reference's last; the
   knobs that change the numbers (precision, compression, data, model);
 - `refused`: refused before start on this machine, one line holding `refusal` (checked in
-  process by tests/test_knob_rows.py: compose and preflight, what the front door runs).
+  process by tests/unit/config/test_knob_rows.py: compose and preflight, what the front door runs).
 
-tests/test_knob_rows.py derives the knobs from launcher/config/schema.py itself (every bool
-field, and every string key validate refuses with "not one of") and fails for any
+tests/unit/config/test_knob_rows.py derives the knobs from launcher/config/schema.py itself
+(every bool field, and every string key validate refuses with "not one of") and fails for any
 (engine, key, value) no row covers: a new knob arrives with its row.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 ENGINES = ("ddp", "deepspeed", "fsdp2")
 # The groups whose knobs the matrix must cover (the other groups are launch-wide, cluster
-# or fault settings: tests/test_comm.py, test_slurm.py, test_k8s.py, test_faults.py).
+# or fault settings: tests/launches/test_comm.py, test_slurm.py, test_k8s.py, test_faults.py).
 GROUPS = ("strategy", "trainer", "model", "data", "profiler", "logger")
 # The data layer hands every engine the same token tensors, however they were read: its
 # sources (and their dtype) are launched on DDP, and one of them (synthetic) on every engine.
@@ -90,7 +90,7 @@ ROWS: list[Row] = [
         + ["profiler.profile_memory=true", "profiler.with_stack=true"]
         + ["profiler.memory_snapshot=true"],
         "equal",
-        "what profiler=full records (the memory snapshot is a GPU's: tests/test_gpu.py)",
+        "what profiler=full records (the memory snapshot is a GPU's: tests/gpu/test_gpu.py)",
     ),
     row(
         "wandb_offline",
@@ -235,7 +235,7 @@ ROWS: list[Row] = [
         "offload_optimizer",
         ["strategy.offload_optimizer=cpu"],
         "equal",
-        "torch's AdamW on the CPU copies (tests/test_deepspeed.py's offload test: 1e-4)",
+        "torch's AdamW on the CPU copies (tests/launches/test_deepspeed.py's offload test: 1e-4)",
         rel=1e-4,
         engines=("deepspeed",),
     ),
@@ -290,7 +290,7 @@ ROWS: list[Row] = [
         "on_nonfinite_skip",
         ["trainer.on_nonfinite=skip"],
         "equal",
-        "no bad step: the per-step check drops nothing (tests/test_faults.py injects one)",
+        "no bad step: the per-step check drops nothing (tests/launches/test_faults.py injects one)",
         engines=("ddp", "fsdp2"),
     ),
     row(
@@ -305,7 +305,7 @@ ROWS: list[Row] = [
         "on_nonfinite_rewind",
         ["trainer.on_nonfinite=rewind"],
         "equal",
-        "no bad step: nothing rewound (tests/test_faults.py injects one)",
+        "no bad step: nothing rewound (tests/launches/test_faults.py injects one)",
         engines=("ddp", "fsdp2"),
     ),
     row(
@@ -413,7 +413,7 @@ ROWS: list[Row] = [
         "cuda",
         ["trainer.device=cuda"],
         "refused",
-        "no GPU on the machine the suite runs on (tests/test_gpu.py runs it on one)",
+        "no GPU on the machine the suite runs on (tests/gpu/test_gpu.py runs it on one)",
         refusal="trainer.device=cuda but no CUDA device is visible",
     ),
     row(

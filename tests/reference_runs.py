@@ -31,7 +31,7 @@ STRATEGY_POINTS = ("ddp", "fsdp2", "fsdp2_noreshard", "zero1", "zero2", "zero3")
 # The DDP sweep: two bucket sizes (gpt2-tiny: 8 buckets at 0.05 MB, 1 at 25 MB) in one
 # launch, 10 steps, profiled over steps 5-9 (PROFILED), W&B offline and TensorBoard together,
 # eval once at the end (outside the profiled steps), no checkpoints. The reference of
-# tests/test_sweep.py, tests/test_profiler.py and tests/test_tensorboard.py.
+# tests/launches/: test_sweep.py, test_profiler.py and test_tensorboard.py.
 BUCKETS = ("0.05", "25")
 DDP_SWEEP_POINTS = tuple(f"bucket_cap_mb={size}" for size in BUCKETS)
 DDP_SWEEP_STEPS = 10
@@ -47,8 +47,8 @@ LOGGERS = ["logger=[wandb,tensorboard]", "logger.mode=offline"]
 
 # The DDP run: the defaults on 2 ranks for 24 steps, eval every 6, checkpoints at 12 and 24,
 # W&B offline (with a recognisable fake API key in the environment) and TensorBoard. The
-# reference of tests/test_train.py (layout, world size 1 = 2, exact resume),
-# tests/test_wandb.py and tests/test_tensorboard.py (a resumed run shows every step once).
+# reference of tests/launches/test_train.py (layout, world size 1 = 2, exact resume),
+# tests/launches/test_wandb.py and test_tensorboard.py (a resumed run shows every step once).
 DDP_RUN_STEPS = 24
 DDP_RUN = [*FAST, f"trainer.max_steps={DDP_RUN_STEPS}", "trainer.checkpoint_interval=12"]
 DDP_RUN_ID = "wb-offline"  # also the W&B run's id, so a valid one
@@ -56,13 +56,13 @@ FAKE_KEY = "fakeWandbKey0123456789abcdefDONOTLEAK42x"  # 40 characters, like a r
 
 # The single process: the DDP run's shape without torchrun (`python -m launcher.train`, world
 # size 1, so accumulation 4), W&B named but disabled, every import timed
-# (PYTHONPROFILEIMPORTTIME). The reference of tests/test_train.py (world size 1 = 2) and
-# tests/test_wandb.py (a run without W&B or TensorBoard imports neither, nor DeepSpeed).
+# (PYTHONPROFILEIMPORTTIME). The reference of tests/launches/test_train.py (world size 1 = 2) and
+# tests/launches/test_wandb.py (a run without W&B or TensorBoard imports neither, nor DeepSpeed).
 
 # The long run: long enough (60 steps) that a fault test can act between the step-20
 # checkpoint and the end; the default DataLoader (workers on), where SIGTERM reaching the
 # workers once hid a defect; checkpoints at 20, 40, 60 (the last two kept). The reference of
-# tests/test_faults.py: every interrupted and resumed run there must end with its losses.
+# tests/launches/test_faults.py: every interrupted and resumed run there must end with its losses.
 LONG = [
     *FAST_USER_LOADER,
     "trainer.max_steps=60",
@@ -82,7 +82,7 @@ def shared_root(tmp_path_factory):
 @pytest.fixture(scope="session")
 def strategy_sweep(shared_root):
     """`+exp=strategy_sweep` (DDP, ZeRO-1/2/3, FSDP2 with and without resharding) on 2
-    ranks: the reference of tests/test_deepspeed.py and tests/test_fsdp2.py."""
+    ranks: the reference of tests/launches/test_deepspeed.py and tests/launches/test_fsdp2.py."""
 
     def launch(path):
         overrides = [*FAST, *STRATEGY_SCHEDULE, "+exp=strategy_sweep"]
@@ -113,7 +113,7 @@ def ddp_sweep(shared_root):
 @pytest.fixture(scope="session")
 def ddp_run(shared_root):
     """The DDP run's folder; W&B's files outside it are under `shared_root/ddp_run-wandb`
-    (tests/test_wandb.py searches both for the key)."""
+    (tests/launches/test_wandb.py searches both for the key)."""
 
     def launch(path):
         env = base_env(WANDB_API_KEY=FAKE_KEY, **private_wandb_env(shared_root / "ddp_run-wandb"))

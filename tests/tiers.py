@@ -1,16 +1,16 @@
-"""Which tier a test belongs to, decided from its source so no test file has to say it.
+"""Which tier a test belongs to: the folder it lives in, checked against what its source does.
 
-- `cluster`: the files that need a Slurm cluster or pods (CLUSTER_FILES).
-- `gpu`: GPU_FILES; they skip here with "needs a CUDA GPU" (the one allowed skip).
-- `launch`: a test that starts a process, itself or through a fixture it uses (at any depth,
-  in its module or among the shared reference runs).
-- `unit`: everything else, pure and in-process: the fast tier.
+The folders mirror the tiers: `unit/<package>/` (pure and in-process, the fast tier; one
+folder per package of `launcher`), `launches/` (real processes), `cluster/` (a Slurm cluster
+or pods), `gpu/` (skipped here with "needs a CUDA GPU", the one allowed skip).
 
-A function "starts a process" when its body names (or reads an attribute named) one of
-PROCESS_NAMES (the launch helpers of tests/launch.py, `subprocess`, the reference runs) or
-another function of its module that does (`x.start()` is a thread's, not tests/launch.py's).
-tests/launch.py refuses to start anything under the unit tier, so a test this reading gets
-wrong fails at once instead of slowing the fast tier.
+The source is read too: a function "starts a process" when its body names (or reads an
+attribute named) one of PROCESS_NAMES (the launch helpers of tests/launch.py, `subprocess`,
+the reference runs) or another function of its module that does (`x.start()` is a
+thread's, not tests/launch.py's), itself or through a fixture it uses (at any depth, in its
+module or among the shared reference runs). A test under `unit/` that starts a process, or
+one under `launches/` that does not, is misplaced: collection stops naming it and where it
+belongs. tests/launch.py also refuses to start anything under the unit tier.
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ import ast
 import functools
 from pathlib import Path
 
-CLUSTER_FILES = {"test_slurm.py", "test_k8s.py"}
-GPU_FILES = {"test_gpu.py"}
+TESTS = Path(__file__).resolve().parent
+FOLDER_TIERS = {"unit": "unit", "launches": "launch", "cluster": "cluster", "gpu": "gpu"}
 PROCESS_NAMES = {
     "subprocess",
     "torchrun",
     "python_train",
     "start",
     "start_torchrun",
+    "tune_launch",
     "stop_once_checkpointed",
     "launch_once",
 }
@@ -71,12 +72,31 @@ def is_serial(path: Path, function: str, fixtures: list[str]) -> bool:
     return function in names or bool(names.intersection(fixtures))
 
 
-def tier_of(path: Path, function: str, fixtures: list[str], shared: frozenset[str]) -> str:
-    if path.name in CLUSTER_FILES:
-        return "cluster"
-    if path.name in GPU_FILES:
-        return "gpu"
+def tier_of(path: Path) -> str:
+    """The tier of a test file, from its folder under tests/ (ValueError elsewhere)."""
+    parts = path.resolve().relative_to(TESTS).parts
+    if len(parts) < 2 or parts[0] not in FOLDER_TIERS:
+        raise ValueError(
+            f"{path.name} sits outside the tier folders: move it to tests/unit/<package>/ "
+            "(pure, in-process), tests/launches/ (real processes), tests/cluster/ or tests/gpu/"
+        )
+    return FOLDER_TIERS[parts[0]]
+
+
+def starts_a_process(path: Path, function: str, fixtures: list[str], shared: frozenset[str]):
+    """Whether the test, or a fixture it uses at any depth, starts a process."""
     starting = starting_functions(path, shared) | shared
-    if function in starting or starting.intersection(fixtures):
-        return "launch"
-    return "unit"
+    return function in starting or bool(starting.intersection(fixtures))
+
+
+def misplaced(path: Path, function: str, fixtures: list[str], shared: frozenset[str]) -> str:
+    """Why a test is in the wrong tier folder, or "" when its folder fits what it does."""
+    tier = tier_of(path)
+    if tier not in ("unit", "launch"):
+        return ""
+    starts = starts_a_process(path, function, fixtures, shared)
+    if tier == "unit" and starts:
+        return f"{path.name}::{function} starts a process: move it to tests/launches/"
+    if tier == "launch" and not starts:
+        return f"{path.name}::{function} starts no process: move it to tests/unit/<package>/"
+    return ""

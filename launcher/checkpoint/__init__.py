@@ -1,2 +1,3 @@
-"""Checkpoints: the atomic protocol every engine writes through (`protocol`), and the resume
-decision (`resume`): which checkpoint a launch may start from, or why it must not start."""
+"""Checkpoints: the atomic protocol every engine writes through (`protocol`), the resume
+decision (`resume`): which checkpoint a launch may start from, or why it must not start, and
+`export`: a checkpoint of any engine as a transformers folder."""

@@ -17,6 +17,18 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from launcher.config.nccl_vars import NcclEnv
+from launcher.config.ranges import (
+    AT_LEAST_1,
+    BELOW_1,
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
+    Range,
+    choices_of,
+    one_of,
+    ranged,
+    ranges_of,
+)
 from launcher.strategy.registry import StrategyConfig, engines
 
 CONFIG_MODULE = "launcher.conf"
@@ -46,75 +58,82 @@ class RunConfig:
 @dataclass
 class ModelConfig:
     name: str = MISSING
-    n_layer: int = MISSING
-    n_head: int = MISSING
-    n_embd: int = MISSING
-    n_positions: int = 1024
-    vocab_size: int | None = None
-    vocab_multiple: int = 64
-    dropout: float = 0.0
+    n_layer: int = ranged(MISSING, AT_LEAST_1)
+    n_head: int = ranged(MISSING, AT_LEAST_1)
+    n_embd: int = ranged(MISSING, AT_LEAST_1)
+    n_positions: int = ranged(1024, AT_LEAST_1)
+    vocab_size: int | None = ranged(None, AT_LEAST_1)
+    vocab_multiple: int = ranged(64, AT_LEAST_1)
+    dropout: float = ranged(0.0, BELOW_1)
     init_from: str | None = None
-    impl: str = "native"  # native (launcher.model.gpt2) or hf (transformers' GPT2LMHeadModel)
+    # native (launcher.model.gpt2) or hf (transformers' GPT2LMHeadModel)
+    impl: str = one_of("native", MODEL_IMPLS)
     bias: bool = True  # biases in linears and LayerNorms (GPT-2's weights have them)
-    attention: str = "auto"  # SDPA's kernel: auto (PyTorch picks), flash, efficient, cudnn, math
+    # SDPA's kernel: auto (PyTorch picks), flash, efficient, cudnn, math
+    attention: str = one_of("auto", ATTENTION_BACKENDS)
 
 
 @dataclass
 class DataConfig:
-    source: str = "stdlib"
+    source: str = one_of("stdlib", DATA_SOURCES)
     paths: list[str] = field(default_factory=list)
     val_paths: list[str] = field(default_factory=list)
-    max_bytes: int | None = None
+    max_bytes: int | None = ranged(None, AT_LEAST_1)
     hf_path: str = "Salesforce/wikitext"
     hf_name: str | None = "wikitext-2-raw-v1"
     dtype: str = "uint16"
-    vocab_size: int | None = None
+    vocab_size: int | None = ranged(None, AT_LEAST_1)
     tokenizer: str = "auto"
-    bpe_vocab_size: int = 8192
-    val_fraction: float = 0.05
+    bpe_vocab_size: int = ranged(8192, Range(low=257, why="the 256 byte tokens plus <|endoftext|>"))
+    val_fraction: float = ranged(0.05, Range(low=0.0, high=1.0, low_open=True, high_open=True))
     cache_dir: str = "~/.cache/launcher"
-    shard_tokens: int = 100_000_000
-    num_workers: int = 2
+    shard_tokens: int = ranged(
+        100_000_000,
+        Range(low=65536, why="tokens per cache file; smaller shards make millions of files"),
+    )
+    num_workers: int = ranged(2, NON_NEGATIVE)
     pin_memory: bool = True
     persistent_workers: bool | None = None  # null: true when num_workers > 0
-    prefetch_factor: int = 2
+    prefetch_factor: int = ranged(2, AT_LEAST_1)
 
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 200
-    global_batch_size: int | None = 16
-    micro_batch_size: int = 4
-    seq_len: int = 128
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 20
-    lr_decay_steps: int | None = None
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
+    max_steps: int = ranged(200, AT_LEAST_1)
+    global_batch_size: int | None = ranged(16, AT_LEAST_1)
+    micro_batch_size: int = ranged(4, AT_LEAST_1)
+    seq_len: int = ranged(128, AT_LEAST_1)
+    lr: float = ranged(1e-3, POSITIVE)
+    min_lr_ratio: float = ranged(0.1, FRACTION)
+    warmup_steps: int = ranged(20, NON_NEGATIVE)
+    lr_decay_steps: int | None = ranged(None, AT_LEAST_1)
+    weight_decay: float = ranged(0.1, Range(low=0.0))
+    beta1: float = ranged(0.9, BELOW_1)
+    beta2: float = ranged(0.95, BELOW_1)
+    grad_clip: float = ranged(1.0, Range(low=0.0, why="0 disables clipping"))
     fused_adamw: bool = True
-    precision: str = "fp32"
-    compile: str = "off"
+    precision: str = one_of("fp32", PRECISIONS)
+    compile: str = one_of("off", COMPILE_MODES)
     grad_checkpointing: bool = False
-    seed: int = 1337
-    device: str = "auto"
-    log_interval: int = 10
-    eval_interval: int = 100
-    eval_batches: int = 4
-    checkpoint_interval: int = 100
-    keep_checkpoints: int = 2
+    seed: int = ranged(1337, Range(low=0, high=2**32 - 1))
+    device: str = one_of("auto", DEVICES)
+    log_interval: int = ranged(10, AT_LEAST_1)
+    eval_interval: int = ranged(100, Range(low=0, why="0: never"))
+    eval_batches: int = ranged(4, AT_LEAST_1)
+    checkpoint_interval: int = ranged(100, Range(low=0, why="0: never"))
+    keep_checkpoints: int = ranged(2, AT_LEAST_1)
     async_checkpoint: bool = False  # strategy=fsdp2: files written while training goes on
-    on_nonfinite: str = "stop"  # stop (exit 3), skip the update, or rewind (docs/faults.md)
-    max_bad_steps: int = 3  # skipped steps allowed within bad_step_window; one more: exit 3
-    bad_step_window: int = 100  # steps
+    # stop (exit 3), skip the update, or rewind (docs/faults.md)
+    on_nonfinite: str = one_of("stop", NONFINITE_POLICIES)
+    # skipped steps allowed within bad_step_window; one more: exit 3
+    max_bad_steps: int = ranged(3, Range(low=0, why="0: the first bad step stops the run"))
+    bad_step_window: int = ranged(100, AT_LEAST_1)  # steps
 
 
 @dataclass
 class DistConfig:
-    backend: str = "auto"
-    timeout_s: int = 900
+    backend: str = one_of("auto", BACKENDS)
+    timeout_s: int = ranged(900, AT_LEAST_1)
 
 
 @dataclass
@@ -124,15 +143,19 @@ class WatchdogConfig:
     run writes its stacks and flight-recorder buffer to logs/ and the job exits with 5."""
 
     enabled: bool = True
-    step_multiple: float = 10.0
+    step_multiple: float = ranged(10.0, POSITIVE)
     # never sooner. 60: a frozen rank of a short-step job ends it within 90 s of its last
     # step; the long stretches (first step, eval, checkpoint, trace) have their own.
-    min_s: float = 60.0
-    first_step_s: float = 600.0  # the first step of a launch: compilation, warm-up, caches
-    checkpoint_s: float = 600.0  # while a checkpoint is written
-    flight_recorder_entries: int = 2000  # recent collectives kept per rank; 0: recorder off
-    straggler_frac: float = 0.2  # a rank whose compute is this much above the others'...
-    straggler_intervals: int = 3  # ...for this many log intervals in a row is named
+    min_s: float = ranged(60.0, POSITIVE)
+    # the first step of a launch: compilation, warm-up, caches
+    first_step_s: float = ranged(600.0, POSITIVE)
+    checkpoint_s: float = ranged(600.0, POSITIVE)  # while a checkpoint is written
+    # recent collectives kept per rank; 0: recorder off
+    flight_recorder_entries: int = ranged(2000, Range(low=0, why="0: the recorder is off"))
+    # a rank whose compute is this much above the others'...
+    straggler_frac: float = ranged(0.2, POSITIVE)
+    # ...for this many log intervals in a row is named
+    straggler_intervals: int = ranged(3, Range(low=0, why="0: never name a straggler"))
 
 
 @dataclass
@@ -148,11 +171,11 @@ class FaultConfig:
     with a high latency, such as a busy network file system; `rank` and `step` do not apply).
     """
 
-    kind: str = "none"
-    rank: int = 0
-    step: int = 1
-    seconds: float = 60.0
-    exit_code: int = 1
+    kind: str = one_of("none", FAULT_KINDS)
+    rank: int = ranged(0, NON_NEGATIVE)
+    step: int = ranged(1, AT_LEAST_1)
+    seconds: float = ranged(60.0, NON_NEGATIVE)
+    exit_code: int = ranged(1, Range(low=0, high=255, why="a process exit code"))
     once: bool = True  # fire in one attempt only: a restart or requeue then resumes past it
 
 
@@ -164,13 +187,14 @@ class NcclConfig:
 
 @dataclass
 class ProfilerConfig:
-    name: str = "off"
-    ranks: list[int] = field(default_factory=list)  # empty: every rank
-    skip_first: int = 10
-    wait: int = 0
-    warmup: int = 2
-    active: int = 3
-    repeat: int = 1
+    name: str = one_of("off", PROFILERS)
+    # empty: every rank
+    ranks: list[int] = ranged(factory=list, allowed=Range(low=0, why="each rank"))
+    skip_first: int = ranged(10, NON_NEGATIVE)
+    wait: int = ranged(0, NON_NEGATIVE)
+    warmup: int = ranged(2, NON_NEGATIVE)
+    active: int = ranged(3, Range(low=1, why="steps recorded"))
+    repeat: int = ranged(1, Range(low=0, why="0: cycles until the end of the run"))
     record_shapes: bool = False
     with_flops: bool = True  # input shapes of matmuls and SDPA: FLOP/s per kernel class
     profile_memory: bool = False
@@ -185,7 +209,8 @@ class LoggerConfig:
     true (`logger=tensorboard`; both: `logger=[wandb,tensorboard]`). The API key is never a
     config key: wandb reads WANDB_API_KEY from the environment."""
 
-    mode: str = "disabled"
+    # online, offline (files only; `wandb sync` later), disabled
+    mode: str = one_of("disabled", LOGGER_MODES)
     project: str = "launcher"
     entity: str | None = None
     tags: list[str] = field(default_factory=list)
@@ -203,7 +228,7 @@ class SlurmConfig:
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    cpus_per_task: int | None = None  # null: processes x (1 + data.num_workers)
+    cpus_per_task: int | None = ranged(None, AT_LEAST_1)  # null: processes x (1 + data.num_workers)
     mem: str | None = None  # per node, as sbatch takes it: 500G, 0 (all of the node's)
     exclusive: bool = False
     constraint: str | None = None
@@ -214,13 +239,21 @@ class SlurmConfig:
     container_mounts: list[str] = field(default_factory=list)  # more than the ones made
     modules: list[str] = field(default_factory=list)  # `module load` each, in order
     venv: str | None = None  # a virtual environment to activate on every node
-    signal_lead_s: int = 300  # Slurm warns (USR1) this long before the time limit
+    # Slurm warns (USR1) this long before the time limit
+    signal_lead_s: int = ranged(300, AT_LEAST_1)
     requeue: bool = True  # on the warning or a hang: requeue while the checkpoint advances
-    max_requeues: int | None = 20  # requeues of one job (SLURM_RESTART_COUNT); null: no cap
-    rdzv_port_range: int = 1000  # rendezvous port: cluster.rdzv_port + job id mod this
-    step_time_s: float | None = None  # a measured step time: checks time_limit (docs/slurm.md)
-    checkpoint_write_s: float | None = None  # one checkpoint write; null: estimated (docs)
-    checkpoint_write_mb_s: float = 100  # write bandwidth to run.root (measure yours)
+    # requeues of one job (SLURM_RESTART_COUNT); null: no cap
+    max_requeues: int | None = ranged(20, NON_NEGATIVE)
+    # rendezvous port: cluster.rdzv_port + job id mod this
+    rdzv_port_range: int = ranged(
+        1000, Range(low=1, high=64535, why="ports above cluster.rdzv_port")
+    )
+    # a measured step time: checks time_limit (docs/slurm.md)
+    step_time_s: float | None = ranged(None, POSITIVE)
+    # one checkpoint write; null: estimated (docs)
+    checkpoint_write_s: float | None = ranged(None, NON_NEGATIVE)
+    # write bandwidth to run.root (measure yours)
+    checkpoint_write_mb_s: float = ranged(100, POSITIVE)
 
 
 @dataclass
@@ -242,7 +275,7 @@ class K8sConfig:
     guaranteed: bool = False  # Guaranteed QoS: CPU limit = request (whole CPUs)
     gpu_resource: str = "nvidia.com/gpu"  # the extended resource cluster.gpus_per_node counts
     rdma_resource: str | None = None  # e.g. rdma/ib: RDMA devices for nccl=infiniband
-    rdma_per_node: int = 1  # how many of rdma_resource each pod requests
+    rdma_per_node: int = ranged(1, AT_LEAST_1)  # how many of rdma_resource each pod requests
     shm_size: str | None = None  # /dev/shm sizeLimit; null: the loaders' need + shm_margin
     shm_margin: str = "1Gi"  # on top of the loaders' need: NCCL's shared-memory transport etc.
     runs_pvc: str = "launcher-runs"  # PersistentVolumeClaim (ReadWriteMany) mounted at run.root
@@ -255,19 +288,28 @@ class K8sConfig:
     labels: dict[str, str] = field(default_factory=dict)  # added to every object and pod
     annotations: dict[str, str] = field(default_factory=dict)  # added to the pods
     security: str = "restricted"  # Pod Security 'restricted'; root: the image's user, no context
-    run_as_user: int = 1000  # the UID (GID, fsGroup) with security=restricted
+    # the UID (GID, fsGroup) with security=restricted
+    run_as_user: int = ranged(1000, Range(low=1, why="a non-root UID"))
     home_size: str = "10Gi"  # restricted: the writable HOME emptyDir (caches, data cache)
     tmp_size: str = "2Gi"  # restricted: the writable /tmp emptyDir
     gang: str = "none"  # none, kueue (queue-name label, suspended) or volcano (min members)
     queue: str | None = None  # the Kueue LocalQueue or the Volcano queue
-    backoff_limit_per_node: int = 3  # failed pods tolerated per node (disruptions not counted)
-    max_restarts: int = 3  # torchrun --max-restarts: re-rendezvous when a peer pod is replaced
-    rdzv_timeout_s: int = 900  # how long torchrun waits for all pods to join (join_timeout)
-    termination_grace_s: int = 120  # SIGTERM -> SIGKILL: time to write the stop checkpoint
-    step_time_s: float | None = None  # a measured step time: checks termination_grace_s
-    checkpoint_write_s: float | None = None  # one checkpoint write; null: estimated (docs)
-    checkpoint_write_mb_s: float = 100  # write bandwidth to the runs volume (measure yours)
-    ttl_after_finished_s: int | None = None  # delete the finished Job after this long
+    # failed pods tolerated per node (disruptions not counted)
+    backoff_limit_per_node: int = ranged(3, NON_NEGATIVE)
+    # torchrun --max-restarts: re-rendezvous when a peer pod is replaced
+    max_restarts: int = ranged(3, NON_NEGATIVE)
+    # how long torchrun waits for all pods to join (join_timeout)
+    rdzv_timeout_s: int = ranged(900, AT_LEAST_1)
+    # SIGTERM -> SIGKILL: time to write the stop checkpoint
+    termination_grace_s: int = ranged(120, NON_NEGATIVE)
+    # a measured step time: checks termination_grace_s
+    step_time_s: float | None = ranged(None, POSITIVE)
+    # one checkpoint write; null: estimated (docs)
+    checkpoint_write_s: float | None = ranged(None, NON_NEGATIVE)
+    # write bandwidth to the runs volume (measure yours)
+    checkpoint_write_mb_s: float = ranged(100, POSITIVE)
+    # delete the finished Job after this long
+    ttl_after_finished_s: int | None = ranged(None, NON_NEGATIVE)
     version: str | None = None  # the cluster's Kubernetes (1.30); older than 1.29 is refused
 
 
@@ -277,12 +319,14 @@ class ClusterConfig:
     `python -m launcher.submit` renders (docs/slurm.md, docs/kubernetes.md)."""
 
     name: str = "local"
-    nodes: int = 1
-    gpus_per_node: int = 0  # 0: a CPU-only job (gloo)
-    procs_per_node: int | None = None  # null: gpus_per_node, or 1 without GPUs
+    nodes: int = ranged(1, AT_LEAST_1)
+    # 0: a CPU-only job (gloo)
+    gpus_per_node: int = ranged(0, Range(low=0, why="0: a CPU-only job"))
+    procs_per_node: int | None = ranged(None, AT_LEAST_1)  # null: gpus_per_node, or 1 without GPUs
     job_name: str | None = None  # null: launcher-<exp or model>, e.g. launcher-bucket_sweep
     time_limit: str | None = None  # [D-]HH:MM:SS; null: the cluster's default
-    rdzv_port: int = 29500  # c10d rendezvous on the first node (Slurm: the range's start)
+    # c10d rendezvous on the first node (Slurm: the range's start)
+    rdzv_port: int = ranged(29500, Range(low=1, high=65535))
     workdir: str | None = None  # where the job starts (the checkout); null: submit's cwd
     setup: list[str] = field(default_factory=list)  # shell lines run before torchrun
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables
@@ -298,15 +342,27 @@ class TuneConfig:
     `noise_multiple` x the measured noise (the larger spread of the two sets of repeats)
     and by at least `min_gain` of the incumbent's step time."""
 
-    budget_s: float = 1800.0  # wall time for the rounds; the confirmation runs come after
-    trial_steps: int = 12  # steps of each timed trial, warm-up included
-    warmup_steps: int = 3  # a trial's first steps, not timed: start-up, DDP's bucket rebuild
-    repeats: int = 3  # timed trials of each candidate and of the incumbent, every round
-    loss_tolerance: float = 0.02  # math-changing candidates: |mean loss diff| / incumbent's
-    min_gain: float = 0.05  # the smallest speed-up worth keeping, as a fraction of a step
-    noise_multiple: float = 1.0  # how many measured spreads a gain must exceed
-    max_rounds: int = 6
-    confirm_steps: int = 40  # steps of each confirmation run (baseline and winner)
+    # wall time for the rounds; the confirmation runs come after
+    budget_s: float = ranged(1800.0, POSITIVE)
+    # steps of each timed trial, warm-up included
+    trial_steps: int = ranged(
+        12, Range(low=4, why="and tune.warmup_steps + 3: warm-up, then 3 profiled")
+    )
+    # a trial's first steps, not timed: start-up, DDP's bucket rebuild
+    warmup_steps: int = ranged(3, Range(low=1, why="the first step holds start-up"))
+    # timed trials of each candidate and of the incumbent, every round
+    repeats: int = ranged(3, Range(low=2, why="one trial cannot measure noise"))
+    # math-changing candidates: |mean loss diff| / incumbent's
+    loss_tolerance: float = ranged(
+        0.02, Range(low=0.0, why="0: a math-changing candidate must match exactly")
+    )
+    # the smallest speed-up worth keeping, as a fraction of a step
+    min_gain: float = ranged(0.05, BELOW_1)
+    # how many measured spreads a gain must exceed
+    noise_multiple: float = ranged(1.0, NON_NEGATIVE)
+    max_rounds: int = ranged(6, AT_LEAST_1)
+    # steps of each confirmation run (baseline and winner)
+    confirm_steps: int = ranged(40, Range(low=4, why="and tune.warmup_steps + 3"))
     skip: list[str] = field(default_factory=list)  # keys never to change: [strategy.comm_hook]
 
 
@@ -316,13 +372,18 @@ class RehearseConfig:
 
     only: list[str] = field(default_factory=list)  # run just these cases: [stop,hung_rank]
     skip: list[str] = field(default_factory=list)  # every case but these
-    nproc: int | None = None  # ranks of each case; null: torchrun's, else the GPUs here, else 2
-    timeout_s: float = 300.0  # one launch of a case, start-up included; then it is killed
+    # ranks of each case; null: torchrun's, else the GPUs here, else 2
+    nproc: int | None = ranged(None, Range(low=2, why="a killed, hung or slow rank needs a peer"))
+    # one launch of a case, start-up included; then it is killed
+    timeout_s: float = ranged(300.0, POSITIVE)
 
 
 @dataclass
 class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
+    # auto: continue from the latest complete checkpoint of this run directory if there is one;
+    # never: start fresh (refuses a run directory that already holds checkpoints);
+    # a path: a run directory, its checkpoints/ folder, or one step_<n> folder.
     resume: str = "auto"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -354,6 +415,23 @@ def register_schema() -> None:
         store.store(group="strategy", name=f"{name}_schema", node=engine.schema)
         if not engine.has_yaml:
             store.store(group="strategy", name=name, node=engine.schema)
+
+
+def all_ranges() -> dict[str, Range]:
+    """Every numeric key's range, read from the fields of the schema and of every engine's
+    (a `strategy.` key absent from the chosen engine's schema is skipped when checked)."""
+    found = ranges_of(TrainConfig)
+    for engine in engines().values():
+        found.update(ranges_of(engine.schema, "strategy."))
+    return found
+
+
+def all_choices() -> dict[str, tuple[str, ...]]:
+    """Every string key with a fixed set of values, the engines' `strategy.` keys included."""
+    found = choices_of(TrainConfig)
+    for engine in engines().values():
+        found.update(choices_of(engine.schema, "strategy."))
+    return found
 
 
 def typed(cfg: DictConfig) -> TrainConfig:

@@ -14,25 +14,11 @@ from omegaconf import DictConfig, OmegaConf
 from launcher.config.compose import unknown_key_line
 from launcher.config.errors import ConfigError, check_choice
 from launcher.config.ranges import range_problem
-from launcher.config.schema import (
-    ATTENTION_BACKENDS,
-    BACKENDS,
-    COMPILE_MODES,
-    DATA_SOURCES,
-    DEVICES,
-    FAULT_KINDS,
-    LOGGER_MODES,
-    MODEL_IMPLS,
-    NONFINITE_POLICIES,
-    PRECISIONS,
-    PROFILERS,
-)
+from launcher.config.schema import all_choices, all_ranges
 from launcher.strategy.registry import engine, engines, schemas
 from launcher.train.batch import BatchPlan
 
-
-def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
-    check_choice(key, OmegaConf.select(cfg, key), allowed)
+_ABSENT = object()
 
 
 def normalize(cfg: DictConfig, world_size: int) -> None:
@@ -108,7 +94,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     """
     normalize(cfg, world_size)
     _reject_unknown_keys(cfg, "")
-    problem = range_problem(cfg)
+    problem = range_problem(cfg, all_ranges())
     if problem:
         raise ConfigError(problem)
     t, d, m = cfg.trainer, cfg.data, cfg.model
@@ -117,16 +103,9 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         problem = run_id_problem(os.environ["LAUNCHER_RUN_ID"], "LAUNCHER_RUN_ID")
     if problem:
         raise ConfigError(problem)
-    _choice(cfg, "logger.mode", LOGGER_MODES)
-    _choice(cfg, "trainer.precision", PRECISIONS)
-    _choice(cfg, "trainer.compile", COMPILE_MODES)
-    _choice(cfg, "trainer.device", DEVICES)
-    _choice(cfg, "trainer.on_nonfinite", NONFINITE_POLICIES)
-    _choice(cfg, "dist.backend", BACKENDS)
-    _choice(cfg, "data.source", DATA_SOURCES)
-    _choice(cfg, "profiler.name", PROFILERS)
-    _choice(cfg, "model.impl", MODEL_IMPLS)
-    _choice(cfg, "model.attention", ATTENTION_BACKENDS)
+    for key, allowed in all_choices().items():
+        if OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT:  # the chosen engine's
+            check_choice(key, OmegaConf.select(cfg, key), allowed)
     _validate_model_bias(m)
     _validate_engine(cfg)
     problem = BatchPlan.of(t, world_size).problem()
@@ -222,7 +201,6 @@ def _validate_watchdog(w: DictConfig, dist_timeout_s: int) -> None:
 
 def _validate_fault(cfg: DictConfig, world_size: int) -> None:
     f = cfg.fault
-    _choice(cfg, "fault.kind", FAULT_KINDS)
     if f.kind == "none":
         return
     if not 0 <= f.rank < world_size:

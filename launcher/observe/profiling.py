@@ -12,19 +12,22 @@ on a GPU, the rank also writes `memory_snapshot.step<n>.pickle` there
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig
 from torch import profiler as tp
 
 from launcher.observe import memory_snapshot
 from launcher.runtime.process import Runtime
+
+if TYPE_CHECKING:
+    from launcher.config.schema import ProfilerConfig
 
 
 def trace_dir(rt: Runtime):
     return rt.run_dir / "traces" / f"rank{rt.rank}"
 
 
-def build_profiler(pcfg: DictConfig, rt: Runtime) -> tp.profile | None:
+def build_profiler(pcfg: ProfilerConfig, rt: Runtime) -> tp.profile | None:
     """A started-on-enter profiler for this rank, or None when it is not profiled."""
     if pcfg.name == "off" or (pcfg.ranks and rt.rank not in pcfg.ranks):
         return None

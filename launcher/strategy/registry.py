@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,8 @@ class StrategyConfig:
     of another engine is an unknown key, not a setting silently ignored."""
 
     name: str = MISSING
+    # Time gradient communication per step (comm/allreduce_s, comm/exposed_s, ...); false:
+    # the engine's own collectives untimed (DDP: its built-in C++ all-reduce), no comm figures.
     time_comm: bool = True
 
 
@@ -76,7 +78,6 @@ class Engine:
     refuses_other_formats: str | None = None
     has_yaml: bool = True  # conf/strategy/<name>.yaml exists; else the schema is the option
     rules: Callable[[Any, int], None] = _nothing  # (cfg, world_size): raises ConfigError
-    ranges: Mapping[str, Any] = field(default_factory=dict)  # "strategy.<key>" -> Range
     # (typed cfg, world size): the engine's own config built and judged (raises ConfigError);
     # None: nothing beyond `rules`
     config_check: Callable[[Any, int], None] | None = None

@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 
 from launcher.checkpoint.protocol import find_resumable
 from launcher.config import ConfigError, typed, validate
+from launcher.config.schema import TrainConfig
 from launcher.data.cache import CACHE_ENV, cache_root
 from launcher.data.shm import check_shm, shm_need_bytes
 from launcher.data.tokenizer import tokenizer_path_problem
@@ -33,8 +34,9 @@ from launcher.strategy.registry import engine
 WANDB_DEFAULT_HOST = "https://api.wandb.ai"
 
 
-def shm_need(cfg: DictConfig) -> int:
-    """Bytes of /dev/shm this config's DataLoader workers need on one rank."""
+def shm_need(cfg: DictConfig | TrainConfig) -> int:
+    """Bytes of /dev/shm this config's DataLoader workers need on one rank: read from the
+    composed config (doctor, submit) or the typed one (the job's env.json) alike."""
     return shm_need_bytes(
         num_workers=cfg.data.num_workers,
         prefetch_factor=cfg.data.prefetch_factor,

@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 import sys
 
-from launcher.config import ConfigError, compose, friendly_overrides, sweep
+from omegaconf import DictConfig
+
+from launcher.config import ConfigError, friendly_overrides, sweep
 from launcher.resilience import exit_codes
 from launcher.runtime import process as runtime
 from launcher.train import front_door as train
@@ -35,16 +37,17 @@ Settings: tune.budget_s, tune.trial_steps, tune.repeats, tune.loss_tolerance, ..
 (docs/tuning.md, docs/configuration.md)."""
 
 
-def check(overrides: list[str]) -> None:
-    """Everything a user can get wrong, before anything starts (ConfigError)."""
-    plan = sweep.plan(overrides, False, compose(overrides, sweep=True).hydra)
-    if len(plan.points) > 1 or plan.swept_keys:
+def check(overrides: list[str]) -> DictConfig:
+    """Everything a user can get wrong, before anything starts (ConfigError); returns the
+    experiment's config, composed once (the composition that finds out it is one point)."""
+    plan, points = sweep.compose_points(overrides, multirun=False)
+    if len(points) > 1 or plan.swept_keys:
         raise ConfigError(
             f"launcher.tune tunes one experiment, but the overrides sweep "
             f"{', '.join(plan.swept_keys) or 'several points'}; give one value per key "
             "(the tuner chooses the values to try)"
         )
-    cfg = compose(overrides)
+    cfg = points[0]
     preflight(cfg, runtime.env_world()[2], runtime.ranks_per_node())
     t = cfg.tune
     for key in ("trial_steps", "confirm_steps"):
@@ -55,6 +58,7 @@ def check(overrides: list[str]) -> None:
                 f"{t.warmup_steps + PROFILED_STEPS}"
             )
     Trials(overrides).config({}, t.trial_steps, t.warmup_steps, profile=True)
+    return cfg
 
 
 def tune() -> int:
@@ -65,10 +69,9 @@ def tune() -> int:
         return exit_codes.DONE
     overrides = friendly_overrides(args)
     try:
-        check(overrides)
+        cfg = check(overrides)
     except ConfigError as exc:
         fail_bad_input(exc)
-    cfg = compose(overrides)
     tuner = Tuner(cfg, overrides)
     try:
         tuner.run()

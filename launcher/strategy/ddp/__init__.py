@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.config.errors import ConfigError, check_choice
-from launcher.config.ranges import Range
+from launcher.config.errors import ConfigError
+from launcher.config.ranges import Range, one_of, ranged
 from launcher.strategy.registry import Engine, Format, StrategyConfig
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
@@ -19,29 +19,33 @@ DEFAULT_BUCKET_MB = 25.0
 @dataclass
 class DDPConfig(StrategyConfig):
     name: str = "ddp"
-    bucket_cap_mb: float = DEFAULT_BUCKET_MB
+    bucket_cap_mb: float = ranged(
+        DEFAULT_BUCKET_MB, Range(low=0.0, low_open=True, why="DDP's bucket size in MB")
+    )
     gradient_as_bucket_view: bool = True
     static_graph: bool = False
     find_unused_parameters: bool = False
     broadcast_buffers: bool = True
-    comm_hook: str = "none"
-    powersgd_rank: int = 4
-    powersgd_warmup_steps: int | None = None  # null: trainer.warmup_steps
-    powersgd_min_compression_rate: float = 2.0
+    # none, bf16, fp16, powersgd (docs/communication.md)
+    comm_hook: str = one_of("none", COMM_HOOKS)
+    # PowerSGD (comm_hook=powersgd): all-reduce a rank-r approximation of every large
+    # gradient matrix instead of the matrix.
+    # r: bytes grow with it; 1-4 is typical, 4 leans to accuracy
+    powersgd_rank: int = ranged(
+        4, Range(low=1, why="the rank of each gradient matrix's approximation; 1-4 is usual")
+    )
+    # plain all-reduce first; null: trainer.warmup_steps
+    powersgd_warmup_steps: int | None = ranged(
+        None, Range(low=0, why="steps of plain all-reduce before PowerSGD starts")
+    )
+    # compress a matrix if P, Q are this much smaller
+    powersgd_min_compression_rate: float = ranged(
+        2.0,
+        Range(
+            low=1.0, why="a matrix is compressed only if its factors are this many times smaller"
+        ),
+    )
 
-
-RANGES = {
-    "strategy.bucket_cap_mb": Range(low=0.0, low_open=True, why="DDP's bucket size in MB"),
-    "strategy.powersgd_rank": Range(
-        low=1, why="the rank of each gradient matrix's approximation; 1-4 is usual"
-    ),
-    "strategy.powersgd_warmup_steps": Range(
-        low=0, why="steps of plain all-reduce before PowerSGD starts"
-    ),
-    "strategy.powersgd_min_compression_rate": Range(
-        low=1.0, why="a matrix is compressed only if its factors are this many times smaller"
-    ),
-}
 
 # Whole model and optimizer: DDP keeps every rank's identical, so rank 0 writes them.
 FILES = ("model.pt", "optimizer.pt")
@@ -51,7 +55,6 @@ FORMAT = Format("torch", marker=FILES[0], reader="launcher.strategy.ddp.files")
 def rules(cfg, world_size: int) -> None:
     """The compression hook, and what PowerSGD cannot do."""
     s = cfg.strategy
-    check_choice("strategy.comm_hook", s.comm_hook, COMM_HOOKS)
     if s.comm_hook == "powersgd" and cfg.trainer.precision == "fp16":
         raise ConfigError(
             "strategy.comm_hook=powersgd does not work with trainer.precision=fp16: its error "
@@ -82,7 +85,6 @@ ENGINE = Engine(
     strategy="launcher.strategy.ddp.engine:DDPStrategy",
     format=FORMAT,
     rules=rules,
-    ranges=RANGES,
     tune_candidates=tune_candidates,
     drops_steps=True,
 )

@@ -8,8 +8,7 @@ See docs/deepspeed.md."""
 
 from __future__ import annotations
 
-from launcher.config.errors import ConfigError, check_choice
-from launcher.config.ranges import Range
+from launcher.config.errors import ConfigError
 from launcher.strategy.deepspeed.ds_config import (
     DeepSpeedConfig,
     DeepSpeedConfigError,
@@ -17,15 +16,8 @@ from launcher.strategy.deepspeed.ds_config import (
 )
 from launcher.strategy.registry import Engine, Format
 
-OFFLOAD_DEVICES = ("none", "cpu")
 STRATEGY_FILE = "strategy.json"  # in each DeepSpeed checkpoint: what wrote it
 
-
-RANGES = {
-    "strategy.zero_stage": Range(low=0, high=3),
-    "strategy.reduce_bucket_size": Range(low=1, why="elements"),
-    "strategy.allgather_bucket_size": Range(low=1, why="elements"),
-}
 
 FORMAT = Format("deepspeed", marker=STRATEGY_FILE, reader="launcher.strategy.deepspeed.universal")
 
@@ -34,8 +26,6 @@ def rules(cfg, world_size: int) -> None:
     """The stage and offload (`strategy.extra` against trainer.* is judged where DeepSpeed's
     config is built: `config_check`); no torch.compile."""
     s, t = cfg.strategy, cfg.trainer
-    check_choice("strategy.offload_optimizer", s.offload_optimizer, OFFLOAD_DEVICES)
-    check_choice("strategy.offload_param", s.offload_param, OFFLOAD_DEVICES)
     if s.offload_optimizer != "none" and s.zero_stage == 0:
         raise ConfigError(
             "strategy.offload_optimizer=cpu needs ZeRO: set strategy.zero_stage to 1, 2 or 3"
@@ -131,7 +121,6 @@ ENGINE = Engine(
     needs_process_group=True,
     refuses_other_formats="DeepSpeed loads no other engine's checkpoint",
     rules=rules,
-    ranges=RANGES,
     config_check=config_check,
     identity=identity,
     own_differences=own_differences,

@@ -14,9 +14,12 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.config.ranges import Range, one_of, ranged
 from launcher.config.schema import TrainerConfig
 from launcher.strategy.registry import StrategyConfig
 from launcher.train.batch import BatchPlan
+
+OFFLOAD_DEVICES = ("none", "cpu")
 
 # Sections DeepSpeed would build its own optimizer or LR schedule from: the launcher passes
 # its AdamW (trainer.lr, betas, weight_decay) and sets the LR of every step itself.
@@ -32,13 +35,22 @@ class DeepSpeedConfig(StrategyConfig):
     """strategy=deepspeed (and its presets zero1-3); see docs/deepspeed.md."""
 
     name: str = "deepspeed"
-    zero_stage: int = 2
-    offload_optimizer: str = "none"  # none | cpu: optimizer states and step on the CPU
-    offload_param: str = "none"  # none | cpu: ZeRO-3 parameters live on the CPU
+    # 0: data parallel (replicated states), 1: optimizer states sharded, 2: + gradients,
+    # 3: + parameters (gathered layer by layer in forward and backward).
+    zero_stage: int = ranged(2, Range(low=0, high=3))
+    # cpu: optimizer states and the optimizer step on the CPU (ZeRO 1-3)
+    offload_optimizer: str = one_of("none", OFFLOAD_DEVICES)
+    offload_param: str = one_of("none", OFFLOAD_DEVICES)  # cpu: ZeRO-3 parameters on the CPU
     overlap_comm: bool | None = None  # null: DeepSpeed's default for the stage
-    reduce_bucket_size: int = 500_000_000  # elements per gradient reduction bucket
-    allgather_bucket_size: int = 500_000_000  # elements per parameter all-gather (ZeRO-1/2)
-    extra: dict[str, Any] = field(default_factory=dict)  # any other DeepSpeed config key
+    # elements per gradient reduction bucket
+    reduce_bucket_size: int = ranged(500_000_000, Range(low=1, why="elements"))
+    # elements per parameter all-gather (ZeRO-1/2)
+    allgather_bucket_size: int = ranged(500_000_000, Range(low=1, why="elements"))
+    # Any other DeepSpeed config key, passed through, e.g.
+    # +strategy.extra.zero_optimization.contiguous_gradients=false. Keys the launcher owns
+    # (batch, accumulation, clipping, precision, stage, offload) must agree with it; optimizer
+    # and scheduler sections are refused.
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class DeepSpeedConfigError(ValueError):

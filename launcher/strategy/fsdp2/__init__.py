@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.config.errors import ConfigError, check_choice
+from launcher.config.errors import ConfigError
+from launcher.config.ranges import one_of
 from launcher.strategy.registry import Engine, Format, StrategyConfig
 
 OFFLOAD_DEVICES = ("none", "cpu")
@@ -19,9 +20,15 @@ class FSDP2Config(StrategyConfig):
     """strategy=fsdp2; see docs/strategies.md."""
 
     name: str = "fsdp2"
-    reshard_after_forward: Any = True  # true | false | an int: reshard to that many ranks
-    reduce_dtype: str = "fp32"  # fp32 | bf16: the dtype gradients are reduce-scattered in
-    offload: str = "none"  # none | cpu: sharded parameters, gradients, optimizer on the CPU
+    # true: free each block's gathered parameters after its forward (gather again in backward:
+    # least memory); false: keep them until backward (no second all-gather); an int N: keep a
+    # copy sharded over N ranks (a divisor of the world size, neither 1 nor the world size).
+    reshard_after_forward: Any = True
+    # fp32 (exact) | bf16 (half the bytes): the dtype gradients are reduce-scattered in; the
+    # parameters' is trainer.precision (bf16: gathered and computed in bf16, kept in fp32).
+    reduce_dtype: str = one_of("fp32", ("fp32", "bf16"))
+    # cpu: sharded parameters, gradients and the optimizer step on the CPU
+    offload: str = one_of("none", OFFLOAD_DEVICES)
 
 
 FORMAT = Format("dcp", marker=".metadata", reader="launcher.strategy.fsdp2.dcp")
@@ -30,8 +37,6 @@ FORMAT = Format("dcp", marker=".metadata", reader="launcher.strategy.fsdp2.dcp")
 def rules(cfg, world_size: int) -> None:
     """reshard_after_forward's three forms, dtypes, offload; no fp16 (no sharded scaler)."""
     s = cfg.strategy
-    check_choice("strategy.reduce_dtype", s.reduce_dtype, ("fp32", "bf16"))
-    check_choice("strategy.offload", s.offload, OFFLOAD_DEVICES)
     raf = s.reshard_after_forward
     if not isinstance(raf, bool):
         divides = isinstance(raf, int) and 1 < raf < world_size and world_size % raf == 0

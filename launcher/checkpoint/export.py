@@ -1,0 +1,87 @@
+"""Export: a checkpoint of any engine written as a transformers folder that
+`GPT2LMHeadModel.from_pretrained` reads (the `python -m launcher.export` front door's work).
+
+The newest complete checkpoint whose weights load is used, as a resume would choose it; the
+weights are read by the reader their format declares (launcher.strategy.registry), the native
+module's converted (launcher.model.gpt2), transformers' copied.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from launcher.checkpoint import protocol as checkpoint
+from launcher.model.gpt2 import config_of, hf_config, to_hf_state_dict
+from launcher.strategy.registry import format_of, formats
+
+
+class ExportError(ValueError):
+    """What is wrong with the input, worded as the one line the user sees."""
+
+
+def read_state(folder: Path) -> dict[str, torch.Tensor]:
+    """The whole model's state dict from a checkpoint of any engine, on the CPU, read by the
+    reader its format declares (launcher.strategy.registry)."""
+    fmt = format_of(folder)
+    if fmt is None:
+        markers = ", ".join(f.marker for f in formats().values())
+        raise ExportError(
+            f"{folder} holds none of the files a checkpoint starts with ({markers}); pass a run "
+            "directory or a checkpoints/step_<n> folder the launcher wrote"
+        )
+    return fmt.module().weights(folder)
+
+
+def newest_readable(source: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The newest complete checkpoint of `source` whose weights load, and its state: an
+    unreadable one (a garbage model.pt of the right size) is skipped with one warning,
+    as a resume skips it."""
+    found = checkpoint.candidates(source)
+    if not found:
+        raise ExportError(
+            f"{source} holds no complete checkpoint; pass a run directory with checkpoints "
+            "(trainer.checkpoint_interval > 0) or a complete checkpoints/step_<n> folder"
+        )
+    problems = []
+    for i, folder in enumerate(found):
+        try:
+            return folder, read_state(folder)
+        except ExportError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any unreadable file: try the previous one
+            why = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+            problems.append(f"{folder.name}: {why}")
+            then = "falling back to the previous one" if i + 1 < len(found) else "none is left"
+            print(f"warning: checkpoint {folder} is unreadable ({why}); {then}", file=sys.stderr)
+    raise ExportError(f"no checkpoint of {source} could be read ({' | '.join(problems)})")
+
+
+def export(source: Path, out: Path) -> Path:
+    """Write the model of `source`'s checkpoint into `out`; returns the checkpoint used."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"{out} exists and is not an empty folder; choose a new OUT_DIR")
+    folder, state = newest_readable(source)
+    model_meta = (checkpoint.read_meta(folder) or {}).get("model") or {}
+    if not model_meta.get("n_head"):
+        raise ExportError(
+            f"{folder / checkpoint.META} does not record model.n_head (written before the "
+            "launcher recorded the model's shape); export from a newer checkpoint"
+        )
+    if model_meta.get("impl", "hf") == "native":
+        state = to_hf_state_dict(state)
+    from transformers import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(hf_config(config_of(state, int(model_meta["n_head"]))))
+    loaded = model.load_state_dict(state, strict=False)  # older transformers: mask buffers
+    buffers = (".attn.bias", ".attn.masked_bias")
+    wrong = [k for k in loaded.missing_keys + loaded.unexpected_keys if not k.endswith(buffers)]
+    if wrong:
+        raise ExportError(
+            f"{folder}: the weights do not fit a GPT-2 (first mismatch: {sorted(wrong)[0]}); "
+            "export a checkpoint the launcher's GPT-2 wrote"
+        )
+    model.save_pretrained(out)
+    return folder

@@ -1,0 +1,516 @@
+"""`python -m launcher.submit slurm`: rendering, bad input, and real jobs on a real Slurm
+cluster (one slurmctld and two slurmd on this machine, see slurm_cluster.py).
+
+One uninterrupted 2-node x 1-process job (profiler on) is checked for completeness and is
+the reference for a second, identical job that is sent Slurm's warning signal mid-run: it
+must checkpoint, requeue itself (same job id, same run directory), resume and end with the
+same loss at every step. Shorter jobs check the requeue policy (no requeue without a newer
+checkpoint, none past cluster.slurm.max_requeues, none after bad input), two jobs sharing
+their first node (each its own rendezvous port), and a cancelled job's output.
+
+Tests that need the lead's `launcher.torchrun` (the contract's exit codes through torchrun)
+say so in their docstrings: test_warned_job_checkpoints_requeues_and_resumes (exit 143 in
+the log) and test_bad_input_fails_without_requeue (exit 2).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from slurm_cluster import CRED_EXPIRE_S, ClusterUnavailable, SlurmCluster
+
+from launcher.submit.__main__ import main as submit_main
+from launcher.submit.slurm import EXAMPLE_OVERRIDES, render_example
+
+from launch import FAST, explain, losses, metrics, summary
+from paths import REPO
+
+JOB_TIMEOUT = 420
+# 100 quick steps: long enough to send the signal mid-run, short enough for 2 cores.
+RUN = [
+    *FAST,
+    "trainer.max_steps=100",
+    "trainer.checkpoint_interval=50",
+    "trainer.eval_interval=50",
+    "profiler=steps",
+    "profiler.skip_first=2",
+]
+# One process per node: with two ranks a gradient sum does not depend on the order gloo adds
+# in, so a resumed run can equal the uninterrupted one bit for bit. (With more ranks, DDP's
+# bucket layout, rebuilt after each process's first step, changes that order: losses then
+# agree only to about 1e-7 after a resume, measured at 2 x 2.)
+SHAPE = ["cluster.nodes=2", "cluster.procs_per_node=1"]
+
+
+def front_door_missing() -> str | None:
+    """The rendered jobs run `python -m launcher.torchrun` (the exit-code front door)."""
+    if importlib.util.find_spec("launcher.torchrun") is None:
+        return "launcher.torchrun (the exit-code front door the jobs run) is not installed"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    missing = front_door_missing()
+    if missing:
+        pytest.skip(missing)
+    c = SlurmCluster()
+    try:
+        c.start()
+    except ClusterUnavailable as exc:
+        c.stop()
+        pytest.skip(f"no Slurm cluster: {exc}")
+    yield c
+    c.stop()
+
+
+def submit(cluster: SlurmCluster, root: Path, run_id: str, *extra: str, run=RUN, env=None):
+    """The user's command, for real (`env`: more of the submitting shell's variables);
+    returns (job id, run dir). The rendezvous port is the default one, derived from the
+    job id."""
+    venv = [f"cluster.slurm.venv={sys.prefix}"] if sys.prefix != sys.base_prefix else []
+    cmd = [
+        sys.executable,
+        "-m",
+        "launcher.submit",
+        "slurm",
+        *SHAPE,
+        *run,
+        *venv,
+        f"cluster.workdir={REPO}",
+        f"run.root={root}",
+        f"run.id={run_id}",
+        *extra,
+    ]
+    proc = subprocess.run(
+        cmd, env=cluster.env(**(env or {})), capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, explain(proc)
+    found = re.search(r"submitted Slurm job (\d+); run dir (\S+);", proc.stdout)
+    assert found, proc.stdout
+    assert proc.stdout.splitlines()[0] == str(root / run_id / "submit" / "job.sbatch")
+    return found.group(1), Path(found.group(2))
+
+
+def job_state(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["scontrol", "-o", "show", "job", job_id],
+        env=cluster.env(),
+        capture_output=True,
+        text=True,
+    ).stdout
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+def wait_until(cluster: SlurmCluster, job_id: str, states: tuple[str, ...], timeout=120):
+    deadline = time.monotonic() + timeout
+    while (state := job_state(cluster, job_id)).get("JobState") not in states:
+        assert time.monotonic() < deadline, f"job {job_id} never reached {states}: {state}"
+        time.sleep(0.2)
+    return state
+
+
+def wait_until_done(cluster: SlurmCluster, job_id: str, run_dir: Path, timeout=JOB_TIMEOUT):
+    """Poll until the job has ended. A requeued job waits (BeginTime) until its previous
+    start's credential has expired; once that has (`cred_expire` in the test slurm.conf),
+    it is let start at once rather than at Slurm's next scheduling pass. Earlier, Slurm
+    would kill it ("Job credential revoked")."""
+    deadline = time.monotonic() + timeout
+    pending_since = None
+    while time.monotonic() < deadline:
+        state = job_state(cluster, job_id)
+        if state.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            return state
+        if state.get("JobState") == "PENDING" and state.get("Reason") == "BeginTime":
+            pending_since = pending_since or time.monotonic()
+            if time.monotonic() - pending_since > CRED_EXPIRE_S + 2:
+                subprocess.run(
+                    ["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster.env()
+                )
+        time.sleep(0.5)
+    output = "\n".join(p.read_text()[-3000:] for p in (run_dir / "submit").glob("slurm-*.out"))
+    raise AssertionError(f"job {job_id} did not end in {timeout} s:\n{output}")
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, tmp_path_factory):
+    """The uninterrupted job: (job id, run dir, scontrol's view of it at the end)."""
+    root = tmp_path_factory.mktemp("slurm-runs")
+    job_id, run_dir = submit(cluster, root, "whole")
+    state = wait_until_done(cluster, job_id, run_dir)
+    return job_id, run_dir, state
+
+
+def slurm_output(run_dir: Path, job_id: str) -> str:
+    return (run_dir / "submit" / f"slurm-{job_id}.out").read_text()
+
+
+def test_two_node_job_completes_into_one_run_directory(reference):
+    job_id, run_dir, state = reference
+    out = slurm_output(run_dir, job_id)
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", out[-3000:]
+    assert "nodes n[1-2]" in out and "launcher: training finished" in out
+    s = summary(run_dir)
+    assert (s["status"], s["steps"], s["world_size"]) == ("completed", 100, 2)
+    assert {r["step"] for r in metrics(run_dir) if "loss" in r} == set(range(1, 101))
+    for rank in range(2):
+        log = (run_dir / "logs" / f"rank{rank}.log").read_text()
+        assert f"rank {rank}/2 (local 0," in log  # one process on each of the two nodes
+        traces = list((run_dir / "traces" / f"rank{rank}").glob("*.pt.trace.json*"))
+        assert traces, f"no profiler trace for rank {rank}"
+    assert (run_dir / "submit" / "job.sbatch").is_file()
+
+
+def test_warned_job_checkpoints_requeues_and_resumes(cluster, reference, tmp_path):
+    """Slurm's warning (USR1 to the batch shell, as --signal=B:USR1@lead sends it before the
+    time limit or on preemption): every rank checkpoints, the job requeues itself under the
+    same id, resumes from that checkpoint and ends with the reference's losses."""
+    job_id, run_dir = submit(cluster, tmp_path, "warned")
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not (
+        (run_dir / "metrics.jsonl").exists()
+        and any(r.get("step", 0) >= 5 for r in metrics(run_dir))
+    ):
+        assert time.monotonic() < deadline, "the job never reached step 5"
+        assert job_state(cluster, job_id).get("JobState") in ("PENDING", "RUNNING")
+        time.sleep(0.2)
+    signalled = time.monotonic()
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], env=cluster.env(), check=True)
+    state = wait_until_done(cluster, job_id, run_dir)
+    out = slurm_output(run_dir, job_id)
+    assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", out[-4000:]
+    assert "launcher: USR1" in out and "launcher: requeueing job" in out
+    assert f"launcher: job {job_id}, start 1" in out
+    assert "launcher: training ended with exit code 143 (stopped with a checkpoint)" in out
+    stopped = re.search(r"checkpoint saved: .*step_(\d+)\n.*status=stopped", out)
+    assert stopped, out[-4000:]
+    stop_step = int(stopped.group(1))
+    assert 5 <= stop_step < 100
+    assert f"resumed from step {stop_step}" in (run_dir / "logs" / "rank0.log").read_text()
+    assert summary(run_dir)["status"] == "completed"
+    steps = [r["step"] for r in metrics(run_dir) if "loss" in r]
+    assert steps == list(range(1, 101))  # every step once: none lost, none repeated
+    assert losses(run_dir) == losses(reference[1])
+    print(f"signal to completion: {time.monotonic() - signalled:.1f} s, stopped at {stop_step}")
+
+
+def test_missing_partition_is_slurms_rejection_in_one_line(cluster, tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))  # submit runs in this process
+    before = subprocess.run(
+        ["squeue", "-h", "-o", "%i"], env=cluster.env(), capture_output=True, text=True
+    ).stdout
+    code = submit_main(
+        [
+            "slurm",
+            *SHAPE,
+            *FAST,
+            f"run.root={tmp_path}",
+            "run.id=nopart",
+            "cluster.slurm.partition=nosuchpartition",
+        ]
+    )
+    err = capfd.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("error: sbatch rejected the job:") and "partition" in err.lower(), err
+    assert len(err.splitlines()) == 1
+    after = subprocess.run(
+        ["squeue", "-h", "-o", "%i"], env=cluster.env(), capture_output=True, text=True
+    ).stdout
+    assert before == after  # nothing submitted
+    assert sorted(p.name for p in (tmp_path / "nopart" / "submit").iterdir()) == ["job.sbatch"]
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["cluster.nodes=3", "cluster.gpus_per_node=2"], "trainer.global_batch_size=8"),
+        (["cluster.nodes=2", "cluster.procs_per_node=3"], "world size 6"),
+        (["cluster.time_limit=00:05:00"], "cluster.time_limit=00:05:00 (300 s) leaves no time"),
+        (
+            [
+                "cluster.time_limit=01:00:00",
+                "cluster.slurm.step_time_s=20",
+                "trainer.checkpoint_interval=200",
+            ],
+            "shorter than one checkpoint interval",
+        ),
+        (["cluster.time_limit=soon"], "not a Slurm time"),
+        (["run.root=/proc/launcher-runs"], "is not a writable directory"),
+        (["cluster.slurm.partition=a b"], "cluster.slurm.partition='a b'"),
+        (["cluster.slurm.extra_sbatch=[exclusive]"], "is not an sbatch option"),
+        (["dist.backend=nccl"], "dist.backend=nccl needs GPUs"),
+        (["cluster.slurm.partiton=gpu"], "cluster.slurm.partiton: unknown key"),
+        (["cluster.slurm.gpu_request=gpus"], "cluster.slurm.gpu_request=gpus: not one of"),
+        (["cluster.rdzv_port=65000"], "the ports 65000..65999 must lie within 1024..65535"),
+        (
+            ["cluster.slurm.container_image=a#b,c"],
+            "a value with # must be quoted",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(overrides, words, tmp_path, capfd):
+    root = tmp_path / "runs"
+    args = [*FAST, f"run.root={root}", "run.id=bad", *overrides]
+    code = submit_main(["slurm", "--dry-run", *args])
+    out, err = capfd.readouterr()
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and words in err, err
+    assert not (root / "bad").exists()
+
+
+def test_dry_run_writes_the_script_and_submits_nothing(tmp_path, capfd):
+    args = [*FAST, "cluster.nodes=2", "cluster.procs_per_node=2", f"run.root={tmp_path}"]
+    args += ["run.id=dry", "cluster.slurm.qos=high"]
+    assert submit_main(["slurm", "--dry-run", *args]) == 0
+    out = capfd.readouterr().out.splitlines()
+    script = tmp_path / "dry" / "submit" / "job.sbatch"
+    assert out == [str(script)]
+    text = script.read_text()
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --qos=high" in text
+    assert "--nproc-per-node=2" in text and "#SBATCH --gpus-per-node" not in text
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0  # valid shell
+
+
+def render_text(tmp_path, *overrides: str, name="job.sbatch") -> str:
+    args = [*FAST, f"run.root={tmp_path}", "run.id=r", *overrides]
+    assert submit_main(["slurm", "--dry-run", *args]) == 0
+    return (tmp_path / "r" / "submit" / name).read_text()
+
+
+def test_rendered_policies(tmp_path, capfd):
+    """The front door, the port, the job name, the requeue policy and its cap, as rendered."""
+    text = render_text(tmp_path, "cluster.nodes=2", "+exp=throughput")
+    assert "    python -m launcher.torchrun \\\n    --nnodes=2 \\\n" in text
+    assert "torchrun --" not in text  # never plain torchrun: it exits 1 whatever happened
+    assert "port=$((29500 + SLURM_JOB_ID % 1000))" in text
+    assert "#SBATCH --job-name=launcher-throughput" in text
+    assert "at most 20 requeues (cluster.slurm.max_requeues)" in text
+    assert 'if [ "$restart" -ge 20 ]; then' in text
+    assert "# No --mem (cluster.slurm.mem=null)" in text
+    assert "scancel --signal=TERM" in text.split("on_term()")[0]  # only on USR1's path
+    # A resubmission with the same run id keeps the earlier script.
+    text2 = render_text(
+        tmp_path,
+        "cluster.gpus_per_node=4",
+        "trainer.global_batch_size=16",
+        "cluster.slurm.gpu_request=gres",
+        "cluster.slurm.max_requeues=null",
+        "cluster.slurm.mem=0",
+        "cluster.slurm.container_image=nvcr.io#nvidia/pytorch:24.05-py3",
+        "cluster.job_name=mine",
+        name="job-2.sbatch",
+    )
+    out = capfd.readouterr().out.split()
+    assert out == [str(tmp_path / "r" / "submit" / n) for n in ("job.sbatch", "job-2.sbatch")]
+    assert "#SBATCH --gres=gpu:4" in text2 and "--gpus-per-node" not in text2
+    assert "max_requeues=" not in text2.split("# Requeue after")[1] and "no cap" in text2
+    assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in text2
+    assert "cluster.slurm.container_image='\"'\"'nvcr.io#nvidia" in text2  # quoted for Hydra
+    assert "#SBATCH --job-name=mine" in text2 and "# No --mem" not in text2
+    assert subprocess.run(["bash", "-n", "-c", text2]).returncode == 0
+
+
+def test_checked_in_example_is_what_the_renderer_writes():
+    example = REPO / "slurm" / "job.sbatch"
+    assert example.read_text() == render_example(), (
+        "slurm/job.sbatch is stale: python -m launcher.submit.slurm --example > slurm/job.sbatch"
+    )
+    readme = (REPO / "slurm" / "README.md").read_text()
+    assert all(o in readme for o in EXAMPLE_OVERRIDES)  # the README shows the command
+
+
+# Short jobs for the policy tests: 12 steps, checkpoints at 6 and 12.
+SHORT = [*FAST, "trainer.eval_interval=1000"]
+
+
+def test_two_jobs_sharing_their_first_node_both_complete(cluster, tmp_path):
+    """Non-exclusive jobs on the same nodes: each rendezvouses on its own port (29500 + job
+    id mod 1000), so neither joins the other's store."""
+    jobs = [submit(cluster, tmp_path, f"shared{i}", run=SHORT) for i in range(2)]
+    running = [wait_until(cluster, job_id, ("RUNNING",)) for job_id, _ in jobs]
+    assert {s["NodeList"] for s in running} == {"n[1-2]"}  # the same first node, n1
+    states = [wait_until_done(cluster, job_id, run_dir) for job_id, run_dir in jobs]
+    ports = set()
+    for (job_id, run_dir), state in zip(jobs, states, strict=True):
+        out = slurm_output(run_dir, job_id)
+        assert state["JobState"] == "COMPLETED", out[-3000:]
+        assert summary(run_dir)["steps"] == 12
+        port = int(re.search(r"rendezvous n1:(\d+)", out).group(1))
+        assert port == 29500 + int(job_id) % 1000
+        ports.add(port)
+    assert len(ports) == 2
+    first, second = states
+    assert second["StartTime"] < first["EndTime"]  # they ran at the same time
+
+
+def test_requeue_needs_progress_and_stops_at_the_cap(cluster, tmp_path):
+    """Two jobs warned before training started (a stand-in for a job that hangs until each
+    warning): neither wrote a checkpoint, so neither is requeued; with max_requeues=0 the cap
+    is named first. Both end with 143, the stop code, as FAILED with no restart."""
+    flag = tmp_path / "setup-may-end"
+    # The setup waits (taking signals between its short sleeps) until the test has sent
+    # the warning: a fixed sleep raced the submission of the second job.
+    wait = f"while [ ! -e {flag} ]; do sleep 0.1; done"
+    setup = [f'cluster.setup=["echo launcher-test: in setup", "{wait}"]']
+    jobs = {
+        "noprogress": submit(cluster, tmp_path, "noprogress", *setup, run=SHORT),
+        "capped": submit(
+            cluster, tmp_path, "capped", *setup, "cluster.slurm.max_requeues=0", run=SHORT
+        ),
+    }
+    deadline = time.monotonic() + JOB_TIMEOUT
+    for job_id, run_dir in jobs.values():
+        output = run_dir / "submit" / f"slurm-{job_id}.out"
+        while not (output.exists() and "launcher-test: in setup" in output.read_text()):
+            assert time.monotonic() < deadline, f"job {job_id} never reached its setup"
+            time.sleep(0.2)
+        subprocess.run(
+            ["scancel", "--batch", "--signal=USR1", job_id], env=cluster.env(), check=True
+        )
+    flag.touch()
+    expected = {
+        "noprogress": "not requeued: no newer checkpoint was completed during this start "
+        "(still none); a requeue would make no progress",
+        "capped": "not requeued: cluster.slurm.max_requeues=0 reached",
+    }
+    for name, (job_id, run_dir) in jobs.items():
+        state = wait_until_done(cluster, job_id, run_dir)
+        out = slurm_output(run_dir, job_id)
+        assert (state["JobState"], state["ExitCode"], state["Restarts"]) == (
+            "FAILED",
+            "143:0",
+            "0",
+        ), out
+        assert "requeue policy: on Slurm's warning (USR1)" in out
+        assert (
+            "launcher: USR1 during setup: training did not start and wrote no checkpoint; "
+            "exit code 143"
+        ) in out
+        assert "training ended with exit code" not in out
+        assert f"launcher: {expected[name]}" in out, out
+        assert "requeueing" not in out and not (run_dir / "metrics.jsonl").exists()
+
+
+def test_bad_input_fails_without_requeue(cluster, tmp_path):
+    """A data file that is gone by the time the job starts: the trainer exits 2 (bad
+    input), the job ends FAILED with exit code 2 and is not requeued. Needs launcher.torchrun
+    to pass the trainer's code on (plain torchrun exits 1)."""
+    text = tmp_path / "corpus.txt"
+    text.write_text("some text to train on\n" * 2000)
+    job_id, run_dir = submit(
+        cluster,
+        tmp_path,
+        "badinput",
+        "data=text_files",
+        f"data.paths=[{text}]",
+        "cluster.slurm.extra_sbatch=['--begin=now+4']",
+        run=SHORT,
+    )
+    text.unlink()  # moved away after submission, before the job starts
+    state = wait_until_done(cluster, job_id, run_dir)
+    out = slurm_output(run_dir, job_id)
+    assert (state["JobState"], state["ExitCode"], state["Restarts"]) == ("FAILED", "2:0", "0")
+    assert "launcher: training ended with exit code 2 (bad input: retrying cannot help)" in out
+    assert "data.paths: no file matches" in out
+    assert "requeueing" not in out and "not requeued" not in out
+
+
+def test_cancelled_job_checkpoints_without_scancel_errors(cluster, tmp_path):
+    """scancel: Slurm sends TERM to the batch shell and every process of the step, then
+    KILL after KillWait (30 s here). The ranks checkpoint and stop; the script's trap only
+    logs (it used to call scancel itself, which failed with 'Invalid job id')."""
+    job_id, run_dir = submit(cluster, tmp_path, "cancelled", run=[*SHORT, "trainer.max_steps=400"])
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not ((run_dir / "metrics.jsonl").exists() and metrics(run_dir)):
+        assert time.monotonic() < deadline, "the job never logged a step"
+        time.sleep(0.2)
+    subprocess.run(["scancel", job_id], env=cluster.env(), check=True)
+    state = wait_until_done(cluster, job_id, run_dir)
+    out = slurm_output(run_dir, job_id)
+    assert state["JobState"] == "CANCELLED" and state["Restarts"] == "0", out
+    assert "launcher: TERM at" in out and "scancel: error" not in out, out
+    assert "status=stopped" in out, out[-3000:]  # the stop checkpoint was written
+
+
+def queued(cluster: SlurmCluster) -> str:
+    return subprocess.run(
+        ["squeue", "-h", "-o", "%i"], env=cluster.env(), capture_output=True, text=True
+    ).stdout
+
+
+def test_cpus_per_task_and_a_secret_from_the_submitting_shell(cluster, tmp_path):
+    """Each node's task gets processes x (1 + DataLoader workers) CPUs, as scontrol reads
+    them back. The W&B key, in the submitting shell's environment (the way submit names
+    when it refuses one in cluster.env), reaches the job but no file, no command line and
+    not config.yaml."""
+    secret = "wandb-test-key-0123456789abcdef"
+    job_id, run_dir = submit(
+        cluster,
+        tmp_path,
+        "cpus",
+        "data.num_workers=1",
+        'cluster.setup=["echo launcher-test: key of $(printf %s $WANDB_API_KEY | wc -c) chars"]',
+        run=SHORT,
+        env={"WANDB_API_KEY": secret},
+    )
+    running = wait_until(cluster, job_id, ("RUNNING", "COMPLETED"))
+    assert (running["NumNodes"], running["CPUs/Task"], running["NumCPUs"]) == ("2", "2", "4")
+    seen = ""
+    while job_state(cluster, job_id).get("JobState") in ("PENDING", "RUNNING"):
+        seen += subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        time.sleep(0.5)
+    state = wait_until_done(cluster, job_id, run_dir)
+    out = slurm_output(run_dir, job_id)
+    assert state["JobState"] == "COMPLETED", out[-3000:]
+    assert f"launcher-test: key of {len(secret)} chars" in out
+    assert "launcher.train" in seen  # the ranks' command lines were read while they ran
+    assert secret not in seen
+    for path in [*(run_dir / "submit").iterdir(), run_dir / "config.yaml"]:
+        assert secret not in path.read_text(), path
+    assert summary(run_dir)["steps"] == 12
+
+
+def test_a_failed_setup_line_ends_the_job_naming_it(cluster, tmp_path):
+    """`module` is not installed here, as on a cluster without Lmod for this shell: the
+    job ends at that line with exit code 2, before any training, and is not requeued."""
+    job_id, run_dir = submit(
+        cluster,
+        tmp_path,
+        "badsetup",
+        "cluster.slurm.modules=[cuda/12.4]",
+        "cluster.setup=[echo after]",
+        run=SHORT,
+    )
+    state = wait_until_done(cluster, job_id, run_dir)
+    out = slurm_output(run_dir, job_id)
+    assert (state["JobState"], state["ExitCode"], state["Restarts"]) == ("FAILED", "2:0", "0")
+    assert (
+        "launcher: setup failed: `module load cuda/12.4` exited 127; the job ends before "
+        "training (fix cluster.setup, cluster.slurm.modules or cluster.slurm.venv)"
+    ) in out, out
+    assert "after" not in out.split("setup failed")[1] and "training ended" not in out
+    assert not (run_dir / "metrics.jsonl").exists()
+    assert "requeueing" not in out and "not requeued" not in out
+
+
+def test_a_container_job_without_pyxis_is_refused_before_sbatch(cluster, tmp_path, capfd):
+    """This cluster has no pyxis: srun would refuse --container-image after the queue
+    wait. submit asks `srun --help` first and submits nothing."""
+    before = queued(cluster)
+    cmd = [sys.executable, "-m", "launcher.submit", "slurm", *SHAPE, *SHORT]
+    cmd += [f"run.root={tmp_path}", "run.id=pyxis", "cluster.slurm.container_image=ubuntu:24.04"]
+    proc = subprocess.run(cmd, env=cluster.env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    err = proc.stderr.strip().splitlines()
+    assert err == [
+        "error: cluster.slurm.container_image needs the pyxis plugin, but this cluster's srun "
+        "has no --container-image (`srun --help`); ask your admins for pyxis and enroot, or "
+        "leave container_image=null and use cluster.slurm.modules or venv"
+    ]
+    assert queued(cluster) == before

@@ -1,0 +1,163 @@
+"""DDP communication knobs on 2 gloo ranks: hooks, buckets, replicas in sync, NCCL settings."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+import pytest
+
+from launch import FAST, base_env, explain, losses, metrics, summary, torchrun, torchrun_cmd
+from reference import cut_at
+
+RUN = [*FAST, "trainer.max_steps=8"]
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plain")
+    proc = torchrun([*RUN, f"run.root={root}", "run.id=none"])
+    assert proc.returncode == 0, explain(proc)
+    return root / "none"
+
+
+def test_default_buckets_and_replicas(plain):
+    s = summary(plain)
+    assert s["replicas_in_sync"] is True
+    assert s["comm/buckets"] == 1  # 0.13M parameters (0.5 MB) fit one 25 MB bucket
+
+
+def check_comm_figures(records: list[dict], wire_itemsize: int, world: int = 2) -> None:
+    """exposed <= all-reduce <= step time, bandwidth and overhead derived consistently."""
+    logged = [r for r in records if "loss" in r]
+    assert logged
+    for r in logged:
+        assert 0 <= r["comm/exposed_s"] <= r["comm/allreduce_s"]
+        assert r["comm/exposed_s/max"] <= r["comm/allreduce_s/max"] <= r["step_time_s/max"]
+        assert r["comm/allreduce_s/p50"] <= r["comm/allreduce_s/p90"] <= r["comm/allreduce_s/max"]
+        assert 0 <= r["comm/overhead_frac"] < 1
+        assert r["comm/bytes"] % wire_itemsize == 0 and r["comm/bytes"] > 0
+        algbw = r["comm/bytes"] / r["comm/allreduce_s"] / 1e9
+        assert r["comm/busbw_gbps"] == pytest.approx(algbw * 2 * (world - 1) / world)
+
+
+@pytest.fixture(scope="module")
+def compressed(tmp_path_factory):
+    """fp16 and bf16 gradient compression as two points of one launch, 0.05 MB buckets; the
+    launch also carries an NCCL preset and a single override of it."""
+    root = tmp_path_factory.mktemp("hooks")
+    extra = ["strategy.comm_hook=fp16,bf16", "strategy.bucket_cap_mb=0.05"]
+    extra += ["nccl=ethernet", "nccl.env.NCCL_SOCKET_NTHREADS=8"]
+    proc = torchrun(["-m", *RUN, f"run.root={root}", "run.id=h", *extra])  # -m: Hydra's, first
+    assert proc.returncode == 0, explain(proc)
+    return root / "h"
+
+
+@pytest.mark.parametrize("hook", ["fp16", "bf16"])
+def test_compression_hook_trains_and_keeps_replicas_identical(plain, compressed, hook):
+    run_dir = compressed / f"comm_hook={hook}"
+    s = summary(run_dir)
+    assert s["replicas_in_sync"] is True
+    assert s["comm/buckets"] > 1  # 0.05 MB buckets split the gradients
+    check_comm_figures(metrics(run_dir), wire_itemsize=2)
+    # the hook sends 16-bit values: exactly half the bytes of the fp32 all-reduce
+    assert s["comm/bytes"] * 2 == summary(plain)["comm/bytes"]
+    reference = losses(plain)
+    for step, loss in losses(run_dir).items():  # compressed, not changed in kind
+        assert loss == pytest.approx(reference[step], rel=2e-3), step
+    env = json.loads((run_dir / "env.json").read_text())["nccl_env"]
+    assert env["NCCL_IB_DISABLE"] == "1" and env["NCCL_SOCKET_NTHREADS"] == "8"
+    assert env["NCCL_SOCKET_IFNAME"] == "^lo,docker"
+
+
+def test_plain_allreduce_comm_figures(plain):
+    check_comm_figures(metrics(plain), wire_itemsize=4)
+
+
+def test_untimed_comm_reports_no_comm_figures(tmp_path):
+    proc = torchrun(
+        [
+            *RUN,
+            "trainer.max_steps=2",
+            f"run.root={tmp_path}",
+            "run.id=u",
+            "strategy.time_comm=false",
+        ]
+    )
+    assert proc.returncode == 0, explain(proc)
+    for r in metrics(tmp_path / "u"):
+        assert not any(k.startswith("comm/") and k != "comm/buckets" for k in r), r
+    assert summary(tmp_path / "u")["comm/exposed_s"] is None
+
+
+# PowerSGD: the first 8 steps keep the plain run's LR schedule (lr_decay_steps=8), so the
+# losses compare; warm-up (trainer.warmup_steps=3) makes steps 1-3 plain all-reduce.
+POWERSGD = [
+    *FAST,
+    "strategy.comm_hook=powersgd",
+    "trainer.lr_decay_steps=8",
+    "trainer.checkpoint_interval=6",
+]
+
+
+@pytest.fixture(scope="module")
+def powersgd_small_buckets(tmp_path_factory):
+    """12 steps straight with 0.05 MB buckets: the layout on which PyTorch's hook hung."""
+    root = tmp_path_factory.mktemp("powersgd")
+    proc = torchrun([*POWERSGD, f"run.root={root}", "run.id=p", "strategy.bucket_cap_mb=0.05"])
+    assert proc.returncode == 0, explain(proc)
+    return root / "p"
+
+
+def test_powersgd_small_buckets_trains_and_keeps_replicas_identical(plain, powersgd_small_buckets):
+    s = summary(powersgd_small_buckets)
+    assert s["status"] == "completed" and s["replicas_in_sync"] is True
+    assert s["comm/buckets"] > 1
+    got, reference = losses(powersgd_small_buckets), losses(plain)
+    assert sorted(got) == list(range(1, 13)) and all(math.isfinite(v) for v in got.values())
+    for step in (1, 2, 3, 4):  # updates 0-2 were plain all-reduces: the same losses
+        assert got[step] == pytest.approx(reference[step], rel=1e-5), step
+    for step in range(5, 9):  # compressed from then on: changed, but not in kind
+        assert got[step] != reference[step]
+        assert got[step] == pytest.approx(reference[step], rel=5e-3), step
+    meta = json.loads((powersgd_small_buckets / "checkpoints/step_00000012/meta.json").read_text())
+    for rank in (0, 1):  # each rank's error feedback is part of the sealed checkpoint
+        assert meta["files"][f"powersgd_rank{rank}.pt"] > 0
+    records = metrics(powersgd_small_buckets)
+    check_comm_figures(records, wire_itemsize=4)
+    full = summary(plain)["comm/bytes"]
+    sent = {r["step"]: r["comm/bytes"] for r in records if "loss" in r}
+    assert sent[1] == full and sent[5] < full / 2  # warm-up all-reduces, then the factors
+
+
+def test_powersgd_resume_with_default_buckets_is_exact(powersgd_small_buckets, tmp_path):
+    """The 0.05 MB run's step-6 checkpoint, resumed to 12 with one 25 MB bucket: bit-identical
+    to the 12 straight steps. PowerSGD's memory is kept per parameter, so neither the bucket
+    size nor DDP's rebuild of buckets after a restart changes the arithmetic."""
+    cut_at(powersgd_small_buckets, 6, tmp_path / "r")
+    resumed = torchrun([*POWERSGD, f"run.root={tmp_path}", "run.id=r", "trainer.max_steps=12"])
+    assert resumed.returncode == 0, explain(resumed)
+    assert "resumed from step 6" in resumed.stderr
+    s = summary(tmp_path / "r")
+    assert s["replicas_in_sync"] is True and s["comm/buckets"] == 1
+    straight = losses(powersgd_small_buckets)
+    assert losses(tmp_path / "r") == {k: v for k, v in straight.items() if k > 6}  # exactly
+
+
+def test_commbench_reports_nccl_tests_figures(tmp_path):
+    out = tmp_path / "cb.json"
+    args = ["--min-bytes", "1K", "--max-bytes", "64K", "--iters", "3", "--out", str(out)]
+    cmd = torchrun_cmd(args, module="launcher.commbench")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=base_env())
+    assert proc.returncode == 0, explain(proc)
+    report = json.loads(out.read_text())
+    assert report["world_size"] == 2
+    rows = report["rows"]
+    assert [(r["dtype"], r["bytes"]) for r in rows] == [
+        (d, b) for d in ("fp32", "bf16") for b in (1024, 4096, 16384, 65536)
+    ]
+    for r in rows:
+        assert r["algbw_gbps"] == pytest.approx(r["bytes"] / (r["time_us"] / 1e6) / 1e9)
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * (2 - 1) / 2)
+    assert "busbw (GB/s)" in proc.stdout

@@ -1,0 +1,64 @@
+"""A rendered job's setup run for real: a failing setup line, `module` or venv ends the job at
+once naming it; the manifests need Kubernetes 1.29 as the refusal says."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from submit_render import render
+
+
+def setup_part(script: str) -> str:
+    """The rendered script from its setup function to the first export: what runs before
+    training, runnable outside Slurm."""
+    start = script.index("setup_failed() {")
+    return script[start : script.index("# The `nccl` group's variables")]
+
+
+def test_a_failing_setup_line_ends_the_job_at_once_naming_it(tmp_path):
+    lines = ["echo one # a comment", "nosuchcommand-xyz --flag", "echo three"]
+    quoted = ", ".join(f'"{line}"' for line in lines)
+    script = render("slurm", tmp_path, f"cluster.setup=[{quoted}]")["job.sbatch"]
+    proc = subprocess.run(["bash", "-c", setup_part(script)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stdout.splitlines() == [
+        "one",
+        "launcher: setup failed: `nosuchcommand-xyz --flag` exited 127; the job ends before "
+        "training (fix cluster.setup, cluster.slurm.modules or cluster.slurm.venv)",
+    ]
+    assert "command not found" in proc.stderr
+    ok = render("slurm", tmp_path, 'cluster.setup=["export A=1 && echo $A", "sleep 0 &"]',
+                run_id="ok")["job.sbatch"]  # fmt: skip
+    proc = subprocess.run(["bash", "-c", setup_part(ok)], capture_output=True, text=True)
+    assert (proc.returncode, proc.stdout) == (0, "1\n")
+
+
+def test_setup_modules_and_venv_each_fail_the_job(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text("return 0\n")
+    script = render(
+        "slurm", tmp_path, "cluster.slurm.modules=[cuda/12.4]", f"cluster.slurm.venv={venv}"
+    )
+    proc = subprocess.run(
+        ["bash", "-c", setup_part(script["job.sbatch"])], capture_output=True, text=True
+    )
+    assert proc.returncode == 2  # no `module` command here
+    assert "launcher: setup failed: `module load cuda/12.4` exited 127" in proc.stdout
+
+
+def test_the_manifests_need_kubernetes_1_29_as_the_refusal_says(tmp_path):
+    """kubernetes-validate's own schemas: the rendered Job passes 1.29 and fails 1.28
+    (podFailurePolicy rules need onPodConditions there, and backoffLimitPerIndex is new),
+    which is why an older cluster.k8s.version is refused."""
+    files = render("k8s", tmp_path, "cluster.k8s.version=1.29")
+    job = tmp_path / "job.yaml"
+    job.write_text(files["job.yaml"])
+    tool = Path(sys.executable).parent / "kubernetes-validate"
+    run = [str(tool), "--strict", "-k"]
+    new = subprocess.run([*run, "1.29.0", str(job)], capture_output=True, text=True)
+    old = subprocess.run([*run, "1.28.0", str(job)], capture_output=True, text=True)
+    assert new.returncode == 0, new.stdout + new.stderr
+    assert old.returncode != 0 and "onPodConditions" in old.stdout + old.stderr

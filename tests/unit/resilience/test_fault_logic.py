@@ -1,0 +1,165 @@
+"""The pure parts of fault handling, in-process and fast: the job's exit code from the ranks'
+reports, the straggler streak, the compute-time spread, the watchdog's limits, and the hang
+analyser on run directories laid out as the watchdog leaves them."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+from omegaconf import OmegaConf
+
+from launcher.analyze.hang import analyze_hang, load_flight_recorder, markdown_hang
+from launcher.config import WatchdogConfig
+from launcher.observe.metrics import aggregate
+from launcher.resilience import exit_codes
+from launcher.resilience.bad_steps import BadSteps
+from launcher.resilience.stragglers import StragglerWatch
+from launcher.resilience.watchdog import HangWatchdog
+
+E = exit_codes
+
+
+@pytest.mark.parametrize(
+    ("codes", "succeeded", "expected"),
+    [
+        ({0: 0, 1: 0}, True, E.DONE),
+        ({0: 143, 1: 143}, False, E.STOPPED),
+        ({0: 2, 1: 2}, False, E.BAD_INPUT),
+        ({0: 1, 1: 4}, False, E.OOM),  # the OOM explains the other rank's crash
+        ({0: 5}, False, E.HANG),  # rank 1 was frozen and reported nothing
+        ({0: 1, 1: 3}, False, E.NONFINITE),
+        ({0: 143, 1: 1}, False, E.STOPPED),  # the checkpoint was complete before rank 1 died
+        ({0: 1, 1: 7}, False, 7),  # a code a rank chose (fault.exit_code) passes through
+        ({0: 1}, False, E.CRASH),
+        ({}, False, E.CRASH),  # killed before any rank could say anything
+        ({0: 0, 1: 0}, False, E.CRASH),  # torchrun failed although the ranks did not
+    ],
+)
+def test_job_code_prefers_the_most_specific_diagnosis(codes, succeeded, expected):
+    assert exit_codes.job_code(codes, succeeded) == expected
+
+
+def test_reports_of_the_latest_attempt_count(tmp_path, monkeypatch):
+    monkeypatch.setenv(exit_codes.OUTCOME_DIR_ENV, str(tmp_path))
+    for attempt, rank, code in [(0, 0, 1), (0, 1, 4), (1, 0, 143), (1, 1, 143)]:
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(attempt))
+        monkeypatch.setenv("RANK", str(rank))
+        exit_codes.report(code)
+    (tmp_path / "stray.txt").write_text("x")
+    assert exit_codes.read_reports(tmp_path) == {0: 143, 1: 143}
+
+
+def test_report_without_a_front_door_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.delenv(exit_codes.OUTCOME_DIR_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    exit_codes.report(3)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _figures(rank, excess):
+    return {"compute_s/slowest_rank": rank, "compute_s/excess_frac": excess}
+
+
+def test_a_straggler_is_named_only_after_a_streak_of_the_same_rank():
+    watch = StragglerWatch(OmegaConf.structured(WatchdogConfig), announce=False)
+    named = [
+        watch.update(_figures(rank, excess))["straggler/rank"]
+        for rank, excess in [(1, 0.5), (1, 0.5), (0, 0.5), (0, 0.9), (0, 0.3), (0, 0.4), (0, 0.1)]
+    ]
+    # rank 1 twice, then rank 0 four times above 0.2: named from its third interval on
+    assert named == [None, None, None, None, 0, 0, None]
+
+
+def test_compute_time_takes_out_waiting_for_data_and_for_other_ranks():
+    def rank(waits: float, exposed: float) -> dict:  # two steps of 1 s each
+        return {"loss": 1.0, "nonfinite": 0.0, "grad_norm": 1.0, "mem_gb": None,
+                "host_gb": 1.0, "step_time_s": [1.0, 1.0], "data_wait_s": [waits] * 2,
+                "comm/allreduce_s": [0.1, 0.1], "comm/exposed_s": [exposed] * 2,
+                "comm/bytes": [1.0, 1.0]}  # fmt: skip
+
+    fast, slow = rank(waits=0.1, exposed=0.6), rank(waits=0.0, exposed=0.0)
+    agg = aggregate([fast, slow], world_size=2)
+    # equal step times; rank 0 spent 0.1 + 0.6 of each second waiting, rank 1 nothing
+    assert agg.figures["step_time_s/slowest_rank"] == 0  # a tie: the first
+    assert agg.figures["compute_s/slowest_rank"] == 1
+    assert agg.figures["compute_s/excess_frac"] == pytest.approx(1.0 / 0.3 - 1)
+
+
+def test_watchdog_limits_follow_recent_steps_and_phases(tmp_path):
+    cfg = OmegaConf.structured(WatchdogConfig(enabled=False, min_s=2.0, step_multiple=10.0))
+    dog = HangWatchdog(cfg, rank=0, run_dir=tmp_path, start_step=0, on_hang=lambda step: None)
+    assert dog._limit == cfg.first_step_s
+    dog.step_done(1)
+    assert dog._limit == 2.0  # no step time known yet: the floor
+    dog._last -= 0.5  # a step of 0.5 s
+    dog.step_done(2)
+    assert dog._limit == pytest.approx(5.0, rel=0.05)
+    with dog.phase("checkpoint", 77.0):
+        assert dog._limit == 77.0
+    dog.step_done(3)  # the interval after the checkpoint is not a step time
+    assert len(dog._durations) == 1
+
+
+# -- the analyser on laid-out run directories ----------------------------------------------
+def _frame(function, file="/x/torch/distributed/distributed_c10d.py"):
+    return {"file": file, "line": 1, "function": function}
+
+
+WAITING = [_frame("run", "/x/launcher/train/loop.py"), _frame("all_reduce")]
+
+
+BUSY = [_frame("run", "/x/launcher/train/loop.py"), _frame("load", "/x/launcher/data/cache.py")]
+
+
+def _run_dir(tmp_path, world, reports, recorders=None):
+    logs = tmp_path / "logs"
+    (logs / "fr").mkdir(parents=True)
+    (tmp_path / "env.json").write_text(json.dumps({"world_size": world}))
+    for rank, stack in reports.items():
+        record = {"rank": rank, "host": f"h{rank}", "pid": 100 + rank, "step": 41}
+        record.update(phase="training", idle_s=130.0, main_stack=stack)
+        (logs / f"hang.rank{rank}.json").write_text(json.dumps(record))
+    for rank, seq in (recorders or {}).items():
+        entry = {"pg_id": 0, "collective_seq_id": seq, "profiling_name": "nccl:all_reduce"}
+        entry["frames"] = [{"name": "allreduce_hook"}]
+        (logs / "fr" / f"rank_{rank}").write_bytes(pickle.dumps({"entries": [entry]}))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("reports", "recorders", "culprits", "reason"),
+    [
+        ({0: WAITING, 2: WAITING}, {0: 9, 2: 9}, [1], "could not run"),
+        ({0: WAITING, 1: WAITING, 2: WAITING}, {0: 9, 1: 8, 2: 9}, [1], "never entered"),
+        ({0: WAITING, 1: BUSY, 2: WAITING}, {}, [1], "busy in its own code"),
+        ({0: WAITING, 1: WAITING, 2: WAITING}, {0: 9, 1: 9, 2: 9}, [], "network or peer"),
+    ],
+    ids=["silent", "behind-in-collectives", "busy", "all-waiting"],
+)
+def test_hang_culprit(tmp_path, reports, recorders, culprits, reason):
+    result = analyze_hang(_run_dir(tmp_path, 3, reports, recorders))
+    assert result["culprits"] == culprits
+    assert reason in result["reason"]
+    assert result["step"] == 41
+    text = markdown_hang(result)
+    assert (f"Culprit: rank {culprits[0]}" in text) if culprits else ("No single culprit" in text)
+
+
+def test_a_recorder_dump_with_objects_is_refused(tmp_path):
+    path = tmp_path / "rank_0"
+    path.write_bytes(pickle.dumps({"entries": [OmegaConf.create({})]}))
+    with pytest.raises(pickle.UnpicklingError):
+        load_flight_recorder(path)
+
+
+def test_bad_steps_allow_max_bad_steps_within_the_window():
+    """trainer.max_bad_steps=2 within bad_step_window=10: a third bad step inside ten steps
+    is one too many; bad steps that leave the window no longer count."""
+    bad = BadSteps(max_bad=2, window=10)
+    assert not bad.record(3) and not bad.record(5)
+    assert not bad.record(13)  # step 3 has left the window (steps 4..13)
+    assert (bad.skipped, bad.in_window()) == (3, 2)
+    assert bad.record(14)  # 5, 13, 14: three within 5..14
+    assert bad.skipped == 3

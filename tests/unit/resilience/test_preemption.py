@@ -1,0 +1,76 @@
+"""Stop requests: the first signal wins, handlers only from the main thread, and the stop
+vote decided one step boundary later on every rank alike."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+import torch.distributed as dist
+
+from launcher.resilience import preemption
+from launcher.resilience.preemption import StopVote, install_stop_handlers, stop_requested
+
+
+@pytest.fixture
+def stop_request():
+    """Reset the process's stop request and restore the signal handlers afterwards."""
+    saved = {sig: signal.getsignal(sig) for sig in preemption.STOP_SIGNALS}
+    preemption._Request.signal_name = None
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        preemption._Request.signal_name = None
+
+
+def test_sigterm_sets_the_request_and_later_signals_keep_the_first(stop_request):
+    """A real SIGTERM to this process, once the handlers are in, is kept as a request
+    (the process lives on); a later SIGINT does not rename it."""
+    install_stop_handlers()
+    assert not stop_requested()
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert stop_requested()
+    assert preemption._Request.signal_name == "SIGTERM"
+    os.kill(os.getpid(), signal.SIGINT)
+    assert preemption._Request.signal_name == "SIGTERM"
+
+
+def test_handlers_are_installed_only_from_the_main_thread(stop_request):
+    """From another thread install_stop_handlers changes nothing (Python would raise)."""
+    before = signal.getsignal(signal.SIGTERM)
+    thread = threading.Thread(target=install_stop_handlers)
+    thread.start()
+    thread.join()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_vote_without_process_group_is_the_local_request(stop_request):
+    """With no process group, poll answers this process's request at once."""
+    assert not dist.is_initialized()
+    install_stop_handlers()
+    vote = StopVote()
+    assert vote.poll() is False
+    os.kill(os.getpid(), signal.SIGHUP)
+    assert vote.poll() is True
+
+
+def test_vote_is_decided_one_boundary_later(stop_request, gloo_world):
+    """With a process group, poll at boundary k returns boundary k-1's all-gather: a
+    request made between boundaries k-1 and k is answered True at k+1, never at k."""
+    install_stop_handlers()
+    vote = StopVote(gloo_world)
+    assert vote.poll() is False  # boundary 1: no earlier vote
+    assert vote.poll() is False  # boundary 2: boundary 1 voted no
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert vote.poll() is False  # boundary 3: boundary 2's vote, taken before the signal
+    assert vote.poll() is True  # boundary 4: boundary 3 voted yes
+    vote.drain()
+
+    fresh = StopVote(gloo_world)  # a request before the first boundary
+    assert fresh.poll() is False
+    assert fresh.poll() is True
+    fresh.drain()

@@ -1,0 +1,378 @@
+"""What `python -m launcher.submit` renders and refuses, for every cluster, without a cluster:
+the CPU request each renderer computes, secrets refused by every renderer, values Hydra would
+retype refused in every key that becomes shell text, the files a run reads checked at
+submit where this host sees them, and what a container job mounts. tests/cluster/ shows the
+same on a real Slurm cluster and in pods."""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher.checkpoint.protocol import CheckpointWriter
+from launcher.config import ConfigError
+from launcher.model.build import build_model
+from launcher.submit import k8s, k8s_check, pod_security, stop_time
+from launcher.submit.__main__ import main as submit_main
+from launcher.submit.job import prepare
+
+from launch import FAST
+from submit_render import SHAPE, render
+
+TARGETS = ("slurm", "k8s")
+
+
+def refused(target: str, tmp_path: Path, capsys, *overrides: str) -> str:
+    """The one error line a --dry-run prints; asserts exit 2 and that nothing was written."""
+    err = refused_in(tmp_path / "runs", "bad", capsys, *overrides, target=target)
+    assert not (tmp_path / "runs" / "bad").exists()
+    return err
+
+
+def refused_in(root: Path, run_id: str, capsys, *overrides: str, target="k8s") -> str:
+    """The one error line of a --dry-run into run.root=`root`, run.id=`run_id`."""
+    args = [*FAST, *SHAPE[target], f"run.root={root}", f"run.id={run_id}", *overrides]
+    code = submit_main([target, "--dry-run", *args])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert not (root / run_id / "submit").exists()
+    return err
+
+
+def pod_container(files: dict[str, str]) -> dict:
+    job = yaml.safe_load(files["job.yaml"])
+    return job["spec"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize(
+    "overrides, cpus",
+    [
+        ([], 1),  # FAST: one process, no DataLoader workers
+        (["cluster.procs_per_node=2", "data.num_workers=3"], 8),  # 2 x (1 + 3)
+    ],
+)
+def test_cpus_per_node_are_requested_by_every_renderer(tmp_path, overrides, cpus):
+    """Slurm's --cpus-per-task (on the job and again on srun, which no longer inherits
+    it) and the pod's CPU request are the same figure: each rank and each of its workers."""
+    script = render("slurm", tmp_path / "s", *overrides)["job.sbatch"]
+    assert f"#SBATCH --cpus-per-task={cpus}\n" in script
+    assert f"srun --nodes=1 --ntasks-per-node=1 --cpus-per-task={cpus} " in script
+    pod = pod_container(render("k8s", tmp_path / "k", *overrides))
+    assert pod["resources"]["requests"]["cpu"] == str(cpus)
+
+
+def test_given_cpus_are_kept_and_too_few_warned(tmp_path, capsys):
+    over = ["cluster.procs_per_node=2", "data.num_workers=1"]
+    script = render("slurm", tmp_path, *over, "cluster.slurm.cpus_per_task=3")["job.sbatch"]
+    assert "#SBATCH --cpus-per-task=3\n" in script and "--cpus-per-task=3 --wait" in script
+    err = capsys.readouterr().err
+    assert "warning: cluster.slurm.cpus_per_task=3 is less than the 4 CPUs" in err
+    script = render("slurm", tmp_path, *over, "cluster.slurm.cpus_per_task=16", run_id="big")
+    assert "#SBATCH --cpus-per-task=16\n" in script["job.sbatch"]
+    assert "warning" not in capsys.readouterr().err
+    gpus = render("slurm", tmp_path, "cluster.gpus_per_node=2", run_id="gpu")["job.sbatch"]
+    assert "#SBATCH --gpus-per-node=2\n#SBATCH --cpus-per-task=2\n" in gpus
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(
+    "override, name",
+    [
+        ("+cluster.env.WANDB_API_KEY=abc123", "cluster.env.WANDB_API_KEY"),
+        ("+cluster.env.HF_TOKEN=hf_abc123", "cluster.env.HF_TOKEN"),
+        ("+nccl.env.MY_PASSWORD=abc123", "nccl.env.MY_PASSWORD"),
+    ],
+)
+def test_secrets_are_refused_by_every_renderer(tmp_path, capsys, target, override, name):
+    err = refused(target, tmp_path, capsys, override)
+    assert f"error: {name} is a secret: it would be written into the job's files" in err
+    assert "abc123" not in err
+    way = "export it in the shell you submit from" if target == "slurm" else "through a Secret"
+    assert way in err
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_variable_that_only_contains_a_secret_word_is_not_refused(tmp_path, target):
+    files = render(target, tmp_path, "+cluster.env.TOKENIZERS_PARALLELISM=false_")
+    assert "TOKENIZERS_PARALLELISM" in "".join(files.values())
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(
+    "override, typed",
+    [
+        ("cluster.setup=[false]", "bool False"),
+        ("+cluster.env.DEBUG=true", "bool True"),
+        ("+cluster.env.SCALE=1e3", "float 1000.0"),
+        ("+cluster.env.RATIO=1.50", "float 1.5"),
+        ("+cluster.env.STEPS=1_000", "int 1000"),
+    ],
+)
+def test_values_hydra_retypes_are_refused_in_shell_text(tmp_path, capsys, target, override, typed):
+    err = refused(target, tmp_path, capsys, override)
+    assert f"error: {override}: Hydra reads a value here as the {typed}" in err
+    assert "quote it to keep it as typed" in err
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_quoted_shell_text_is_written_as_typed(tmp_path, target):
+    files = render(
+        target,
+        tmp_path,
+        'cluster.setup=["false || true"]',
+        "+cluster.env.DEBUG='true'",
+        "+cluster.env.UMASK='0022'",
+        "+cluster.env.THREADS=4",
+    )
+    text = "".join(files.values())
+    assert "False" not in text and "false || true" in text
+    if target == "slurm":
+        assert "export DEBUG=true\nexport UMASK=0022\nexport THREADS=4\n" in text
+    else:
+        env = pod_container(files)["env"]
+        assert {"name": "UMASK", "value": "0022"} in env
+        assert {"name": "THREADS", "value": "4"} in env
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_files_the_run_reads_are_checked_at_submit(tmp_path, capsys, target):
+    """Where this host sees the file system (its top folder exists here), a missing data
+    file, pretrained folder or tokenizer is refused now, not after the queue wait."""
+    missing = tmp_path / "data" / "gone.txt"
+    cases = [
+        (
+            ["data=text_files", f"data.paths=[{missing}]"],
+            f"data.paths: no file matches '{missing}'",
+        ),
+        ([f"model.init_from={tmp_path}/nope"], f"model.init_from={tmp_path}/nope: no such folder"),
+        ([f"data.tokenizer={tmp_path}/tok.tiktoken"], "data.tokenizer="),
+        ([f"resume={tmp_path}/old-run"], f"resume={tmp_path}/old-run: no complete checkpoint"),
+    ]
+    for overrides, words in cases:
+        err = refused(target, tmp_path, capsys, *overrides)
+        assert words in err and "(checked at submit: the job would fail on the nodes)" in err
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_files_on_a_file_system_this_host_lacks_are_left_to_the_nodes(tmp_path, target):
+    text = "".join(
+        render(target, tmp_path, "data=text_files", "data.paths=[/no-such-fs/a/*.txt]").values()
+    )
+    assert "data.paths=[/no-such-fs/a/*.txt]" in text
+
+
+def test_a_relative_data_path_is_checked_under_the_workdir(tmp_path, capsys):
+    work = tmp_path / "work"
+    (work / "corpus").mkdir(parents=True)
+    (work / "corpus" / "a.txt").write_text("text\n")
+    common = ["data=text_files", f"cluster.workdir={work}"]
+    render("slurm", tmp_path, *common, "data.paths=[corpus/*.txt]")
+    capsys.readouterr()
+    err = refused("slurm", tmp_path, capsys, *common, "data.paths=[corpus/*.md]")
+    assert "data.paths: no file matches 'corpus/*.md'" in err
+
+
+def test_a_missing_venv_is_refused(tmp_path, capsys):
+    err = refused("slurm", tmp_path, capsys, f"cluster.slurm.venv={tmp_path}/venv")
+    assert f"cluster.slurm.venv={tmp_path}/venv: {tmp_path}/venv/bin/activate does not exist" in err
+
+
+def test_the_warning_during_setup_and_a_failed_srun_are_named_truthfully(tmp_path):
+    script = render("slurm", tmp_path)["job.sbatch"]
+    assert (
+        'echo "launcher: $stop during setup: training did not start and wrote no checkpoint; '
+        'exit code 143"'
+    ) in script
+    during = script.index('if [ -n "$stop" ]; then')
+    assert during < script.index("  srun --nodes") < script.index("training ended with exit code")
+    assert "failed before any rank wrote a log: see srun's lines above" in script
+
+
+def test_container_mounts_name_and_workdir(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LAUNCHER_CACHE_DIR", str(cache))
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text("")
+    image = "nvcr.io#nvidia/pytorch:24.05-py3"
+    over = [f"cluster.slurm.container_image={image}", f"cluster.slurm.venv={venv}"]
+    script = render("slurm", tmp_path / "runs", *over)["job.sbatch"]
+    srun = next(line for line in script.splitlines() if line.lstrip().startswith("srun "))
+    mounts = re.search(r"--container-mounts=(\S+)", srun).group(1).strip("'").split(",")
+    home = Path.home().resolve()
+    want = [Path.cwd().resolve(), (tmp_path / "runs").resolve(), cache.resolve(), home, venv]
+    want = [p for p in want if not any(p != q and p.is_relative_to(q) for q in want)]
+    assert mounts == [f"{p}:{p}" for p in want]
+    assert f"{{ mkdir -p {cache}\n}} || setup_failed" in script  # a mount's source must exist
+    name = re.search(r"--container-name=(\S+)", srun).group(1)
+    assert re.fullmatch(r"launcher-[0-9a-f]{12}", name)
+    # One name per image: a requeue and a later job reuse it; another image gets another.
+    again = render("slurm", tmp_path / "runs", *over, run_id="r2")["job.sbatch"]
+    assert f"--container-name={name} " in again
+    other = render(
+        "slurm", tmp_path / "runs", "cluster.slurm.container_image=ubuntu:24.04", run_id="r3"
+    )
+    assert f"--container-name={name} " not in other["job.sbatch"]
+    mine = render("slurm", tmp_path / "runs", *over, "cluster.slurm.container_name=pt", run_id="r4")
+    assert "--container-name=pt " in mine["job.sbatch"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_shell_brace_variable_is_refused_with_the_escape(tmp_path, capsys, target):
+    """`${VAR}` is OmegaConf's interpolation: unescaped it failed with a traceback."""
+    err = refused(target, tmp_path, capsys, 'cluster.setup=["echo ${HOME}"]')
+    assert "error: cluster.setup[0]: ${...} is read as a config interpolation here" in err
+    files = render(target, tmp_path, 'cluster.setup=["echo \\${HOME}/x"]')
+    assert "echo ${HOME}/x" in "".join(files.values())
+
+
+def k8s_pod(files: dict[str, str]) -> dict:
+    return yaml.safe_load(files["job.yaml"])["spec"]["template"]["spec"]
+
+
+# Each rule of Pod Security 'restricted' (launcher.submit.pod_security), broken once.
+PSS_BREAKS = {
+    "host network": (lambda p: p.update(hostNetwork=True), "spec.hostNetwork: must not be true"),
+    "hostPath": (
+        lambda p: p["volumes"].append({"name": "h", "hostPath": {"path": "/"}}),
+        "spec.volumes[4]: hostPath volumes are not allowed",
+    ),
+    "privileged": (
+        lambda p: p["containers"][0]["securityContext"].update(privileged=True),
+        "securityContext.privileged: must not be true",
+    ),
+    "escalation": (
+        lambda p: p["containers"][0]["securityContext"].pop("allowPrivilegeEscalation"),
+        "securityContext.allowPrivilegeEscalation: must be false",
+    ),
+    "capability": (
+        lambda p: p["containers"][0]["securityContext"]["capabilities"].update(add=["SYS_ADMIN"]),
+        "capabilities.add: SYS_ADMIN breaks baseline or restricted",
+    ),
+    "no drop": (
+        lambda p: p["containers"][0]["securityContext"].pop("capabilities"),
+        "capabilities.drop: must include ALL",
+    ),
+    "root": (
+        lambda p: p["securityContext"].update(runAsUser=0),
+        "runAsUser must not be 0",
+    ),
+    "may be root": (
+        lambda p: p["securityContext"].pop("runAsNonRoot"),
+        "runAsNonRoot must be true",
+    ),
+    "unconfined": (
+        lambda p: p["securityContext"].update(seccompProfile={"type": "Unconfined"}),
+        "seccompProfile.type must be RuntimeDefault or Localhost",
+    ),
+    "host port": (
+        lambda p: p["containers"][0]["ports"][0].update(hostPort=29500),
+        "hostPort 29500 is not allowed",
+    ),
+    "sysctl": (
+        lambda p: p["securityContext"].update(sysctls=[{"name": "kernel.msgmax", "value": "1"}]),
+        "kernel.msgmax is not a safe sysctl",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(PSS_BREAKS))
+def test_pod_security_restricted_rules_each_catch_their_break(tmp_path, case):
+    """The default pod passes every rule; each broken field is named, and the renderer's
+    own check refuses the manifest with it."""
+    job = prepare("k8s", [*FAST, *SHAPE["k8s"], f"run.root={tmp_path}", "run.id=p"])
+    files = k8s.render(job)
+    pod = k8s_pod(files)
+    assert pod_security.violations(pod) == []
+    breaks, words = PSS_BREAKS[case]
+    broken = copy.deepcopy(pod)
+    breaks(broken)
+    found = pod_security.violations(broken)
+    assert len(found) == 1 and words in found[0], found
+    objs = [yaml.safe_load(text) for text in files.values()]
+    jb = next(o for o in objs if o["kind"] == "Job")
+    jb["spec"]["template"]["spec"] = broken
+    with pytest.raises(ConfigError, match="Pod Security 'restricted'"):
+        k8s_check.check(objs, k8s.expectations(job))
+
+
+def test_root_is_the_explicit_opt_out(tmp_path):
+    pod = k8s_pod(render("k8s", tmp_path, "cluster.k8s.security=root"))
+    c = pod["containers"][0]
+    assert "securityContext" not in pod and "securityContext" not in c
+    assert [v["name"] for v in pod["volumes"]] == ["dshm", "runs"]
+    assert all(e["name"] != "HOME" for e in c["env"])
+
+
+def test_restricted_with_rdma_warns_that_the_namespace_must_be_privileged(tmp_path, capsys):
+    render("k8s", tmp_path, "cluster.k8s.rdma_resource=rdma/ib")
+    err = capsys.readouterr().err
+    assert "warning: cluster.k8s.rdma_resource=rdma/ib adds the IPC_LOCK capability" in err
+
+
+def test_the_state_size_estimate_is_the_models_own_parameter_count():
+    """stop_time.param_count from the shape equals the parameters of the model built."""
+    for model in ("gpt2-tiny", "gpt2"):
+        cfg = prepare("k8s", [f"model={model}", "cluster.gpus_per_node=0"], check_paths=False).cfg
+        built = build_model(cfg.model, stop_time.GPT2_VOCAB)
+        assert stop_time.param_count(cfg) == sum(p.numel() for p in built.parameters()), model
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_stop_too_short_for_the_models_checkpoint_is_refused(tmp_path, capsys, target):
+    """gpt2-xl's weights and AdamW state, 1.56e9 x 12 bytes, do not fit into the default
+    grace (120 s) or warning lead (300 s) at 50 MB/s; faster storage, given, does."""
+    key = f"cluster.{target}"
+    err = refused(target, tmp_path, capsys, "model=gpt2-xl", f"{key}.checkpoint_write_mb_s=50")
+    assert "is too short to stop with a checkpoint: a 374 s checkpoint write (18.69 GB of " in err
+    assert f"state (gpt2-xl) at {key}.checkpoint_write_mb_s=50)" in err
+    render(target, tmp_path, "model=gpt2-xl", f"{key}.checkpoint_write_mb_s=1000")
+
+
+def test_the_runs_own_last_checkpoint_time_is_used(tmp_path, capsys):
+    """A run that has checkpointed before: its meta.json's write time (written by the real
+    CheckpointWriter, here a save that takes 1.5 s) is what the grace must hold."""
+    run_dir = tmp_path / "runs" / "again"
+
+    def slow_write(folder: Path) -> None:
+        (folder / "model_rank0.pt").write_bytes(b"x" * 1000)
+        time.sleep(1.5)
+
+    writer = CheckpointWriter(run_dir / "checkpoints", is_main=True, barrier=lambda: None, keep=2)
+    writer.save(7, slow_write, {})
+    err = refused_in(tmp_path / "runs", "again", capsys, "cluster.k8s.termination_grace_s=11")
+    assert "a 2 s checkpoint write (the run's last checkpoint (step_00000007) took 1.5" in err
+
+
+NO_TIME = "cluster.time_limit=00:00:30 (30 s) leaves no time"
+
+
+LIMITS = [
+    ("k8s", ["cluster.time_limit=00:00:30"], NO_TIME),
+    ("k8s", ["cluster.time_limit=2"], "(120 s) leaves no time to train: it is no longer than"),
+    (
+        "k8s",
+        [
+            "cluster.time_limit=01:00:00",
+            "cluster.k8s.step_time_s=20",
+            "trainer.checkpoint_interval=200",
+        ],
+        "cluster.k8s.step_time_s=20.0 = 4000 s, but only 3600 s remain before the deadline",
+    ),
+    ("slurm", ["cluster.time_limit=00:00:30"], NO_TIME),
+    ("k8s", ["cluster.k8s.version=1.28"], "cluster.k8s.version=1.28: the manifests need 1.29"),
+    ("k8s", ["cluster.k8s.version=latest"], "cluster.k8s.version=latest: not a Kubernetes"),
+]
+
+
+@pytest.mark.parametrize("target, overrides, words", LIMITS)
+def test_time_limits_and_versions_every_renderer_refuses(
+    tmp_path, capsys, target, overrides, words
+):
+    assert words in refused(target, tmp_path, capsys, *overrides)
