@@ -403,6 +403,18 @@ class TuneConfig:
 
 
 @dataclass
+class RehearseConfig:
+    """`python -m launcher.rehearse`'s cases (docs/rehearse.md); launcher.train ignores it."""
+
+    only: list[str] = field(default_factory=list)  # run just these cases: [stop,hung_rank]
+    skip: list[str] = field(default_factory=list)  # every case but these
+    # ranks of each case; null: torchrun's, else the GPUs here, else 2
+    nproc: int | None = ranged(None, Range(low=2, why="a killed, hung or slow rank needs a peer"))
+    # one launch of a case, start-up included; then it is killed
+    timeout_s: float = ranged(300.0, POSITIVE)
+
+
+@dataclass
 class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
     # auto: continue from the latest complete checkpoint of this run directory if there is one;
@@ -422,6 +434,7 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
+    rehearse: RehearseConfig = field(default_factory=RehearseConfig)
 
 
 @functools.cache

@@ -6,9 +6,13 @@ the optimizer's state. In order of trust:
 
 1. the write time given by hand (`<group>.checkpoint_write_s`);
 2. the run's own last checkpoint, when it has run before and its run directory is visible
-   here: the write time its meta.json records (launcher.checkpoint), else its size;
-3. an estimate of the state's size from the model's shape (GPT-2's parameter count, fp32
-   weights and AdamW's two fp32 moments, 12 bytes a parameter);
+   here: the write time its meta.json records (launcher.checkpoint);
+3. the run's rehearsal (`python -m launcher.rehearse` with the same run.root and run.id):
+   its stop checkpoint's write time, measured at the shrunk size and scaled to the model's
+   state (rehearse/report.json);
+4. the size of the run's last checkpoint, else an estimate of the state's size from the
+   model's shape (GPT-2's parameter count, fp32 weights and AdamW's two fp32 moments,
+   12 bytes a parameter);
 
 a size is turned into a time at `<group>.checkpoint_write_mb_s`, the write bandwidth to
 the run directory's file system (a configured figure: measure yours).
@@ -16,13 +20,17 @@ the run directory's file system (a configured figure: measure yours).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from omegaconf import DictConfig
 
 from launcher.checkpoint.protocol import find_resumable, read_meta
 from launcher.model.build import BYTES_PER_PARAM, param_count
 from launcher.submit.job import SubmitJob, visible
+
+REHEARSAL_REPORT = Path("rehearse") / "report.json"  # in the run directory (launcher.rehearse)
 
 
 @dataclass
@@ -38,11 +46,14 @@ def checkpoint_write(job: SubmitJob, group: DictConfig, key: str) -> WriteTime:
         return WriteTime(seconds, f"{key}.checkpoint_write_s={seconds:g}")
     rate = float(group.checkpoint_write_mb_s) * 1e6
     last = _last_checkpoint(job)
+    meta = (read_meta(last) or {}) if last is not None else {}
+    if meta.get("write_s") is not None:
+        seconds = float(meta["write_s"])
+        return WriteTime(seconds, f"the run's last checkpoint ({last.name}) took {seconds:g} s")
+    rehearsed = rehearsed_write(job)
+    if rehearsed is not None:
+        return rehearsed
     if last is not None:
-        meta = read_meta(last) or {}
-        if meta.get("write_s") is not None:
-            seconds = float(meta["write_s"])
-            return WriteTime(seconds, f"the run's last checkpoint ({last.name}) took {seconds:g} s")
         size = sum(int(n) for n in (meta.get("files") or {}).values())
         return WriteTime(
             size / rate,
@@ -55,6 +66,19 @@ def checkpoint_write(job: SubmitJob, group: DictConfig, key: str) -> WriteTime:
         f"{size / 1e9:.2f} GB of model and optimizer state ({job.cfg.model.name}) at "
         f"{key}.checkpoint_write_mb_s={group.checkpoint_write_mb_s:g}",
     )
+
+
+def rehearsed_write(job: SubmitJob) -> WriteTime | None:
+    """The stop checkpoint's time that the run's rehearsal measured and extrapolated to
+    the real model, when its report is visible here and holds one."""
+    path = job.run_dir / REHEARSAL_REPORT
+    if not visible(str(job.run_dir), job.workdir) or not path.is_file():
+        return None
+    try:
+        ckpt = json.loads(path.read_text()).get("stop_checkpoint")
+        return WriteTime(float(ckpt["extrapolated_s"]), f"{ckpt['why']} ({path})")
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None  # no stop case in that rehearsal, or a report from another version
 
 
 def _last_checkpoint(job: SubmitJob):

@@ -54,6 +54,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "train", "train.front_door", "train.__main__", "torchrun", "doctor", "commbench",
             "export", "submit", "submit.*", "analyze", "analyze.*", "tune", "tune.*",
+            "rehearse", "rehearse.*",
         ),
     ),
 ]  # fmt: skip

@@ -1,0 +1,152 @@
+"""The rehearsal: check the experiment and the rehearsal's own keys before anything starts,
+run the chosen cases one after another (the uninterrupted run they compare with once, when
+the first case needs it), write the report after every case, print the verdict table.
+
+The run directory is the experiment's own (run.root/run.id), so that launcher.submit finds
+the rehearsal's stop-checkpoint figure there; the cases' runs live in its `rehearse/`
+folder, which a new rehearsal replaces (it holds only the rehearsal's own tiny runs).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import secrets
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from launcher.config import ConfigError, compose, sweep
+from launcher.rehearse import report
+from launcher.rehearse.cases import CASES, NAMES, Case
+from launcher.rehearse.launches import CaseFailed, kill_leftovers
+from launcher.rehearse.rehearsal import Rehearsal
+from launcher.rehearse.shrink import KEPT, shrunk
+from launcher.runtime import process as runtime
+from launcher.train.preflight import preflight
+
+log = logging.getLogger("launcher.rehearse")
+FALLBACK_PRECISION = "trainer.precision=fp32"
+FAILED = 1  # a row failed: the experiment is not ready (the rows say why)
+
+
+def default_nproc(cfg: DictConfig) -> int:
+    """rehearse.nproc, else the enclosing torchrun's world, else the GPUs here, else 2."""
+    if cfg.rehearse.nproc is not None:
+        return int(cfg.rehearse.nproc)
+    world = runtime.env_world()[2]
+    if world > 1:
+        return world
+    import torch
+
+    return max(2, torch.cuda.device_count())
+
+
+def selected(cfg: DictConfig) -> list[Case]:
+    """The cases rehearse.only/skip choose (the cluster's only where a cluster is set)."""
+    for key in ("only", "skip"):
+        unknown = [n for n in cfg.rehearse[key] if n not in NAMES]
+        if unknown:
+            raise ConfigError(
+                f"rehearse.{key}: unknown case {unknown[0]!r}; the cases are {', '.join(NAMES)}"
+            )
+    only, skip = list(cfg.rehearse.only), list(cfg.rehearse.skip)
+    has_cluster = cfg.cluster.name != "local"
+    if "cluster" in only and not has_cluster:
+        raise ConfigError(
+            "rehearse.only names cluster, but cluster=local renders no job; "
+            "set cluster=slurm or cluster=k8s"
+        )
+    cases = [c for c in CASES if (not only or c.name in only) and c.name not in skip]
+    cases = [c for c in cases if has_cluster or not c.needs_cluster]
+    if not cases:
+        raise ConfigError("rehearse.only/rehearse.skip leave no case to run")
+    return cases
+
+
+def plan(overrides: list[str]) -> tuple[DictConfig, list[str], int, list[str]]:
+    """(experiment, shrunk overrides, ranks, notes); ConfigError on anything wrong."""
+    points = sweep.plan(overrides, False, compose(overrides, sweep=True).hydra)
+    if len(points.points) > 1 or points.swept_keys:
+        raise ConfigError(
+            "launcher.rehearse rehearses one experiment, but the overrides sweep "
+            f"{', '.join(points.swept_keys) or 'several points'}; give one value per key"
+        )
+    cfg = compose(overrides)
+    if runtime.ranks_per_node() != runtime.env_world()[2]:
+        raise ConfigError("launcher.rehearse runs on one node; start it with one torchrun")
+    nproc = default_nproc(cfg)
+    notes: list[str] = []
+    mine = [*overrides, *shrunk(cfg, nproc), "fault.kind=none", "resume=auto"]
+    try:
+        _check(mine, nproc)
+    except ConfigError as exc:
+        if "trainer.precision" not in str(exc):
+            raise
+        mine.append(FALLBACK_PRECISION)
+        _check(mine, nproc)
+        notes.append(f"trainer.precision={cfg.trainer.precision} runs as fp32 here: {exc}")
+    if cfg.logger.mode == "online":
+        notes.append("logger.mode=online runs offline: a rehearsal sends nothing to W&B")
+    return cfg, mine, nproc, notes
+
+
+def _check(overrides: list[str], nproc: int) -> None:
+    """The shrunk experiment at every world size a case launches it with."""
+    for world in (nproc, nproc // 2):
+        preflight(compose(overrides), world, world)
+
+
+def run_dir_of(cfg: DictConfig) -> Path:
+    run_id = cfg.run.id or f"{dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(4)}"
+    return (Path(cfg.run.root).expanduser() / str(run_id)).absolute()
+
+
+def rehearse(overrides: list[str]) -> int:
+    """Check, run the cases, report; the exit code (0 only when every row passed)."""
+    cfg, mine, nproc, notes = plan(overrides)
+    cases = selected(cfg)
+    if runtime.env_world()[0] != 0:
+        return 0  # under torchrun, rank 0 rehearses; each case is a launch of its own
+    run_dir = run_dir_of(cfg)
+    r = Rehearsal(cfg, overrides, mine, nproc, run_dir)
+    if r.root.exists():
+        shutil.rmtree(r.root)
+        notes.append(f"replaced the earlier rehearsal in {r.root}")
+    r.root.mkdir(parents=True)
+    print(f"rehearsing {run_dir} on {nproc} ranks: {', '.join(c.name for c in cases)}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    started, rows, paths = time.monotonic(), [], []
+    facts = {"run_dir": str(run_dir), "nproc": nproc, "overrides": overrides,
+             "kept": list(KEPT), "shrunk": mine[len(overrides):], "notes": notes}  # fmt: skip
+    try:
+        for case in cases:
+            rows.append(run_case(r, case))
+            facts["wall_s"] = round(time.monotonic() - started, 1)
+            paths = report.write(run_dir, report.report_dict(rows, r.checkpoint, facts))
+    finally:
+        kill_leftovers()
+    print(report.markdown_table(rows))
+    for path in paths:
+        print(f"wrote {path}", file=sys.stderr)
+    return 0 if report.all_passed(rows) else FAILED
+
+
+def run_case(r: Rehearsal, case: Case) -> report.Row:
+    began = time.monotonic()
+    try:
+        observed, passed = case.run(r), True
+    except CaseFailed as exc:
+        observed, passed = str(exc), False
+    wall = round(time.monotonic() - began, 1)
+    evidence = r.root / case.evidence
+    if not evidence.exists():
+        evidence = r.root / "console"
+    row = report.Row(case.name, case.fault, case.expected, observed, passed,
+                     str(evidence.relative_to(r.run_dir)), wall)  # fmt: skip
+    print(f"rehearse: {case.name}: {row.verdict} in {wall:.0f} s: {observed}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return row
