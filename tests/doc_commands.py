@@ -53,6 +53,46 @@ def all_commands() -> dict[tuple[str, str], None]:
 # (file, command): (decision, the exit code for `run`, else why)
 DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
     (
+        "docs/benchmarks.md",
+        "python benchmarks/memory_tier.py [--pairs 8] [--steps 60] [--interval 10] [--out FILE] [overrides...]",
+    ): ("skip", "a usage line (options in brackets); tests/launches/test_benchmarks.py runs it"),
+    (
+        "docs/burnin.md",
+        "python -m launcher.submit slurm cluster.nodes=1 cluster.procs_per_node=2 burnin.action=refuse burnin.tolerance=3 fault.kind=slow_device fault.rank=0 fault.seconds=0.2",
+    ): ("dry", "rendered with --dry-run (applying needs a cluster)"),
+    (
+        "docs/burnin.md",
+        "python -m launcher.submit slurm cluster.nodes=4 burnin.action=refuse",
+    ): ("dry", "rendered with --dry-run (applying needs a cluster)"),
+    (
+        "docs/burnin.md",
+        "python -m launcher.torchrun --standalone --nproc_per_node=2 -m launcher.train burnin.enabled=true",
+    ): ("check", "composed and validated at its world size (a run takes minutes or a GPU)"),
+    (
+        "docs/checkpoints.md",
+        "torchrun --standalone --nproc_per_node=8 --max-restarts=3 -m launcher.train trainer.global_batch_size=64 trainer.memory_checkpoint_interval=5",
+    ): ("check", "composed and validated at its world size (a run takes minutes or a GPU)"),
+    (
+        "docs/rehearse.md",
+        "python -m launcher.rehearse",
+    ): ("skip", "a rehearsal is minutes of launches; tests/launches/test_rehearse.py runs it"),
+    (
+        "docs/rehearse.md",
+        "python -m launcher.rehearse rehearse.only=[stop,hung_rank]",
+    ): ("skip", "a rehearsal is minutes of launches; tests/launches/test_rehearse.py runs it"),
+    (
+        "docs/rehearse.md",
+        "python -m launcher.rehearse rehearse.skip=[world_size]",
+    ): ("skip", "a rehearsal is minutes of launches; tests/launches/test_rehearse.py runs it"),
+    (
+        "docs/rehearse.md",
+        "python -m launcher.rehearse strategy=fsdp2 data.num_workers=4 run.id=exp7 cluster=slurm",
+    ): ("skip", "a rehearsal is minutes of launches; tests/launches/test_rehearse.py runs it"),
+    (
+        "docs/rehearse.md",
+        "torchrun --standalone --nproc_per_node=8 -m launcher.rehearse model=gpt2",
+    ): ("skip", "a rehearsal is minutes of launches; tests/launches/test_rehearse.py runs it"),
+    (
         "README.md",
         "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e '.[test]' && torchrun --standalone --nproc_per_node=2 -m launcher.train",
     ): ("skip", "installs packages (.ci/run runs the README's install line in a fresh venv)"),
