@@ -95,7 +95,7 @@ def stop(r: Rehearsal) -> str:
     r.checkpoint = StopCheckpoint(
         float(meta.get("write_s") or 0.0),
         sum(int(n) for n in (meta.get("files") or {}).values()),
-        stop_time.param_count(r.cfg) * stop_time.BYTES_PER_PARAM,
+        stop_time.param_count(r.cfg.model) * stop_time.BYTES_PER_PARAM,
         str(r.cfg.model.name),
     )
     seen.ok(f"SIGTERM: exit 143, stop checkpoint of step {at} in {r.checkpoint.measured_s:g} s")
