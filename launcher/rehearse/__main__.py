@@ -5,6 +5,7 @@ bad input (one line, nothing started)."""
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from launcher.config import ConfigError, friendly_overrides
@@ -23,7 +24,14 @@ Settings: rehearse.only=[...], rehearse.skip=[...], rehearse.nproc, rehearse.tim
 (docs/rehearse.md)."""
 
 
+def _interrupted(signum, frame) -> None:
+    """A stop signal (the scheduler's, torchrun's) ends the rehearsal like Ctrl-C: the case
+    running is killed with its launch, not left behind in its own session."""
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _interrupted)
     args = sys.argv[1:]
     if any(a in ("-h", "--help") for a in args):
         print(USAGE)

@@ -113,3 +113,15 @@ def test_submit_uses_the_rehearsed_stop_checkpoint_time(tmp_path):
     with pytest.raises(ConfigError, match="signal_lead_s=300 is too short .* a 1000 s checkpoint "
                        "write \\(rehearsed: "):  # fmt: skip
         slurm.render(job)
+
+
+def test_a_precision_this_device_refuses_runs_as_fp32_and_says_so():
+    from launcher.strategy.deepspeed import cpu_has_fp16
+
+    _, overrides, _, notes = plan(["strategy=deepspeed", "trainer.precision=fp16"])
+    if cpu_has_fp16():  # this CPU runs DeepSpeed fp16: kept as it is
+        assert "trainer.precision=fp32" not in overrides and notes == []
+        return
+    assert overrides[-1] == "trainer.precision=fp32"
+    (note,) = notes
+    assert note.startswith("trainer.precision=fp16 runs as fp32 here: ")
