@@ -43,13 +43,15 @@ def read_facts(run_dir: Path) -> RunFacts:
     summary = _read(run_dir / "summary.json", json.loads)
     env = _read(run_dir / "env.json", json.loads)
     devices = env.get("devices") or [{}]
+    # what ran: summary.json's where it can change in-process (auto, on_oom=retry)
+    micro = summary.get("micro_batch") or trainer.get("micro_batch_size")
     return RunFacts(
         precision=trainer.get("precision"),
         compile=None if "compile" not in trainer else str(trainer["compile"]),
         grad_checkpointing=trainer.get("grad_checkpointing"),
         impl=model.get("impl"),
         attention=model.get("attention"),
-        micro_batch_size=trainer.get("micro_batch_size"),
+        micro_batch_size=micro if isinstance(micro, int) else None,
         global_batch_size=trainer.get("global_batch_size"),
         world_size=env.get("world_size"),
         peak_mem_gb=summary.get("mem/peak_gb"),

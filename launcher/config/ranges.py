@@ -112,7 +112,8 @@ def range_problem(cfg: DictConfig, ranges: dict[str, Range]) -> str | None:
         if value is _ABSENT or value is None:
             continue
         values = list(value) if isinstance(value, ListConfig) else [value]
-        bad = next((v for v in values if not allowed.holds(v)), _ABSENT)
+        # A word in a key typed Any (trainer.micro_batch_size=auto) is its own check's.
+        bad = next((v for v in values if not isinstance(v, str) and not allowed.holds(v)), _ABSENT)
         if bad is _ABSENT:
             continue
         shown = f"{key}={list(value)}" if isinstance(value, ListConfig) else f"{key}={value}"

@@ -50,6 +50,8 @@ FAULT_KINDS = (
 )  # fmt: skip
 BURNIN_ACTIONS = ("warn", "refuse")
 NONFINITE_POLICIES = ("stop", "skip", "rewind")
+OOM_POLICIES = ("stop", "retry")
+AUTO = "auto"  # trainer.micro_batch_size=auto: the largest that fits, found at start
 
 
 @dataclass
@@ -104,7 +106,9 @@ class DataConfig:
 class TrainerConfig:
     max_steps: int = ranged(200, AT_LEAST_1)
     global_batch_size: int | None = ranged(16, AT_LEAST_1)
-    micro_batch_size: int = ranged(4, AT_LEAST_1)
+    # sequences per forward/backward on one rank; auto: the largest that fits, found at
+    # start by halving from the per-rank batch (docs/faults.md); checked in validate
+    micro_batch_size: Any = ranged(4, AT_LEAST_1)
     seq_len: int = ranged(128, AT_LEAST_1)
     lr: float = ranged(1e-3, POSITIVE)
     min_lr_ratio: float = ranged(0.1, FRACTION)
@@ -138,6 +142,8 @@ class TrainerConfig:
     # skipped steps allowed within bad_step_window; one more: exit 3
     max_bad_steps: int = ranged(3, Range(low=0, why="0: the first bad step stops the run"))
     bad_step_window: int = ranged(100, AT_LEAST_1)  # steps
+    # stop (exit 4), or retry the step at half the micro-batch (docs/faults.md)
+    on_oom: str = one_of("stop", OOM_POLICIES)
 
 
 @dataclass
@@ -177,7 +183,8 @@ class FaultConfig:
 
     stall: rank `rank` sleeps `seconds` when step `step` starts; sigstop: it stops itself
     (SIGSTOP: frozen, as a process stuck in a driver is); exit: it exits with `exit_code`;
-    oom: it raises an out-of-memory error; nonfinite: its loss in that step is NaN;
+    oom: it raises an out-of-memory error (with `micro_batch`: in every forward of a larger
+    micro-batch); nonfinite: its loss in that step is NaN;
     loader_error: its data loader raises for that
     step; slow: it spends `seconds` more in every step from `step` on (a straggler);
     slow_data: every rank's data source takes `seconds` for each micro-batch it reads (storage
@@ -195,6 +202,10 @@ class FaultConfig:
     exit_code: int = ranged(1, Range(low=0, high=255, why="a process exit code"))
     once: bool = True  # fire in one attempt only: a restart or requeue then resumes past it
     phases: list[str] = field(default_factory=list)  # kind=slow_phase: the phases slowed
+    # kind=oom: a device that holds this many sequences per micro-batch; every forward with
+    # more raises out-of-memory on `rank` (every step, and the micro_batch_size=auto search;
+    # `step` and `once` do not apply); null: one OOM at `step`
+    micro_batch: int | None = ranged(None, AT_LEAST_1)
 
 
 @dataclass

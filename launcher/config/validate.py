@@ -17,7 +17,7 @@ from launcher.config.ranges import range_problem
 from launcher.config.schema import all_choices, all_ranges
 from launcher.resilience.watchdog import PHASES
 from launcher.strategy.registry import engine, engines, schemas
-from launcher.train.batch import BatchPlan
+from launcher.train.batch import AUTO, BatchPlan, micro_batch_problem
 
 _ABSENT = object()
 
@@ -111,7 +111,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             check_choice(key, OmegaConf.select(cfg, key), allowed)
     _validate_model_bias(m)
     _validate_engine(cfg)
-    problem = BatchPlan.of(t, world_size).problem()
+    problem = micro_batch_problem(t, world_size) or BatchPlan.of(t, world_size).problem()
     if problem:
         raise ConfigError(problem)
     if t.seq_len > m.n_positions:
@@ -151,6 +151,15 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             f"trainer.on_nonfinite={t.on_nonfinite} is not supported with "
             f"strategy={cfg.strategy.name} (its engine owns the optimizer step); use "
             f"trainer.on_nonfinite=stop, or strategy={' or '.join(able)}"
+        )
+    resizing = [f"trainer.{k}={t[k]}" for k, v in (("micro_batch_size", AUTO),
+                ("on_oom", "retry")) if t[k] == v]  # fmt: skip
+    if resizing and not chosen.resizes_micro_batch:
+        able = [e.name for e in engines().values() if e.resizes_micro_batch]
+        raise ConfigError(
+            f"{resizing[0]} is not supported with strategy={cfg.strategy.name} (its micro-batch "
+            f"is fixed when the engine is built); give trainer.micro_batch_size a number and "
+            f"trainer.on_oom=stop, or use strategy={' or '.join(able)}"
         )
     chosen.rules(cfg, world_size)
 

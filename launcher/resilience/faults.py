@@ -35,7 +35,9 @@ class FaultInjector:
         self.cfg = cfg
         self.marker = run_dir / "logs" / f"fault.rank{rank}"
         self.armed = cfg.kind == "slow_data" or (cfg.kind != "none" and rank == cfg.rank)
-        if self.armed and cfg.once and self.marker.exists():
+        # kind=oom with micro_batch: a device's size, not an event; it holds in every attempt
+        self.capacity = cfg.micro_batch if cfg.kind == "oom" else None
+        if self.armed and cfg.once and self.capacity is None and self.marker.exists():
             log.info("fault.kind=%s already fired in an earlier attempt; not again", cfg.kind)
             self.armed = False
 
@@ -48,7 +50,7 @@ class FaultInjector:
             if step >= cfg.step:
                 time.sleep(cfg.seconds)
             return
-        if step != cfg.step or kind in (
+        if step != cfg.step or self.capacity is not None or kind in (
             "loader_error",
             "slow_data",
             "nonfinite",
@@ -69,6 +71,15 @@ class FaultInjector:
             os._exit(cfg.exit_code)
         elif kind == "oom":
             raise torch.OutOfMemoryError(f"injected by fault.kind=oom at step {step}")
+
+    def before_forward(self, micro_batch: int) -> None:
+        """With `kind=oom` and `micro_batch`: a forward of more sequences than that raises
+        the device's out-of-memory error, as a device too small for them would."""
+        if self.armed and self.capacity is not None and micro_batch > self.capacity:
+            raise torch.OutOfMemoryError(
+                f"injected by fault.kind=oom: a micro-batch of {micro_batch} is above "
+                f"fault.micro_batch={self.capacity}"
+            )
 
     def poison(self, step: int, loss: torch.Tensor) -> torch.Tensor:
         """With `kind=nonfinite`, step `step`'s loss on the fault's rank becomes NaN (so do

@@ -72,6 +72,12 @@ class Strategy(ABC):
         skip): every rank calls it at the same step, so the replicas stay identical."""
         raise NotImplementedError(f"{type(self).__name__} cannot drop a step")
 
+    def zero_grad(self) -> None:
+        """Throw away the gradients accumulated so far in this step, none of them synchronised
+        yet (a micro-step that ran out of memory, trainer.on_oom=retry, or the search of
+        trainer.micro_batch_size=auto). Engines declaring `resizes_micro_batch` have it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot change its micro-batch")
+
     @abstractmethod
     def save(self, folder: Path, rank: int) -> Future | None:
         """Write this rank's share of the model/optimizer state into `folder`; an engine

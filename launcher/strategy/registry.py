@@ -95,6 +95,9 @@ class Engine:
     # Strategy.snapshot: trainer.memory_checkpoint_interval (the memory tier) is allowed
     memory_checkpoint: bool = False
     drops_steps: bool = False  # Strategy.drop_step: trainer.on_nonfinite=skip|rewind allowed
+    # Strategy.zero_grad between micro-steps: trainer.micro_batch_size=auto and
+    # trainer.on_oom=retry (the micro-batch changes in-process) allowed
+    resizes_micro_batch: bool = False
     # (cfg) -> [(changes, changes_math)]: what the tuner may try against exposed communication
     tune_candidates: Callable[[Any], list[tuple[dict, bool]]] = lambda _cfg: []
 

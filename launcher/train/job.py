@@ -49,7 +49,6 @@ from launcher.runtime.process import (
     start,
 )
 from launcher.strategy.registry import build_strategy, engine
-from launcher.train.batch import BatchPlan
 from launcher.train.loop import LoopConfig, NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
 from launcher.train.preflight import shm_need
 
@@ -489,13 +488,13 @@ def write_summary_if_room(run_dir: Path, summary: dict) -> None:
 
 
 def loader_opener(cfg: TrainConfig, rt: Runtime, data: TokenData):
-    """This rank's training loader with the run's data settings, opened by the loop at the
-    step it starts from (see launcher.data.build_train_loader)."""
+    """This rank's training loader with the run's data settings, opened by the loop with its
+    batch plan (its micro-batch may change in-process: trainer.on_oom=retry) at the step it
+    starts from (see launcher.data.build_train_loader)."""
     d = cfg.data
     return functools.partial(
         build_train_loader,
         data.train,
-        BatchPlan.of(cfg.trainer, rt.world_size),
         rank=rt.rank,
         seed=cfg.trainer.seed,
         num_workers=d.num_workers,

@@ -52,7 +52,8 @@ from launcher.resilience.stragglers import StragglerWatch
 from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime.process import Runtime
 from launcher.strategy.base import Strategy
-from launcher.train.batch import BatchPlan
+from launcher.train import micro_batch
+from launcher.train.batch import AUTO, BatchPlan
 
 log = logging.getLogger("launcher")
 
@@ -131,8 +132,9 @@ class LoopConfig:
         return cls(cfg.trainer, cfg.profiler, cfg.watchdog, cfg.fault, m.impl, m.attention)
 
 
-# open_loader(start_step=..., wrap_windows=...): this rank's training batches in step order
-# from `start_step` (launcher.data.build_train_loader with the run's data settings).
+# open_loader(plan, start_step=..., wrap_windows=...): this rank's training batches of `plan`
+# in step order from `start_step` (launcher.data.build_train_loader with the run's data
+# settings).
 OpenLoader = Callable[..., DataLoader]
 
 
@@ -182,6 +184,8 @@ class TrainLoop:
         self.data_step: int | None = None
         self.skip_windows: set[int] = set()  # windows a rewind skips when it comes to them
         self.rewinds = 0
+        self.oom_retries = 0  # steps redone at a smaller micro-batch (trainer.on_oom=retry)
+        self.oom_ranks: list[int] = []  # the ranks that ran out of memory in this step
         self.watchdog: HangWatchdog | None = None
         self.replicas_in_sync: bool | None = None
 
@@ -256,6 +260,7 @@ class TrainLoop:
         return {
             "world_size": self.rt.world_size,
             "accum": self.accum,
+            "micro_batch": self.batch.micro_batch,  # what ran (micro_batch_size=auto, retry)
             "tokens": step * self.tokens_per_step,
             "data_step": self.data_step,
         }
@@ -320,12 +325,14 @@ class TrainLoop:
         t, rt = self.t, self.rt
         if self.data_step is None:
             self.data_step = start_step
-        self._open_batches()
         timer = StepTimer(rt.device)
         self.interval = Interval()
         self.start_time = time.perf_counter()
         self.start_step = start_step
         self.strategy.module.train()
+        if self.t.micro_batch_size == AUTO:
+            self._search_micro_batch(start_step + 1)
+        self._open_batches()
         on_gpu = rt.device.type == "cuda"
         if on_gpu:  # mem/peak_gb is this run's peak, not the process's
             torch.cuda.reset_peak_memory_stats(rt.device)
@@ -406,10 +413,35 @@ class TrainLoop:
             step,
         )
 
+    def _search_micro_batch(self, step: int) -> None:
+        """trainer.micro_batch_size=auto: the largest micro-batch that fits on every rank."""
+        try:
+            self._resize(micro_batch.search(self.batch, self.rt, self._trial))
+        except torch.OutOfMemoryError as exc:
+            self._close_memory(remove=False)
+            raise self._out_of_memory(exc, step) from None
+
+    def _trial(self, micro: int) -> None:
+        """One forward and backward of `micro` sequences, nothing kept: no gradient, no
+        random number drawn (dropout's), so the run is the one launched at the size chosen."""
+        x = torch.zeros((micro, self.t.seq_len), dtype=torch.long, device=self.rt.device)
+        on_gpu = [self.rt.device] if self.rt.device.type == "cuda" else []
+        try:
+            with torch.random.fork_rng(devices=on_gpu), self.strategy.micro_step(False):
+                with self.strategy.autocast(), attention_backend(self.cfg.attention):
+                    self.fault.before_forward(micro)
+                    loss = model_loss(self.strategy.module, self.impl, x, x)
+                self.strategy.backward(loss)
+        finally:
+            self.strategy.zero_grad()
+
+    def _resize(self, plan: BatchPlan) -> None:
+        self.batch, self.accum = plan, plan.accum
+
     def _open_batches(self) -> None:
         """This rank's micro-batches from data window `data_step` on."""
         self.loader = self.open_loader(
-            start_step=self.data_step, wrap_windows=self.fault.wrap_windows
+            self.batch, start_step=self.data_step, wrap_windows=self.fault.wrap_windows
         )
         with stop_signals_held():  # workers start deaf to a stop meant for the trainer
             self.batches = iter(self.loader)
@@ -425,19 +457,10 @@ class TrainLoop:
             for _ in range(self.accum):
                 next(self.batches)
             self.data_step += 1
-        losses = []
-        for micro in range(self.accum):
-            waited = time.perf_counter()
-            x, y = next(self.batches)
-            self.interval.add_data_wait(time.perf_counter() - waited)
-            x = x.to(rt.device, non_blocking=True)
-            y = y.to(rt.device, non_blocking=True)
-            with self.strategy.micro_step(micro == self.accum - 1):
-                with self.strategy.autocast(), attention_backend(self.cfg.attention):
-                    loss = model_loss(module, self.impl, x, y) / self.accum
-                loss = self.fault.poison(step + 1, loss)
-                self.strategy.backward(loss)
-            losses.append(loss)
+        losses = self._accumulate(step)
+        while losses is None:  # trainer.on_oom=retry: a rank ran out of memory; all redo it
+            self._retry_smaller(step + 1)
+            losses = self._accumulate(step)
         self.data_step += 1
         self.fault.end_step(step + 1)
         bad_ranks = self._bad_ranks(losses) if self.t.on_nonfinite != "stop" else []
@@ -452,6 +475,57 @@ class TrainLoop:
             self.interval.grad_norm = self.strategy.step(lr_at(step, self.t))
         timer.stop()
         self.interval.end_step()
+
+    def _accumulate(self, step: int) -> list[torch.Tensor] | None:
+        """Forward and backward of this step's micro-batches, gradients accumulated; the
+        losses, or None when a rank ran out of memory before the gradients were synchronised
+        (trainer.on_oom=retry). Every rank votes once, before the last micro-step's backward
+        (where DDP synchronises): a rank that ran out earlier votes at once, so all ranks
+        meet at that vote. An out-of-memory after it (that synchronising backward, half done
+        on some ranks) is not retried: it stops the run as with on_oom=stop."""
+        rt, module, retry = self.rt, self.strategy.module, self.t.on_oom == "retry"
+        losses, voted = [], not retry
+        try:
+            for micro in range(self.accum):
+                waited = time.perf_counter()
+                x, y = next(self.batches)
+                self.interval.add_data_wait(time.perf_counter() - waited)
+                x = x.to(rt.device, non_blocking=True)
+                y = y.to(rt.device, non_blocking=True)
+                last = micro == self.accum - 1
+                with self.strategy.micro_step(last):
+                    with self.strategy.autocast(), attention_backend(self.cfg.attention):
+                        self.fault.before_forward(self.batch.micro_batch)
+                        loss = model_loss(module, self.impl, x, y) / self.accum
+                    loss = self.fault.poison(step + 1, loss)
+                    if last and not voted:
+                        self.oom_ranks, voted = micro_batch.ranks_out_of_memory(rt, False), True
+                        if self.oom_ranks:
+                            return None
+                    self.strategy.backward(loss)
+                losses.append(loss)
+        except torch.OutOfMemoryError:
+            if voted:
+                raise
+            self.oom_ranks = micro_batch.ranks_out_of_memory(rt, True)
+            return None
+        return losses
+
+    def _retry_smaller(self, step: int) -> None:
+        """Redo step `step` from its start at the next smaller micro-batch: its gradients
+        thrown away, its loader reopened at the same data window (the same sequences)."""
+        self.strategy.zero_grad()
+        micro_batch.free_device_memory(self.rt.device)
+        self._resize(micro_batch.halved(self.batch, step, self.oom_ranks, self.rt))
+        self.oom_retries += 1
+        del self.batches, self.loader  # its workers end before the new loader's start
+        self._open_batches()
+
+    def _micro_batch_figures(self) -> dict:
+        """`micro_batch` and `oom/retries` where the micro-batch can change in-process."""
+        if self.t.on_oom != "retry" and self.t.micro_batch_size != AUTO:
+            return {}
+        return {"micro_batch": self.batch.micro_batch, "oom/retries": self.oom_retries}
 
     def _bad_ranks(self, losses: list[torch.Tensor]) -> list[int]:
         """The ranks whose loss this step is not finite, agreed by all (trainer.on_nonfinite=
@@ -563,6 +637,7 @@ class TrainLoop:
             **self.stragglers.update(agg.figures),
             "comm/buckets": self.strategy.comm_buckets(),
             **self._bad_step_counts(),
+            **self._micro_batch_figures(),
             "elapsed_s": time.perf_counter() - self.start_time,
             "eta_s": (self.t.max_steps - step) * agg.step_time_p50,
         }
@@ -663,6 +738,7 @@ class TrainLoop:
             "comm/buckets": logged[-1]["comm/buckets"] if logged else None,
             "replicas_in_sync": self.replicas_in_sync,
             **self._bad_step_counts(),
+            **self._micro_batch_figures(),
             "flops_per_token": self.flops_per_token,
             "wall_time_s": time.perf_counter() - self.start_time,
         }

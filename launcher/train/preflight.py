@@ -31,6 +31,7 @@ from launcher.model import pretrained
 from launcher.observe.tensorboard_sink import WRITER_PACKAGE, tensorboard_enabled
 from launcher.runtime.paths import creatable_dir_problem, writable_dir_problem
 from launcher.strategy.registry import engine
+from launcher.train.batch import AUTO
 
 WANDB_DEFAULT_HOST = "https://api.wandb.ai"
 
@@ -40,10 +41,12 @@ def shm_need(cfg: DictConfig | TrainConfig, restarts: int | None = None) -> int:
     tier's checkpoints (launcher.checkpoint.memory; `restarts`: torchrun's --max-restarts
     the job will run with, else this process's). Read from the composed config (doctor,
     submit) or the typed one (the job's env.json) alike."""
+    micro = cfg.trainer.micro_batch_size
     loaders = shm_need_bytes(
         num_workers=cfg.data.num_workers,
         prefetch_factor=cfg.data.prefetch_factor,
-        micro_batch=cfg.trainer.micro_batch_size,
+        # auto: at most the per-rank batch, bounded here (no world size) by the global one
+        micro_batch=cfg.trainer.global_batch_size if micro == AUTO else micro,
         seq_len=cfg.trainer.seq_len,
     )
     return loaders + memory.shm_bytes(cfg, restarts)

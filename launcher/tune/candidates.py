@@ -126,9 +126,9 @@ def _memory(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
 def _accumulation(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
     """4x the micro-batch, and the whole per-rank batch at once (no accumulation)."""
     per_rank = cfg.trainer.global_batch_size // world_size
-    return _micro_batches(
-        cfg, world_size, "accumulation", [4, per_rank / cfg.trainer.micro_batch_size]
-    )
+    micro = cfg.trainer.micro_batch_size
+    whole = per_rank / micro if isinstance(micro, int) else 1
+    return _micro_batches(cfg, world_size, "accumulation", [4, whole])
 
 
 def _micro_batches(cfg: DictConfig, world_size: int, kind: str, factors) -> list[Candidate]:
@@ -136,6 +136,8 @@ def _micro_batches(cfg: DictConfig, world_size: int, kind: str, factors) -> list
     still divide it over the ranks): the same sequences per step, accumulated differently."""
     t = cfg.trainer
     out = []
+    if not isinstance(t.micro_batch_size, int):  # auto: the run finds its own
+        return out
     for factor in factors:
         micro = int(t.micro_batch_size * factor)
         divides = micro >= 1 and t.global_batch_size % (micro * world_size) == 0

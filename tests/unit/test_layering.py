@@ -47,7 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("engines and outputs", ("strategy", "strategy.*", "observe.wandb_sink",
                              "observe.tensorboard_sink", "observe.nccl_transport")),
-    ("loop", ("train.loop",)),
+    ("loop", ("train.loop", "train.micro_batch")),
     ("job", ("train.job", "train.preflight", "train.bad_input")),
     (
         "front doors",

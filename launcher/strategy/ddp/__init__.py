@@ -53,8 +53,16 @@ FORMAT = Format("torch", marker=FILES[0], reader="launcher.strategy.ddp.files")
 
 
 def rules(cfg, world_size: int) -> None:
-    """The compression hook, and what PowerSGD cannot do."""
+    """The compression hook, what PowerSGD cannot do, and a static graph's fixed shape."""
     s = cfg.strategy
+    t = cfg.trainer
+    if s.static_graph and (t.micro_batch_size == "auto" or t.on_oom == "retry"):
+        raise ConfigError(
+            "strategy.static_graph=true cannot change its micro-batch in-process "
+            f"(trainer.micro_batch_size={t.micro_batch_size}, trainer.on_oom={t.on_oom}): its "
+            "first backward records the graph and must synchronise; set "
+            "strategy.static_graph=false, or a number and trainer.on_oom=stop"
+        )
     if s.comm_hook == "powersgd" and cfg.trainer.precision == "fp16":
         raise ConfigError(
             "strategy.comm_hook=powersgd does not work with trainer.precision=fp16: its error "
@@ -88,4 +96,5 @@ ENGINE = Engine(
     tune_candidates=tune_candidates,
     drops_steps=True,
     memory_checkpoint=True,
+    resizes_micro_batch=True,
 )

@@ -97,6 +97,9 @@ class DDPStrategy(Strategy):
         if self.comm_timer is not None:
             self.comm_timer.end_step()
 
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
     def drain_comm(self) -> list[StepComm] | None:
         return self.comm_timer.drain() if self.comm_timer is not None else None
 
