@@ -50,12 +50,17 @@ class FaultInjector:
             if step >= cfg.step:
                 time.sleep(cfg.seconds)
             return
-        if step != cfg.step or self.capacity is not None or kind in (
-            "loader_error",
-            "slow_data",
-            "nonfinite",
-            "slow_device",
-            "slow_phase",
+        if (
+            step != cfg.step
+            or self.capacity is not None
+            or kind
+            in (
+                "loader_error",
+                "slow_data",
+                "nonfinite",
+                "slow_device",
+                "slow_phase",
+            )
         ):
             return  # those fire in the loader, in the loss (`poison`), the burn-in gate or a phase
         self.armed = False

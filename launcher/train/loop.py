@@ -448,7 +448,6 @@ class TrainLoop:
 
     def _train_step(self, step: int, timer: StepTimer) -> None:
         """One optimizer step: accumulate over micro-batches, then step at this step's lr."""
-        rt, module = self.rt, self.strategy.module
         timer.start()
         if step == self.start_step:
             slow_phase(self.cfg.fault, "first step")
