@@ -202,10 +202,10 @@ class FaultConfig:
     exit_code: int = ranged(1, Range(low=0, high=255, why="a process exit code"))
     once: bool = True  # fire in one attempt only: a restart or requeue then resumes past it
     phases: list[str] = field(default_factory=list)  # kind=slow_phase: the phases slowed
-    # kind=oom: a device that holds this many sequences per micro-batch; every forward with
-    # more raises out-of-memory on `rank` (every step, and the micro_batch_size=auto search;
-    # `step` and `once` do not apply); null: one OOM at `step`
-    micro_batch: int | None = ranged(None, AT_LEAST_1)
+    # kind=oom: a device that holds this many sequences per micro-batch: from `step` on,
+    # every forward of more raises out-of-memory on `rank` (the micro_batch_size=auto search
+    # included; `once` does not apply); null: one OOM at `step`
+    micro_batch: int | None = ranged(None, Range(low=0, why="0: not even one sequence fits"))
 
 
 @dataclass

@@ -77,13 +77,15 @@ class FaultInjector:
         elif kind == "oom":
             raise torch.OutOfMemoryError(f"injected by fault.kind=oom at step {step}")
 
-    def before_forward(self, micro_batch: int) -> None:
-        """With `kind=oom` and `micro_batch`: a forward of more sequences than that raises
-        the device's out-of-memory error, as a device too small for them would."""
-        if self.armed and self.capacity is not None and micro_batch > self.capacity:
+    def before_forward(self, step: int, micro_batch: int) -> None:
+        """With `kind=oom` and `micro_batch`: from step `fault.step` on, a forward of more
+        sequences than that raises the device's out-of-memory error, as a device too small
+        for them would (memory that fragmentation or a longer input took, mid-run)."""
+        capacity = self.capacity
+        if self.armed and capacity is not None and step >= self.cfg.step and micro_batch > capacity:
             raise torch.OutOfMemoryError(
                 f"injected by fault.kind=oom: a micro-batch of {micro_batch} is above "
-                f"fault.micro_batch={self.capacity}"
+                f"fault.micro_batch={capacity}"
             )
 
     def poison(self, step: int, loss: torch.Tensor) -> torch.Tensor:

@@ -74,8 +74,9 @@ class Strategy(ABC):
 
     def zero_grad(self) -> None:
         """Throw away the gradients accumulated so far in this step, none of them synchronised
-        yet (a micro-step that ran out of memory, trainer.on_oom=retry, or the search of
-        trainer.micro_batch_size=auto). Engines declaring `resizes_micro_batch` have it."""
+        yet, and any forward's wait for its backward (a micro-step that ran out of memory,
+        trainer.on_oom=retry, or the search of trainer.micro_batch_size=auto). Engines
+        declaring `resizes_micro_batch` have it."""
         raise NotImplementedError(f"{type(self).__name__} cannot change its micro-batch")
 
     @abstractmethod

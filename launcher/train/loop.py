@@ -429,7 +429,7 @@ class TrainLoop:
         try:
             with torch.random.fork_rng(devices=on_gpu), self.strategy.micro_step(False):
                 with self.strategy.autocast(), attention_backend(self.cfg.attention):
-                    self.fault.before_forward(micro)
+                    self.fault.before_forward(self.start_step + 1, micro)
                     loss = model_loss(self.strategy.module, self.impl, x, x)
                 self.strategy.backward(loss)
         finally:
@@ -494,7 +494,7 @@ class TrainLoop:
                 last = micro == self.accum - 1
                 with self.strategy.micro_step(last):
                     with self.strategy.autocast(), attention_backend(self.cfg.attention):
-                        self.fault.before_forward(self.batch.micro_batch)
+                        self.fault.before_forward(step + 1, self.batch.micro_batch)
                         loss = model_loss(module, self.impl, x, y) / self.accum
                     loss = self.fault.poison(step + 1, loss)
                     if last and not voted:

@@ -49,12 +49,11 @@ def search(plan: BatchPlan, rt: Runtime, trial: Callable[[int], None]) -> BatchP
         tried.append(micro)
         if not ranks_out_of_memory(rt, failed):
             chosen = plan.with_micro_batch(micro)
-            if rt.is_main:
-                log.info(
-                    "trainer.micro_batch_size=auto: %d sequences per micro-batch fit (tried %s), "
-                    "%d micro-steps per rank, global batch %d kept",
-                    micro, ", ".join(map(str, tried)), chosen.accum, chosen.global_batch,
-                )  # fmt: skip
+            log.info(
+                "trainer.micro_batch_size=auto: %d sequences per micro-batch fit (tried %s), "
+                "%d micro-steps per rank, global batch %d kept",
+                micro, ", ".join(map(str, tried)), chosen.accum, chosen.global_batch,
+            )  # fmt: skip
             return chosen
     raise torch.OutOfMemoryError(
         f"trainer.micro_batch_size=auto: not even a micro-batch of 1 fits (tried "
@@ -72,12 +71,11 @@ def halved(plan: BatchPlan, step: int, ranks: list[int], rt: Runtime) -> BatchPl
             "no smaller one"
         )
     new = plan.with_micro_batch(smaller[0])
-    if rt.is_main:
-        log.warning(
-            "out of memory in step %d on rank(s) %s: micro-batch %d -> %d, %d -> %d micro-steps "
-            "per rank (global batch %d kept); the step is redone from its start "
-            "(trainer.on_oom=retry)",
-            step, ranks, plan.micro_batch, new.micro_batch, plan.accum, new.accum,
-            plan.global_batch,
-        )  # fmt: skip
+    (log.warning if rt.is_main else log.info)(
+        "out of memory in step %d on rank(s) %s: micro-batch %d -> %d, %d -> %d micro-steps "
+        "per rank (global batch %d kept); the step is redone from its start "
+        "(trainer.on_oom=retry)",
+        step, ranks, plan.micro_batch, new.micro_batch, plan.accum, new.accum,
+        plan.global_batch,
+    )  # fmt: skip
     return new

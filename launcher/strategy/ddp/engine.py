@@ -99,6 +99,12 @@ class DDPStrategy(Strategy):
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+        if self.ddp is not None:
+            # A synchronising forward whose backward never ran (the step ran out of memory)
+            # left the reducer expecting that backward's hooks: the next micro-step's backward,
+            # under no_sync, would all-reduce. `_reset_state` is what DDP itself calls so that
+            # a forward can run after a backward that did not (it also re-plans the buckets).
+            self.ddp.reducer._reset_state()
 
     def drain_comm(self) -> list[StepComm] | None:
         return self.comm_timer.drain() if self.comm_timer is not None else None
