@@ -332,7 +332,39 @@ ROWS: list[Row] = [
         engines=("deepspeed",),
         refusal="trainer.on_nonfinite=rewind is not supported with strategy=deepspeed",
     ),
+    row(
+        "on_oom_retry",
+        ["trainer.on_oom=retry"],
+        "equal",
+        "no out-of-memory: one vote per step, nothing halved (tests/launches/test_oom.py injects one)",
+        engines=("ddp",),
+    ),
+    row(
+        "on_oom_retry_refused",
+        ["trainer.on_oom=retry"],
+        "refused",
+        "FSDP2's and DeepSpeed's micro-batch is fixed when the engine is built",
+        engines=("deepspeed", "fsdp2"),
+        refusal="trainer.on_oom=retry is not supported with strategy=",
+    ),
+    row(
+        "micro_batch_auto_refused",
+        ["trainer.micro_batch_size=auto"],
+        "refused",
+        "FSDP2's and DeepSpeed's micro-batch is fixed when the engine is built",
+        engines=("deepspeed", "fsdp2"),
+        refusal="trainer.micro_batch_size=auto is not supported with strategy=",
+    ),
     # Knobs that change the numbers.
+    row(
+        "micro_batch_auto",
+        ["trainer.micro_batch_size=auto"],
+        "finite",
+        "the search finds the whole per-rank batch fits (4, accumulation 1 instead of 2): the "
+        "same sequences per step, summed in another order",
+        rel=1e-5,
+        engines=("ddp",),
+    ),
     row(
         "bf16",
         ["trainer.precision=bf16"],

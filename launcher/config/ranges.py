@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
-from omegaconf.nodes import FloatNode, IntegerNode
+from omegaconf.nodes import AnyNode, FloatNode, IntegerNode
 
 
 @dataclass(frozen=True)
@@ -124,13 +124,15 @@ def range_problem(cfg: DictConfig, ranges: dict[str, Range]) -> str | None:
 
 
 def numeric_keys(schema: DictConfig, prefix: str = "") -> list[str]:
-    """Every key of a structured config whose type is int or float, or a list of them."""
+    """Every key of a structured config whose type is int or float, or a list of them, or
+    Any with a number as its default (trainer.micro_batch_size: a number, or auto)."""
     keys = []
     for key in schema:
         node = schema._get_node(key)
         path = f"{prefix}{key}"
         numeric_list = isinstance(node, ListConfig) and node._metadata.element_type in (int, float)
-        if isinstance(node, (IntegerNode, FloatNode)) or numeric_list:
+        numeric_any = isinstance(node, AnyNode) and type(node._value()) in (int, float)
+        if isinstance(node, (IntegerNode, FloatNode)) or numeric_list or numeric_any:
             keys.append(path)
         elif isinstance(node, DictConfig):
             keys += numeric_keys(node, f"{path}.")

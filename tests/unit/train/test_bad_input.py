@@ -120,6 +120,28 @@ CASES = [
         ["strategy=deepspeed", "trainer.on_nonfinite=skip"],
         "trainer.on_nonfinite=skip is not supported with strategy=deepspeed",
     ),
+    (["trainer.on_oom=halve"], "trainer.on_oom=halve: not one of stop, retry"),
+    (
+        ["trainer.micro_batch_size=big"],
+        "trainer.micro_batch_size=big: give a whole number of at least 1, or auto",
+    ),
+    (["trainer.micro_batch_size=0"], "trainer.micro_batch_size=0: must be at least 1"),
+    (
+        ["trainer.micro_batch_size=auto", "trainer.global_batch_size=null"],
+        "trainer.micro_batch_size=auto needs trainer.global_batch_size",
+    ),
+    (
+        ["strategy=fsdp2", "trainer.on_oom=retry"],
+        "trainer.on_oom=retry is not supported with strategy=fsdp2 (its micro-batch is fixed",
+    ),
+    (
+        ["strategy=zero1", "trainer.micro_batch_size=auto"],
+        "trainer.micro_batch_size=auto is not supported with strategy=deepspeed",
+    ),
+    (
+        ["strategy.static_graph=true", "trainer.on_oom=retry"],
+        "strategy.static_graph=true cannot change its micro-batch in-process",
+    ),
     (
         ["strategy.name=deepspeed"],
         "strategy.name=deepspeed does not match the strategy option (strategy=ddp)",
