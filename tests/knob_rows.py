@@ -336,7 +336,7 @@ ROWS: list[Row] = [
         "on_oom_retry",
         ["trainer.on_oom=retry"],
         "equal",
-        "no out-of-memory: one vote per step, nothing halved (tests/launches/test_oom.py injects one)",
+        "no out-of-memory: one vote per step, nothing halved (test_oom.py injects one)",
         engines=("ddp",),
     ),
     row(
