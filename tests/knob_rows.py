@@ -362,7 +362,7 @@ ROWS: list[Row] = [
         "finite",
         "the search finds the whole per-rank batch fits (4, accumulation 1 instead of 2): the "
         "same sequences per step, summed in another order",
-        rel=1e-5,
+        rel=1e-6,  # measured 3.9e-8
         engines=("ddp",),
     ),
     row(
