@@ -64,11 +64,11 @@ def test_auto_takes_the_largest_size_every_rank_fits(reference, tmp_path):
 def test_retry_of_the_first_step_halves_on_every_rank(reference, tmp_path):
     """Launched at 4, rank 0 runs out in step 1: both ranks halve to 2 and redo step 1 from
     its start (the same sequences, the loader reopened at its window): the long run's
-    losses, exactly."""
+    losses, exactly; the change is in metrics.jsonl, TensorBoard and summary.json."""
     run_dir = tmp_path / "retry"
     fault = ["fault.kind=oom", "fault.rank=0", "fault.micro_batch=2"]
     args = [*FIRST_12, "trainer.micro_batch_size=4", "trainer.on_oom=retry", *fault]
-    proc = torchrun([*args, f"run.root={tmp_path}", "run.id=retry"])
+    proc = torchrun([*args, "logger=tensorboard", f"run.root={tmp_path}", "run.id=retry"])
     assert proc.returncode == 0, explain(proc)
     assert losses(run_dir) == {s: reference[s] for s in range(1, 13)}
     line = (
@@ -78,6 +78,11 @@ def test_retry_of_the_first_step_halves_on_every_rank(reference, tmp_path):
     assert line in log_of(run_dir, 0) and line in log_of(run_dir, 1)
     records = [r for r in metrics(run_dir) if "loss" in r]
     assert {(r["micro_batch"], r["oom/retries"]) for r in records} == {(2, 1)}
+    from tb_readback import read_runs  # needs tensorboard: imported where it is used
+
+    scalars = read_runs(run_dir)["tb"]["scalars"]  # the sinks get them as the counts are
+    assert scalars["micro_batch"] == [(s, 2.0) for s in range(1, 13)]
+    assert scalars["oom/retries"] == [(s, 1.0) for s in range(1, 13)]
     s = summary(run_dir)
     assert (s["status"], s["steps"], s["micro_batch"], s["oom/retries"]) == ("completed", 12, 2, 1)
     assert s["replicas_in_sync"] is True
