@@ -241,15 +241,24 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
     (
         "docs/faults.md",
         "python -m launcher.torchrun --standalone --nproc_per_node=2 -m launcher.train trainer.max_steps=20 trainer.micro_batch_size=auto fault.kind=oom fault.rank=1 fault.micro_batch=2",
-    ): ("check", "composed and validated at its world size (a run takes minutes or a GPU)"),
+    ): (
+        "check",
+        "composed and validated at its world size (the same launches, shrunk, run in tests/launches/test_oom.py)",
+    ),
     (
         "docs/faults.md",
         "python -m launcher.torchrun --standalone --nproc_per_node=2 -m launcher.train trainer.max_steps=20 trainer.on_oom=retry fault.kind=oom fault.rank=1 fault.step=5 fault.micro_batch=2",
-    ): ("check", "composed and validated at its world size (a run takes minutes or a GPU)"),
+    ): (
+        "check",
+        "composed and validated at its world size (the same launches, shrunk, run in tests/launches/test_oom.py)",
+    ),
     (
         "docs/faults.md",
         "python -m launcher.torchrun --standalone --nproc_per_node=2 -m launcher.train trainer.max_steps=20 trainer.on_oom=retry fault.kind=oom fault.micro_batch=0",
-    ): ("check", "composed and validated at its world size (a run takes minutes or a GPU)"),
+    ): (
+        "check",
+        "composed and validated at its world size (the same launches, shrunk, run in tests/launches/test_oom.py)",
+    ),
     (
         "docs/kubernetes.md",
         "python -m launcher.submit k8s cluster.nodes=2 cluster.gpus_per_node=8 trainer.global_batch_size=64 +exp=bucket_sweep run.root=/runs",

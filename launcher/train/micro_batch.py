@@ -67,8 +67,8 @@ def halved(plan: BatchPlan, step: int, ranks: list[int], rt: Runtime) -> BatchPl
     smaller = plan.smaller_micro_batches()
     if not smaller:
         raise torch.OutOfMemoryError(
-            f"a micro-batch of {plan.micro_batch} does not fit and trainer.on_oom=retry has "
-            "no smaller one"
+            f"a micro-batch of {plan.micro_batch} does not fit on rank(s) {ranks} and "
+            "trainer.on_oom=retry has no smaller one"
         )
     new = plan.with_micro_batch(smaller[0])
     (log.warning if rt.is_main else log.info)(

@@ -126,7 +126,8 @@ OUT_OF_MEMORY = [
     ),
     pytest.param(
         ["trainer.on_oom=retry", "fault.micro_batch=0"],
-        "a micro-batch of 1 does not fit and trainer.on_oom=retry has no smaller one",
+        "a micro-batch of 1 does not fit on rank(s) [0] and trainer.on_oom=retry has no "
+        "smaller one",
         id="retry-below-1",
     ),
     pytest.param(  # the default policy, with the old line: nothing halved
