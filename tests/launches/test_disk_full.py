@@ -104,9 +104,10 @@ def test_a_disk_filled_during_training_stops_cleanly_and_resumes_after(small_dis
         assert '"failed: disk full"' in (run / "summary.json").read_text()
 
     os.unlink(filler)
-    again = torchrun([*args, "trainer.max_steps=12"], runner="launcher.torchrun")
+    newest = checkpoint.step_of(Path(max(good)))  # how far it got depends on the machine's load
+    again = torchrun([*args, f"trainer.max_steps={newest + 2}"], runner="launcher.torchrun")
     assert again.returncode == 0, explain(again)
-    assert f"resumed from step {checkpoint.step_of(Path(max(good)))}" in again.stderr
+    assert f"resumed from step {newest}" in again.stderr
 
 
 def test_a_full_disk_at_start_up_is_one_line_and_leaves_nothing(small_disk):
