@@ -159,7 +159,7 @@ def _drop_file_logs(directory: Path) -> None:
     wandb_logger = logging.getLogger("wandb")
     for handler in list(wandb_logger.handlers):
         name = getattr(handler, "baseFilename", None)
-        if name and Path(name).is_relative_to(directory.resolve()):
+        if name and Path(name).resolve().is_relative_to(directory.resolve()):
             wandb_logger.removeHandler(handler)
             with contextlib.suppress(OSError):  # its buffer cannot be flushed either
                 handler.close()

@@ -8,7 +8,6 @@ good checkpoints' bytes untouched; after freeing space the run resumes.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from launch import (
     torchrun,
     wait_for,
 )
+from run_dir_tools import digest, leftovers
 
 ARGS = [
     *FAST_USER_LOADER,
@@ -60,23 +60,6 @@ def fill(disk: Path) -> Path:
             except OSError:
                 continue
     return filler
-
-
-def digest(folder: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(folder)): hashlib.sha1(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
-
-
-def leftovers(run: Path) -> list[str]:
-    """What a failed write may leave: temporary files and folders, the lock."""
-    return sorted(
-        str(p.relative_to(run))
-        for p in run.rglob(".*")
-        if p.name.startswith((".tmp-", ".lock")) or p.name.endswith(".tmp")
-    )
 
 
 def test_a_disk_filled_during_training_stops_cleanly_and_resumes_after(small_disk, tmp_path):
