@@ -164,3 +164,26 @@ def test_a_stop_in_a_phase_that_cannot_be_cut_short_says_why(
 
 def complete_checkpoints(run) -> dict[str, dict[str, str]]:
     return {p.name: digest(p) for p in checkpoint.scan(run / "checkpoints").complete}
+
+
+def test_a_stop_in_a_phase_that_ends_in_time_checkpoints_after_it(tmp_path):
+    """The profiler flush takes 4 s more, well within torchrun's shutdown wait (30 s): the
+    stop waits for it, and the stop checkpoint follows at a step boundary: 143, the run's
+    summary `stopped` at the checkpoint's step."""
+    output = tmp_path / "out.txt"
+    args = [*BASE, "trainer.max_steps=8", *PROFILE, *slow(["profiler flush"], 4),
+            f"run.root={tmp_path}", "run.id=intime"]  # fmt: skip
+    proc = start_torchrun(args, output)
+    fired = "fault.kind=slow_phase: profiler flush takes"
+    wait_for(lambda: output.read_text().count(fired) == 2, proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    out = finish(proc, output)
+    assert proc.returncode == exit_codes.STOPPED, out
+    said = [ln for ln in out.splitlines() if "received SIGTERM during profiler flush" in ln]
+    assert len(said) == 2, out
+    assert "exit code 143 (stopped with a checkpoint)" in out and "Traceback" not in out, out
+    run = tmp_path / "intime"
+    (stop,) = complete_checkpoints(run)
+    done = summary(run)
+    assert done["status"] == "stopped" and f"step_{done['steps']:08d}" == stop, (done, stop)
+    assert done["steps"] < 8 and leftovers(run) == []
