@@ -340,7 +340,9 @@ def expectations(job: SubmitJob) -> k8s_check.Expect:
     """What the manifests must agree with, from the composed config."""
     k = job.cluster.k8s
     restarts = int(k.max_restarts)  # the memory tier's default follows torchrun's restarts
-    need = max(shm_need(p, restarts) for p in (job.points or [job.cfg])) * job.procs_per_node
+    world = job.nodes * job.procs_per_node
+    points = job.points or [job.cfg]
+    need = max(shm_need(p, restarts, world) for p in points) * job.procs_per_node
     memory = int(k8s_check.parse_quantity(k.memory, "cluster.k8s.memory"))
     return k8s_check.Expect(
         nodes=job.nodes,
