@@ -148,21 +148,29 @@ class DeepSpeedStrategy(Strategy):
         ZeRO-0/1/2) and its ZeRO partition of the optimizer (ZeRO-0: the optimizer is in the
         model states); written under DeepSpeed's file names, so that `load` reads them."""
         e = self.engine
-        module = e.module_state_dict()
-        frozen = e.zero_optimization_partition_gradients()
-        states = {
-            Path(e._get_ckpt_name("", "")).name: e._common_checkpoint_state(
-                module, e.zero_optimization(), frozen
-            )
-        }
-        if e.save_zero_checkpoint:  # this rank's partition (bf16 ZeRO-0's too)
-            optim = e.optimizer.state_dict()
-            states[Path(e._get_zero_ckpt_name("", "")).name] = {
-                "optimizer_state_dict": optim,
-                "ds_config": e.config,
-                "ds_version": self._deepspeed.__version__,
+        # ZeRO-3 partitions its persistent (small, never released) parameters for the save,
+        # as DeepSpeed's own save does, and gathers them again after the copy.
+        if e._optimizer_has_ckpt_event_prologue():
+            e.optimizer.checkpoint_event_prologue()
+        try:
+            module = e.module_state_dict()
+            frozen = e.zero_optimization_partition_gradients()
+            states = {
+                Path(e._get_ckpt_name("", "")).name: e._common_checkpoint_state(
+                    module, e.zero_optimization(), frozen
+                )
             }
-        states, identity = host_copy(states), json.dumps(self._identity())
+            if e.save_zero_checkpoint:  # this rank's partition (bf16 ZeRO-0's too)
+                states[Path(e._get_zero_ckpt_name("", "")).name] = {
+                    "optimizer_state_dict": e.optimizer.state_dict(),
+                    "ds_config": e.config,
+                    "ds_version": self._deepspeed.__version__,
+                }
+            states = host_copy(states)
+        finally:
+            if e._optimizer_has_ckpt_event_epilogue():
+                e.optimizer.checkpoint_event_epilogue()
+        identity = json.dumps(self._identity())
 
         def write(folder: Path) -> None:
             for name, state in states.items():
