@@ -34,19 +34,26 @@ def load_other_format(folder: Path, model: torch.nn.Module, optimizer, load_whol
     format_of(folder).module().load_into(folder, model, optimizer, load_whole)
 
 
-def host_copy(tree):
+def host_copy(tree, _copied: dict | None = None):
     """`tree` (a state dict: nested dicts, lists and tuples of tensors and plain values) with
     every container new and every tensor copied to host memory: a snapshot that the next
     optimizer step, which updates the live tensors and dicts in place, leaves as it is. Any
-    other object is copied too (DeepSpeed's state holds its loss scaler, which steps change)."""
+    other object is copied too (DeepSpeed's state holds its loss scaler, which steps change).
+    Tensors that view the same memory (tied weights: GPT-2's embedding and LM head) are
+    copied once and stay one tensor, so the copy and its file hold them once, as torch.save
+    of the live state would."""
+    copied = {} if _copied is None else _copied
     if isinstance(tree, torch.Tensor):
-        return tree.detach().to("cpu", copy=True)
+        key = (tree.device, tree.dtype, tree.data_ptr(), tuple(tree.shape), tree.stride())
+        if key not in copied:
+            copied[key] = tree.detach().to("cpu", copy=True)
+        return copied[key]
     if isinstance(tree, dict):
-        return {k: host_copy(v) for k, v in tree.items()}
+        return {k: host_copy(v, copied) for k, v in tree.items()}
     if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a namedtuple
-        return type(tree)(*(host_copy(v) for v in tree))
+        return type(tree)(*(host_copy(v, copied) for v in tree))
     if isinstance(tree, (list, tuple)):
-        return type(tree)(host_copy(v) for v in tree)
+        return type(tree)(host_copy(v, copied) for v in tree)
     return copy.deepcopy(tree)
 
 

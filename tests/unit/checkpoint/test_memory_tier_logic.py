@@ -136,15 +136,18 @@ def test_an_engine_without_the_tier_is_refused_in_one_line(monkeypatch):
 
 
 def test_a_snapshot_shares_nothing_the_next_step_changes():
-    """host_copy (what every engine's snapshot copies): tensors, containers, namedtuples
-    (DeepSpeed's parameter slices) and other objects (its loss scaler) all new."""
+    """host_copy (what every engine's snapshot copies): tensors (a tied one once),
+    containers, namedtuples (DeepSpeed's parameter slices) and other objects (its loss
+    scaler) all new."""
 
     class Scaler:
         cur_scale = 1.0
 
     Slice = namedtuple("Slice", "numel start")
-    live = {"w": torch.ones(3), "groups": [{"slice": Slice(3, 0)}], "scaler": Scaler()}
+    w = torch.ones(3)
+    live = {"w": w, "tied": w.detach(), "groups": [{"slice": Slice(3, 0)}], "scaler": Scaler()}
     snap = host_copy(live)
+    assert snap["tied"] is snap["w"]  # copied once, as torch.save keeps a tied weight once
     live["w"].add_(1)
     live["groups"][0]["lr"] = 0.5
     live["scaler"].cur_scale = 2.0
