@@ -368,8 +368,9 @@ def shm_size_limit(job: SubmitJob, need: int) -> str:
                 f"cluster.k8s.shm_size={k.shm_size} is less than the "
                 f"{k8s_check.format_bytes(need)} this config's DataLoader workers and memory "
                 f"tier need per pod (data.num_workers x data.prefetch_factor x batch, and two "
-                f"copies of the model and optimizer state with trainer.memory_checkpoint_interval "
-                f"on, x {job.procs_per_node} processes, see docs/shared-memory.md); raise it, "
+                f"copies of a rank's model and optimizer state, its shard under FSDP2 and "
+                f"DeepSpeed, with trainer.memory_checkpoint_interval on, x "
+                f"{job.procs_per_node} processes, see docs/shared-memory.md); raise it, "
                 "leave it null to have it computed, or lower data.num_workers / "
                 "data.prefetch_factor"
             )
