@@ -565,8 +565,8 @@ def pytorchjob(job: SubmitJob, pod: dict) -> dict:
     """Kubeflow's PyTorchJob: a Master and nodes-1 Workers, each with its own Service made
     by the training operator. restartPolicy ExitCode: the operator restarts a pod that exited
     with 128 or more (a signal, and the 143 of a checkpointed stop) and fails the job on
-    1-127, so bad input, a non-finite loss and out of memory (2, 3, 4), but also a crash (1)
-    and a hang (5), end it without a retry."""
+    1-127, so bad input, a non-finite loss and out of memory (2, 3, 4), but also a crash (1),
+    a hang (5) and a stop without a checkpoint (7), end it without a retry."""
     k = job.cluster.k8s
     # Running: when the job ends (a failure included), the pods still running are deleted,
     # so no Worker holds its GPUs; the finished ones stay for their logs.

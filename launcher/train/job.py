@@ -399,7 +399,7 @@ class Job:
             rank=rt.rank,
             run_dir=rt.run_dir,
             start_step=0,
-            on_hang=lambda step: None,
+            on_hang=self._hang_in_start_up,
             async_writes=cfg.trainer.async_checkpoint,
         )
         slow_phase(cfg.fault, "start-up")
@@ -456,6 +456,13 @@ class Job:
                 return code, self.loop.summary(status, exc.step)
         status = f"failed: {type(exc).__name__}: {exc}"
         return exit_codes.CRASH, {"status": status, "run_id": rt.run_id}
+
+    def _hang_in_start_up(self, step: int) -> None:
+        """Before the loop takes the watchdog over: rank 0's summary.json says so, as the
+        loop's does for a hang in a later phase."""
+        if self.rt.is_main:
+            status = {"status": "failed: hang detected", "run_id": self.rt.run_id}
+            write_summary_if_room(self.rt.run_dir, status)
 
     def close(self, summary: dict, code: int) -> None:
         """Close the sinks (with the summary), write summary.json, drop the engine, release
