@@ -111,7 +111,7 @@ def write_run_files(
         now = OmegaConf.to_container(settings)  # as config.yaml holds it: lists, not tuples
         log_changed_settings(rt.run_dir / "config.yaml", now, start_step)
     atomic_write(rt.run_dir / "config.yaml", OmegaConf.to_yaml(settings))
-    env = envinfo.collect(shm_need(cfg))
+    env = envinfo.collect(shm_need(cfg, world_size=rt.world_size))
     env.update(world_size=rt.world_size, backend=rt.backend, run_id=rt.run_id)
     if gate is not None:
         env["burnin"] = burnin.summary(gate)
