@@ -37,15 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    need = shm_need(cfg) * ranks_per_node()
+    world = env_world()[2]
+    need = shm_need(cfg, world_size=world) * ranks_per_node()
     facts = envinfo.collect(need)
     problems = []
     try:  # what the trainer refuses, in the order it would: the config, then this machine
-        check_config(cfg, env_world()[2])
+        check_config(cfg, world)
     except ConfigError as exc:
         problems.append(str(exc))
     else:
-        problems += machine_problems(cfg, ranks_per_node())
+        problems += machine_problems(cfg, ranks_per_node(), world)
     facts["problems"] = problems
     if as_json:
         print(json.dumps(facts, indent=1))

@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if killed:
         print(killed_before_checkpoint(stopped_by), file=sys.stderr)
+    exit_codes.report_node(code)
     return code
 
 

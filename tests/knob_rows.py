@@ -291,16 +291,8 @@ ROWS: list[Row] = [
         "memory_tier",
         ["trainer.memory_checkpoint_interval=2"],
         "equal",
-        "the memory tier copies the state between steps and writes it from a thread",
-        engines=("ddp",),
-    ),
-    row(
-        "memory_tier_refused",
-        ["trainer.memory_checkpoint_interval=2"],
-        "refused",
-        "only DDP's every rank holds its whole state to write",
-        engines=("deepspeed", "fsdp2"),
-        refusal="trainer.memory_checkpoint_interval=2 needs strategy=ddp",
+        "the memory tier copies each rank's state (FSDP2's shards, ZeRO's partition) between "
+        "steps and writes it from a thread",
     ),
     row(
         "on_nonfinite_skip",

@@ -1,7 +1,9 @@
-"""Damage done to run directories: garbage files and a lock held by another launch."""
+"""Damage done to run directories (garbage files, a lock held by another launch), and what
+a test reads back: the bytes of a folder, what a failed write left behind."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -28,3 +30,21 @@ def write_lock(run: Path, **fields) -> Path:
     path = run / lock.LOCK
     path.write_text(json.dumps(holder))
     return path
+
+
+def digest(folder: Path) -> dict[str, str]:
+    """{relative path: sha1} of every file under `folder` ({} when there is none)."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha1(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def leftovers(run: Path) -> list[str]:
+    """What a failed write may leave: temporary files and folders, the lock."""
+    return sorted(
+        str(p.relative_to(run))
+        for p in run.rglob(".*")
+        if p.name.startswith((".tmp-", ".lock")) or p.name.endswith(".tmp")
+    )

@@ -1,6 +1,7 @@
-"""The memory tier: every rank's whole state in node-local memory every few steps, so that a
-rank lost between two durable checkpoints costs at most `trainer.memory_checkpoint_interval`
-steps once torchrun restarts the job (docs/checkpoints.md, "The memory tier").
+"""The memory tier: every rank's state (its shard, for a sharded engine) in node-local memory
+every few steps, so that a rank lost between two durable checkpoints costs at most
+`trainer.memory_checkpoint_interval` steps once torchrun restarts the job (docs/checkpoints.md,
+"The memory tier").
 
 Each rank writes into its own folder,
 `<trainer.memory_checkpoint_dir>/launcher-<uid>-<hash of the run directory>/rank<r>/`, with
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from launcher.checkpoint import protocol as checkpoint
 from launcher.checkpoint.resume import differences
-from launcher.model.build import BYTES_PER_PARAM, param_count
+from launcher.model.build import param_count
 from launcher.runtime.process import Runtime, launch_key
 from launcher.strategy.registry import engine
 
@@ -59,25 +60,27 @@ def interval(cfg, restarts: int | None = None) -> int:
     if chosen is not None:
         return int(chosen)
     restarts = restarts_from_env() if restarts is None else restarts
-    able = engine(cfg.strategy.name).memory_checkpoint
+    able = engine(cfg.strategy.name).memory_checkpoint is not None
     return DEFAULT_INTERVAL if restarts > 0 and able else 0
 
 
-def state_bytes(cfg) -> int:
-    """One rank's memory checkpoint, estimated from the model's shape (every rank of the
-    engines that write the tier holds the whole model and optimizer state)."""
-    return param_count(cfg.model) * BYTES_PER_PARAM
+def state_bytes(cfg, world_size: int = 1) -> int:
+    """One rank's memory checkpoint, estimated by its engine from the model's shape: the
+    whole model and optimizer state (DDP), or this rank's shard of it at `world_size` (FSDP2,
+    DeepSpeed's partitions; the default 1 is the largest a rank can need)."""
+    estimate = engine(cfg.strategy.name).memory_checkpoint
+    return estimate(cfg, param_count(cfg.model), world_size) if estimate else 0
 
 
-def shm_bytes(cfg, restarts: int | None = None) -> int:
-    """What the tier puts in /dev/shm on one rank: the kept checkpoint and the one being
-    written (0 when the tier is off or writes elsewhere)."""
+def shm_bytes(cfg, restarts: int | None = None, world_size: int = 1) -> int:
+    """What the tier puts in /dev/shm on one rank of `world_size`: the kept checkpoint and
+    the one being written (0 when the tier is off or writes elsewhere)."""
     if not interval(cfg, restarts):
         return 0
     root = Path(cfg.trainer.memory_checkpoint_dir).expanduser()
     if root != SHM and SHM not in root.parents:
         return 0
-    return (KEEP + 1) * state_bytes(cfg)
+    return (KEEP + 1) * state_bytes(cfg, world_size)
 
 
 def rank_folder(root: str, run_dir: Path, rank: int) -> Path:

@@ -137,8 +137,8 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             f"trainer.async_checkpoint=true needs strategy={' or '.join(able)} (an asynchronous "
             f"save); strategy={cfg.strategy.name} writes its checkpoints synchronously"
         )
-    if t.memory_checkpoint_interval and not chosen.memory_checkpoint:
-        able = [e.name for e in engines().values() if e.memory_checkpoint]
+    if t.memory_checkpoint_interval and chosen.memory_checkpoint is None:  # an added engine's
+        able = [e.name for e in engines().values() if e.memory_checkpoint is not None]
         raise ConfigError(
             f"trainer.memory_checkpoint_interval={t.memory_checkpoint_interval} needs "
             f"strategy={' or '.join(able)}; strategy={cfg.strategy.name} cannot write the "

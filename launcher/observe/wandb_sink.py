@@ -18,6 +18,7 @@ from pathlib import Path
 
 from launcher.config.errors import ConfigError
 from launcher.observe.sinks import Sink, finite_or_none
+from launcher.resilience.preemption import stop_for_full_disk
 from launcher.runtime import disk
 
 log = logging.getLogger("launcher")
@@ -68,12 +69,20 @@ def _init(wandb, logger_cfg, directory: Path, **kwargs):
 
 
 def refuse_a_full_disk(directory: Path) -> None:
-    """W&B writes its files (and its own log) there from a service process that reports a
-    full disk only as pages of logging tracebacks: below the space a run needs to start,
-    one line instead, before W&B starts."""
+    """W&B writes its files (and its own log) there from a service process that never tells
+    the trainer of a full disk: below the space a run needs to start, one line instead,
+    before W&B starts."""
+    if _nearly_full(directory):
+        raise ConfigError(_no_space_line(directory))
+
+
+def _nearly_full(directory: Path) -> bool:
     free = disk.free_bytes(directory)
-    if free is not None and free < disk.NEARLY_FULL:
-        raise ConfigError(disk.no_space_line("W&B files", directory / "wandb", disk.NEARLY_FULL))
+    return free is not None and free < disk.NEARLY_FULL
+
+
+def _no_space_line(directory: Path) -> str:
+    return disk.no_space_line("W&B files", directory / "wandb", disk.NEARLY_FULL)
 
 
 class WandbSink(Sink):
@@ -94,6 +103,7 @@ class WandbSink(Sink):
 
         directory = Path(logger_cfg.dir).expanduser() if logger_cfg.dir else Path(run_dir)
         refuse_a_full_disk(directory)
+        self.directory, self.full = directory, False
         self.run = _init(
             wandb,
             logger_cfg,
@@ -108,6 +118,16 @@ class WandbSink(Sink):
         log.info("W&B run %s (%s) in %s/wandb/", self.run.id, logger_cfg.mode, directory.as_posix())
 
     def log(self, record: dict) -> None:
+        """A row per record. W&B's service meets a full disk mid-run in silence (offline, its
+        `.wandb` file stops growing; its own debug-internal.log alone says so), so the free
+        space is checked first: nearly full, the rows stop and every rank stops at the next
+        step boundary with a checkpoint, as for metrics.jsonl (docs/faults.md)."""
+        if self.full:
+            return
+        if _nearly_full(self.directory):
+            self.full = True
+            stop_for_full_disk(_no_space_line(self.directory))
+            return
         # commit=True writes the row now: W&B otherwise holds a step's row until the next
         # step arrives, and the last row would land after (and overwrite) the summary.
         self.run.log(
@@ -122,6 +142,8 @@ class WandbSink(Sink):
         teardown, which come after the sinks close, matter more than the W&B copy.
         """
         status = str(summary.get("status", ""))
+        if self.full:
+            _drop_file_logs(self.directory)
         try:
             self.run.summary.update({k: finite_or_none(v) for k, v in summary.items()})
             if status == "stopped":
@@ -129,6 +151,18 @@ class WandbSink(Sink):
             self.run.finish(exit_code=0 if status in ("completed", "stopped") else 1)
         except Exception as exc:  # noqa: BLE001 - see the docstring
             log.warning("W&B: could not finish run %s: %s", self.run.id, exc)
+
+
+def _drop_file_logs(directory: Path) -> None:
+    """Detach wandb's own log files under `directory` (its debug.log): on a full disk each of
+    its lines would otherwise print logging's "--- Logging error ---" traceback."""
+    wandb_logger = logging.getLogger("wandb")
+    for handler in list(wandb_logger.handlers):
+        name = getattr(handler, "baseFilename", None)
+        if name and Path(name).resolve().is_relative_to(directory.resolve()):
+            wandb_logger.removeHandler(handler)
+            with contextlib.suppress(OSError):  # its buffer cannot be flushed either
+                handler.close()
 
 
 def log_sweep_summary(

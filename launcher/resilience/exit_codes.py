@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import socket
+import sys
 from pathlib import Path
 
 from launcher.runtime.paths import atomic_write
@@ -45,6 +47,11 @@ MEANING = {
 
 # Set by `python -m launcher.torchrun` for its workers: where each rank leaves its code.
 OUTCOME_DIR_ENV = "LAUNCHER_OUTCOME_DIR"
+
+# Set by the sbatch script for each node's `python -m launcher.torchrun`: where each node
+# leaves its code. srun exits with the highest of the nodes' codes (143 over one node's 4),
+# so the script takes the job's code from these by PRIORITY instead (`nodes_code`).
+NODE_CODES_ENV = "LAUNCHER_NODE_CODES"
 
 # When ranks end differently, the most specific diagnosis is the job's: a bad input or a
 # non-finite loss explains why the other ranks were stopped, not the other way round.
@@ -98,3 +105,29 @@ def job_code(rank_codes: dict[int, int], succeeded: bool) -> int:
             return code
     chosen = [c for _, c in sorted(rank_codes.items()) if c not in (DONE, CRASH)]
     return chosen[0] if chosen else CRASH
+
+
+def report_node(code: int) -> None:
+    """Leave this node's code where the batch script reads it (if it asked): one file per
+    node, named by Slurm's node name (several nodes may share a host name)."""
+    folder = os.environ.get(NODE_CODES_ENV)
+    if not folder:
+        return
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    with contextlib.suppress(OSError):  # the script then decides on srun's code alone
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        atomic_write(Path(folder) / node, f"{code}\n")
+
+
+def nodes_code(folder: Path, step_code: int) -> int:
+    """The job's one code from each node's and srun's own (which also stands for a node
+    killed before it could report), in PRIORITY order as for ranks."""
+    codes = [step_code]
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        with contextlib.suppress(OSError, ValueError):
+            codes.append(int(path.read_text()))
+    return job_code(dict(enumerate(codes)), succeeded=not any(codes))
+
+
+if __name__ == "__main__":  # the batch script: python -m launcher.resilience.exit_codes DIR CODE
+    print(nodes_code(Path(sys.argv[1]), int(sys.argv[2])))

@@ -6,6 +6,7 @@ module to call, a context for each micro-step, and to run backward and the optim
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -33,17 +34,27 @@ def load_other_format(folder: Path, model: torch.nn.Module, optimizer, load_whol
     format_of(folder).module().load_into(folder, model, optimizer, load_whole)
 
 
-def host_copy(tree):
+def host_copy(tree, _copied: dict | None = None):
     """`tree` (a state dict: nested dicts, lists and tuples of tensors and plain values) with
     every container new and every tensor copied to host memory: a snapshot that the next
-    optimizer step, which updates the live tensors and dicts in place, leaves as it is."""
+    optimizer step, which updates the live tensors and dicts in place, leaves as it is. Any
+    other object is copied too (DeepSpeed's state holds its loss scaler, which steps change).
+    Tensors that view the same memory (tied weights: GPT-2's embedding and LM head) are
+    copied once and stay one tensor, so the copy and its file hold them once, as torch.save
+    of the live state would."""
+    copied = {} if _copied is None else _copied
     if isinstance(tree, torch.Tensor):
-        return tree.detach().to("cpu", copy=True)
+        key = (tree.device, tree.dtype, tree.data_ptr(), tuple(tree.shape), tree.stride())
+        if key not in copied:
+            copied[key] = tree.detach().to("cpu", copy=True)
+        return copied[key]
     if isinstance(tree, dict):
-        return {k: host_copy(v) for k, v in tree.items()}
+        return {k: host_copy(v, copied) for k, v in tree.items()}
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a namedtuple
+        return type(tree)(*(host_copy(v, copied) for v in tree))
     if isinstance(tree, (list, tuple)):
-        return type(tree)(host_copy(v) for v in tree)
-    return tree
+        return type(tree)(host_copy(v, copied) for v in tree)
+    return copy.deepcopy(tree)
 
 
 class Strategy(ABC):
@@ -85,9 +96,10 @@ class Strategy(ABC):
         that writes asynchronously (trainer.async_checkpoint) returns the future of it."""
 
     def snapshot(self, rank: int) -> Callable[[Path], None]:
-        """This rank's whole state copied to host memory now, and the function that writes
-        it into a folder this rank's `load` reads alone (the memory tier: every rank writes
-        all it needs, in node-local memory). Engines declaring `memory_checkpoint` have it."""
+        """This rank's state (all of it, or its shard where the engine shards) copied to host
+        memory now, and the function that writes it into a folder this rank's `load` reads
+        alone at the same world size (the memory tier: every rank writes all it needs, in
+        node-local memory). Engines declaring `memory_checkpoint` have it."""
         raise NotImplementedError(f"{type(self).__name__} cannot write the memory tier")
 
     @abstractmethod

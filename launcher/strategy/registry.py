@@ -92,8 +92,10 @@ class Engine:
     device_problem: Callable[[Any, bool], str | None] = _nothing  # (cfg, on_cpu)
     compiles: bool = True  # trainer.compile is allowed
     async_checkpoint: bool = False  # trainer.async_checkpoint is allowed
-    # Strategy.snapshot: trainer.memory_checkpoint_interval (the memory tier) is allowed
-    memory_checkpoint: bool = False
+    # Strategy.snapshot, the memory tier (trainer.memory_checkpoint_interval): (cfg, the
+    # model's parameter count, world size) -> bytes of one rank's memory checkpoint (its
+    # shard where the engine shards); None: the engine cannot write the tier
+    memory_checkpoint: Callable[[Any, int, int], int] | None = None
     drops_steps: bool = False  # Strategy.drop_step: trainer.on_nonfinite=skip|rewind allowed
     # Strategy.zero_grad between micro-steps: trainer.micro_batch_size=auto and
     # trainer.on_oom=retry (the micro-batch changes in-process) allowed

@@ -340,7 +340,9 @@ def expectations(job: SubmitJob) -> k8s_check.Expect:
     """What the manifests must agree with, from the composed config."""
     k = job.cluster.k8s
     restarts = int(k.max_restarts)  # the memory tier's default follows torchrun's restarts
-    need = max(shm_need(p, restarts) for p in (job.points or [job.cfg])) * job.procs_per_node
+    world = job.nodes * job.procs_per_node
+    points = job.points or [job.cfg]
+    need = max(shm_need(p, restarts, world) for p in points) * job.procs_per_node
     memory = int(k8s_check.parse_quantity(k.memory, "cluster.k8s.memory"))
     return k8s_check.Expect(
         nodes=job.nodes,
@@ -366,8 +368,9 @@ def shm_size_limit(job: SubmitJob, need: int) -> str:
                 f"cluster.k8s.shm_size={k.shm_size} is less than the "
                 f"{k8s_check.format_bytes(need)} this config's DataLoader workers and memory "
                 f"tier need per pod (data.num_workers x data.prefetch_factor x batch, and two "
-                f"copies of the model and optimizer state with trainer.memory_checkpoint_interval "
-                f"on, x {job.procs_per_node} processes, see docs/shared-memory.md); raise it, "
+                f"copies of a rank's model and optimizer state, its shard under FSDP2 and "
+                f"DeepSpeed, with trainer.memory_checkpoint_interval on, x "
+                f"{job.procs_per_node} processes, see docs/shared-memory.md); raise it, "
                 "leave it null to have it computed, or lower data.num_workers / "
                 "data.prefetch_factor"
             )
@@ -562,8 +565,8 @@ def pytorchjob(job: SubmitJob, pod: dict) -> dict:
     """Kubeflow's PyTorchJob: a Master and nodes-1 Workers, each with its own Service made
     by the training operator. restartPolicy ExitCode: the operator restarts a pod that exited
     with 128 or more (a signal, and the 143 of a checkpointed stop) and fails the job on
-    1-127, so bad input, a non-finite loss and out of memory (2, 3, 4), but also a crash (1)
-    and a hang (5), end it without a retry."""
+    1-127, so bad input, a non-finite loss and out of memory (2, 3, 4), but also a crash (1),
+    a hang (5) and a stop without a checkpoint (7), end it without a retry."""
     k = job.cluster.k8s
     # Running: when the job ends (a failure included), the pods still running are deleted,
     # so no Worker holds its GPUs; the finished ones stay for their logs.

@@ -110,7 +110,7 @@ def write_run_files(
         now = OmegaConf.to_container(settings)  # as config.yaml holds it: lists, not tuples
         log_changed_settings(rt.run_dir / "config.yaml", now, start_step)
     atomic_write(rt.run_dir / "config.yaml", OmegaConf.to_yaml(settings))
-    env = envinfo.collect(shm_need(cfg))
+    env = envinfo.collect(shm_need(cfg, world_size=rt.world_size))
     env.update(world_size=rt.world_size, backend=rt.backend, run_id=rt.run_id)
     if gate is not None:
         env["burnin"] = burnin.summary(gate)
@@ -398,7 +398,7 @@ class Job:
             rank=rt.rank,
             run_dir=rt.run_dir,
             start_step=0,
-            on_hang=lambda step: None,
+            on_hang=self._hang_in_start_up,
             async_writes=cfg.trainer.async_checkpoint,
         )
         slow_phase(cfg.fault, "start-up")
@@ -455,6 +455,13 @@ class Job:
                 return code, self.loop.summary(status, exc.step)
         status = f"failed: {type(exc).__name__}: {exc}"
         return exit_codes.CRASH, {"status": status, "run_id": rt.run_id}
+
+    def _hang_in_start_up(self, step: int) -> None:
+        """Before the loop takes the watchdog over: rank 0's summary.json says so, as the
+        loop's does for a hang in a later phase."""
+        if self.rt.is_main:
+            status = {"status": "failed: hang detected", "run_id": self.rt.run_id}
+            write_summary_if_room(self.rt.run_dir, status)
 
     def close(self, summary: dict, code: int) -> None:
         """Close the sinks (with the summary), write summary.json, drop the engine, release

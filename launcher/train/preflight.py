@@ -36,10 +36,13 @@ from launcher.train.batch import AUTO
 WANDB_DEFAULT_HOST = "https://api.wandb.ai"
 
 
-def shm_need(cfg: DictConfig | TrainConfig, restarts: int | None = None) -> int:
+def shm_need(
+    cfg: DictConfig | TrainConfig, restarts: int | None = None, world_size: int = 1
+) -> int:
     """Bytes of /dev/shm one rank needs: its DataLoader workers' batches, and the memory
     tier's checkpoints (launcher.checkpoint.memory; `restarts`: torchrun's --max-restarts
-    the job will run with, else this process's). Read from the composed config (doctor,
+    the job will run with, else this process's; `world_size`: the ranks a sharded engine's
+    state is split over, 1 where unknown: the most). Read from the composed config (doctor,
     submit) or the typed one (the job's env.json) alike."""
     micro = cfg.trainer.micro_batch_size
     loaders = shm_need_bytes(
@@ -49,13 +52,13 @@ def shm_need(cfg: DictConfig | TrainConfig, restarts: int | None = None) -> int:
         micro_batch=cfg.trainer.global_batch_size if micro == AUTO else micro,
         seq_len=cfg.trainer.seq_len,
     )
-    return loaders + memory.shm_bytes(cfg, restarts)
+    return loaders + memory.shm_bytes(cfg, restarts, world_size)
 
 
 def preflight(cfg: DictConfig, world_size: int, ranks_per_node: int) -> None:
     """Raise ConfigError, worded for the user, on anything that would fail later."""
     check_config(cfg, world_size)
-    problems = machine_problems(cfg, ranks_per_node)
+    problems = machine_problems(cfg, ranks_per_node, world_size)
     if problems:
         raise ConfigError(problems[0])
 
@@ -70,8 +73,11 @@ def check_config(cfg: DictConfig, world_size: int) -> None:
         check(typed(cfg), world_size)  # the dataclasses the strategy will get
 
 
-def machine_problems(cfg: DictConfig, ranks_per_node: int) -> list[str]:
-    """Every reason this machine cannot run a validated config, one line each."""
+def machine_problems(
+    cfg: DictConfig, ranks_per_node: int, world_size: int | None = None
+) -> list[str]:
+    """Every reason this machine cannot run a validated config, one line each (`world_size`:
+    the job's, else this node's ranks)."""
     problems = [
         *device_problems(cfg),
         *path_problems(cfg),
@@ -79,7 +85,8 @@ def machine_problems(cfg: DictConfig, ranks_per_node: int) -> list[str]:
         *logger_problems(cfg.logger),
     ]
     who = "data loader workers" + (" and the memory tier" if memory.shm_bytes(cfg) else "")
-    shm = check_shm(need=shm_need(cfg) * ranks_per_node, who=who)
+    need = shm_need(cfg, world_size=world_size or ranks_per_node) * ranks_per_node
+    shm = check_shm(need=need, who=who)
     return [*problems, shm] if shm else problems
 
 

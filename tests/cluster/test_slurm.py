@@ -166,6 +166,10 @@ def test_two_node_job_completes_into_one_run_directory(reference):
         traces = list((run_dir / "traces" / f"rank{rank}").glob("*.pt.trace.json*"))
         assert traces, f"no profiler trace for rank {rank}"
     assert (run_dir / "submit" / "job.sbatch").is_file()
+    # each node's front door left its code for the batch script to decide the job's by
+    (codes,) = (run_dir / "logs" / "node_codes").iterdir()
+    assert codes.name == f"job{job_id}.start0"
+    assert {p.name: p.read_text() for p in codes.iterdir()} == {"n1": "0\n", "n2": "0\n"}
 
 
 def test_warned_job_checkpoints_requeues_and_resumes(cluster, reference, tmp_path):

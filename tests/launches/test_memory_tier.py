@@ -1,6 +1,8 @@
 """The memory tier launched (launcher.checkpoint.memory, docs/checkpoints.md): a rank killed
 between two durable checkpoints costs at most `trainer.memory_checkpoint_interval` steps after
-torchrun's restart, with the uninterrupted run's losses; a rewind restores its newer step.
+torchrun's restart, with the uninterrupted run's losses (DDP against the long run; FSDP2's
+shards and DeepSpeed ZeRO-2's partitions against the strategy sweep's points); a rewind
+restores its newer step.
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ import re
 import signal
 from pathlib import Path
 
+import pytest
+
 from launcher.checkpoint import memory
 
 from launch import (
+    FAST_USER_LOADER,
     explain,
     finish,
     losses,
@@ -24,7 +29,7 @@ from launch import (
     torchrun,
     wait_for,
 )
-from reference_runs import LONG
+from reference_runs import LONG, STRATEGY_SCHEDULE, STRATEGY_STEPS
 
 
 def worker_pid(run_dir: Path, rank: int) -> int:
@@ -57,6 +62,35 @@ def test_killed_rank_resumes_from_the_memory_tier(long_run, tmp_path):
     assert summary(run_dir)["steps"] == 60
     kept = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
     assert kept == ["step_00000040", "step_00000060"]
+    assert not memory.rank_folder("/dev/shm", run_dir, 0).parent.exists()  # freed at the end
+
+
+@pytest.mark.parametrize("point", ["fsdp2", "zero2"])
+def test_a_sharded_engines_killed_rank_resumes_its_shards(point, strategy_sweep, tmp_path):
+    """The sweep point's run (durable checkpoints at 10 and 20) under torchrun
+    --max-restarts=1 with the default DataLoader and the tier every 5 steps: rank 1 stalls
+    as step 17 starts (step 15's memory checkpoint, every rank's own shard, sealed at 16) and
+    is SIGKILLed there. The restart resumes from step 15, not the durable 10, and ends with
+    the uninterrupted sweep point's losses, bit for bit."""
+    output, root = tmp_path / "out.txt", tmp_path / "runs"
+    every = 5
+    stall = ["fault.kind=stall", "fault.rank=1", "fault.step=17"]
+    run = [*FAST_USER_LOADER, *STRATEGY_SCHEDULE, f"strategy={point}", f"run.root={root}"]
+    tier = [f"trainer.memory_checkpoint_interval={every}", *stall]
+    proc = start_torchrun([*run, *tier], output, "--max-restarts=1", runner="torch.distributed.run")
+    wait_for(lambda: run_dir_of(root) is not None, proc)
+    run_dir = run_dir_of(root)
+    wait_for((run_dir / "logs" / "fault.rank1").exists, proc)  # written as the stall starts
+    os.kill(worker_pid(run_dir, 1), signal.SIGKILL)
+    out = finish(proc, output)
+    assert proc.returncode == 0, out
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    first, again = log.split("memory tier: step 15 is newer than the durable step_00000010")
+    assert "resumed from step 15" in again
+    reached = max(int(s) for s in re.findall(rf"step (\d+)/{STRATEGY_STEPS}", first))
+    assert reached - 15 <= every  # the steps the kill lost
+    assert losses(run_dir) == losses(strategy_sweep / f"strategy={point}")
+    assert summary(run_dir)["steps"] == STRATEGY_STEPS
     assert not memory.rank_folder("/dev/shm", run_dir, 0).parent.exists()  # freed at the end
 
 

@@ -5,11 +5,14 @@ default DataLoader, through `python -m launcher.torchrun`), phases slowed or sta
 - Slow but healthy: each phase takes longer than watchdog.min_s, and the job finishes with
   rc 0, because each phase has its own allowance (start-up, first step, a long eval, slow
   checkpoints and trace writes, the profiler's final close; slow storage).
-- Stalled: past its allowance a phase is a hang, exit 5, the hang line naming the phase,
-  its allowance and how it was reached.
-- A stop signal in a phase that cannot be cut short and outlasts torchrun's shutdown wait:
-  the rank says why when the signal comes, and the job exits 7 (stopped without a
-  checkpoint). A stop during an eval is cut short (tests/test_between_steps.py: 143).
+- Stalled (start-up, first step, eval, checkpoint, profiler flush, end of run): past its
+  allowance a phase is a hang, exit 5, the hang line naming the phase, its allowance and
+  how it was reached, rank 0's summary.json saying so.
+- A stop signal in a phase that cannot be cut short and outlasts torchrun's shutdown wait
+  (start-up, first step, checkpoint, profiler flush, end of run): the rank says why when
+  the signal comes, the job exits 7 (stopped without a checkpoint), and the complete
+  checkpoints keep their bytes. A stop during an eval is cut short
+  (tests/launches/test_between_steps.py: 143).
 
 min_s is scaled down (2 s, not the default 60 s) so that a phase longer than it costs
 seconds, not minutes; the allowances derive from min_s, the measured times and their own
@@ -25,6 +28,7 @@ import sys
 
 import pytest
 
+from launcher.checkpoint import protocol as checkpoint
 from launcher.resilience import exit_codes
 
 from launch import (
@@ -37,6 +41,7 @@ from launch import (
     torchrun,
     wait_for,
 )
+from run_dir_tools import digest, leftovers
 
 MIN_S = 2.0
 BASE = [*FAST_USER_LOADER, f"watchdog.min_s={MIN_S}", "trainer.eval_interval=0"]
@@ -86,10 +91,12 @@ def test_slow_storage_is_not_a_hang(tmp_path):
 # source as the hang line names it, the step the phase follows
 STALLS = [
     ("start-up", ["watchdog.startup_s=2"], "watchdog.startup_s", 0),
+    ("first step", ["watchdog.first_step_s=2"], "watchdog.first_step_s", 0),
     ("eval", ["trainer.eval_interval=2", "trainer.eval_batches=2", "watchdog.step_multiple=60"],
      "watchdog.step_multiple x 2 batches x the step time", 2),
     ("checkpoint", ["trainer.checkpoint_interval=2", "watchdog.checkpoint_s=2"],
      "watchdog.checkpoint_s", 2),
+    ("profiler flush", [*PROFILE, "watchdog.checkpoint_s=2"], "watchdog.checkpoint_s", 2),
     ("end of run", ["watchdog.checkpoint_s=2"], "watchdog.checkpoint_s", 3),
 ]  # fmt: skip
 
@@ -106,6 +113,10 @@ def test_a_stalled_phase_is_a_hang_named_with_its_allowance(tmp_path, phase, ove
         assert f"({phase} allowance " in line and why in line, line
         assert f"after step {after} ({phase})" in line, line
     assert "Traceback" not in proc.stderr
+    run = tmp_path / "stall"
+    assert summary(run)["status"] == "failed: hang detected"
+    # no half-done write; the lock of rank 0, which exited 5, is taken over by the restart
+    assert leftovers(run) in ([], [".lock"])
     if phase == "eval":  # docs/faults.md's invocation of torch's own analyser, on these dumps
         fr = tmp_path / "stall" / "logs" / "fr"
         analyser = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", "-v"]
@@ -115,23 +126,29 @@ def test_a_stalled_phase_is_a_hang_named_with_its_allowance(tmp_path, phase, ove
         assert "desc='default_pg', size=2" in report and "Collectives" in report, report[:2000]
 
 
-# phase, the overrides that make it come; each is slowed for longer than torchrun's
-# shutdown wait (3 s here)
+# phase (slowed for longer than torchrun's shutdown wait, 3 s here), the overrides that
+# make it come, the complete checkpoints when the stop comes
 STOPS = [
-    ("start-up", []),
-    ("first step", []),
-    ("checkpoint", ["trainer.checkpoint_interval=2"]),
+    ("start-up", [], []),
+    ("first step", [], []),
+    ("checkpoint", ["trainer.checkpoint_interval=2"], []),  # step 2's, cut off by the kill
+    ("profiler flush", [*PROFILE, "trainer.checkpoint_interval=2"], ["step_00000002"]),
+    ("end of run", [], ["step_00000004"]),  # the final step's
 ]
 
 
-@pytest.mark.parametrize(("phase", "overrides"), STOPS, ids=[s[0] for s in STOPS])
-def test_a_stop_in_a_phase_that_cannot_be_cut_short_says_why(tmp_path, phase, overrides):
+@pytest.mark.parametrize(("phase", "overrides", "checkpoints"), STOPS, ids=[s[0] for s in STOPS])
+def test_a_stop_in_a_phase_that_cannot_be_cut_short_says_why(
+    tmp_path, phase, overrides, checkpoints
+):
     output = tmp_path / "out.txt"
     args = [*BASE, "trainer.max_steps=4", *overrides, *slow([phase], 60),
             f"run.root={tmp_path}", "run.id=stop"]  # fmt: skip
     proc = start_torchrun(args, output, "--shutdown-timeout=3")
     fired = f"fault.kind=slow_phase: {phase} takes"
     wait_for(lambda: output.read_text().count(fired) == 2, proc)  # both ranks are in it
+    run = tmp_path / "stop"
+    good = complete_checkpoints(run)
     os.kill(proc.pid, signal.SIGTERM)
     out = finish(proc, output)
     assert proc.returncode == exit_codes.STOPPED_NO_CHECKPOINT, out
@@ -139,3 +156,34 @@ def test_a_stop_in_a_phase_that_cannot_be_cut_short_says_why(tmp_path, phase, ov
     assert len(said) == 2 and "cannot be cut short" in said[0], out  # each rank, at once
     assert "exit code 7 (stopped without a checkpoint)" in out, out
     assert "no stop checkpoint" in out and "Traceback" not in out, out
+    # nothing lost: the complete checkpoints keep their bytes (the end of the run's is the
+    # final step's), no temporary folder; the killed rank 0's lock is taken over next launch
+    assert complete_checkpoints(run) == good and sorted(good) == checkpoints, good.keys()
+    assert leftovers(run) in ([], [".lock"])
+
+
+def complete_checkpoints(run) -> dict[str, dict[str, str]]:
+    return {p.name: digest(p) for p in checkpoint.scan(run / "checkpoints").complete}
+
+
+def test_a_stop_in_a_phase_that_ends_in_time_checkpoints_after_it(tmp_path):
+    """The profiler flush takes 4 s more, well within torchrun's shutdown wait (30 s): the
+    stop waits for it, and the stop checkpoint follows at a step boundary: 143, the run's
+    summary `stopped` at the checkpoint's step."""
+    output = tmp_path / "out.txt"
+    args = [*BASE, "trainer.max_steps=8", *PROFILE, *slow(["profiler flush"], 4),
+            f"run.root={tmp_path}", "run.id=intime"]  # fmt: skip
+    proc = start_torchrun(args, output)
+    fired = "fault.kind=slow_phase: profiler flush takes"
+    wait_for(lambda: output.read_text().count(fired) == 2, proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    out = finish(proc, output)
+    assert proc.returncode == exit_codes.STOPPED, out
+    said = [ln for ln in out.splitlines() if "received SIGTERM during profiler flush" in ln]
+    assert len(said) == 2, out
+    assert "exit code 143 (stopped with a checkpoint)" in out and "Traceback" not in out, out
+    run = tmp_path / "intime"
+    (stop,) = complete_checkpoints(run)
+    done = summary(run)
+    assert done["status"] == "stopped" and f"step_{done['steps']:08d}" == stop, (done, stop)
+    assert done["steps"] < 8 and leftovers(run) == []

@@ -53,7 +53,7 @@ def test_default_experiment_passes_every_row(tmp_path):
     ckpt = got["stop_checkpoint"]
     assert ckpt["measured_s"] > 0 and ckpt["shrunk_bytes"] > 0
     # gpt2-tiny as launcher.submit sizes it: GPT-2's vocabulary, 12 bytes a parameter
-    assert ckpt["real_bytes"] == stop_time.param_count(compose([])) * 12
+    assert ckpt["real_bytes"] == stop_time.param_count(compose([]).model) * 12
     assert ckpt["extrapolated_s"] == round(
         report.extrapolate(ckpt["measured_s"], ckpt["shrunk_bytes"], ckpt["real_bytes"]), 3
     )

@@ -1,11 +1,14 @@
 """A rendered job's setup run for real: a failing setup line, `module` or venv ends the job at
-once naming it; the manifests need Kubernetes 1.29 as the refusal says."""
+once naming it; the manifests need Kubernetes 1.29 as the refusal says; the sbatch script's
+ending decides every exit code of the contract (what it says, whether it requeues)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+
+from launcher.resilience import exit_codes
 
 from submit_render import render
 
@@ -62,3 +65,56 @@ def test_the_manifests_need_kubernetes_1_29_as_the_refusal_says(tmp_path):
     old = subprocess.run([*run, "1.28.0", str(job)], capture_output=True, text=True)
     assert new.returncode == 0, new.stdout + new.stderr
     assert old.returncode != 0 and "onPodConditions" in old.stdout + old.stderr
+
+
+# code: (requeued after Slurm's warning (USR1), requeued without one), when the start
+# advanced the checkpoint: a stop without a checkpoint (7) is requeued like one with (143)
+REQUEUED = {
+    exit_codes.DONE: (False, False),
+    exit_codes.CRASH: (True, False),
+    exit_codes.BAD_INPUT: (False, False),
+    exit_codes.NONFINITE: (False, False),
+    exit_codes.OOM: (False, False),
+    exit_codes.HANG: (True, True),
+    exit_codes.BAD_NODE: (True, False),  # no bad_hosts here; with them, once elsewhere
+    exit_codes.STOPPED_NO_CHECKPOINT: (True, False),
+    exit_codes.STOPPED: (True, False),
+}
+SLURM_STUBS = """
+scontrol() { echo "scontrol $*" >> "$run_dir/calls"; }
+checkpoints() { cat "$run_dir/reached"; }
+SLURM_JOB_ID=9
+restart=0
+started_at=step_00000002
+"""
+
+
+def ending(script: str, run_dir: Path, code: int, stop: str) -> subprocess.CompletedProcess:
+    """The rendered script from its `case` on the step's exit code to its end: what it says
+    and whether it requeues."""
+    tail = script[script.index('  case "$code" in') :]
+    head = f"{SLURM_STUBS}run_dir={run_dir}\ncode={code}\nstop={stop}\nif true; then\n"
+    return subprocess.run(["bash", "-c", head + tail], capture_output=True, text=True)
+
+
+def test_the_sbatch_script_decides_every_exit_code(tmp_path):
+    assert sorted(REQUEUED) == sorted(exit_codes.MEANING)
+    script = render("slurm", tmp_path)["job.sbatch"]
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "logs" / "rank0.log").write_text("")
+    for code, expected in REQUEUED.items():
+        for stop, requeued in zip(("USR1", '""'), expected, strict=True):
+            (run_dir / "reached").write_text("step_00000004\n")  # this start advanced it
+            (run_dir / "calls").unlink(missing_ok=True)
+            proc = ending(script, run_dir, code, stop)
+            said = f"(code {code}, stop {stop}): {proc.stdout}{proc.stderr}"
+            assert f"launcher: training ended with exit code {code} (" in proc.stdout, said
+            assert ("requeueing job 9" in proc.stdout) == requeued, said
+            assert proc.returncode == (0 if requeued else code), said
+            assert (run_dir / "calls").exists() == requeued, said
+    for code in (exit_codes.STOPPED_NO_CHECKPOINT, exit_codes.STOPPED):  # no progress made
+        (run_dir / "reached").write_text("step_00000002\n")
+        proc = ending(script, run_dir, code, "USR1")
+        assert "not requeued: no newer checkpoint was completed" in proc.stdout, proc.stdout
+        assert proc.returncode == code

@@ -68,7 +68,7 @@ def test_gpu_check_script_end_to_end_on_cpu(tmp_path):
         text=True,
         timeout=900,
         env=base_env(
-            LADDER_ARGS="--steps 4 --max-micro-batch 8", RESULTS_DIR=str(tmp_path / "results")
+            LADDER_ARGS="--steps 4 --max-micro-batch 4", RESULTS_DIR=str(tmp_path / "results")
         ),
         cwd=tmp_path,
     )

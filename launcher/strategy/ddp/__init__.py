@@ -52,6 +52,12 @@ FILES = ("model.pt", "optimizer.pt")
 FORMAT = Format("torch", marker=FILES[0], reader="launcher.strategy.ddp.files")
 
 
+def memory_checkpoint_bytes(cfg, params: int, world_size: int) -> int:
+    """Every rank's memory checkpoint is the whole model: fp32 weights and AdamW's two
+    moments, 4 + 8 bytes a parameter."""
+    return params * (4 + 8)
+
+
 def rules(cfg, world_size: int) -> None:
     """The compression hook, what PowerSGD cannot do, and a static graph's fixed shape."""
     s = cfg.strategy
@@ -95,6 +101,6 @@ ENGINE = Engine(
     rules=rules,
     tune_candidates=tune_candidates,
     drops_steps=True,
-    memory_checkpoint=True,
+    memory_checkpoint=memory_checkpoint_bytes,
     resizes_micro_batch=True,
 )

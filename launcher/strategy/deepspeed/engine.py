@@ -24,7 +24,7 @@ from launcher.checkpoint import protocol as checkpoint
 from launcher.config.schema import TrainerConfig
 from launcher.observe.comm_stats import StepComm
 from launcher.runtime.process import Runtime
-from launcher.strategy.base import Strategy
+from launcher.strategy.base import Strategy, host_copy
 from launcher.strategy.collective_timer import CollectiveTimer
 from launcher.strategy.deepspeed import STRATEGY_FILE
 from launcher.strategy.deepspeed.ds_config import DeepSpeedConfig, build_ds_config
@@ -141,6 +141,43 @@ class DeepSpeedStrategy(Strategy):
             for script in RECOVERY_SCRIPTS:
                 if (folder.parent / script).is_file():
                     os.replace(folder.parent / script, folder / script)
+
+    def snapshot(self, rank: int):
+        """What DeepSpeed's save writes for this rank, copied to host memory now: the model
+        states (every rank's own copy here, where the durable save has rank 0's alone under
+        ZeRO-0/1/2) and its ZeRO partition of the optimizer (ZeRO-0: the optimizer is in the
+        model states); written under DeepSpeed's file names, so that `load` reads them."""
+        e = self.engine
+        # ZeRO-3 partitions its persistent (small, never released) parameters for the save,
+        # as DeepSpeed's own save does, and gathers them again after the copy.
+        if e._optimizer_has_ckpt_event_prologue():
+            e.optimizer.checkpoint_event_prologue()
+        try:
+            module = e.module_state_dict()
+            frozen = e.zero_optimization_partition_gradients()
+            states = {
+                Path(e._get_ckpt_name("", "")).name: e._common_checkpoint_state(
+                    module, e.zero_optimization(), frozen
+                )
+            }
+            if e.save_zero_checkpoint:  # this rank's partition (bf16 ZeRO-0's too)
+                states[Path(e._get_zero_ckpt_name("", "")).name] = {
+                    "optimizer_state_dict": e.optimizer.state_dict(),
+                    "ds_config": e.config,
+                    "ds_version": self._deepspeed.__version__,
+                }
+            states = host_copy(states)
+        finally:
+            if e._optimizer_has_ckpt_event_epilogue():
+                e.optimizer.checkpoint_event_epilogue()
+        identity = json.dumps(self._identity())
+
+        def write(folder: Path) -> None:
+            for name, state in states.items():
+                torch.save(state, folder / name)
+            (folder / STRATEGY_FILE).write_text(identity)
+
+        return write
 
     def _source(self, folder: Path) -> tuple[Path, bool]:
         """The folder DeepSpeed loads for checkpoint `folder`, and whether it is the

@@ -34,6 +34,12 @@ class FSDP2Config(StrategyConfig):
 FORMAT = Format("dcp", marker=".metadata", reader="launcher.strategy.fsdp2.dcp")
 
 
+def memory_checkpoint_bytes(cfg, params: int, world_size: int) -> int:
+    """One rank's shards: its 1/world_size of the fp32 weights and AdamW's two moments
+    (4 + 8 bytes a parameter; the parameters stay fp32 whatever trainer.precision)."""
+    return -(-params * (4 + 8) // world_size)
+
+
 def rules(cfg, world_size: int) -> None:
     """reshard_after_forward's three forms, dtypes, offload; no fp16 (no sharded scaler)."""
     s = cfg.strategy
@@ -62,4 +68,5 @@ ENGINE = Engine(
     rules=rules,
     async_checkpoint=True,
     drops_steps=True,
+    memory_checkpoint=memory_checkpoint_bytes,
 )

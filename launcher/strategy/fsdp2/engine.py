@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
+    set_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -33,11 +34,12 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
     DefaultReduceScatter,
 )
 from torch.distributed.tensor import DTensor
+from torch.utils._pytree import tree_map_only
 
 from launcher.config.schema import TrainerConfig
 from launcher.observe.comm_stats import StepComm
 from launcher.runtime.process import Runtime
-from launcher.strategy.base import Strategy, compile_mode, load_other_format
+from launcher.strategy.base import Strategy, compile_mode, host_copy, load_other_format
 from launcher.strategy.collective_timer import KINDS, CollectiveTimer
 from launcher.strategy.fsdp2 import FORMAT, FSDP2Config
 from launcher.strategy.fsdp2.dcp import load_dcp
@@ -74,6 +76,30 @@ class _TimedReduceScatter(DefaultReduceScatter):
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks of the GPT-2 (both implementations keep them at transformer.h)."""
     return list(model.transformer.h)
+
+
+def shard_file(rank: int) -> str:
+    """The memory tier's file of one rank's shards."""
+    return f"shards_rank{rank}.pt"
+
+
+def _as_dtensors(saved, live):
+    """`saved` (a state dict of local shards) with each tensor where `live` holds a DTensor
+    made that DTensor's shard again."""
+    if isinstance(live, DTensor):
+        return DTensor.from_local(
+            saved,
+            live.device_mesh,
+            live.placements,
+            run_check=False,
+            shape=live.shape,
+            stride=live.stride(),
+        )
+    if isinstance(saved, dict) and isinstance(live, dict):
+        return {k: _as_dtensors(v, live.get(k)) for k, v in saved.items()}
+    if isinstance(saved, (list, tuple)) and isinstance(live, (list, tuple)):
+        return type(saved)(_as_dtensors(s, v) for s, v in zip(saved, live, strict=False))
+    return saved
 
 
 class FSDP2Strategy(Strategy):
@@ -173,12 +199,42 @@ class FSDP2Strategy(Strategy):
             process_group=self.rt.side_group("async_checkpoint"),
         )
 
+    def snapshot(self, rank: int):
+        """This rank's shards (each DTensor's local part) of the model and optimizer state,
+        as DCP would save them, copied to host memory now; written as one file that only
+        this rank, at this world size, loads (`_load_shards`)."""
+        shards = host_copy(tree_map_only(DTensor, lambda t: t.to_local(), self._state()))
+
+        def write(folder: Path) -> None:
+            torch.save(shards, folder / shard_file(rank))
+
+        return write
+
+    def files_to_load(self, folder: Path) -> list[Path]:
+        own = folder / shard_file(self.rt.rank)
+        return [own] if own.is_file() else []
+
     def load(self, folder: Path) -> None:
-        """A DCP checkpoint (resharded to this world size), or another engine's converted."""
-        if format_of(folder) is FORMAT:
+        """A DCP checkpoint (resharded to this world size), a memory-tier one of this rank's
+        shards, or another engine's converted."""
+        if (folder / shard_file(self.rt.rank)).is_file():
+            self._load_shards(folder / shard_file(self.rt.rank))
+        elif format_of(folder) is FORMAT:
             load_dcp(self.raw_model, self.optimizer, folder)
         else:
             load_other_format(folder, self.raw_model, self.optimizer, self._load_full)
+
+    def _load_shards(self, path: Path) -> None:
+        """The shards `snapshot` wrote, each put back into its DTensor (the live state's
+        mesh, placements and global shape: the same sharding, as the same world size has)."""
+        saved = torch.load(path, map_location=self.device, weights_only=True)
+        state = _as_dtensors(saved, self._state())
+        set_state_dict(
+            self.raw_model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+        )
 
     def _load_full(self, model_sd: dict, osd: dict) -> None:
         """A whole model and optimizer state in DDP's layout (a DDP checkpoint, or a

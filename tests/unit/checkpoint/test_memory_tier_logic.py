@@ -1,12 +1,15 @@
 """The memory tier's decisions in process (launcher.checkpoint.memory, docs/checkpoints.md):
 which memory checkpoints a launch may load (never another run's, world size's, lineage's or
 launch's), the default interval under torchrun's restarts, what it adds to the shared-memory
-need, and the one-line refusal of an engine that cannot write it. The launches are in
+need (a sharded engine's per rank share), and the one-line refusal of an engine that cannot
+write it. The launches are in
 tests/launches/test_memory_tier.py.
 """
 
 from __future__ import annotations
 
+from collections import namedtuple
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,10 @@ import torch
 from launcher.checkpoint import memory
 from launcher.checkpoint.resume import identity
 from launcher.config import ConfigError, compose
+from launcher.model.build import param_count
 from launcher.runtime.process import Runtime
+from launcher.strategy.base import host_copy
+from launcher.strategy.registry import engines
 from launcher.train.preflight import check_config, shm_need
 
 IDENTITY = {"model": {"name": "m"}, "strategy": {"name": "ddp"}, "world_size": 1}
@@ -84,7 +90,7 @@ def test_the_interval_default_follows_torchruns_restarts():
     cfg = compose([])
     assert memory.interval(cfg, restarts=0) == 0
     assert memory.interval(cfg, restarts=3) == memory.DEFAULT_INTERVAL == 10
-    assert memory.interval(compose(["strategy=fsdp2"]), restarts=3) == 0  # cannot: off
+    assert memory.interval(compose(["strategy=fsdp2"]), restarts=3) == 10  # every engine can
     assert memory.interval(compose(["trainer.memory_checkpoint_interval=0"]), restarts=3) == 0
     # /dev/shm holds the kept checkpoint and the one being written, on top of the loaders'.
     tiered = shm_need(cfg, restarts=3) - shm_need(cfg, restarts=0)
@@ -93,13 +99,58 @@ def test_the_interval_default_follows_torchruns_restarts():
     assert shm_need(elsewhere, restarts=3) == shm_need(cfg, restarts=0)
 
 
-@pytest.mark.parametrize("engine", ["fsdp2", "deepspeed"])
-def test_an_engine_without_the_tier_is_refused_in_one_line(engine):
-    cfg = compose([f"strategy={engine}", "trainer.memory_checkpoint_interval=5"])
+def test_a_sharded_engine_needs_its_ranks_share_of_the_state():
+    """Per rank: DDP the whole state (12 bytes a parameter), FSDP2 its 1/world_size shard,
+    DeepSpeed its ZeRO partition plus (but under ZeRO-3) the whole module in its precision;
+    what /dev/shm must hold is twice that (kept + being written) on top of the loaders'."""
+    params = param_count(compose([]).model)
+    whole = params * 12
+
+    def share(overrides, world):
+        return memory.state_bytes(compose(overrides), world)
+
+    assert share([], 4) == share([], 1) == whole
+    assert share(["strategy=fsdp2"], 4) == -(-whole // 4)
+    assert share(["strategy=zero2"], 4) == params * 4 + -(-whole // 4)
+    assert share(["strategy=zero2", "trainer.precision=bf16"], 4) == params * 2 + -(-whole // 4)
+    assert share(["strategy=zero3"], 4) == -(-whole // 4)
+    assert share(["strategy=deepspeed", "strategy.zero_stage=0"], 4) == whole
+    cfg = compose(["strategy=fsdp2"])
+    tiered = shm_need(cfg, 3, world_size=4) - shm_need(cfg, 0, world_size=4)
+    assert tiered == 2 * share(["strategy=fsdp2"], 4)
+
+
+def test_an_engine_without_the_tier_is_refused_in_one_line(monkeypatch):
+    """An added engine (the `launcher.engines` entry points) that declares no snapshot."""
+    monkeypatch.setitem(engines(), "fsdp2", replace(engines()["fsdp2"], memory_checkpoint=None))
+    cfg = compose(["strategy=fsdp2", "trainer.memory_checkpoint_interval=5"])
+    assert memory.interval(cfg, restarts=3) == 5
+    assert memory.interval(compose(["strategy=fsdp2"]), restarts=3) == 0  # its default: off
     with pytest.raises(ConfigError) as refused:
         check_config(cfg, 2)
     assert str(refused.value) == (
-        f"trainer.memory_checkpoint_interval=5 needs strategy=ddp; strategy={engine} cannot "
-        "write the memory tier yet: set trainer.memory_checkpoint_interval=0 (its durable "
-        "checkpoints are kept as before)"
+        "trainer.memory_checkpoint_interval=5 needs strategy=ddp or deepspeed; strategy=fsdp2 "
+        "cannot write the memory tier yet: set trainer.memory_checkpoint_interval=0 (its "
+        "durable checkpoints are kept as before)"
     )
+
+
+def test_a_snapshot_shares_nothing_the_next_step_changes():
+    """host_copy (what every engine's snapshot copies): tensors (a tied one once),
+    containers, namedtuples (DeepSpeed's parameter slices) and other objects (its loss
+    scaler) all new."""
+
+    class Scaler:
+        cur_scale = 1.0
+
+    Slice = namedtuple("Slice", "numel start")
+    w = torch.ones(3)
+    live = {"w": w, "tied": w.detach(), "groups": [{"slice": Slice(3, 0)}], "scaler": Scaler()}
+    snap = host_copy(live)
+    assert snap["tied"] is snap["w"]  # copied once, as torch.save keeps a tied weight once
+    live["w"].add_(1)
+    live["groups"][0]["lr"] = 0.5
+    live["scaler"].cur_scale = 2.0
+    assert snap["w"].tolist() == [1.0, 1.0, 1.0]
+    assert snap["groups"] == [{"slice": Slice(3, 0)}]
+    assert snap["scaler"].cur_scale == 1.0

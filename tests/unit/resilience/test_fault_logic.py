@@ -60,6 +60,29 @@ def test_report_without_a_front_door_writes_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+# (each node's code, srun's: the highest of them or of a node killed before it reported)
+NODE_CASES = [
+    ({"n1": 0, "n2": 0}, 0, E.DONE),
+    ({"n1": E.OOM, "n2": E.STOPPED}, E.STOPPED, E.OOM),  # srun's highest is not the cause
+    ({"n1": E.BAD_INPUT, "n2": E.CRASH}, E.BAD_INPUT, E.BAD_INPUT),
+    ({"n1": E.HANG}, 137, E.HANG),  # n2 SIGKILLed: srun's 137 stands for it
+    ({"n1": 0, "n2": 0}, 1, E.CRASH),  # srun itself failed
+    ({}, E.STOPPED, E.STOPPED),  # no node reported (a container without the launcher)
+]
+
+
+@pytest.mark.parametrize(("nodes", "srun", "expected"), NODE_CASES)
+def test_the_batch_script_takes_the_job_code_from_every_node(tmp_path, monkeypatch, nodes,
+                                                             srun, expected):  # fmt: skip
+    folder = tmp_path / "job7.start0"
+    monkeypatch.setenv(exit_codes.NODE_CODES_ENV, str(folder))
+    for node, code in nodes.items():
+        monkeypatch.setenv("SLURMD_NODENAME", node)  # two nodes may share a host name
+        exit_codes.report_node(code)
+    assert sorted(p.name for p in folder.glob("*")) == sorted(nodes)
+    assert exit_codes.nodes_code(folder, srun) == expected
+
+
 def _figures(rank, excess):
     return {"compute_s/slowest_rank": rank, "compute_s/excess_frac": excess}
 
