@@ -157,9 +157,10 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     if resizing and not chosen.resizes_micro_batch:
         able = [e.name for e in engines().values() if e.resizes_micro_batch]
         raise ConfigError(
-            f"{resizing[0]} is not supported with strategy={cfg.strategy.name} (its micro-batch "
-            f"is fixed when the engine is built); give trainer.micro_batch_size a number and "
-            f"trainer.on_oom=stop, or use strategy={' or '.join(able)}"
+            f"{resizing[0]} is not supported with strategy={cfg.strategy.name} (its engine "
+            f"cannot abandon a step part-way and redo it at another micro-batch); give "
+            f"trainer.micro_batch_size a number and trainer.on_oom=stop, or use "
+            f"strategy={' or '.join(able)}"
         )
     chosen.rules(cfg, world_size)
 
