@@ -132,7 +132,7 @@ CASES = [
     ),
     (
         ["strategy=fsdp2", "trainer.on_oom=retry"],
-        "trainer.on_oom=retry is not supported with strategy=fsdp2 (its micro-batch is fixed",
+        "trainer.on_oom=retry is not supported with strategy=fsdp2 (its engine cannot abandon",
     ),
     (
         ["strategy=zero1", "trainer.micro_batch_size=auto"],
