@@ -17,14 +17,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
 from pathlib import Path
 
 import torch
-from overhead import DEFAULTS, pin_allocator, trainer_per_step, window  # benchmarks/ is on the path
+from overhead import (  # benchmarks/ is on the path
+    DEFAULTS,
+    paired_runs,
+    pin_allocator,
+    trainer_per_step,
+    verdict,
+    window,
+)
 
 from launcher.config import compose
 from launcher.runtime.process import pick_device
@@ -57,34 +63,17 @@ def main() -> int:
     print(f"allocator pinned: {pin_allocator()}", file=sys.stderr)
     with contextlib.redirect_stdout(sys.stderr):  # warm imports, kernels and the token cache
         trainer_per_step([*sides["on"], f"trainer.max_steps={first + 1}"])
-    pairs = []
-    for n in range(args.pairs):
-        order = ("on", "off") if n % 2 == 0 else ("off", "on")
-        with contextlib.redirect_stdout(sys.stderr):
-            got = {side: trainer_per_step([*sides[side], steps]) for side in order}
-        pairs.append(got)
-        print(
-            f"pair {n + 1}: on {got['on'] * 1e3:.2f} ms per step, off {got['off'] * 1e3:.2f} ms "
-            f"({(got['on'] / got['off'] - 1) * 100:+.1f}%)",
-            file=sys.stderr,
-        )
+    pairs = paired_runs(
+        args.pairs, {side: lambda o=sides[side]: trainer_per_step([*o, steps]) for side in sides}
+    )
     print(f"\n{last - first}-step window, a memory checkpoint every {args.interval} steps, "
           f"{args.pairs} pairs, {device}, {torch.get_num_threads()} thread(s)")  # fmt: skip
     print("| memory tier | ms/step (median) |")
     print("|-------------|------------------|")
     for side in ("off", "on"):
         print(f"| {side:<11} | {statistics.median(p[side] for p in pairs) * 1e3:16.2f} |")
-    ratio = statistics.median(p["on"] / p["off"] for p in pairs)
-    within = ratio - 1 <= BUDGET
-    if args.out:
-        figures = {"device": str(device), "overrides": args.overrides, "interval": args.interval}
-        figures |= {"pairs_s": pairs, "ratio": ratio, "budget": BUDGET, "within": within}
-        args.out.write_text(json.dumps(figures, indent=1))
-    print(
-        f"\non / off, median of paired runs: {ratio:.3f} ({(ratio - 1) * 100:+.1f}%). "
-        f"{'Within' if within else 'OVER'} the {BUDGET:.0%} budget."
-    )
-    return 0 if within else 1
+    figures = {"device": str(device), "overrides": args.overrides, "interval": args.interval}
+    return verdict(pairs, BUDGET, args.out, figures)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -143,6 +144,40 @@ def bare_per_step(overrides: list[str]) -> float:
 SIDES = {"trainer": trainer_per_step, "bare": bare_per_step}
 
 
+def paired_runs(count: int, sides: dict[str, Callable[[], float]]) -> list[dict[str, float]]:
+    """`count` pairs of per-step seconds of two sides, their order alternating from pair to
+    pair so that a drift of the machine lands on both; each pair said on stderr."""
+    a, b = sides
+    pairs = []
+    for n in range(count):
+        order = (a, b) if n % 2 == 0 else (b, a)
+        with contextlib.redirect_stdout(sys.stderr):  # the trainer's console
+            got = {side: sides[side]() for side in order}
+        pairs.append({a: got[a], b: got[b]})  # in the sides' order, whichever ran first
+        print(
+            f"pair {n + 1}: {a} {got[a] * 1e3:.2f} ms per step, {b} {got[b] * 1e3:.2f} ms "
+            f"({(got[a] / got[b] - 1) * 100:+.1f}%)",
+            file=sys.stderr,
+        )
+    return pairs
+
+
+def verdict(pairs: list[dict[str, float]], budget: float, out: Path | None, figures: dict) -> int:
+    """The median of the pairs' ratios (first side over second) against `budget`, printed
+    and written to `out` with `figures`: exit code 0 within it, 1 over."""
+    a, b = pairs[0]
+    ratio = statistics.median(p[a] / p[b] for p in pairs)
+    within = ratio - 1 <= budget
+    if out:
+        figures |= {"pairs_s": pairs, "ratio": ratio, "budget": budget, "within": within}
+        out.write_text(json.dumps(figures, indent=1))
+    print(
+        f"\n{a} / {b}, median of paired runs: {ratio:.3f} ({(ratio - 1) * 100:+.1f}%). "
+        f"{'Within' if within else 'OVER'} the {budget:.0%} budget."
+    )
+    return 0 if within else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=8, help="trainer/bare pairs of runs")
@@ -166,17 +201,9 @@ def main() -> int:
         for measure in SIDES.values():  # imports, kernels and compilation caches warm
             measure([*overrides, f"trainer.max_steps={first + 1}"])
     timed = [*overrides, f"trainer.max_steps={args.steps}"]
-    pairs = []
-    for n in range(args.pairs):
-        order = ("trainer", "bare") if n % 2 == 0 else ("bare", "trainer")
-        with contextlib.redirect_stdout(sys.stderr):
-            got = {side: SIDES[side](timed) for side in order}
-        pairs.append(got)
-        print(
-            f"pair {n + 1}: trainer {got['trainer'] * 1e3:.2f} ms per step, bare "
-            f"{got['bare'] * 1e3:.2f} ms ({(got['trainer'] / got['bare'] - 1) * 100:+.1f}%)",
-            file=sys.stderr,
-        )
+    pairs = paired_runs(
+        args.pairs, {side: lambda m=measure: m(timed) for side, measure in SIDES.items()}
+    )
 
     tokens_per_step = BatchPlan.of(cfg.trainer, world_size=1).tokens_per_step
     threads = torch.get_num_threads()
@@ -186,17 +213,8 @@ def main() -> int:
     for side in ("bare", "trainer"):
         per_step = statistics.median(p[side] for p in pairs)
         print(f"| {side:<7} | {per_step * 1e3:16.2f} | {tokens_per_step / per_step:8,.0f} |")
-    ratio = statistics.median(p["trainer"] / p["bare"] for p in pairs)
-    within = ratio - 1 <= BUDGET
-    if args.out:
-        figures = {"device": str(device), "overrides": args.overrides, "window_steps": last - first}
-        figures |= {"pairs_s": pairs, "ratio": ratio, "budget": BUDGET, "within": within}
-        args.out.write_text(json.dumps(figures, indent=1))
-    print(
-        f"\ntrainer / bare, median of paired runs: {ratio:.3f} ({(ratio - 1) * 100:+.1f}%). "
-        f"{'Within' if within else 'OVER'} the {BUDGET:.0%} budget."
-    )
-    return 0 if within else 1
+    figures = {"device": str(device), "overrides": args.overrides, "window_steps": last - first}
+    return verdict(pairs, BUDGET, args.out, figures)
 
 
 if __name__ == "__main__":
