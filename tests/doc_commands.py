@@ -98,7 +98,7 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
     ): ("skip", "installs packages (.ci/run runs the README's install line in a fresh venv)"),
     (
         "README.md",
-        '. .venv/bin/activate && python -m pytest -n 4 -m "not serial" && python -m pytest -m serial',
+        '. .venv/bin/activate && python -m pytest -n 3 -m "not serial" && python -m pytest -m serial',
     ): ("skip", "the test suite itself (.ci/run and the lead run it)"),
     (
         "README.md",
@@ -495,7 +495,7 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
         "skip",
         "activates the virtual environment (the tests run in it)",
     ),
-    ("docs/testing.md", 'python -m pytest -n 4 -m "not serial" && python -m pytest -m serial'): (
+    ("docs/testing.md", 'python -m pytest -n 3 -m "not serial" && python -m pytest -m serial'): (
         "skip",
         "the test suite itself (.ci/run and the lead run it)",
     ),
@@ -503,7 +503,7 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
         "skip",
         "the test suite itself (.ci/run and the lead run it)",
     ),
-    ("docs/testing.md", "python -m pytest -m launch -n 4"): (
+    ("docs/testing.md", "python -m pytest -m launch -n 3"): (
         "skip",
         "the test suite itself (.ci/run and the lead run it)",
     ),
@@ -517,7 +517,7 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
     ),
     (
         "docs/testing.md",
-        'python -m pytest -n 4 -m "not serial" --junitxml=run.xml && python -m pytest -m serial',
+        'python -m pytest -n 3 -m "not serial" --junitxml=run.xml && python -m pytest -m serial',
     ): ("skip", "the test suite itself (.ci/run and the lead run it)"),
     ("docs/testing.md", "python tests/durations.py run.xml --top 20"): (
         "skip",
