@@ -179,3 +179,27 @@ def stop_once_checkpointed(args, root, step: int, output, sig=signal.SIGTERM) ->
     os.kill(proc.pid, sig)
     out = finish(proc, output)
     return proc.returncode, out
+
+
+def processes_of(root: Path) -> list[int]:
+    """Every live process whose command line names `root` (ranks, their forked loader
+    workers): the launch's own, whatever session or process group they are in."""
+    mine = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if f"run.root={root}".encode() in cmdline and state != "Z":
+            mine.append(int(entry.name))
+    return mine
+
+
+def none_left(root: Path, within_s: float) -> list[int]:
+    deadline = time.monotonic() + within_s
+    while (left := processes_of(root)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left

@@ -3,7 +3,8 @@ job's) of launcher.train with the case's overrides, its console kept in a file, 
 and signalled from here the way a scheduler would.
 
 Each launch runs in its own session, so that a signal meant for one rank reaches only it,
-and a launch this process leaves behind (a timeout, Ctrl-C) is killed with its group.
+and a launch this process leaves behind (a timeout, Ctrl-C) is killed with every process it
+started (launcher.runtime.process_tree).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from launcher.checkpoint.protocol import parse_step
 from launcher.resilience.exit_codes import OUTCOME_DIR_ENV
+from launcher.runtime.process_tree import kill_tree
 
 POLL_S = 0.02
 # What torchrun (or a scheduler) set for this process, when the rehearsal itself runs under
@@ -92,8 +94,9 @@ class Launch:
         os.kill(self.proc.pid, sig)
 
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        """The launch and all it started: torchrun, its ranks (each in a session of its own)
+        and their loader workers."""
+        kill_tree(self.proc.pid)
         self.proc.wait()
         _live.discard(self.proc)
 
@@ -104,8 +107,7 @@ class Launch:
 def kill_leftovers() -> None:
     """Every launch still running (the rehearsal is ending early)."""
     for proc in list(_live):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)
         _live.discard(proc)
 
 

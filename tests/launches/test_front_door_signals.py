@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
@@ -23,6 +22,7 @@ from launch import (
     checkpointed,
     explain,
     finish,
+    none_left,
     start_torchrun,
     summary,
     torchrun,
@@ -37,30 +37,6 @@ LONG = [
 ]
 # A loader worker checks for its parent's death every 5 s (torch's MP_STATUS_CHECK_INTERVAL).
 ORPHANS_GONE_S = 15
-
-
-def processes_of(root: Path) -> list[int]:
-    """Every live process whose command line names `root` (ranks, their forked loader
-    workers): the launch's own, whatever session or process group they are in."""
-    mine = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if f"run.root={root}".encode() in cmdline and state != "Z":
-            mine.append(int(entry.name))
-    return mine
-
-
-def none_left(root: Path, within_s: float) -> list[int]:
-    deadline = time.monotonic() + within_s
-    while (left := processes_of(root)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
 
 
 STOPS = [signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP]

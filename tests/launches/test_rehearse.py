@@ -15,7 +15,7 @@ from launcher.rehearse import report
 from launcher.rehearse.cases import NAMES
 from launcher.submit import stop_time
 
-from launch import base_env, refuse_in_unit_tier
+from launch import base_env, none_left, refuse_in_unit_tier
 from paths import TESTS
 
 PLANTED = TESTS / "rehearse_planted.py"
@@ -86,3 +86,6 @@ def test_each_planted_defect_fails_its_row_under_torchrun(tmp_path):
     assert "trainer.max_steps=3: exit 0 (done), not 2" in observed["bad_input"]
     for row in rows.values():
         assert (run_dir / row["evidence"]).exists(), row
+    # the hung rank the planted defect never detects was killed with its launch (torchrun
+    # starts each rank in a session of its own: killing torchrun's group left it running)
+    assert none_left(tmp_path, within_s=5) == []

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "runtime", "runtime.paths", "runtime.disk", "observe", "observe.peaks",
             "observe.intervals", "resilience", "resilience.exit_codes", "config.ranges",
             "config.nccl_vars", "observe.nccl_log", "train.batch", "observe.clock",
-            "observe.comm_stats", "runtime.lock", "resilience.stragglers",
+            "observe.comm_stats", "runtime.lock", "runtime.process_tree", "resilience.stragglers",
             "resilience.preemption", "observe.memory_snapshot", "config.secret_keys",
             "resilience.watchdog", "resilience.bad_steps", "data", "data.*", "strategy",
             "strategy.registry",

@@ -1,0 +1,41 @@
+"""A process and every process below it, found through /proc.
+
+torchrun starts each worker in a session of its own, and a rank forks its DataLoader
+workers, so neither a process group nor a session holds a whole launch: killing
+torchrun's group leaves its ranks running, orphaned, for as long as they last (a stalled
+rank: an hour). Walking the children is what reaches them all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+
+def children(pid: int) -> list[int]:
+    """The live children of `pid` (of each of its threads)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError, ValueError):
+            found += [int(c) for c in task.read_text().split()]
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and everything below it. Each process is stopped first, from the top
+    down, so that none can start another (torchrun restarting a rank, a rank forking a loader
+    worker) between being found and being killed, nor be re-parented out of reach."""
+    stopped, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        if p in stopped:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGSTOP)
+        stopped.append(p)
+        frontier += children(p)
+    for p in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
