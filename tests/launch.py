@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -203,3 +204,9 @@ def none_left(root: Path, within_s: float) -> list[int]:
     while (left := processes_of(root)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
+
+
+def worker_pid(run_dir: Path, rank: int) -> int:
+    """The pid rank `rank` logged last (each attempt of a torchrun restart logs its own)."""
+    text = (run_dir / "logs" / f"rank{rank}.log").read_text()
+    return int(re.findall(r"pid (\d+)\)", text)[-1])

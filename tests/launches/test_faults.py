@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from launch import (
     summary,
     torchrun,
     wait_for,
+    worker_pid,
 )
 from reference import cut_at
 from reference_runs import LONG
@@ -50,11 +50,6 @@ QUICK_WATCHDOG = ["watchdog.min_s=3", "watchdog.step_multiple=10"]
 def reference(long_run):
     """The session's long run (tests/reference_runs.py): its losses, step by step."""
     return losses(long_run)
-
-
-def worker_pid(run_dir, rank: int) -> int:
-    text = (run_dir / "logs" / f"rank{rank}.log").read_text()
-    return int(re.findall(r"pid (\d+)\)", text)[-1])
 
 
 def test_killed_worker_restarts_and_resumes(reference, tmp_path):

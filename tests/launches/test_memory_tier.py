@@ -28,13 +28,22 @@ from launch import (
     summary,
     torchrun,
     wait_for,
+    worker_pid,
 )
 from reference_runs import LONG, STRATEGY_SCHEDULE, STRATEGY_STEPS
 
 
-def worker_pid(run_dir: Path, rank: int) -> int:
-    text = (run_dir / "logs" / f"rank{rank}.log").read_text()
-    return int(re.findall(r"pid (\d+)\)", text)[-1])
+def kill_rank_1_when(args: list[str], root: Path, output: Path, ready) -> tuple[Path, str]:
+    """`args` under torchrun --max-restarts=1 with rank 1 SIGKILLed once `ready(run_dir)`
+    holds; the run directory and rank 0's log, after the restarted job ended with 0."""
+    proc = start_torchrun(args, output, "--max-restarts=1", runner="torch.distributed.run")
+    wait_for(lambda: run_dir_of(root) is not None, proc)
+    run_dir = run_dir_of(root)
+    wait_for(lambda: ready(run_dir), proc)
+    os.kill(worker_pid(run_dir, 1), signal.SIGKILL)
+    out = finish(proc, output)
+    assert proc.returncode == 0, out
+    return run_dir, (run_dir / "logs" / "rank0.log").read_text()
 
 
 def test_killed_rank_resumes_from_the_memory_tier(long_run, tmp_path):
@@ -43,17 +52,11 @@ def test_killed_rank_resumes_from_the_memory_tier(long_run, tmp_path):
     soon as step 30's memory checkpoint is sealed. The restart resumes from step 30, not the
     durable 20, and ends with the uninterrupted run's losses, bit for bit."""
     output, root = tmp_path / "out.txt", tmp_path / "runs"
-    proc = start_torchrun(
-        [*LONG, f"run.root={root}"], output, "--max-restarts=1", runner="torch.distributed.run"
-    )
-    wait_for(lambda: run_dir_of(root) is not None, proc)
-    run_dir = run_dir_of(root)
-    sealed = memory.rank_folder("/dev/shm", run_dir, 1) / "step_00000030" / "meta.json"
-    wait_for(sealed.exists, proc)
-    os.kill(worker_pid(run_dir, 1), signal.SIGKILL)
-    out = finish(proc, output)
-    assert proc.returncode == 0, out
-    log = (run_dir / "logs" / "rank0.log").read_text()
+
+    def sealed(run_dir: Path) -> bool:  # step 30's memory checkpoint, on the killed rank
+        return (memory.rank_folder("/dev/shm", run_dir, 1) / "step_00000030" / "meta.json").exists()
+
+    run_dir, log = kill_rank_1_when([*LONG, f"run.root={root}"], root, output, sealed)
     first, again = log.split("memory tier: step 30 is newer than the durable step_00000020")
     assert "resumed from step 30" in again
     reached = max(int(s) for s in re.findall(r"step (\d+)/60", first))
@@ -77,14 +80,9 @@ def test_a_sharded_engines_killed_rank_resumes_its_shards(point, strategy_sweep,
     stall = ["fault.kind=stall", "fault.rank=1", "fault.step=17"]
     run = [*FAST_USER_LOADER, *STRATEGY_SCHEDULE, f"strategy={point}", f"run.root={root}"]
     tier = [f"trainer.memory_checkpoint_interval={every}", *stall]
-    proc = start_torchrun([*run, *tier], output, "--max-restarts=1", runner="torch.distributed.run")
-    wait_for(lambda: run_dir_of(root) is not None, proc)
-    run_dir = run_dir_of(root)
-    wait_for((run_dir / "logs" / "fault.rank1").exists, proc)  # written as the stall starts
-    os.kill(worker_pid(run_dir, 1), signal.SIGKILL)
-    out = finish(proc, output)
-    assert proc.returncode == 0, out
-    log = (run_dir / "logs" / "rank0.log").read_text()
+    run_dir, log = kill_rank_1_when(  # fault.rank1 is written as the stall starts
+        [*run, *tier], root, output, lambda d: (d / "logs" / "fault.rank1").exists()
+    )
     first, again = log.split("memory tier: step 15 is newer than the durable step_00000010")
     assert "resumed from step 15" in again
     reached = max(int(s) for s in re.findall(rf"step (\d+)/{STRATEGY_STEPS}", first))
