@@ -17,13 +17,10 @@ from pathlib import Path
 
 import pytest
 
+import scheduling
 import tiers
 
 ALLOWED_SKIPS = ("needs a CUDA GPU",)
-# Under `--dist loadfile` a file goes to a worker whole, in the order its first test comes:
-# files with cluster tests or launches first, so the long ones start early and short unit
-# files fill the tail.
-TIER_ORDER = ("cluster", "launch", "gpu", "unit")
 
 # Fixtures every tier folder may use: the shared reference runs, a one-rank gloo group, a
 # clean NCCL environment.
@@ -39,6 +36,14 @@ def pytest_configure(config):
         ("serial", "asserts timing decisions: run alone, not under -n"),
     ):
         config.addinivalue_line("markers", f"{tier}: {what}")
+    target = os.environ.get(scheduling.WRITE_ENV)
+    if target and not hasattr(config, "workerinput"):  # the controller sees every report
+        config.pluginmanager.register(scheduling.SecondsRecorder(target), "seconds-recorder")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Units of work instead of whole files, longest first (tests/scheduling.py)."""
+    return scheduling.UnitScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -57,7 +62,7 @@ def pytest_collection_modifyitems(config, items):
         item.user_properties.append(("tier", tier))
     if any(wrong):
         raise pytest.UsageError("misplaced tests: " + "; ".join(sorted(set(filter(None, wrong)))))
-    items.sort(key=lambda item: TIER_ORDER.index(_tier(item)))
+    scheduling.longest_first(items, _tier)
 
 
 def _tier(item) -> str:

@@ -46,7 +46,7 @@ FRONT_DOOR = "launcher.torchrun"
 QUICK_WATCHDOG = ["watchdog.min_s=3", "watchdog.step_multiple=10"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def reference(long_run):
     """The session's long run (tests/reference_runs.py): its losses, step by step."""
     return losses(long_run)

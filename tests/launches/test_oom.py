@@ -32,7 +32,7 @@ FRONT_DOOR = "launcher.torchrun"
 FIRST_12 = [*LONG, "trainer.max_steps=12", "trainer.lr_decay_steps=60"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def reference(long_run):
     return losses(long_run)
 
