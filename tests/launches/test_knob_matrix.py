@@ -67,6 +67,7 @@ def test_every_knob_runs_with_its_proof(engine, tmp_path):
     sweep = tmp_path / "runs" / "m"
     ref = losses(sweep / "knob=reference")
     assert sorted(ref) == [1, 2, 3, 4] and all(math.isfinite(v) for v in ref.values())
+    assert not (sweep / "knob=reference" / "traces").exists()  # the profiler is off by default
     wrong = []
     for r in rows:
         run = sweep / f"knob={r.name}"
