@@ -21,6 +21,9 @@ import scheduling
 import tiers
 
 ALLOWED_SKIPS = ("needs a CUDA GPU",)
+# Units go to the xdist workers in this order (tests/scheduling.py): clusters and launches
+# first, so the short unit tests fill the tail.
+TIER_ORDER = ("cluster", "launch", "gpu", "unit")
 
 # Fixtures every tier folder may use: the shared reference runs, a one-rank gloo group, a
 # clean NCCL environment.
@@ -36,13 +39,10 @@ def pytest_configure(config):
         ("serial", "asserts timing decisions: run alone, not under -n"),
     ):
         config.addinivalue_line("markers", f"{tier}: {what}")
-    target = os.environ.get(scheduling.WRITE_ENV)
-    if target and not hasattr(config, "workerinput"):  # the controller sees every report
-        config.pluginmanager.register(scheduling.SecondsRecorder(target), "seconds-recorder")
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Units of work instead of whole files, longest first (tests/scheduling.py)."""
+    """Units of work smaller than a file (tests/scheduling.py)."""
     return scheduling.UnitScheduling(config, log)
 
 
@@ -62,7 +62,7 @@ def pytest_collection_modifyitems(config, items):
         item.user_properties.append(("tier", tier))
     if any(wrong):
         raise pytest.UsageError("misplaced tests: " + "; ".join(sorted(set(filter(None, wrong)))))
-    scheduling.longest_first(items, _tier)
+    items.sort(key=lambda item: TIER_ORDER.index(_tier(item)))
 
 
 def _tier(item) -> str:

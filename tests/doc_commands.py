@@ -519,10 +519,6 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
         "docs/testing.md",
         'python -m pytest -n 3 -m "not serial" --junitxml=run.xml && python -m pytest -m serial',
     ): ("skip", "the test suite itself (.ci/run and the lead run it)"),
-    (
-        "docs/testing.md",
-        'LAUNCHER_WRITE_SECONDS=tests/seconds.json python -m pytest -n 3 -m "not serial" && LAUNCHER_WRITE_SECONDS=tests/seconds.json python -m pytest -m serial',
-    ): ("skip", "the test suite itself (.ci/run and the lead run it)"),
     ("docs/testing.md", "python tests/durations.py run.xml --top 20"): (
         "skip",
         "reads the JUnit XML of a whole-suite run",
