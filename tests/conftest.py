@@ -1,4 +1,4 @@
-"""Shared test set-up: tiers, xdist groups, one token cache, and strict skips in CI.
+"""Shared test set-up: tiers, xdist units of work, one token cache, and strict skips in CI.
 
 Tiers are the folders (tests/tiers.py, which also checks each test's source fits its folder):
 `-m unit` (tests/unit/<package>/) is the fast tier, `-m launch` (tests/launches/) the real
