@@ -42,8 +42,11 @@ def pytest_configure(config):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Units of work smaller than a file (tests/scheduling.py)."""
-    return scheduling.UnitScheduling(config, log)
+    """Units of work smaller than a file (tests/scheduling.py) in place of the project's
+    `--dist loadfile`; another `--dist` given on the command line is xdist's own."""
+    if config.getvalue("dist") == "loadfile":
+        return scheduling.UnitScheduling(config, log)
+    return None
 
 
 def pytest_collection_modifyitems(config, items):
