@@ -21,6 +21,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from launcher.resilience import preemption
+from launcher.runtime.fork_guard import guard_forks
 from launcher.train.batch import BatchPlan
 
 
@@ -154,6 +155,8 @@ def build_train_loader(
     `wrap_windows` may replace the dataset once the sampler exists (fault injection uses it
     to fail one step's fetch in the worker)."""
     sampler = StepBatchSampler(len(windows), plan, rank=rank, seed=seed, start_step=start_step)
+    if num_workers > 0:
+        guard_forks()  # the workers are forked from a process with gloo's threads running
     worker_opts = (
         {
             "persistent_workers": persistent_workers,
