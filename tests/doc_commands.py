@@ -126,6 +126,14 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
     ): ("skip", "a template: placeholders to fill in"),
     (
         "docs/benchmarks.md",
+        "python benchmarks/fork_guard.py [--seconds 60] [--load 6] [--start-timeout 2]",
+    ): ("skip", "a template: placeholders to fill in"),
+    ("docs/data.md", "python benchmarks/fork_guard.py --seconds 60 --load 6"): (
+        "skip",
+        "two minutes with six busy processes; test_benchmarks.py runs it for 2 s unloaded",
+    ),
+    (
+        "docs/benchmarks.md",
         "python benchmarks/startup.py [--pairs 4] [--warmup 1] [--nproc 2] [--out FILE] [overrides...]",
     ): ("skip", "a template: placeholders to fill in"),
     (

@@ -57,6 +57,11 @@ CASES = {
         ["| launcher |", "| bare     |", "launcher / bare, median of paired runs: wall"],
         (0, 1),  # 1: over the 1.3x target on this noisy machine, still a verdict
     ),
+    "fork_guard": (
+        script("fork_guard.py", "--seconds", "2", "--load", "0"),
+        ["| guard | registered | forks | hung | hung share |", "hung share off / on"],
+        (0,),
+    ),
     "comm_timing_cost": (
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
         + script("comm_timing_cost.py", "--steps", "4", "--warmup", "1", *TINY)[1:],

@@ -24,9 +24,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "foundations",
         (
-            "runtime", "runtime.paths", "runtime.disk", "runtime.fork_guard", "observe", "observe.peaks",
-            "observe.intervals", "resilience", "resilience.exit_codes", "config.ranges",
-            "config.nccl_vars", "observe.nccl_log", "train.batch", "observe.clock",
+            "runtime", "runtime.paths", "runtime.disk", "runtime.fork_guard", "observe",
+            "observe.peaks", "observe.intervals", "resilience", "resilience.exit_codes",
+            "config.ranges", "config.nccl_vars", "observe.nccl_log", "train.batch", "observe.clock",
             "observe.comm_stats", "runtime.lock", "runtime.process_tree", "resilience.stragglers",
             "resilience.preemption", "observe.memory_snapshot", "config.secret_keys",
             "resilience.watchdog", "resilience.bad_steps", "data", "data.*", "strategy",
