@@ -21,6 +21,7 @@ Figures measured: docs/data.md#the-dataloader-knobs. On an interpreter that has 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import select
@@ -32,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from launcher.runtime.fork_guard import guard_forks
 
 CHURN_C = r"""
 #include <Python.h>
@@ -51,7 +52,8 @@ int start_churn(void) { return pthread_create(&thread, NULL, enter_python_foreve
 
 
 def build(folder: Path) -> Path:
-    """The churn library, compiled into `folder`; one line and exit 2 without a compiler."""
+    """The churn library, compiled into `folder`; one line and a non-zero exit without a
+    compiler."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         sys.exit("fork_guard.py needs a C compiler (cc or gcc on PATH) to build its churn thread")
@@ -67,11 +69,6 @@ def build(folder: Path) -> Path:
 
 def arm(lib: str, guard: bool, seconds: float, start_timeout: float) -> dict:
     """Fork children for `seconds` while the churn thread runs: how many never started."""
-    import ctypes
-
-    sys.path.insert(0, str(REPO))
-    from launcher.runtime.fork_guard import guard_forks
-
     registered = guard_forks() if guard else False
     ctypes.PyDLL(lib).start_churn()
     forks = hung = 0

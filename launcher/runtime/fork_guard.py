@@ -19,13 +19,12 @@ On a fixed interpreter nothing is registered.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
 # The first release of each line whose forked child resets the lock before taking it.
 FIXED = {(3, 10): 15, (3, 11): 10}  # the project runs on 3.10 and later
-
-_guarded = False
 
 
 def needs_guard(version: tuple[int, int, int] = sys.version_info[:3]) -> bool:
@@ -33,11 +32,11 @@ def needs_guard(version: tuple[int, int, int] = sys.version_info[:3]) -> bool:
     return version[2] < FIXED.get(tuple(version[:2]), 0)
 
 
+@functools.cache
 def guard_forks() -> bool:
     """Register the before-fork hook once per process where the interpreter needs it;
     True when it is registered."""
-    global _guarded
-    if not _guarded and needs_guard():
+    if needs_guard():
         os.register_at_fork(before=sys._current_frames)
-        _guarded = True
-    return _guarded
+        return True
+    return False
