@@ -1,10 +1,11 @@
 """The model's own cost: the native GPT-2 against transformers' GPT2LMHeadModel, in one run.
 
-    python benchmarks/model_cost.py [--iters N] [--steps N] [--threads N] [--out FILE]
+    python benchmarks/model_cost.py [--iters N] [--steps N] [--threads N] [--out FILE] [overrides]
 
 Three measurements, both implementations side by side and interleaved (so that a noisy
 neighbour slows both alike), at issue 16's shape (4 layers x 128, 4 heads, sequence 64,
-micro-batch 12, vocabulary 256), fp32:
+micro-batch 12, vocabulary 256), fp32; overrides (`model.n_layer=1`, ...) change the shape
+(the suite runs it on one layer: compiling is most of its time):
 
   1. forward + backward + loss of one micro-batch, eager and torch.compile'd: the native
      module computes the loss inside its forward; GPT2LMHeadModel's logits go through
@@ -55,16 +56,17 @@ IMPLS = ("hf", "native")
 MEM_PATHS = ("hf eager", "native compiled, loss outside", "native compiled, loss inside")
 
 
-def make(impl: str, vocab: int, device: torch.device, compiled: bool):
+def make(shape: list[str], impl: str, vocab: int, device: torch.device, compiled: bool):
     torch.manual_seed(0)
-    cfg = compose([*SHAPE, f"model.impl={impl}"])
+    cfg = compose([*shape, f"model.impl={impl}"])
     model = build_model(cfg.model, vocab).to(device).train()
     return (torch.compile(model) if compiled else model), cfg
 
 
-def batch(vocab: int, device: torch.device):
+def batch(shape: list[str], vocab: int, device: torch.device):
+    trainer = compose(shape).trainer
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, vocab, (12, 65), generator=g)
+    x = torch.randint(0, vocab, (trainer.micro_batch_size, trainer.seq_len + 1), generator=g)
     return x[:, :-1].contiguous().to(device), x[:, 1:].contiguous().to(device)
 
 
@@ -89,13 +91,13 @@ def clock(device: torch.device):
     return lambda: time.process_time() - begin
 
 
-def micro_batch_times(device: torch.device, iters: int) -> dict[str, float]:
+def micro_batch_times(shape: list[str], device: torch.device, iters: int) -> dict[str, float]:
     """Median seconds of forward + backward + loss per (impl, eager/compiled)."""
-    x, y = batch(VOCAB, device)
+    x, y = batch(shape, VOCAB, device)
     runs = {}
     for mode in ("eager", "compiled"):
         for impl in IMPLS:
-            model, _ = make(impl, VOCAB, device, mode == "compiled")
+            model, _ = make(shape, impl, VOCAB, device, mode == "compiled")
             for _ in range(5):  # warm-up (and compilation)
                 fwd_bwd(model, impl, x, y)
             runs[f"{impl} {mode}"] = model
@@ -109,7 +111,7 @@ def micro_batch_times(device: torch.device, iters: int) -> dict[str, float]:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def trainer_step_times(steps: int, rounds: int) -> dict[str, float]:
+def trainer_step_times(shape: list[str], steps: int, rounds: int) -> dict[str, float]:
     """Seconds per step of the real trainer for each impl: `step_time_s/p50` of each run's
     summary.json (the trainer's own wall-clock step, first step left out), runs of both
     impls interleaved over `rounds`, the median per impl."""
@@ -118,10 +120,10 @@ def trainer_step_times(steps: int, rounds: int) -> dict[str, float]:
     from launcher.train.job import run
 
     common = [
-        *SHAPE,
+        *shape,
         "data=synthetic",
         f"data.vocab_size={VOCAB}",
-        "trainer.global_batch_size=12",
+        f"trainer.global_batch_size={compose(shape).trainer.micro_batch_size}",
         f"trainer.max_steps={steps}",
         f"trainer.log_interval={steps}",
         "trainer.eval_interval=0",
@@ -146,13 +148,13 @@ def trainer_step_times(steps: int, rounds: int) -> dict[str, float]:
     return {impl: statistics.median(ts) for impl, ts in found.items()}
 
 
-def peak_memory(path: str, device: torch.device) -> float:
+def peak_memory(shape: list[str], path: str, device: torch.device) -> float:
     """Bytes one micro-batch's forward + backward adds at its peak (this process only)."""
     from launcher.observe.metrics import host_peak_rss_gb, reset_host_peak
 
     impl = "hf" if path.startswith("hf") else "native"
-    model, _ = make(impl, MEM_VOCAB, device, "compiled" in path)
-    x, y = batch(MEM_VOCAB, device)
+    model, _ = make(shape, impl, MEM_VOCAB, device, "compiled" in path)
+    x, y = batch(shape, MEM_VOCAB, device)
 
     def step():
         if path.endswith("loss outside"):  # the compiled module returns logits
@@ -176,11 +178,11 @@ def peak_memory(path: str, device: torch.device) -> float:
     return (host_peak_rss_gb() - base) * 1e9
 
 
-def memory_rows(device: torch.device) -> dict[str, float]:
+def memory_rows(overrides: list[str]) -> dict[str, float]:
     """Each path's peak in a fresh process, so that no path inherits another's heap."""
     rows = {}
     for path in MEM_PATHS:
-        cmd = [sys.executable, __file__, "--memory-path", path]
+        cmd = [sys.executable, __file__, "--memory-path", path, *overrides]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
             raise SystemExit(f"memory run {path!r} failed:\n{done.stderr[-3000:]}")
@@ -188,8 +190,16 @@ def memory_rows(device: torch.device) -> dict[str, float]:
     return rows
 
 
-def report(micro: dict, step: dict, memory: dict, device_name: str) -> str:
-    lines = [f"model cost on {device_name} (4 x 128, 4 heads, seq 64, micro-batch 12, fp32)", ""]
+def describe(shape: list[str]) -> str:
+    """The shape as the report's title gives it: `4 x 128, 4 heads, seq 64, micro-batch 12`."""
+    cfg = compose(shape)
+    m, t = cfg.model, cfg.trainer
+    heads = f"{m.n_head} heads"
+    return f"{m.n_layer} x {m.n_embd}, {heads}, seq {t.seq_len}, micro-batch {t.micro_batch_size}"
+
+
+def report(shape: list[str], micro: dict, step: dict, memory: dict, device_name: str) -> str:
+    lines = [f"model cost on {device_name} ({describe(shape)}, fp32)", ""]
     lines.append("| forward + backward + loss | hf ms | native ms | native speed-up |")
     lines.append("|---|---|---|---|")
     for mode in ("eager", "compiled"):
@@ -218,21 +228,24 @@ def main() -> int:
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     parser.add_argument("--memory-path", choices=MEM_PATHS, help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", help="config overrides that change SHAPE")
     args = parser.parse_args()
+    shape = [*SHAPE, *args.overrides]
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
     if not gpu:
         torch.set_num_threads(args.threads)
     if args.memory_path:
-        print(peak_memory(args.memory_path, device))
+        print(peak_memory(shape, args.memory_path, device))
         return 0
-    micro = micro_batch_times(device, args.iters)
-    step = {} if args.skip_trainer else trainer_step_times(args.steps, args.rounds)
-    memory = {} if args.skip_memory else memory_rows(device)
+    micro = micro_batch_times(shape, device, args.iters)
+    step = {} if args.skip_trainer else trainer_step_times(shape, args.steps, args.rounds)
+    memory = {} if args.skip_memory else memory_rows(args.overrides)
     device_name = torch.cuda.get_device_name(0) if gpu else f"CPU, {args.threads} thread(s)"
-    print(report(micro, step, memory, device_name))
+    print(report(shape, micro, step, memory, device_name))
     if args.out:
-        figures = {"device": device_name, "micro_batch_s": micro, "trainer_step_s": step}
+        figures = {"device": device_name, "shape": describe(shape), "micro_batch_s": micro}
+        figures["trainer_step_s"] = step
         args.out.write_text(json.dumps({**figures, "peak_bytes": memory}, indent=1))
     return 0
 

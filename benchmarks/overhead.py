@@ -112,7 +112,9 @@ def bare_per_step(overrides: list[str]) -> float:
         cfg.model, data.vocab_size, eot_id=data.eot_id, grad_checkpointing=t.grad_checkpointing
     ).to(device)
     optimizer = build_optimizer(model, t)
-    module = model if t.compile == "off" else torch.compile(model, mode=compile_mode(t.compile))
+    module = (
+        model if t.compile == "off" else torch.compile(model, mode=compile_mode(t.compile, device))
+    )
     dtype = AUTOCAST_DTYPES.get(t.precision)
     scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
     plan = BatchPlan.of(t, world_size=1)

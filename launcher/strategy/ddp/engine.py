@@ -35,7 +35,7 @@ class DDPStrategy(Strategy):
         self.scaler = torch.amp.GradScaler(rt.device.type, enabled=t.precision == "fp16")
         module: torch.nn.Module = self.raw_model
         if t.compile != "off":
-            module = torch.compile(module, mode=compile_mode(t.compile))
+            module = torch.compile(module, mode=compile_mode(t.compile, rt.device))
         self.ddp: DistributedDataParallel | None = None
         self.comm_timer: CommTimer | None = None
         self.comm_state = None  # the comm hook's state (PowerSGD's goes into checkpoints)

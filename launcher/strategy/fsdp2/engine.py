@@ -118,7 +118,7 @@ class FSDP2Strategy(Strategy):
         model = model.to(rt.device)
         for block in _blocks(model):
             if t.compile != "off":  # compiled per block: FSDP's hooks stay outside the graphs
-                block.compile(mode=compile_mode(t.compile))
+                block.compile(mode=compile_mode(t.compile, rt.device))
             fully_shard(block, reshard_after_forward=s.reshard_after_forward, **shard)
         # The root's parameters are needed again at once by backward: kept after forward.
         fully_shard(model, reshard_after_forward=False, **shard)
