@@ -490,7 +490,8 @@ ROWS: list[Row] = [
         "compile_reduce_overhead",
         ["trainer.compile=reduce-overhead"],
         "equal",
-        "CUDA graphs are a GPU's: on the CPU the default mode's kernels",
+        "CUDA graphs are a GPU's: off CUDA the launcher compiles the default mode "
+        "(launcher.strategy.base.compile_mode), from the graphs the compile row cached",
         rel=1e-4,
         engines=("ddp", "fsdp2"),
     ),
@@ -498,7 +499,7 @@ ROWS: list[Row] = [
         "compile_max_autotune",
         ["trainer.compile=max-autotune"],
         "equal",
-        "autotuned kernels: other rounding",
+        "autotuned kernels: other rounding (off CUDA: max-autotune-no-cudagraphs)",
         rel=1e-4,
         engines=("ddp", "fsdp2"),
     ),
