@@ -91,15 +91,16 @@ def train_once(overrides: list[str], root: Path, name: str) -> dict:
     return summary
 
 
-def best_micro_batch(overrides: list[str], root: Path, start: int, limit: int) -> dict:
-    """Double the micro-batch while it fits and pays; the best run's summary."""
-    best = train_once([*overrides, f"trainer.micro_batch_size={start}"], root, f"micro{start}")
+def best_micro_batch(
+    overrides: list[str], root: Path, start: int, limit: int, train=train_once
+) -> dict:
+    """Double the micro-batch while it fits and pays; the best run's summary. `train` runs
+    one size (the trainer; tests/unit/train/test_ladder_search.py gives it a table)."""
+    best = train([*overrides, f"trainer.micro_batch_size={start}"], root, f"micro{start}")
     micro = start * 2
     while micro <= limit:
         try:
-            trial = train_once(
-                [*overrides, f"trainer.micro_batch_size={micro}"], root, f"micro{micro}"
-            )
+            trial = train([*overrides, f"trainer.micro_batch_size={micro}"], root, f"micro{micro}")
         except torch.OutOfMemoryError:
             print(f"micro-batch {micro}: out of memory", file=sys.stderr)
             break

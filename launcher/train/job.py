@@ -44,6 +44,7 @@ from launcher.runtime.process import (
     RuntimeConfig,
     end_job,
     env_world,
+    freeze_what_lasts,
     launch_key,
     open_run_dir,
     start,
@@ -347,6 +348,7 @@ def run(cfg: DictConfig, launch: LaunchState, point: str | None = None) -> int:
     `point` names a sweep point: the run goes to `<sweep_id>/<point>/`, and a point a
     requeued sweep already completed is not redone.
     """
+    freeze_what_lasts()  # before the job makes anything: its collections then walk its own
     normalize(cfg, env_world()[2])  # Hydra composed this job's config anew
     cfg = typed(cfg)
     needs_group = engine(cfg.strategy.name).needs_process_group

@@ -7,7 +7,6 @@ the non-finite flag accumulate as device tensors, and step times as events (see 
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import math
 import random
@@ -336,12 +335,9 @@ class TrainLoop:
         on_gpu = rt.device.type == "cuda"
         if on_gpu:  # mem/peak_gb is this run's peak, not the process's
             torch.cuda.reset_peak_memory_stats(rt.device)
-        # Everything built so far (configs, model, tokenizer, imports) lives for the whole run:
-        # moving it out of the collector's reach keeps full collections during training cheap
-        # (and reset_host_peak's own collection, next).
-        gc.collect()
-        gc.freeze()
-        reset_host_peak()  # and so is mem/host_peak_gb, where Linux allows
+        # and so is mem/host_peak_gb, where Linux allows: after a collection of the build's
+        # garbage (what outlives the job was frozen before it: runtime.freeze_what_lasts)
+        reset_host_peak()
         step = start_step
         profiler = build_profiler(self.cfg.profiler, rt)
         self.watchdog = watchdog
@@ -382,7 +378,6 @@ class TrainLoop:
             if profiler is not None and self.cfg.profiler.memory_snapshot and on_gpu:
                 memory_snapshot.stop_history()
             self.stop.drain()
-            gc.unfreeze()
             del self.batches, self.loader
         return self.summary("completed", step)
 

@@ -68,7 +68,10 @@ def test_gpu_check_script_end_to_end_on_cpu(tmp_path):
         text=True,
         timeout=900,
         env=base_env(
-            LADDER_ARGS="--steps 4 --max-micro-batch 4", RESULTS_DIR=str(tmp_path / "results")
+            # every micro-batch size is a fresh compile on the CPU (20-25 CPU-seconds): the
+            # search stays at its first size here (its logic: unit/train/test_ladder_search.py)
+            LADDER_ARGS="--steps 4 --max-micro-batch 2",
+            RESULTS_DIR=str(tmp_path / "results"),
         ),
         cwd=tmp_path,
     )
@@ -100,7 +103,7 @@ def test_gpu_check_script_end_to_end_on_cpu(tmp_path):
         assert r["tokens_per_s"] == pytest.approx(
             r["tokens_per_step"] / r["step_time_s/p50"], rel=1e-9
         )
-    assert rows[4]["micro_batch_size"] in (2, 4, 8)
+    assert rows[4]["micro_batch_size"] == 2  # the cap
     assert "| 5 | + fused AdamW, best micro-batch |" in (tmp_path / "ladder.log").read_text()
     (record,) = (tmp_path / "results").iterdir()  # benchmarks/results.py's format
     rec = json.loads(record.read_text())
