@@ -1,7 +1,6 @@
 """The model's own cost: the native GPT-2 against transformers' GPT2LMHeadModel, in one run.
 
-    python benchmarks/model_cost.py [--iters N] [--steps N] [--threads N] [--memory-vocab N]
-                                    [--out FILE] [overrides]
+    python benchmarks/model_cost.py [--iters N] [--steps N] [--threads N] [--out FILE] [overrides]
 
 Three measurements, both implementations side by side and interleaved (so that a noisy
 neighbour slows both alike), at issue 16's shape (4 layers x 128, 4 heads, sequence 64,
@@ -15,11 +14,11 @@ micro-batch 12, vocabulary 256), fp32; overrides (`model.n_layer=1`, ...) change
      optimizer and data), step_time_s/p50 of summary.json (wall clock, as the trainer
      measures its steps; runs interleaved);
   3. peak memory of one micro-batch's forward + backward (GPT-2's vocabulary, 50,304, where
-     the logits matter; --memory-vocab changes it), each path in a fresh process: on a GPU
-     torch.cuda's peak allocated bytes, on the CPU the rise of the process's peak resident
-     memory (VmHWM) over the resident memory before the step. Paths: GPT2LMHeadModel with
-     the loss outside, the native module compiled with the loss outside the compiled region
-     (the old path), and inside it.
+     the logits matter), each path in a fresh process: on a GPU torch.cuda's peak allocated
+     bytes, on the CPU the rise of the process's peak resident memory (VmHWM) over the
+     resident memory before the step. Paths: GPT2LMHeadModel with the loss outside, the
+     native module compiled with the loss outside the compiled region (the old path), and
+     inside it.
 
 Times are medians over --iters micro-batches after warm-up: CUDA events on a GPU, the
 process's CPU time on the CPU (wall time on a shared machine measures the neighbours).
@@ -149,13 +148,13 @@ def trainer_step_times(shape: list[str], steps: int, rounds: int) -> dict[str, f
     return {impl: statistics.median(ts) for impl, ts in found.items()}
 
 
-def peak_memory(shape: list[str], path: str, vocab: int, device: torch.device) -> float:
+def peak_memory(shape: list[str], path: str, device: torch.device) -> float:
     """Bytes one micro-batch's forward + backward adds at its peak (this process only)."""
     from launcher.observe.metrics import host_peak_rss_gb, reset_host_peak
 
     impl = "hf" if path.startswith("hf") else "native"
-    model, _ = make(shape, impl, vocab, device, "compiled" in path)
-    x, y = batch(shape, vocab, device)
+    model, _ = make(shape, impl, MEM_VOCAB, device, "compiled" in path)
+    x, y = batch(shape, MEM_VOCAB, device)
 
     def step():
         if path.endswith("loss outside"):  # the compiled module returns logits
@@ -179,12 +178,11 @@ def peak_memory(shape: list[str], path: str, vocab: int, device: torch.device) -
     return (host_peak_rss_gb() - base) * 1e9
 
 
-def memory_rows(overrides: list[str], vocab: int) -> dict[str, float]:
+def memory_rows(overrides: list[str]) -> dict[str, float]:
     """Each path's peak in a fresh process, so that no path inherits another's heap."""
     rows = {}
     for path in MEM_PATHS:
-        cmd = [sys.executable, __file__, "--memory-path", path, "--memory-vocab", str(vocab)]
-        cmd += overrides
+        cmd = [sys.executable, __file__, "--memory-path", path, *overrides]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
             raise SystemExit(f"memory run {path!r} failed:\n{done.stderr[-3000:]}")
@@ -200,9 +198,7 @@ def describe(shape: list[str]) -> str:
     return f"{m.n_layer} x {m.n_embd}, {heads}, seq {t.seq_len}, micro-batch {t.micro_batch_size}"
 
 
-def report(
-    shape: list[str], micro: dict, step: dict, memory: dict, vocab: int, device_name: str
-) -> str:
+def report(shape: list[str], micro: dict, step: dict, memory: dict, device_name: str) -> str:
     lines = [f"model cost on {device_name} ({describe(shape)}, fp32)", ""]
     lines.append("| forward + backward + loss | hf ms | native ms | native speed-up |")
     lines.append("|---|---|---|---|")
@@ -216,7 +212,7 @@ def report(
             f"| {nat * 1e3:.1f} | {hf / nat:.2f}x |"
         )
     if memory:
-        lines += ["", f"peak memory of one micro-batch, vocabulary {vocab}:", ""]
+        lines += ["", f"peak memory of one micro-batch, vocabulary {MEM_VOCAB}:", ""]
         lines += ["| path | peak MB |", "|---|---|"]
         lines += [f"| {path} | {b / 1e6:.1f} |" for path, b in memory.items()]
     return "\n".join(lines)
@@ -231,12 +227,6 @@ def main() -> int:
     parser.add_argument("--skip-trainer", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
-    parser.add_argument(
-        "--memory-vocab",
-        type=int,
-        default=MEM_VOCAB,
-        help="vocabulary of the peak-memory paths (GPT-2's padded 50304)",
-    )
     parser.add_argument("--memory-path", choices=MEM_PATHS, help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="config overrides that change SHAPE")
     args = parser.parse_args()
@@ -246,17 +236,16 @@ def main() -> int:
     if not gpu:
         torch.set_num_threads(args.threads)
     if args.memory_path:
-        print(peak_memory(shape, args.memory_path, args.memory_vocab, device))
+        print(peak_memory(shape, args.memory_path, device))
         return 0
     micro = micro_batch_times(shape, device, args.iters)
     step = {} if args.skip_trainer else trainer_step_times(shape, args.steps, args.rounds)
-    memory = {} if args.skip_memory else memory_rows(args.overrides, args.memory_vocab)
+    memory = {} if args.skip_memory else memory_rows(args.overrides)
     device_name = torch.cuda.get_device_name(0) if gpu else f"CPU, {args.threads} thread(s)"
-    print(report(shape, micro, step, memory, args.memory_vocab, device_name))
+    print(report(shape, micro, step, memory, device_name))
     if args.out:
         figures = {"device": device_name, "shape": describe(shape), "micro_batch_s": micro}
         figures["trainer_step_s"] = step
-        figures["memory_vocab"] = args.memory_vocab
         args.out.write_text(json.dumps({**figures, "peak_bytes": memory}, indent=1))
     return 0
 

@@ -365,7 +365,7 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
     ),
     (
         "docs/performance.md",
-        "python benchmarks/model_cost.py [--iters 30] [--steps 20] [--rounds 2] [--threads 1] [--memory-vocab 50304] [--out FILE] [overrides...]",
+        "python benchmarks/model_cost.py [--iters 30] [--steps 20] [--rounds 2] [--threads 1] [--out FILE] [overrides...]",
     ): ("skip", "a template: placeholders to fill in"),
     (
         "docs/performance.md",

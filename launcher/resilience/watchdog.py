@@ -193,6 +193,13 @@ class HangWatchdog:
         with self._lock:
             return self._phase
 
+    def retire(self) -> None:
+        """The job is over: leave the process's current watchdog, so that a stop request
+        between jobs is the next one's start-up, and nothing of this job (its loop, through
+        `on_hang`, and the loop's model and engine) stays reachable once the job lets go."""
+        if self in _current:
+            _current.remove(self)
+
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():

@@ -261,18 +261,20 @@ def launch_runtime(launch: LaunchState) -> Runtime:
 
 
 def freeze_what_lasts() -> None:
-    """Move every object alive now out of the garbage collector's reach, at the start of a
-    job, before it builds anything.
+    """Collect, then move every object still alive out of the garbage collector's reach, at
+    the start of a job, before it builds anything.
 
     What is alive then outlives the job: the imports (torch's alone are some 170,000 objects,
     300,000 with torch._dynamo), Hydra's configs, the process group. A full collection walks
     all of them, 0.15-0.2 s a rank on a loaded 2-core machine: the job's collections (the
     host-peak reset at the start of its loop, `end_job` after it, and any the interpreter
     starts during training) then walk only what this job made, so that none of them costs
-    a step's time, and a sweep point runs without two full collections. The job's own
-    objects are never frozen: its reference cycles (a DDP reducer, the loop's hooks) are
-    collected by `end_job`, whatever the job held. The previous job's garbage was collected
-    by its `end_job` before this freeze."""
+    a step's time, and a sweep point runs without two full collections. The collection
+    first walks everything only in a process's first job; in a sweep's later points it
+    walks what the previous job left, and frees its reference cycles (its loop and model)
+    rather than freezing them for the rest of the sweep. The job's own objects are never
+    frozen: `end_job` collects them."""
+    gc.collect()
     gc.freeze()
 
 

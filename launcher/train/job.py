@@ -483,6 +483,9 @@ class Job:
         finally:
             if self.lock is not None:
                 self.lock.release()
+            if self.watchdog is not None:  # it holds the loop (on_hang), the loop the model
+                self.watchdog.retire()
+                self.watchdog = None
             end_job(rt)
 
 
