@@ -210,3 +210,25 @@ def worker_pid(run_dir: Path, rank: int) -> int:
     """The pid rank `rank` logged last (each attempt of a torchrun restart logs its own)."""
     text = (run_dir / "logs" / f"rank{rank}.log").read_text()
     return int(re.findall(r"pid (\d+)\)", text)[-1])
+
+
+def sweep_of_points(conf: Path, points: dict[str, list[str]], group: str = "point") -> list[str]:
+    """Points of one multirun launch that may differ in any key: conf/<group>/<name>.yaml
+    holds each point's whole command line (`strategy=fsdp2`, a config group, as its
+    defaults list's override); the arguments that run them all, in the order given, each
+    into `<run.id>/<group>=<name>/`. Put no key a point sets on the command line: it wins."""
+    from omegaconf import OmegaConf
+
+    (conf / group).mkdir(parents=True)
+    for name, overrides in points.items():
+        choices = [o for o in overrides if o.split("=")[0] in GROUPS]
+        values = OmegaConf.from_dotlist([o for o in overrides if o not in choices])
+        defaults = "".join(f"  - override /{o.replace('=', ': ', 1)}\n" for o in choices)
+        head = f"defaults:\n{defaults}" if defaults else ""
+        body = f"# @package _global_\n{head}{OmegaConf.to_yaml(values)}"
+        (conf / group / f"{name}.yaml").write_text(body)
+    return ["--config-dir", str(conf), "-m", f"+{group}={','.join(points)}"]
+
+
+# The config groups a point may choose (conf/'s folders).
+GROUPS = ("strategy", "model", "data", "logger", "profiler", "nccl", "cluster")

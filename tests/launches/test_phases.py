@@ -38,6 +38,7 @@ from launch import (
     metrics,
     start_torchrun,
     summary,
+    sweep_of_points,
     torchrun,
     wait_for,
 )
@@ -57,34 +58,84 @@ def slow(phases, seconds) -> list[str]:
     ]
 
 
-def test_a_slow_but_healthy_run_finishes_in_every_phase(tmp_path):
-    """One run: start-up, the first step, two checkpoints (the second one's allowance is
-    measured), a trace write and the end of the run each 2.5 s more (above min_s), and an
-    eval of 1,000 batches (real work, seconds)."""
-    args = [*BASE, "trainer.max_steps=4", "trainer.checkpoint_interval=2",
-            "trainer.eval_interval=4", "trainer.eval_batches=1000", *PROFILE,
-            *slow(SLOWED, MIN_S + 0.5), f"run.root={tmp_path}", "run.id=slow"]  # fmt: skip
-    proc = torchrun(args, runner="launcher.torchrun")
+# A long eval with a watchdog limit of 1.5 s after a step (the tiny model steps in ~50 ms):
+# about 1,000 forward passes per rank per eval, several seconds on two CPU cores.
+EVAL_MIN_S = 1.5
+LONG_EVAL = ["trainer.eval_interval=2", "trainer.eval_batches=500",
+             f"watchdog.min_s={EVAL_MIN_S}", "watchdog.step_multiple=10"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    """The slow but healthy runs, each a point of one multirun launch (each point its own
+    job, run directory, watchdog and rank logs): {point: (run directory, rank 0's log)},
+    and the launch's output."""
+    tmp = tmp_path_factory.mktemp("healthy")
+    points = {
+        # start-up, the first step, two checkpoints (the second one's allowance is
+        # measured), a trace write and the end of the run each 2.5 s more (above min_s),
+        # and an eval of 1,000 batches (real work, seconds)
+        "slow": [
+            *BASE,
+            "trainer.max_steps=4",
+            "trainer.checkpoint_interval=2",
+            "trainer.eval_interval=4",
+            "trainer.eval_batches=1000",
+            *PROFILE,
+            *slow(SLOWED, MIN_S + 0.5),
+        ],
+        # every micro-batch read takes 1.2 s, so every step more than min_s=1
+        "storage": [
+            *FAST_USER_LOADER,
+            "watchdog.min_s=1",
+            "trainer.max_steps=3",
+            "trainer.eval_interval=0",
+            "trainer.checkpoint_interval=0",
+            "fault.kind=slow_data",
+            "fault.seconds=1.2",
+        ],
+        # two evals, each longer than the watchdog's limit after a step
+        "eval": [*FAST_USER_LOADER, *LONG_EVAL, "trainer.max_steps=4"],
+    }
+    args = sweep_of_points(tmp / "conf", points)
+    proc = torchrun([*args, f"run.root={tmp}", "run.id=h"], runner="launcher.torchrun")
     assert proc.returncode == 0, explain(proc)
-    assert "hang:" not in proc.stderr
+    runs = {name: tmp / "h" / f"point={name}" for name in points}
+    logs = {name: (run, (run / "logs" / "rank0.log").read_text()) for name, run in runs.items()}
+    return logs, proc.stderr
+
+
+def test_a_slow_but_healthy_run_finishes_in_every_phase(healthy):
+    """One run: start-up, the first step, two checkpoints, a trace write and the end of the
+    run each longer than min_s, and a long eval: each phase has its own allowance."""
+    (run, log), out = healthy[0]["slow"], healthy[1]
+    assert "hang:" not in out  # nor in any point of the launch
     for phase in SLOWED:
-        assert f"fault.kind=slow_phase: {phase} takes" in proc.stderr, phase
-    evals = [r for r in metrics(tmp_path / "slow") if "eval/loss" in r]
+        assert f"fault.kind=slow_phase: {phase} takes" in log, phase
+    evals = [r for r in metrics(run) if "eval/loss" in r]
     assert [r["step"] for r in evals] == [4]
     assert evals[0]["eval/time_s"] > MIN_S, evals  # longer than min_s
-    assert summary(tmp_path / "slow")["status"] == "completed"
+    assert summary(run)["status"] == "completed"
 
 
-def test_slow_storage_is_not_a_hang(tmp_path):
+def test_slow_storage_is_not_a_hang(healthy):
     """Every micro-batch read takes 1.2 s, so every step more than min_s=1: at the second
     step, the first step's time is the estimate until steps are timed."""
-    args = [*FAST_USER_LOADER, "watchdog.min_s=1", "trainer.max_steps=3", "trainer.eval_interval=0",
-            "trainer.checkpoint_interval=0", "fault.kind=slow_data", "fault.seconds=1.2",
-            f"run.root={tmp_path}", "run.id=storage"]  # fmt: skip
-    proc = torchrun(args, runner="launcher.torchrun")
-    assert proc.returncode == 0, explain(proc)
-    assert "hang:" not in proc.stderr
-    assert summary(tmp_path / "storage")["step_time_s/p50"] > 1.0
+    (run, _), out = healthy[0]["storage"], healthy[1]
+    assert "hang:" not in out
+    assert summary(run)["step_time_s/p50"] > 1.0
+    assert summary(run)["status"] == "completed"
+
+
+def test_an_eval_longer_than_the_hang_limit_is_not_a_hang(healthy):
+    """An eval far longer than the watchdog's limit after a step, mid-run and at the end, is
+    not a hang: each eval batch is progress."""
+    (run, _), out = healthy[0]["eval"], healthy[1]
+    assert "hang:" not in out
+    evals = [r for r in metrics(run) if "eval/loss" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    assert all(r["eval/time_s"] > EVAL_MIN_S for r in evals), evals  # each would have hung
+    assert summary(run)["status"] == "completed"
 
 
 # phase, the overrides that make it come and give it a small allowance, the allowance's
