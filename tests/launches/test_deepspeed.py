@@ -4,7 +4,8 @@ The session's shared `strategy_sweep` (tests/reference_runs.py: DDP, ZeRO-1/2/3 
 one launch, 20 steps each, the same seed and data) is the reference for most tests; a ZeRO-3
 run resumed from the sweep's step-10 checkpoint and a short ZeRO-3 run with optimizer and
 parameter offload are compared with it, and the sweep's ZeRO-2/ZeRO-3 checkpoints are
-resumed at another world size, stage and engine through DeepSpeed's universal conversion.
+resumed at another world size, stage and engine through DeepSpeed's universal conversion
+(and refused, in one line, by ZeRO-3).
 No test needs a compiler: the launcher keeps DeepSpeed from building its ops.
 """
 
@@ -34,6 +35,7 @@ from launch import (
 )
 from reference import launch_log
 from reference_runs import STRATEGY_STEPS
+from run_dir_tools import digest
 
 STEPS = STRATEGY_STEPS
 
@@ -228,10 +230,16 @@ print("ok")
     assert proc.returncode == 0 and "ok" in proc.stdout, explain(proc)
 
 
+def written(run_dir) -> dict[str, str]:
+    """Every file's hash under `run_dir` but the per-rank logs (each launch appends)."""
+    return {k: v for k, v in digest(run_dir).items() if not k.startswith("logs/")}
+
+
 def test_resume_at_another_world_size_and_stage_through_universal_checkpoints(
     strategy_sweep, tmp_path
 ):
-    """The sweep's ZeRO-2 checkpoint of 2 ranks at step 10, resumed by 1 rank (to 13), whose
+    """The sweep's ZeRO-2 checkpoint of 2 ranks at step 10: refused by ZeRO-3 (one line that
+    says to keep stage 2, at any world size; nothing written); resumed by 1 rank (to 13), whose
     checkpoint ZeRO-1 resumes on 2 ranks (to 16): each time the launcher converts it with
     DeepSpeed's universal checkpoint into checkpoints/universal/ (the original's bytes
     untouched; what an interrupted conversion left is replaced, never loaded), says so and
@@ -243,13 +251,22 @@ def test_resume_at_another_world_size_and_stage_through_universal_checkpoints(
     shutil.copytree(sweep_dir / "strategy=zero2" / "checkpoints" / "step_00000010",
                     cut / "step_00000010")  # fmt: skip
     (cut / "latest").write_text("step_00000010\n")
+    args = [*FAST_USER_LOADER, *RUN[len(FAST) :], f"trainer.lr_decay_steps={STEPS}",
+            f"run.root={tmp_path}", "run.id=uc"]  # fmt: skip
+    # ZeRO-3 cannot load it, whatever the world size (DeepSpeed 0.19.8): one line, exit 2,
+    # nothing written, not even a conversion.
+    untouched = written(tmp_path / "uc")
+    refused = python_train([*args, "strategy=zero3", "trainer.max_steps=13"])
+    assert refused.returncode == 2, explain(refused)
+    (line,) = [ln for ln in refused.stderr.splitlines() if "ERROR launcher: error: " in ln]
+    assert "strategy.zero_stage is 2 there, 3 now" in line
+    assert "To resume it, run with strategy.zero_stage=2 (at any world size)" in line
+    assert written(tmp_path / "uc") == untouched
     before = {p.name: p.read_bytes() for p in (cut / "step_00000010").iterdir()}
     # What conversions cut short would leave: a temporary folder, and one never sealed.
     for leftover in (".tmp-step_00000010", "step_00000010"):
         (cut / "universal" / leftover / "zero").mkdir(parents=True)
         (cut / "universal" / leftover / "mp_rank_00_model_states.pt").write_bytes(b"half")
-    args = [*FAST_USER_LOADER, *RUN[len(FAST) :], f"trainer.lr_decay_steps={STEPS}",
-            f"run.root={tmp_path}", "run.id=uc"]  # fmt: skip
     one = python_train([*args, "strategy=zero2", "trainer.max_steps=13"])
     assert one.returncode == 0, explain(one)
     assert {p.name: p.read_bytes() for p in (cut / "step_00000010").iterdir()} == before

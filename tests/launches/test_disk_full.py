@@ -1,9 +1,10 @@
 """A full disk under run.root (real launches: 2 CPU ranks, the default DataLoader, through
 `python -m launcher.torchrun`, on a small tmpfs mounted for the test).
 
-Filled during training or before the launch: one `error:` line naming the path and the
-space, exit 2, no traceback from any rank, no lock, no temporary folder or file left, the
-good checkpoints' bytes untouched; after freeing space the run resumes.
+Filled before the launch, then (space freed, the same command started again) during
+training: one `error:` line naming the path and the space, exit 2, no traceback from any
+rank, no lock, no temporary folder or file left, the good checkpoints' bytes untouched;
+after freeing space the run resumes.
 """
 
 from __future__ import annotations
@@ -62,10 +63,25 @@ def fill(disk: Path) -> Path:
     return filler
 
 
-def test_a_disk_filled_during_training_stops_cleanly_and_resumes_after(small_disk, tmp_path):
-    output = tmp_path / "out.txt"
+def test_a_full_disk_at_start_up_then_in_training_is_one_line_and_resumes_after(
+    small_disk, tmp_path
+):
+    """Full before the launch: one line, exit 2, nothing left (never half a config.yaml).
+    Space freed, the same command starts and trains (nothing left behind blocks it); filled
+    during training: one line, exit 2, the good checkpoints' bytes; freed, it resumes."""
     args = [*ARGS, f"run.root={small_disk}", "run.id=full"]
     run = small_disk / "full"
+    filler = fill(small_disk)
+    refused = torchrun(args, runner="launcher.torchrun")
+    assert refused.returncode == 2, explain(refused)
+    errors = [ln for ln in refused.stderr.splitlines() if "error: " in ln]
+    assert len(errors) == 1 and "no space left on device" in errors[0], explain(refused)
+    assert "Traceback" not in refused.stderr, explain(refused)
+    assert not run.exists() or leftovers(run) == []
+    assert not run.exists() or not (run / "config.yaml").exists()  # never half a file
+    os.unlink(filler)
+
+    output = tmp_path / "out.txt"
     proc = start_torchrun(args, output)
     try:
         wait_for(checkpointed(small_disk, 4), proc)
@@ -91,22 +107,6 @@ def test_a_disk_filled_during_training_stops_cleanly_and_resumes_after(small_dis
     again = torchrun([*args, f"trainer.max_steps={newest + 2}"], runner="launcher.torchrun")
     assert again.returncode == 0, explain(again)
     assert f"resumed from step {newest}" in again.stderr
-
-
-def test_a_full_disk_at_start_up_is_one_line_and_leaves_nothing(small_disk):
-    filler = fill(small_disk)
-    args = [*ARGS, "trainer.max_steps=2", f"run.root={small_disk}", "run.id=start"]
-    proc = torchrun(args, runner="launcher.torchrun")
-    assert proc.returncode == 2, explain(proc)
-    errors = [ln for ln in proc.stderr.splitlines() if "error: " in ln]
-    assert len(errors) == 1 and "no space left on device" in errors[0], explain(proc)
-    assert "Traceback" not in proc.stderr, explain(proc)
-    run = small_disk / "start"
-    assert not run.exists() or leftovers(run) == []
-    assert not run.exists() or not (run / "config.yaml").exists()  # never half a file
-    os.unlink(filler)
-    again = torchrun(args, runner="launcher.torchrun")
-    assert again.returncode == 0, explain(again)
 
 
 # -- a full disk at each kind of write that is not a checkpoint or a start-up file -------

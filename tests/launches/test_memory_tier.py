@@ -2,7 +2,8 @@
 between two durable checkpoints costs at most `trainer.memory_checkpoint_interval` steps after
 torchrun's restart, with the uninterrupted run's losses (DDP against the long run; FSDP2's
 shards and DeepSpeed ZeRO-2's partitions against the strategy sweep's points); a rewind
-restores its newer step.
+restores its newer step. Each launch resumes a copy of its reference's durable checkpoint
+(the step before the tier's) rather than training up to it again.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from launch import (
     wait_for,
     worker_pid,
 )
+from reference import cut_at
 from reference_runs import LONG, STRATEGY_SCHEDULE, STRATEGY_STEPS
 
 
@@ -47,21 +49,24 @@ def kill_rank_1_when(args: list[str], root: Path, output: Path, ready) -> tuple[
 
 
 def test_killed_rank_resumes_from_the_memory_tier(long_run, tmp_path):
-    """The long run (durable checkpoints at 20, 40, 60) under torchrun --max-restarts=1, the
-    tier at its default (every 10 steps under restarts, in /dev/shm): rank 1 is SIGKILLed as
-    soon as step 30's memory checkpoint is sealed. The restart resumes from step 30, not the
-    durable 20, and ends with the uninterrupted run's losses, bit for bit."""
+    """The long run (durable checkpoints at 20, 40, 60) resumed from its step-40 checkpoint
+    under torchrun --max-restarts=1, the tier at its default (every 10 steps under restarts,
+    in /dev/shm): rank 1 is SIGKILLed as soon as step 50's memory checkpoint is sealed. The
+    restart resumes from step 50, not the durable 40, and ends with the uninterrupted run's
+    losses, bit for bit."""
     output, root = tmp_path / "out.txt", tmp_path / "runs"
+    cut_at(long_run, 40, root / "k")
+    args = [*LONG, f"run.root={root}", "run.id=k"]
 
-    def sealed(run_dir: Path) -> bool:  # step 30's memory checkpoint, on the killed rank
-        return (memory.rank_folder("/dev/shm", run_dir, 1) / "step_00000030" / "meta.json").exists()
+    def sealed(run_dir: Path) -> bool:  # step 50's memory checkpoint, on the killed rank
+        return (memory.rank_folder("/dev/shm", run_dir, 1) / "step_00000050" / "meta.json").exists()
 
-    run_dir, log = kill_rank_1_when([*LONG, f"run.root={root}"], root, output, sealed)
-    first, again = log.split("memory tier: step 30 is newer than the durable step_00000020")
-    assert "resumed from step 30" in again
+    run_dir, log = kill_rank_1_when(args, root, output, sealed)
+    first, again = log.split("memory tier: step 50 is newer than the durable step_00000040")
+    assert "resumed from step 40" in first and "resumed from step 50" in again
     reached = max(int(s) for s in re.findall(r"step (\d+)/60", first))
-    assert 30 <= reached <= 30 + memory.DEFAULT_INTERVAL  # the steps the kill lost
-    assert losses(run_dir) == losses(long_run)
+    assert 50 <= reached <= 50 + memory.DEFAULT_INTERVAL  # the steps the kill lost
+    assert losses(run_dir) == {s: v for s, v in losses(long_run).items() if s > 40}
     assert summary(run_dir)["steps"] == 60
     kept = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
     assert kept == ["step_00000040", "step_00000060"]
@@ -70,44 +75,50 @@ def test_killed_rank_resumes_from_the_memory_tier(long_run, tmp_path):
 
 @pytest.mark.parametrize("point", ["fsdp2", "zero2"])
 def test_a_sharded_engines_killed_rank_resumes_its_shards(point, strategy_sweep, tmp_path):
-    """The sweep point's run (durable checkpoints at 10 and 20) under torchrun
-    --max-restarts=1 with the default DataLoader and the tier every 5 steps: rank 1 stalls
-    as step 17 starts (step 15's memory checkpoint, every rank's own shard, sealed at 16) and
-    is SIGKILLed there. The restart resumes from step 15, not the durable 10, and ends with
-    the uninterrupted sweep point's losses, bit for bit."""
+    """The sweep point's run (durable checkpoints at 10 and 20), resumed from its step-10
+    checkpoint under torchrun --max-restarts=1 with the default DataLoader and the tier every
+    5 steps: rank 1 stalls as step 17 starts (step 15's memory checkpoint, every rank's own
+    shard, sealed at 16) and is SIGKILLed there. The restart resumes from step 15, not the
+    durable 10, and ends with the uninterrupted sweep point's losses, bit for bit."""
     output, root = tmp_path / "out.txt", tmp_path / "runs"
     every = 5
+    reference = strategy_sweep / f"strategy={point}"
+    cut_at(reference, 10, root / "s")
     stall = ["fault.kind=stall", "fault.rank=1", "fault.step=17"]
     run = [*FAST_USER_LOADER, *STRATEGY_SCHEDULE, f"strategy={point}", f"run.root={root}"]
+    run += ["run.id=s"]
     tier = [f"trainer.memory_checkpoint_interval={every}", *stall]
     run_dir, log = kill_rank_1_when(  # fault.rank1 is written as the stall starts
         [*run, *tier], root, output, lambda d: (d / "logs" / "fault.rank1").exists()
     )
     first, again = log.split("memory tier: step 15 is newer than the durable step_00000010")
-    assert "resumed from step 15" in again
+    assert "resumed from step 10" in first and "resumed from step 15" in again
     reached = max(int(s) for s in re.findall(rf"step (\d+)/{STRATEGY_STEPS}", first))
     assert reached - 15 <= every  # the steps the kill lost
-    assert losses(run_dir) == losses(strategy_sweep / f"strategy={point}")
+    assert losses(run_dir) == {s: v for s, v in losses(reference).items() if s > 10}
     assert summary(run_dir)["steps"] == STRATEGY_STEPS
     assert not memory.rank_folder("/dev/shm", run_dir, 0).parent.exists()  # freed at the end
 
 
 def test_a_rewind_restores_the_memory_tiers_newer_step(long_run, tmp_path):
-    """trainer.on_nonfinite=rewind with the tier every 2 steps: rank 1's NaN in step 25
-    rewinds to step 24's memory checkpoint (sealed first), not the durable step 20, and
-    skips only step 25's data window: no step is redone."""
-    run = [*LONG, f"run.root={tmp_path}", "run.id=rw", "trainer.memory_checkpoint_interval=2"]
-    bad = ["trainer.on_nonfinite=rewind", "fault.kind=nonfinite", "fault.rank=1", "fault.step=25"]
+    """trainer.on_nonfinite=rewind with the tier every 2 steps: rank 1's NaN in step 45
+    rewinds to step 44's memory checkpoint (sealed first), not the durable step 40, and
+    skips only step 45's data window: no step is redone. From the long run's step-40
+    checkpoint to step 50, on its schedule (lr_decay_steps=60)."""
+    cut_at(long_run, 40, tmp_path / "rw")
+    run = [*LONG, "trainer.max_steps=50", "trainer.lr_decay_steps=60"]
+    run += [f"run.root={tmp_path}", "run.id=rw", "trainer.memory_checkpoint_interval=2"]
+    bad = ["trainer.on_nonfinite=rewind", "fault.kind=nonfinite", "fault.rank=1", "fault.step=45"]
     proc = torchrun([*run, *bad], runner="launcher.torchrun")
     assert proc.returncode == 0, explain(proc)
     assert (
-        "rewound to step 24 (step_00000024) after the non-finite step 25; data window 24 is "
+        "rewound to step 44 (step_00000044) after the non-finite step 45; data window 44 is "
         "skipped" in proc.stderr
     )
     reference = losses(long_run)
     got = [r for r in metrics(tmp_path / "rw") if "loss" in r]
-    assert [r["step"] for r in got] == [*range(1, 25), *range(25, 61)]  # nothing redone
-    assert {r["step"]: r["loss"] for r in got[:24]} == {s: reference[s] for s in range(1, 25)}
+    assert [r["step"] for r in got] == [*range(41, 45), *range(45, 51)]  # nothing redone
+    assert {r["step"]: r["loss"] for r in got[:4]} == {s: reference[s] for s in range(41, 45)}
     assert all(math.isfinite(r["loss"]) for r in got)
     s = summary(tmp_path / "rw")
-    assert (s["status"], s["steps"], s["bad_steps/rewinds"]) == ("completed", 60, 1)
+    assert (s["status"], s["steps"], s["bad_steps/rewinds"]) == ("completed", 50, 1)

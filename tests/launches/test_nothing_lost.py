@@ -1,9 +1,10 @@
 """Nothing a user ran is lost to a later launch (real launches: 2 CPU ranks, the default
 DataLoader, through `python -m launcher.torchrun`).
 
-A finished run relaunched with the same command says so and rewrites nothing; with
-another global batch it is refused; with a higher trainer.max_steps it continues and
-appends; a finished run without checkpoints is not started over. The decision table
+A finished run (a copy of the shared long run) relaunched with the same command says so
+and rewrites nothing; with another global batch it is refused; with a higher
+trainer.max_steps it continues and appends; a finished run without checkpoints is not
+started over. The decision table
 itself is in test_nothing_lost_logic.py.
 """
 
@@ -13,6 +14,8 @@ import hashlib
 from pathlib import Path
 
 from launch import FAST_USER_LOADER, explain, metrics, python_train, summary, torchrun
+from reference import copy_run
+from reference_runs import LONG
 
 SHORT = [
     *FAST_USER_LOADER,
@@ -35,23 +38,23 @@ def files(run: Path) -> dict[str, str]:
     }
 
 
-def test_a_finished_run_relaunched_is_left_alone_and_continues_when_asked(tmp_path):
-    args = [*SHORT, f"run.root={tmp_path}", "run.id=done"]
-    run = tmp_path / "done"
-    first = torchrun(args, runner="launcher.torchrun")
-    assert first.returncode == 0, explain(first)
+def test_a_finished_run_relaunched_is_left_alone_and_continues_when_asked(long_run, tmp_path):
+    """A copy of the shared long run (tests/reference_runs.py: finished at step 60 with the
+    default DataLoader, checkpoints at 40 and 60), relaunched with its own command."""
+    args = [*LONG, f"run.root={tmp_path}", "run.id=done"]
+    run = copy_run(long_run, tmp_path / "done")
     finished = files(run)
     old_metrics = (run / "metrics.jsonl").read_bytes()
 
     again = torchrun(args, runner="launcher.torchrun")
     assert again.returncode == 0, explain(again)
     said = [ln for ln in again.stderr.splitlines() if "the run is finished" in ln]
-    assert len(said) == 1 and "step 4" in said[0] and "raise trainer.max_steps" in said[0]
+    assert len(said) == 1 and "step 60" in said[0] and "raise trainer.max_steps" in said[0]
     assert "resumed from step" not in again.stderr
     assert files(run) == finished  # summary.json, metrics.jsonl, config, checkpoints: same bytes
     assert not (run / ".lock").exists()
 
-    bigger = torchrun([*args, "trainer.max_steps=6", "trainer.global_batch_size=16"],
+    bigger = torchrun([*args, "trainer.max_steps=62", "trainer.global_batch_size=16"],
                       runner="launcher.torchrun")  # fmt: skip
     assert bigger.returncode == 2, explain(bigger)
     (line,) = [ln for ln in bigger.stderr.splitlines() if "error: " in ln]
@@ -59,18 +62,21 @@ def test_a_finished_run_relaunched_is_left_alone_and_continues_when_asked(tmp_pa
     assert "run with trainer.global_batch_size=8" in line
     assert files(run) == finished
 
-    longer = torchrun([*args, "trainer.max_steps=6"], runner="launcher.torchrun")
+    longer = torchrun([*args, "trainer.max_steps=62"], runner="launcher.torchrun")
     assert longer.returncode == 0, explain(longer)
-    assert "resumed from step 4" in longer.stderr
+    assert "resumed from step 60" in longer.stderr
     (changed,) = [ln for ln in longer.stderr.splitlines() if "with changed settings" in ln]
-    said = "continuing from step 4 with changed settings: trainer.max_steps: 4 -> 6"
-    assert changed.endswith(said)  # the one setting this launch changed
+    # The settings this launch changed: trainer.max_steps, and where the copy now lies.
+    _, _, listed = changed.partition("continuing from step 60 with changed settings: ")
+    moved, root, steps = listed.split("; ")
+    assert moved == "run.id: long_run -> done" and steps == "trainer.max_steps: 60 -> 62"
+    assert root.startswith("run.root: ") and root.endswith(f" -> {tmp_path}")
     assert (run / "metrics.jsonl").read_bytes().startswith(old_metrics)  # appended to
     records = [r for r in metrics(run) if "loss" in r]
-    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in records] == list(range(1, 63))
     tokens = [r["tokens"] for r in records]
-    assert tokens == sorted(tokens) and len(set(tokens)) == 6  # never backwards, never stalls
-    assert summary(run)["status"] == "completed" and summary(run)["steps"] == 6
+    assert tokens == sorted(tokens) and len(set(tokens)) == 62  # never backwards, never stalls
+    assert summary(run)["status"] == "completed" and summary(run)["steps"] == 62
     assert summary(run)["loss"] is not None and summary(run)["tokens_per_s"] is not None
 
 

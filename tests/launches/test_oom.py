@@ -10,7 +10,8 @@ A run that ends up at 2 from its first step, by the search or by a retry of step
 reproduce its losses bit for bit: the same sequences per micro-step, summed in the same
 order, and nothing of the abandoned attempt kept (its gradients zeroed, no random numbers
 drawn). The first 12 steps suffice with the long run's schedule (`lr_decay_steps=60`).
-A retry later in the run is compared with a resume at the smaller size from the
+The search and the retry of step 1 are two points of one multirun launch. A retry later in
+the run is compared with a resume at the smaller size from the
 checkpoint before it: the steps before the retry ran at the larger size, whose sums round
 differently, so no launch from the start at the smaller size could match them exactly.
 """
@@ -18,8 +19,10 @@ differently, so no launch from the start at the smaller size could match them ex
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from launcher.resilience import exit_codes
 
@@ -41,15 +44,37 @@ def log_of(run_dir, rank: int) -> str:
     return (run_dir / "logs" / f"rank{rank}.log").read_text()
 
 
-def test_auto_takes_the_largest_size_every_rank_fits(reference, tmp_path):
-    """Rank 1's device holds 2 sequences, rank 0's any: the search tries 4 (the per-rank
-    batch), rank 1 runs out, and both take 2; the global batch of 8 stays (accumulation 2)
-    and the run is the long run's, exactly."""
-    run_dir = tmp_path / "auto"
-    fault = ["fault.kind=oom", "fault.rank=1", "fault.micro_batch=2"]
-    args = [*FIRST_12, "trainer.micro_batch_size=auto", *fault]
-    proc = torchrun([*args, f"run.root={tmp_path}", "run.id=auto"])
+def write_points(conf: Path, points: dict[str, list[str]]) -> None:
+    """conf/oom/<name>.yaml for each point: its keys win over the command line's defaults
+    because the command line leaves them out (a command-line key would win over the file)."""
+    (conf / "oom").mkdir(parents=True)
+    for name, dotlist in points.items():
+        body = OmegaConf.to_yaml(OmegaConf.from_dotlist(dotlist))
+        (conf / "oom" / f"{name}.yaml").write_text(f"# @package _global_\n{body}")
+
+
+def test_auto_and_a_retry_of_the_first_step_take_the_size_every_rank_fits(reference, tmp_path):
+    """Two points of one multirun launch (the same model, data and seed; each its own job):
+
+    `auto`: rank 1's device holds 2 sequences, rank 0's any: the search tries 4 (the
+    per-rank batch), rank 1 runs out, and both take 2; the global batch of 8 stays
+    (accumulation 2) and the run is the long run's, exactly.
+
+    `retry`: launched at 4, rank 0 runs out in step 1: both ranks halve to 2 and redo step 1
+    from its start (the same sequences, the loader reopened at its window): the long run's
+    losses, exactly; the change is in metrics.jsonl, TensorBoard and summary.json."""
+    points = {
+        "auto": ["trainer.micro_batch_size=auto", "fault.rank=1"],
+        "retry": ["trainer.micro_batch_size=4", "trainer.on_oom=retry", "fault.rank=0"],
+    }
+    write_points(tmp_path / "conf", points)
+    shared = [o for o in FIRST_12 if not o.startswith("trainer.micro_batch_size=")]
+    args = ["--config-dir", str(tmp_path / "conf"), "-m", f"+oom={','.join(points)}", *shared]
+    args += ["fault.kind=oom", "fault.micro_batch=2", "logger=tensorboard"]
+    proc = torchrun([*args, f"run.root={tmp_path}", "run.id=m"])
     assert proc.returncode == 0, explain(proc)
+
+    run_dir = tmp_path / "m" / "oom=auto"
     assert losses(run_dir) == {s: reference[s] for s in range(1, 13)}
     chose = "trainer.micro_batch_size=auto: 2 sequences per micro-batch fit (tried 4, 2), "
     chose += "2 micro-steps per rank, global batch 8 kept"
@@ -60,16 +85,7 @@ def test_auto_takes_the_largest_size_every_rank_fits(reference, tmp_path):
     meta = json.loads((run_dir / "checkpoints" / "step_00000012" / "meta.json").read_text())
     assert (meta["micro_batch"], meta["accum"]) == (2, 2)  # what a resume reads of what ran
 
-
-def test_retry_of_the_first_step_halves_on_every_rank(reference, tmp_path):
-    """Launched at 4, rank 0 runs out in step 1: both ranks halve to 2 and redo step 1 from
-    its start (the same sequences, the loader reopened at its window): the long run's
-    losses, exactly; the change is in metrics.jsonl, TensorBoard and summary.json."""
-    run_dir = tmp_path / "retry"
-    fault = ["fault.kind=oom", "fault.rank=0", "fault.micro_batch=2"]
-    args = [*FIRST_12, "trainer.micro_batch_size=4", "trainer.on_oom=retry", *fault]
-    proc = torchrun([*args, "logger=tensorboard", f"run.root={tmp_path}", "run.id=retry"])
-    assert proc.returncode == 0, explain(proc)
+    run_dir = tmp_path / "m" / "oom=retry"
     assert losses(run_dir) == {s: reference[s] for s in range(1, 13)}
     line = (
         "out of memory in step 1 on rank(s) [0]: micro-batch 4 -> 2, 1 -> 2 micro-steps per "

@@ -2,10 +2,11 @@
 
 With the default DataLoader settings (workers, persistent, pinned memory): a refused
 incompatible resume, an unloadable explicit resume=<path>, one rank's unreadable file
-(all ranks fall back together), two launches on one run directory (the lock), a stale
-lock from a killed launch, and a DeepSpeed ZeRO-2 checkpoint relaunched as ZeRO-3. Every
-refused or fallback launch leaves the good checkpoints' bytes as they were.
-The damage table of the run directory is tested in-process in test_run_dir_damage.py.
+(all ranks fall back together), on a copy of the shared long run; two launches on one run
+directory (the lock) and a stale lock from a killed launch. Every refused or fallback
+launch leaves the good checkpoints' bytes as they were. A DeepSpeed ZeRO-2 checkpoint
+relaunched as ZeRO-3 is refused in test_deepspeed.py (universal checkpoints). The damage
+table of the run directory is tested in-process in test_run_dir_damage.py.
 """
 
 from __future__ import annotations
@@ -23,16 +24,13 @@ from launcher.checkpoint import protocol as checkpoint
 from launch import (
     FAST_USER_LOADER,
     explain,
-    python_train,
     start_torchrun,
     summary,
     torchrun,
     wait_for,
 )
-from reference import cut_at
-from reference_runs import STRATEGY_SCHEDULE
-
-RUN = [*FAST_USER_LOADER, "trainer.max_steps=8", "trainer.checkpoint_interval=4"]
+from reference import copy_run
+from reference_runs import LONG
 
 
 def digest(folder: Path, skip=("logs",)) -> dict[str, str]:
@@ -61,51 +59,53 @@ def warnings_about(proc: subprocess.CompletedProcess, text: str) -> list[str]:
     return [ln for ln in proc.stderr.splitlines() if "WARNING" in ln and text in ln]
 
 
-def test_refused_and_fallback_launches_lose_nothing(tmp_path):
-    args = [*RUN, f"run.root={tmp_path}", "run.id=r"]
-    first = torchrun(args)
-    assert first.returncode == 0, explain(first)
-    run_dir = tmp_path / "r"
+def test_refused_and_fallback_launches_lose_nothing(long_run, tmp_path):
+    """A copy of the shared long run (tests/reference_runs.py: finished at 60, checkpoints
+    at 40 and 60, the default DataLoader) relaunched: refused with a changed model, refused
+    with resume=<its damaged newest checkpoint>, and with resume=auto every rank falls back
+    to step 40 together; the refused launches change no byte."""
+    run_dir = copy_run(long_run, tmp_path / "r")
+    args = [*LONG, f"run.root={tmp_path}", "run.id=r"]
     ckpts = run_dir / "checkpoints"
     before = digest(run_dir)
 
     # A changed model: one line that says what differs and how to go on; nothing written.
-    bigger = torchrun([*args, "trainer.max_steps=12", "model.n_layer=4"])
+    bigger = torchrun([*args, "trainer.max_steps=70", "model.n_layer=4"])
     assert refused(bigger), explain(bigger)
     (line,) = errors(bigger)
-    assert "step_00000008 cannot be resumed with these settings" in line
+    assert "step_00000060 cannot be resumed with these settings" in line
     assert "model.n_layer is 2 there, 4 now" in line and "run with model.n_layer=2" in line
     assert "resume=archive" in line and "new run.id" in line
     assert digest(run_dir) == before  # checkpoints, metrics, config.yaml, summary
 
     # One rank's unreadable file in the newest checkpoint (full size, so it looks complete).
-    rng1 = ckpts / "step_00000008" / "rng_rank1.pt"
+    rng1 = ckpts / "step_00000060" / "rng_rank1.pt"
     rng1.write_bytes(b"\0" * rng1.stat().st_size)
     damaged = digest(run_dir)
 
     # resume=<that checkpoint> cannot be loaded: an error, never a fresh start.
-    explicit = torchrun([*args, f"resume={ckpts / 'step_00000008'}", "trainer.max_steps=12"])
+    explicit = torchrun([*args, f"resume={ckpts / 'step_00000060'}", "trainer.max_steps=70"])
     assert refused(explicit), explain(explicit)
     (line,) = errors(explicit)
-    assert "could be loaded" in line and "rank 1:" in line and "step_00000008" in line
+    assert "could be loaded" in line and "rank 1:" in line and "step_00000060" in line
     assert digest(run_dir) == damaged
 
-    # resume=auto: every rank falls back to step 4 together, with one warning.
-    again = torchrun([*args, "trainer.max_steps=12"])
+    # resume=auto: every rank falls back to step 40 together, with one warning.
+    again = torchrun([*args, "trainer.max_steps=62"])
     assert again.returncode == 0, explain(again)
     (warning,) = warnings_about(again, "is unreadable")
-    assert "step_00000008" in warning and "rank 1:" in warning and "rank 0:" not in warning
+    assert "step_00000060" in warning and "rank 1:" in warning and "rank 0:" not in warning
     assert "falling back to the previous one" in warning
-    assert "resumed from step 4" in again.stderr
-    assert summary(run_dir)["resumed_from_step"] == 4 and summary(run_dir)["steps"] == 12
-    # The step-8 checkpoint it could not read is kept aside, not overwritten.
+    assert "resumed from step 40" in again.stderr
+    assert summary(run_dir)["resumed_from_step"] == 40 and summary(run_dir)["steps"] == 62
+    # The step-60 checkpoint it could not read is kept aside, not overwritten.
     (aside,) = (ckpts / "superseded").iterdir()
     assert digest(aside, skip=()) == {
-        k.removeprefix("checkpoints/step_00000008/"): v
+        k.removeprefix("checkpoints/step_00000060/"): v
         for k, v in damaged.items()
-        if k.startswith("checkpoints/step_00000008/")
+        if k.startswith("checkpoints/step_00000060/")
     }
-    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000008", "step_00000012"]
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000060", "step_00000062"]
     assert not (run_dir / ".lock").exists()
 
 
@@ -151,23 +151,3 @@ def test_one_launch_per_run_directory(tmp_path):
     assert "is no longer running" in warning
     assert f"resumed from step {step}" in after.stderr
     assert not (run_dir / ".lock").exists()
-
-
-def test_deepspeed_checkpoint_into_zero3_is_refused(strategy_sweep, tmp_path):
-    """A ZeRO-2 checkpoint that no conversion makes loadable by ZeRO-3 (DeepSpeed 0.19.8):
-    one line, exit 2, nothing written, not even a conversion. The checkpoint is the shared
-    strategy sweep's ZeRO-2 step 10 (tests/reference_runs.py)."""
-    run_dir = cut_at(strategy_sweep / "strategy=zero2", 10, tmp_path / "ds")
-    args = [*FAST_USER_LOADER, *STRATEGY_SCHEDULE, "strategy=zero2", f"run.root={tmp_path}"]
-    args += ["run.id=ds"]
-    before = digest(run_dir)
-    one = python_train([*args, "strategy=zero3"])
-    assert one.returncode == 2, explain(one)
-    (line,) = errors(one)
-    assert "strategy.zero_stage is 2 there, 3 now" in line
-    assert "To resume it, run with strategy.zero_stage=2 (at any world size)" in line
-    assert digest(run_dir) == before
-    # At the world size that wrote it, it resumes (each rank's shard checked, then loaded).
-    two = torchrun([*args, "trainer.max_steps=12"])
-    assert two.returncode == 0, explain(two)
-    assert "resumed from step 10" in two.stderr
