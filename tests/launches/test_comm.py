@@ -1,4 +1,12 @@
-"""DDP communication knobs on 2 gloo ranks: hooks, buckets, replicas in sync, NCCL settings."""
+"""DDP communication knobs on 2 gloo ranks: hooks, buckets, replicas in sync, NCCL settings.
+
+The runs the tests read are the points of one multirun launch (`points`): plain all-reduce
+at the default bucket size, fp16 and bf16 compression with 0.05 MB buckets, the comm timing
+off, and PowerSGD with 0.05 MB buckets; the launch carries an NCCL preset and a single
+override of it (launch-wide: NCCL reads its settings once, when the process group is
+created). Each point is a job of its own (its engine, hook and seed built again), so each
+equals the launch it replaced.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +16,54 @@ import subprocess
 
 import pytest
 
-from launch import FAST, base_env, explain, losses, metrics, summary, torchrun, torchrun_cmd
+from launch import (
+    FAST,
+    base_env,
+    explain,
+    losses,
+    metrics,
+    summary,
+    sweep_of_points,
+    torchrun,
+    torchrun_cmd,
+)
 from reference import cut_at
 
 RUN = [*FAST, "trainer.max_steps=8"]
 
 
+# PowerSGD: the first 8 steps keep the plain run's LR schedule (lr_decay_steps=8), so the
+# losses compare; warm-up (trainer.warmup_steps=3) makes steps 1-3 plain all-reduce.
+POWERSGD = [
+    *FAST,
+    "strategy.comm_hook=powersgd",
+    "trainer.lr_decay_steps=8",
+    "trainer.checkpoint_interval=6",
+]
+NCCL = ["nccl=ethernet", "nccl.env.NCCL_SOCKET_NTHREADS=8"]
+
+
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    root = tmp_path_factory.mktemp("plain")
-    proc = torchrun([*RUN, f"run.root={root}", "run.id=none"])
+def points(tmp_path_factory):
+    """{point: run directory} of the one launch: "none" (plain), "fp16", "bf16", "untimed",
+    "powersgd" (12 steps straight with 0.05 MB buckets: the layout on which PyTorch's hook
+    hung)."""
+    root = tmp_path_factory.mktemp("comm")
+    runs = {
+        "none": RUN,
+        "fp16": [*RUN, "strategy.comm_hook=fp16", "strategy.bucket_cap_mb=0.05"],
+        "bf16": [*RUN, "strategy.comm_hook=bf16", "strategy.bucket_cap_mb=0.05"],
+        "untimed": [*RUN, "trainer.max_steps=2", "strategy.time_comm=false"],
+        "powersgd": [*POWERSGD, "strategy.bucket_cap_mb=0.05"],
+    }
+    args = sweep_of_points(root / "conf", runs)
+    proc = torchrun([*args, *NCCL, f"run.root={root}", "run.id=c"])
     assert proc.returncode == 0, explain(proc)
-    return root / "none"
+    return {name: root / "c" / f"point={name}" for name in runs}
 
 
-def test_default_buckets_and_replicas(plain):
-    s = summary(plain)
+def test_default_buckets_and_replicas(points):
+    s = summary(points["none"])
     assert s["replicas_in_sync"] is True
     assert s["comm/buckets"] == 1  # 0.13M parameters (0.5 MB) fit one 25 MB bucket
 
@@ -42,21 +82,9 @@ def check_comm_figures(records: list[dict], wire_itemsize: int, world: int = 2) 
         assert r["comm/busbw_gbps"] == pytest.approx(algbw * 2 * (world - 1) / world)
 
 
-@pytest.fixture(scope="module")
-def compressed(tmp_path_factory):
-    """fp16 and bf16 gradient compression as two points of one launch, 0.05 MB buckets; the
-    launch also carries an NCCL preset and a single override of it."""
-    root = tmp_path_factory.mktemp("hooks")
-    extra = ["strategy.comm_hook=fp16,bf16", "strategy.bucket_cap_mb=0.05"]
-    extra += ["nccl=ethernet", "nccl.env.NCCL_SOCKET_NTHREADS=8"]
-    proc = torchrun(["-m", *RUN, f"run.root={root}", "run.id=h", *extra])  # -m: Hydra's, first
-    assert proc.returncode == 0, explain(proc)
-    return root / "h"
-
-
 @pytest.mark.parametrize("hook", ["fp16", "bf16"])
-def test_compression_hook_trains_and_keeps_replicas_identical(plain, compressed, hook):
-    run_dir = compressed / f"comm_hook={hook}"
+def test_compression_hook_trains_and_keeps_replicas_identical(points, hook):
+    plain, run_dir = points["none"], points[hook]
     s = summary(run_dir)
     assert s["replicas_in_sync"] is True
     assert s["comm/buckets"] > 1  # 0.05 MB buckets split the gradients
@@ -71,46 +99,20 @@ def test_compression_hook_trains_and_keeps_replicas_identical(plain, compressed,
     assert env["NCCL_SOCKET_IFNAME"] == "^lo,docker"
 
 
-def test_plain_allreduce_comm_figures(plain):
-    check_comm_figures(metrics(plain), wire_itemsize=4)
+def test_plain_allreduce_comm_figures(points):
+    check_comm_figures(metrics(points["none"]), wire_itemsize=4)
 
 
-def test_untimed_comm_reports_no_comm_figures(tmp_path):
-    proc = torchrun(
-        [
-            *RUN,
-            "trainer.max_steps=2",
-            f"run.root={tmp_path}",
-            "run.id=u",
-            "strategy.time_comm=false",
-        ]
-    )
-    assert proc.returncode == 0, explain(proc)
-    for r in metrics(tmp_path / "u"):
+def test_untimed_comm_reports_no_comm_figures(points):
+    untimed = points["untimed"]
+    assert [r["step"] for r in metrics(untimed) if "loss" in r] == [1, 2]
+    for r in metrics(untimed):
         assert not any(k.startswith("comm/") and k != "comm/buckets" for k in r), r
-    assert summary(tmp_path / "u")["comm/exposed_s"] is None
+    assert summary(untimed)["comm/exposed_s"] is None
 
 
-# PowerSGD: the first 8 steps keep the plain run's LR schedule (lr_decay_steps=8), so the
-# losses compare; warm-up (trainer.warmup_steps=3) makes steps 1-3 plain all-reduce.
-POWERSGD = [
-    *FAST,
-    "strategy.comm_hook=powersgd",
-    "trainer.lr_decay_steps=8",
-    "trainer.checkpoint_interval=6",
-]
-
-
-@pytest.fixture(scope="module")
-def powersgd_small_buckets(tmp_path_factory):
-    """12 steps straight with 0.05 MB buckets: the layout on which PyTorch's hook hung."""
-    root = tmp_path_factory.mktemp("powersgd")
-    proc = torchrun([*POWERSGD, f"run.root={root}", "run.id=p", "strategy.bucket_cap_mb=0.05"])
-    assert proc.returncode == 0, explain(proc)
-    return root / "p"
-
-
-def test_powersgd_small_buckets_trains_and_keeps_replicas_identical(plain, powersgd_small_buckets):
+def test_powersgd_small_buckets_trains_and_keeps_replicas_identical(points):
+    plain, powersgd_small_buckets = points["none"], points["powersgd"]
     s = summary(powersgd_small_buckets)
     assert s["status"] == "completed" and s["replicas_in_sync"] is True
     assert s["comm/buckets"] > 1
@@ -131,10 +133,11 @@ def test_powersgd_small_buckets_trains_and_keeps_replicas_identical(plain, power
     assert sent[1] == full and sent[5] < full / 2  # warm-up all-reduces, then the factors
 
 
-def test_powersgd_resume_with_default_buckets_is_exact(powersgd_small_buckets, tmp_path):
+def test_powersgd_resume_with_default_buckets_is_exact(points, tmp_path):
     """The 0.05 MB run's step-6 checkpoint, resumed to 12 with one 25 MB bucket: bit-identical
     to the 12 straight steps. PowerSGD's memory is kept per parameter, so neither the bucket
     size nor DDP's rebuild of buckets after a restart changes the arithmetic."""
+    powersgd_small_buckets = points["powersgd"]
     cut_at(powersgd_small_buckets, 6, tmp_path / "r")
     resumed = torchrun([*POWERSGD, f"run.root={tmp_path}", "run.id=r", "trainer.max_steps=12"])
     assert resumed.returncode == 0, explain(resumed)
