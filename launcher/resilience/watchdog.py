@@ -15,6 +15,14 @@ limit passes, every rank that can still run writes
 and the process exits with exit_codes.HANG so that torchrun, Slurm or Kubernetes restarts
 the job from its last complete checkpoint. A rank that cannot run at all (stopped, stuck in
 the kernel) writes nothing, and that absence names it.
+
+Each rank's limit comes from its own step times, so the ranks of one hung job notice at
+different moments; the first to exit makes torchrun stop the others, which then wrote
+nothing and were named as the culprit (and torch's `fr_trace` refused the folder: "Missing
+dump files from ranks {1}"). So a rank that declares a hang waits, a few of the watchdog's
+polls at most, for the others' records, and a rank whose watchdog finds a record another
+rank wrote during this job writes its own at once and exits the same way: every rank that
+can run writes, whichever noticed first.
 """
 
 from __future__ import annotations
@@ -113,6 +121,7 @@ class HangWatchdog:
         self._step = start_step
         self._phase = "start-up"
         self._limit, self._why = cfg.startup_s, "watchdog.startup_s"
+        self._started = time.time()  # a peer's record older than this is another job's
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="launcher-watchdog", daemon=True)
         _current[:] = [self]
@@ -208,32 +217,89 @@ class HangWatchdog:
             self._phase = "end of run"  # what is left: the sinks, summary.json, teardown
 
     # -- the watchdog thread -------------------------------------------------------------
+    def _poll_s(self) -> float:
+        return min(1.0, self.cfg.min_s / 10)
+
     def _watch(self) -> None:
-        while not self._stop.wait(min(1.0, self.cfg.min_s / 10)):
+        while not self._stop.wait(self._poll_s()):
             with self._lock:
                 idle = time.monotonic() - self._last
                 limit, why, step, phase = self._limit, self._why, self._step, self._phase
             if idle > limit:
                 self._fire(idle, limit, step, phase, why)
+            elif (peer := self.peer_declaring()) is not None:
+                self._fire(idle, limit, step, phase, why, declared_by=peer)
 
-    def _fire(self, idle: float, limit: float, step: int, phase: str, why: str) -> None:
+    def peer_declaring(self) -> int | None:
+        """The rank that wrote a hang record during this job, other than this one."""
+        for path in (self.run_dir / "logs").glob("hang.rank*.json"):
+            rank = path.stem.removeprefix("hang.rank")
+            if rank == str(self.rank):
+                continue
+            try:
+                written = json.loads(path.read_text())["time"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # being written, or not a record: the next poll reads it again
+            if written >= self._started:
+                return int(rank)
+        return None
+
+    def await_peers(self, world: int) -> list[int]:
+        """Wait (a few polls at most) until every other rank of `world` has written its
+        record of this job; the ranks that have not, when the wait ends."""
+        if world <= 1:
+            return []
+        deadline = time.monotonic() + 3 * self._poll_s() + 2.0
+        while True:
+            missing = [r for r in range(world) if r != self.rank and not self._wrote(r)]
+            if not missing or time.monotonic() > deadline:
+                return missing
+            time.sleep(0.1)
+
+    def _wrote(self, rank: int) -> bool:
+        try:
+            record = json.loads((self.run_dir / "logs" / f"hang.rank{rank}.json").read_text())
+            return record["time"] >= self._started
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+
+    def _fire(
+        self,
+        idle: float,
+        limit: float,
+        step: int,
+        phase: str,
+        why: str,
+        declared_by: int | None = None,
+    ) -> None:
         logs = self.run_dir / "logs"
-        log.error(
-            "hang: no progress for %.0f s (%s allowance %.0f s: %s) on rank %d after step %d "
-            "(%s); "
-            "stacks in %s, flight recorder in %s; exiting with code %d so the job restarts "
-            "from its last checkpoint (see docs/faults.md)",
-            idle,
-            phase,
-            limit,
-            why,
-            self.rank,
-            step,
-            phase,
-            logs / f"stacks.rank{self.rank}.txt",
-            logs / "fr",
-            exit_codes.HANG,
-        )
+        if declared_by is None:
+            log.error(
+                "hang: no progress for %.0f s (%s allowance %.0f s: %s) on rank %d after step "
+                "%d (%s); stacks in %s, flight recorder in %s; exiting with code %d so the job "
+                "restarts from its last checkpoint (see docs/faults.md)",
+                idle,
+                phase,
+                limit,
+                why,
+                self.rank,
+                step,
+                phase,
+                logs / f"stacks.rank{self.rank}.txt",
+                logs / "fr",
+                exit_codes.HANG,
+            )
+        else:
+            log.error(
+                "hang: rank %d declared a hang; rank %d (%.0f s since its last progress, %s "
+                "after step %d) writes its stacks and flight recorder too and exits with code %d",
+                declared_by,
+                self.rank,
+                idle,
+                phase,
+                step,
+                exit_codes.HANG,
+            )
         for write in (self._write_stacks, self._write_flight_recorder):
             try:
                 write(logs, idle=idle, limit=limit, step=step, phase=phase)
@@ -241,6 +307,9 @@ class HangWatchdog:
                 log.error("hang: could not write %s: %s", write.__name__, exc)
         with contextlib.suppress(Exception):
             self.on_hang(step)
+        missing = self.await_peers(int(os.environ.get("WORLD_SIZE", "1")))
+        if missing and declared_by is None:
+            log.error("hang: no record from rank(s) %s: they could not run", missing)
         exit_codes.report(exit_codes.HANG)
         logging.shutdown()
         os._exit(exit_codes.HANG)

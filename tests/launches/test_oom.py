@@ -19,14 +19,12 @@ differently, so no launch from the start at the smaller size could match them ex
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 from launcher.resilience import exit_codes
 
-from launch import explain, losses, metrics, summary, torchrun
+from launch import explain, losses, metrics, summary, sweep_of_points, torchrun
 from reference import cut_at
 from reference_runs import LONG
 
@@ -44,15 +42,6 @@ def log_of(run_dir, rank: int) -> str:
     return (run_dir / "logs" / f"rank{rank}.log").read_text()
 
 
-def write_points(conf: Path, points: dict[str, list[str]]) -> None:
-    """conf/oom/<name>.yaml for each point: its keys win over the command line's defaults
-    because the command line leaves them out (a command-line key would win over the file)."""
-    (conf / "oom").mkdir(parents=True)
-    for name, dotlist in points.items():
-        body = OmegaConf.to_yaml(OmegaConf.from_dotlist(dotlist))
-        (conf / "oom" / f"{name}.yaml").write_text(f"# @package _global_\n{body}")
-
-
 def test_auto_and_a_retry_of_the_first_step_take_the_size_every_rank_fits(reference, tmp_path):
     """Two points of one multirun launch (the same model, data and seed; each its own job):
 
@@ -63,18 +52,16 @@ def test_auto_and_a_retry_of_the_first_step_take_the_size_every_rank_fits(refere
     `retry`: launched at 4, rank 0 runs out in step 1: both ranks halve to 2 and redo step 1
     from its start (the same sequences, the loader reopened at its window): the long run's
     losses, exactly; the change is in metrics.jsonl, TensorBoard and summary.json."""
+    shared = [*FIRST_12, "fault.kind=oom", "fault.micro_batch=2", "logger=tensorboard"]
     points = {
-        "auto": ["trainer.micro_batch_size=auto", "fault.rank=1"],
-        "retry": ["trainer.micro_batch_size=4", "trainer.on_oom=retry", "fault.rank=0"],
+        "auto": [*shared, "trainer.micro_batch_size=auto", "fault.rank=1"],
+        "retry": [*shared, "trainer.micro_batch_size=4", "trainer.on_oom=retry", "fault.rank=0"],
     }
-    write_points(tmp_path / "conf", points)
-    shared = [o for o in FIRST_12 if not o.startswith("trainer.micro_batch_size=")]
-    args = ["--config-dir", str(tmp_path / "conf"), "-m", f"+oom={','.join(points)}", *shared]
-    args += ["fault.kind=oom", "fault.micro_batch=2", "logger=tensorboard"]
+    args = sweep_of_points(tmp_path / "conf", points)
     proc = torchrun([*args, f"run.root={tmp_path}", "run.id=m"])
     assert proc.returncode == 0, explain(proc)
 
-    run_dir = tmp_path / "m" / "oom=auto"
+    run_dir = tmp_path / "m" / "point=auto"
     assert losses(run_dir) == {s: reference[s] for s in range(1, 13)}
     chose = "trainer.micro_batch_size=auto: 2 sequences per micro-batch fit (tried 4, 2), "
     chose += "2 micro-steps per rank, global batch 8 kept"
@@ -85,7 +72,7 @@ def test_auto_and_a_retry_of_the_first_step_take_the_size_every_rank_fits(refere
     meta = json.loads((run_dir / "checkpoints" / "step_00000012" / "meta.json").read_text())
     assert (meta["micro_batch"], meta["accum"]) == (2, 2)  # what a resume reads of what ran
 
-    run_dir = tmp_path / "m" / "oom=retry"
+    run_dir = tmp_path / "m" / "point=retry"
     assert losses(run_dir) == {s: reference[s] for s in range(1, 13)}
     line = (
         "out of memory in step 1 on rank(s) [0]: micro-batch 4 -> 2, 1 -> 2 micro-steps per "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import time
 
 import pytest
 from omegaconf import OmegaConf
@@ -221,3 +222,26 @@ def test_bad_steps_allow_max_bad_steps_within_the_window():
     assert (bad.skipped, bad.in_window()) == (3, 2)
     assert bad.record(14)  # 5, 13, 14: three within 5..14
     assert bad.skipped == 3
+
+
+def test_a_peers_record_of_this_job_makes_a_rank_write_its_own(tmp_path):
+    """The ranks of one hung job notice at different moments (each limit from its own step
+    times): a rank that finds another's record of this job fires at once, and one that
+    fired waits a few polls for the others' records, so that no rank that could run is
+    stopped before it wrote (and then named as the one that could not)."""
+    cfg = OmegaConf.structured(WatchdogConfig(enabled=False, min_s=0.5))
+    dog = HangWatchdog(cfg, rank=0, run_dir=tmp_path, start_step=0, on_hang=lambda step: None)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    assert dog.peer_declaring() is None
+    (logs / "hang.rank1.json").write_text(json.dumps({"time": dog._started - 60}))  # a job before
+    (logs / "hang.rank0.json").write_text(json.dumps({"time": time.time()}))  # its own
+    (logs / "hang.rank2.json").write_text('{"time": ')  # being written
+    assert dog.peer_declaring() is None
+    (logs / "hang.rank1.json").write_text(json.dumps({"time": time.time()}))
+    assert dog.peer_declaring() == 1
+    started = time.monotonic()
+    assert dog.await_peers(3) == [2]  # rank 2's record never completes: the wait ends
+    assert 2.0 <= time.monotonic() - started < 5.0
+    (logs / "hang.rank2.json").write_text(json.dumps({"time": time.time()}))
+    assert dog.await_peers(3) == [] and dog.await_peers(1) == []
