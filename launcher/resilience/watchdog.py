@@ -19,10 +19,10 @@ the kernel) writes nothing, and that absence names it.
 Each rank's limit comes from its own step times, so the ranks of one hung job notice at
 different moments; the first to exit makes torchrun stop the others, which then wrote
 nothing and were named as the culprit (and torch's `fr_trace` refused the folder: "Missing
-dump files from ranks {1}"). So a rank that declares a hang waits, a few of the watchdog's
-polls at most, for the others' records, and a rank whose watchdog finds a record another
-rank wrote during this job writes its own at once and exits the same way: every rank that
-can run writes, whichever noticed first.
+dump files from ranks {1}"). So a rank that declares a hang says so first
+(`logs/hang.declared`) and waits, a few of the watchdog's polls at most, for the others'
+records, and a rank whose watchdog finds that declaration of this job writes its own at
+once and exits the same way: every rank that can run writes, whichever noticed first.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ log = logging.getLogger("launcher")
 
 FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 FR_LEGACY_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # the NCCL-only name older torch reads
+DECLARED = "hang.declared"  # in logs/: the rank that declared a hang, and when
 
 
 # The watchdog of this process's job, if one is running: what a stop request asks (which
@@ -231,37 +232,46 @@ class HangWatchdog:
                 self._fire(idle, limit, step, phase, why, declared_by=peer)
 
     def peer_declaring(self) -> int | None:
-        """The rank that wrote a hang record during this job, other than this one."""
-        for path in (self.run_dir / "logs").glob("hang.rank*.json"):
-            rank = path.stem.removeprefix("hang.rank")
-            if rank == str(self.rank):
-                continue
-            try:
-                written = json.loads(path.read_text())["time"]
-            except (OSError, ValueError, KeyError, TypeError):
-                continue  # being written, or not a record: the next poll reads it again
-            if written >= self._started:
-                return int(rank)
-        return None
+        """The rank that declared a hang during this job (`logs/hang.declared`), if another.
+        One file, so that each rank's poll is one lookup on a shared file system, whatever
+        the number of ranks."""
+        declared = self._record(self.run_dir / "logs" / DECLARED)
+        if declared is None or declared.get("rank") == self.rank:
+            return None
+        return declared.get("rank")
 
     def await_peers(self, world: int) -> list[int]:
         """Wait (a few polls at most) until every other rank of `world` has written its
-        record of this job; the ranks that have not, when the wait ends."""
+        record of this job; the ranks that have not, when the wait ends. One listing of
+        logs/ a tenth of a second, each record read once it is there."""
         if world <= 1:
             return []
+        logs = self.run_dir / "logs"
         deadline = time.monotonic() + 3 * self._poll_s() + 2.0
+        wrote = {self.rank}
         while True:
-            missing = [r for r in range(world) if r != self.rank and not self._wrote(r)]
+            with contextlib.suppress(OSError):
+                names = set(os.listdir(logs))
+                wrote |= {
+                    r
+                    for r in range(world)
+                    if r not in wrote
+                    and f"hang.rank{r}.json" in names
+                    and self._record(logs / f"hang.rank{r}.json") is not None
+                }
+            missing = [r for r in range(world) if r not in wrote]
             if not missing or time.monotonic() > deadline:
                 return missing
             time.sleep(0.1)
 
-    def _wrote(self, rank: int) -> bool:
+    def _record(self, path: Path) -> dict | None:
+        """The JSON record at `path` if it was written during this job (a record of an
+        earlier attempt, or one being written, is None)."""
         try:
-            record = json.loads((self.run_dir / "logs" / f"hang.rank{rank}.json").read_text())
-            return record["time"] >= self._started
+            record = json.loads(path.read_text())
+            return record if record["time"] >= self._started else None
         except (OSError, ValueError, KeyError, TypeError):
-            return False
+            return None
 
     def _fire(
         self,
@@ -274,6 +284,8 @@ class HangWatchdog:
     ) -> None:
         logs = self.run_dir / "logs"
         if declared_by is None:
+            with contextlib.suppress(OSError):  # first: the others write theirs meanwhile
+                (logs / DECLARED).write_text(json.dumps({"rank": self.rank, "time": time.time()}))
             log.error(
                 "hang: no progress for %.0f s (%s allowance %.0f s: %s) on rank %d after step "
                 "%d (%s); stacks in %s, flight recorder in %s; exiting with code %d so the job "

@@ -226,22 +226,26 @@ def test_bad_steps_allow_max_bad_steps_within_the_window():
 
 def test_a_peers_record_of_this_job_makes_a_rank_write_its_own(tmp_path):
     """The ranks of one hung job notice at different moments (each limit from its own step
-    times): a rank that finds another's record of this job fires at once, and one that
+    times): a rank that finds another's declaration of this job fires at once, and one that
     fired waits a few polls for the others' records, so that no rank that could run is
     stopped before it wrote (and then named as the one that could not)."""
     cfg = OmegaConf.structured(WatchdogConfig(enabled=False, min_s=0.5))
     dog = HangWatchdog(cfg, rank=0, run_dir=tmp_path, start_step=0, on_hang=lambda step: None)
     logs = tmp_path / "logs"
     logs.mkdir()
+    declared = logs / "hang.declared"
     assert dog.peer_declaring() is None
-    (logs / "hang.rank1.json").write_text(json.dumps({"time": dog._started - 60}))  # a job before
-    (logs / "hang.rank0.json").write_text(json.dumps({"time": time.time()}))  # its own
-    (logs / "hang.rank2.json").write_text('{"time": ')  # being written
+    for stale in ({"rank": 1, "time": dog._started - 60}, {"rank": 0, "time": time.time()}):
+        declared.write_text(json.dumps(stale))  # a job before's, then its own
+        assert dog.peer_declaring() is None
+    declared.write_text('{"rank": 1, "ti')  # being written
     assert dog.peer_declaring() is None
-    (logs / "hang.rank1.json").write_text(json.dumps({"time": time.time()}))
+    declared.write_text(json.dumps({"rank": 1, "time": time.time()}))
     assert dog.peer_declaring() == 1
+    (logs / "hang.rank1.json").write_text(json.dumps({"time": time.time()}))
+    (logs / "hang.rank2.json").write_text(json.dumps({"time": dog._started - 60}))  # old
     started = time.monotonic()
-    assert dog.await_peers(3) == [2]  # rank 2's record never completes: the wait ends
+    assert dog.await_peers(3) == [2]  # rank 2 never writes this job's record: the wait ends
     assert 2.0 <= time.monotonic() - started < 5.0
     (logs / "hang.rank2.json").write_text(json.dumps({"time": time.time()}))
     assert dog.await_peers(3) == [] and dog.await_peers(1) == []
