@@ -15,10 +15,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from omegaconf import OmegaConf
 
 from knob_rows import BASE, ENGINES, launched
-from launch import FAST_USER_LOADER, base_env, explain, losses, summary, torchrun_cmd
+from launch import (
+    FAST_USER_LOADER,
+    base_env,
+    explain,
+    losses,
+    summary,
+    sweep_of_points,
+    torchrun_cmd,
+)
 from paths import REPO
 from text_corpus import article_folder
 from wandb_readback import private_wandb_env
@@ -41,24 +48,22 @@ def fixtures(tmp: Path) -> dict[str, str]:
     }
 
 
-def write_points(conf: Path, rows, files: dict[str, str]) -> list[str]:
-    """conf/knob/<row>.yaml for each row and reference.yaml: the base and the row's keys,
-    so a row's value wins over the base (a command-line key would win over the file)."""
-    (conf / "knob").mkdir(parents=True)
+def knob_points(rows, files: dict[str, str]) -> dict[str, list[str]]:
+    """{point: its whole command line}: `reference` (the base) and each row (the base and
+    the row's keys, so the row's value wins)."""
     names = ["reference", *(r.name for r in rows)]
-    for name, overrides in zip(names, [(), *(r.overrides for r in rows)], strict=True):
-        dotlist = [*FAST_USER_LOADER, *BASE, *(o.format(**files) for o in overrides)]
-        body = OmegaConf.to_yaml(OmegaConf.from_dotlist(dotlist))
-        (conf / "knob" / f"{name}.yaml").write_text(f"# @package _global_\n{body}")
-    return names
+    overrides = [(), *(r.overrides for r in rows)]
+    return {
+        name: [*FAST_USER_LOADER, *BASE, *(o.format(**files) for o in keys)]
+        for name, keys in zip(names, overrides, strict=True)
+    }
 
 
 @pytest.mark.timeout(1200)  # about 30 points, 3 of them compiling: 4-7 minutes on 2 cores
 @pytest.mark.parametrize("engine", ENGINES)
 def test_every_knob_runs_with_its_proof(engine, tmp_path):
     rows = launched(engine)
-    names = write_points(tmp_path / "conf", rows, fixtures(tmp_path))
-    args = ["--config-dir", str(tmp_path / "conf"), "-m", f"+knob={','.join(names)}"]
+    args = sweep_of_points(tmp_path / "conf", knob_points(rows, fixtures(tmp_path)), "knob")
     args += [f"strategy={engine}", f"run.root={tmp_path / 'runs'}", "run.id=m"]
     cmd = torchrun_cmd(args, nproc=2)
     env = base_env(**private_wandb_env(tmp_path))
