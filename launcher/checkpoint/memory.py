@@ -24,10 +24,12 @@ import hashlib
 import logging
 import os
 import shutil
+import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from launcher.checkpoint import node_share
 from launcher.checkpoint import protocol as checkpoint
 from launcher.checkpoint.resume import differences
 from launcher.model.build import param_count
@@ -72,15 +74,70 @@ def state_bytes(cfg, world_size: int = 1) -> int:
     return estimate(cfg, param_count(cfg.model), world_size) if estimate else 0
 
 
-def shm_bytes(cfg, restarts: int | None = None, world_size: int = 1) -> int:
-    """What the tier puts in /dev/shm on one rank of `world_size`: the kept checkpoint and
-    the one being written (0 when the tier is off or writes elsewhere)."""
-    if not interval(cfg, restarts):
-        return 0
+def node_state_bytes(cfg, procs_per_node: int, world_size: int) -> int:
+    """One memory checkpoint on one node of `procs_per_node` ranks: the state every rank
+    holds alike once (its ranks write a part each, launcher.checkpoint.node_share), the
+    state each rank holds alone once per rank."""
+    one = state_bytes(cfg, world_size)
+    return one if engine(cfg.strategy.name).memory_checkpoint_replicated else one * procs_per_node
+
+
+def in_shm(cfg) -> bool:
     root = Path(cfg.trainer.memory_checkpoint_dir).expanduser()
-    if root != SHM and SHM not in root.parents:
+    return root == SHM or SHM in root.parents
+
+
+def shm_bytes(
+    cfg, procs_per_node: int, world_size: int | None = None, restarts: int | None = None
+) -> int:
+    """What the tier puts in /dev/shm on one node of `procs_per_node` ranks of `world_size`
+    (default: that node alone): the kept checkpoint and the one being written (0 when the
+    tier is off or writes elsewhere)."""
+    if not interval(cfg, restarts) or not in_shm(cfg):
         return 0
-    return (KEEP + 1) * state_bytes(cfg, world_size)
+    return (KEEP + 1) * node_state_bytes(cfg, procs_per_node, world_size or procs_per_node)
+
+
+def held_bytes(root: str, run_dir: Path) -> int:
+    """Bytes this run's tier already holds on this node (an earlier launch's checkpoints,
+    which this launch's replace): room the tier has besides the free space."""
+    folder = rank_folder(root, run_dir, 0).parent
+    total = 0
+    for dirpath, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def node_key(root: Path) -> str:
+    """What names the memory a tier folder lives in, the same on every rank that shares it:
+    the host and the file system (its device) of the tier's root, or of its nearest existing
+    parent before the first save creates it."""
+    while not root.exists() and root != root.parent:
+        root = root.parent
+    return f"{socket.gethostname()}:{os.stat(root).st_dev}"
+
+
+def lost_ranks(everyone: list[list[int]], after: int, best: int | None):
+    """(step, ranks): the newest step past `after` and past `best` that some ranks hold and
+    others do not (those others), or None: what a lost node costs the restart."""
+    held = {s for steps in everyone for s in steps if s > after and (best is None or s > best)}
+    if not held:
+        return None
+    step = max(held)
+    return step, [r for r, steps in enumerate(everyone) if step not in steps]
+
+
+def compact(ranks: list[int]) -> str:
+    """Ranks as runs: [4, 5, 6, 7, 9] -> '4-7, 9'."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return ", ".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in runs)
 
 
 def rank_folder(root: str, run_dir: Path, rank: int) -> Path:
@@ -117,6 +174,7 @@ class MemoryTier:
             gather=rt.all_gather_objects,
         )
         self.identity = identity
+        self.share = node_share.shares(rt.all_gather_objects(node_key(Path(root))), rt.rank)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="memory-checkpoint")
         self.on = True
         checkpoint.remove_leftovers(checkpoint.scan(self.folder))  # this launch holds the lock
@@ -180,7 +238,17 @@ class MemoryTier:
         everyone = self.rt.all_gather_objects(sorted(mine))
         common = set.intersection(*(set(steps) for steps in everyone))
         newer = [s for s in common if s > after]
-        return mine[max(newer)] if newer else None
+        best = max(newer, default=None)
+        lost = lost_ranks(everyone, after, best)
+        if lost and self.rt.is_main:
+            log.warning(
+                "memory tier: rank(s) %s hold no memory checkpoint of step %d that other ranks "
+                "hold (their node's memory was lost, or the node replaced); %s",
+                compact(lost[1]), lost[0],
+                f"resuming from the memory checkpoint of step {best}" if best else
+                "resuming from the durable checkpoint" if after > 0 else "starting from step 0",
+            )  # fmt: skip
+        return mine[best] if best else None
 
     def keep_only(self, kept: Path | None) -> None:
         """Remove this rank's memory checkpoints but `kept` (what it resumed from): the
