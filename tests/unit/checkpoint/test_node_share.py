@@ -74,7 +74,8 @@ def test_the_parts_of_a_node_join_to_the_exact_state(tmp_path, ranks):
 
 def test_the_node_writes_one_copy_and_tied_weights_once(tmp_path):
     state = trained_state()
-    unique = {node_share.memory_key(t): t for t in torch.utils._pytree.tree_leaves(state) if torch.is_tensor(t)}
+    leaves = torch.utils._pytree.tree_leaves(state)
+    unique = {node_share.memory_key(t): t for t in leaves if torch.is_tensor(t)}
     one_copy = sum(t.numel() * t.element_size() for t in unique.values())
     ranks = tuple(range(8))
     parts = [node_share.part_of(state, node_share.NodeShare(i, ranks)) for i in ranks]
