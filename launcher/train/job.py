@@ -231,9 +231,9 @@ def memory_tier(cfg: TrainConfig, rt: Runtime, model) -> MemoryTier | None:
             return None
     if rt.is_main:
         log.info("memory tier: every %d steps, in %s", every, cfg.trainer.memory_checkpoint_dir)
-    return MemoryTier(
-        cfg.trainer.memory_checkpoint_dir, every, rt, resume.identity(cfg, model, rt.world_size)
-    )
+    identity = resume.identity(cfg, model, rt.world_size)
+    t = cfg.trainer
+    return MemoryTier(t.memory_checkpoint_dir, every, rt, identity, t.memory_checkpoint_peer)
 
 
 def newer_in_memory(cfg: TrainConfig, tier: MemoryTier | None, folders: list[Path]) -> Path | None:
