@@ -4,7 +4,7 @@ One pod per node runs one torchrun. The pods find each other through the Service
 Indexed Job with `spec.subdomain` gives pod <i> the hostname `<name>-<i>` and the DNS name
 `<name>-<i>.<service>`, so every torchrun rendezvouses at `<name>-0.<service>:<port>`, with
 its completion index as node rank. /dev/shm is a memory-backed emptyDir sized from the same
-computation the trainer's preflight uses (launcher.train.preflight.shm_need), and the container's
+computation the trainer's preflight uses (launcher.plan.memory.shm_need), and the container's
 memory limit holds it on top of what the processes get. `cluster.k8s.kind` renders the same
 pod as a JobSet or a Kubeflow PyTorchJob instead. See docs/kubernetes.md.
 
@@ -28,6 +28,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from launcher.config import ConfigError
+from launcher.plan.memory import loader_shm_need, shm_need
 from launcher.resilience import exit_codes
 from launcher.resilience.burnin import BAD_HOSTS, read_bad_hosts
 from launcher.submit import k8s_check, stop_time
@@ -38,7 +39,6 @@ from launcher.submit.job import (
     check_interval_fits,
     time_limit_s,
 )
-from launcher.train.preflight import loader_shm_need, shm_need
 
 KINDS = ("job", "jobset", "pytorchjob")
 CONTAINER = "trainer"

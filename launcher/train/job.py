@@ -13,6 +13,7 @@ import json
 import logging
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.checkpoint import memory, resume
@@ -32,6 +33,8 @@ from launcher.observe.tensorboard_sink import (  # imports no tensorboardX
     tensorboard_enabled,
 )
 from launcher.observe.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
+from launcher.plan import forecast as plan_forecast
+from launcher.plan.memory import shm_need
 from launcher.resilience import burnin, exit_codes
 from launcher.resilience.faults import slow_phase
 from launcher.resilience.watchdog import HangWatchdog
@@ -52,7 +55,7 @@ from launcher.runtime.process import (
 )
 from launcher.strategy.registry import build_strategy, engine
 from launcher.train.loop import LoopConfig, NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
-from launcher.train.preflight import shm_need, tier_room
+from launcher.train.preflight import tier_room
 
 log = logging.getLogger("launcher")
 
@@ -208,6 +211,18 @@ def plan_resume(
 
     folders = decide_on_main(rt, decide)
     return None if folders is None else [Path(p) for p in folders]
+
+
+def forecast_of(cfg: TrainConfig, rt: Runtime, vocab_size: int) -> dict:
+    """The plan's forecast of this run (launcher.plan.forecast.at_start), said in one line:
+    summary.json keeps it beside what the run measured."""
+    on_gpu = rt.device.type == "cuda"
+    name = torch.cuda.get_device_name(rt.device) if on_gpu else None
+    made = plan_forecast.at_start(cfg, rt.world_size, ranks_per_node(), name, vocab_size,
+                                  rt.run_dir)  # fmt: skip
+    if rt.is_main:
+        log.info("%s", plan_forecast.line(made))
+    return made
 
 
 def memory_tier(cfg: TrainConfig, rt: Runtime, model) -> MemoryTier | None:
@@ -404,6 +419,7 @@ class Job:
         self.lock: RunLock | None = None
         self.strategy = self.loop = None
         self.gate: dict | None = None  # the burn-in gate's report, when it ran
+        self.forecast: dict | None = None  # launcher.plan's, printed at the start
         self.watchdog: HangWatchdog | None = None
 
     def train(self) -> dict:
@@ -421,6 +437,7 @@ class Job:
         slow_phase(cfg.fault, "start-up")
         self.gate = burnin.gate(cfg.burnin, cfg.fault, rt)  # a bad node costs seconds, no more
         data, model, fpt = build_data_and_model(cfg, rt)
+        self.forecast = forecast_of(cfg, rt, data.vocab_size)
         tier = memory_tier(cfg, rt, model)
         folders = plan_resume(cfg, rt, model, tier)
         if folders is None:
@@ -490,7 +507,7 @@ class Job:
             for sink in self.sinks:
                 sink.close(summary)
             if rt.is_main and summary:
-                write_summary_if_room(rt.run_dir, summary)
+                write_summary_if_room(rt.run_dir, {**summary, "forecast": self.forecast})
             if self.strategy is not None:
                 self.strategy.close()
             self.strategy = self.loop = None

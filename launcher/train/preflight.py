@@ -25,43 +25,15 @@ from launcher.checkpoint.protocol import find_resumable
 from launcher.config import ConfigError, typed, validate
 from launcher.config.schema import TrainConfig
 from launcher.data.cache import CACHE_ENV, cache_root
-from launcher.data.shm import check_shm, human_bytes, shm_available_bytes, shm_need_bytes
+from launcher.data.shm import check_shm, human_bytes, shm_available_bytes
 from launcher.data.tokenizer import tokenizer_path_problem
 from launcher.model import pretrained
 from launcher.observe.tensorboard_sink import WRITER_PACKAGE, tensorboard_enabled
+from launcher.plan.memory import loader_shm_need
 from launcher.runtime.paths import creatable_dir_problem, writable_dir_problem
 from launcher.strategy.registry import engine
-from launcher.train.batch import AUTO
 
 WANDB_DEFAULT_HOST = "https://api.wandb.ai"
-
-
-def loader_shm_need(cfg: DictConfig | TrainConfig) -> int:
-    """Bytes of /dev/shm one rank's DataLoader workers hold at once."""
-    micro = cfg.trainer.micro_batch_size
-    return shm_need_bytes(
-        num_workers=cfg.data.num_workers,
-        prefetch_factor=cfg.data.prefetch_factor,
-        # auto: at most the per-rank batch, bounded here (no world size) by the global one
-        micro_batch=cfg.trainer.global_batch_size if micro == AUTO else micro,
-        seq_len=cfg.trainer.seq_len,
-    )
-
-
-def shm_need(
-    cfg: DictConfig | TrainConfig,
-    ranks_per_node: int,
-    world_size: int | None = None,
-    restarts: int | None = None,
-) -> int:
-    """Bytes of /dev/shm one node of `ranks_per_node` ranks needs: their DataLoader workers'
-    batches, and the memory tier's two checkpoints (launcher.checkpoint.memory: the state
-    every rank holds alike once per node, a sharded engine's shards once per rank of
-    `world_size`; `restarts`: torchrun's --max-restarts the job will run with, else this
-    process's). The one figure the doctor, preflight, the job's env.json and the Slurm and
-    Kubernetes renderers size /dev/shm and memory requests with."""
-    loaders = loader_shm_need(cfg) * ranks_per_node
-    return loaders + memory.shm_bytes(cfg, ranks_per_node, world_size, restarts)
 
 
 def tier_room(

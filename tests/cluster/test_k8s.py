@@ -35,10 +35,10 @@ import yaml
 
 from launcher.checkpoint import memory as memory_tier
 from launcher.config import ConfigError
+from launcher.plan.memory import shm_need
 from launcher.submit import k8s, k8s_check, pod_security
 from launcher.submit.__main__ import main
 from launcher.submit.job import prepare
-from launcher.train.preflight import shm_need
 
 from launch import FAST, losses, metrics, summary
 from paths import FIXTURES, REPO

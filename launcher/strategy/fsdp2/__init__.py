@@ -40,6 +40,33 @@ def memory_checkpoint_bytes(cfg, params: int, world_size: int) -> int:
     return -(-params * (4 + 8) // world_size)
 
 
+def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
+    """Each rank's shards of the fp32 weights, gradients and AdamW's moments, and the
+    gathered weights of two blocks at a time in trainer.precision (the one computing and
+    the one prefetched)."""
+    block = 12 * int(cfg.model.n_embd) ** 2
+    gathered = 2 * block * (4 if cfg.trainer.precision == "fp32" else 2)
+    shard = -(-params // world_size)
+    return {"weights": 4 * shard + gathered, "grads": 4 * shard, "optimizer": 8 * shard}
+
+
+def step_collectives(cfg, params: int, world_size: int) -> list[tuple[str, int, int]]:
+    """Per block and the root: the weights all-gathered in trainer.precision for each
+    micro-step's forward, again for its backward when resharded after forward, and the
+    gradients reduce-scattered in strategy.reduce_dtype once a step (gradient sync only on
+    the last micro-step)."""
+    t, s = cfg.trainer, cfg.strategy
+    units = int(cfg.model.n_layer) + 1
+    weights = params * (4 if t.precision == "fp32" else 2)
+    micro = max(1, int(t.global_batch_size) // (int(t.micro_batch_size) * world_size))
+    gathers = micro * (2 if s.reshard_after_forward is not False else 1)
+    grads = params * (4 if s.reduce_dtype == "fp32" else 2)
+    return [
+        ("all_gather", weights // units, gathers * units),
+        ("reduce_scatter", grads // units, units),
+    ]
+
+
 def rules(cfg, world_size: int) -> None:
     """reshard_after_forward's three forms, dtypes, offload; no fp16 (no sharded scaler)."""
     s = cfg.strategy
@@ -69,4 +96,6 @@ ENGINE = Engine(
     async_checkpoint=True,
     drops_steps=True,
     memory_checkpoint=memory_checkpoint_bytes,
+    train_state=train_state,
+    step_collectives=step_collectives,
 )

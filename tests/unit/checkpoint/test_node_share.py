@@ -16,8 +16,9 @@ import torch
 from launcher.checkpoint import memory, node_share
 from launcher.config import compose
 from launcher.model.build import build_model, param_count
+from launcher.plan.memory import loader_shm_need, shm_need
 from launcher.strategy.base import host_copy
-from launcher.train.preflight import loader_shm_need, shm_need, tier_room
+from launcher.train.preflight import tier_room
 
 GIB = 2**30
 VOCAB = 64
