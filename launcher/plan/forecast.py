@@ -142,15 +142,17 @@ def _json(path: Path) -> dict:
 
 
 def checkpoint_bytes(cfg, world_size: int) -> dict[str, int]:
-    """Bytes of one durable checkpoint: the largest rank's share (DDP's rank 0 writes the
-    whole model and optimizer; a sharded engine's ranks their shards), and the whole."""
-    estimate = engine(cfg.strategy.name).memory_checkpoint
+    """Bytes of one durable checkpoint, as the engine declares them: the largest rank's
+    share (DDP's rank 0 writes the whole model and optimizer; a sharded engine's ranks their
+    shards, ZeRO's rank 0 the module too), and every rank's together."""
+    declared = engine(cfg.strategy.name)
     params = param_count(cfg.model)
-    per_rank = estimate(cfg, params, world_size) if estimate else params * 12
-    replicated = engine(cfg.strategy.name).memory_checkpoint_replicated
-    shard = -(-params * 12 // world_size)
-    total = per_rank if replicated else per_rank + shard * (world_size - 1)
-    return {"per_rank": per_rank, "total": total}
+    if declared.memory_checkpoint is None or declared.checkpoint_total is None:
+        return {"per_rank": params * 12, "total": params * 12}  # an added engine: the state
+    return {
+        "per_rank": declared.memory_checkpoint(cfg, params, world_size),
+        "total": declared.checkpoint_total(cfg, params, world_size),
+    }
 
 
 def build(cfg, target: Target, measured: Measured | None = None, restarts: int | None = None,

@@ -135,6 +135,7 @@ ENGINE = Engine(
     memory_checkpoint=memory_checkpoint_bytes,
     memory_checkpoint_replicated=True,
     train_state=train_state,
+    checkpoint_total=memory_checkpoint_bytes,  # rank 0 writes the whole state
     step_collectives=step_collectives,
     resizes_micro_batch=True,
 )

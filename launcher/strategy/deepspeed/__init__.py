@@ -115,6 +115,15 @@ def step_collectives(cfg, params: int, world_size: int) -> list[tuple[str, int, 
     return [("reduce_scatter", size, 1), ("all_gather", size, 2 if stage == 3 else 1)]
 
 
+def checkpoint_total(cfg, params: int, world_size: int) -> int:
+    """Every rank's partition of the fp32 weights and moments, and rank 0's module (but
+    under ZeRO-3) in trainer.precision; fp32 ZeRO-0 keeps its optimizer whole in rank 0's."""
+    one = memory_checkpoint_bytes(cfg, params, world_size)
+    if int(cfg.strategy.zero_stage) == 0 and cfg.trainer.precision == "fp32":
+        return one
+    return one + -(-params * (4 + 8) // world_size) * (world_size - 1)
+
+
 def resume_with(saved: dict) -> str:
     if "zero_stage" in saved:
         return f"strategy=deepspeed strategy.zero_stage={saved['zero_stage']}"
@@ -169,5 +178,6 @@ ENGINE = Engine(
     compiles=False,
     memory_checkpoint=memory_checkpoint_bytes,
     train_state=train_state,
+    checkpoint_total=checkpoint_total,
     step_collectives=step_collectives,
 )

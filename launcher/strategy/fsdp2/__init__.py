@@ -36,8 +36,22 @@ FORMAT = Format("dcp", marker=".metadata", reader="launcher.strategy.fsdp2.dcp")
 
 def memory_checkpoint_bytes(cfg, params: int, world_size: int) -> int:
     """One rank's shards: its 1/world_size of the fp32 weights and AdamW's two moments
-    (4 + 8 bytes a parameter; the parameters stay fp32 whatever trainer.precision)."""
-    return -(-params * (4 + 8) // world_size)
+    (4 + 8 bytes a parameter; the parameters stay fp32 whatever trainer.precision). The
+    state dict names the tied embedding twice (the LM head's name too), and DCP and the
+    memory tier write it under both."""
+    return -(-(params + tied_embedding(cfg.model, params)) * (4 + 8) // world_size)
+
+
+def checkpoint_total(cfg, params: int, world_size: int) -> int:
+    """Every rank's shards: the whole state, the tied embedding under both its names."""
+    return memory_checkpoint_bytes(cfg, params, world_size) * world_size
+
+
+def tied_embedding(model, params: int) -> int:
+    """Parameters of GPT-2's token embedding (the LM head's too): what the blocks, the
+    position embeddings and the final LayerNorm leave of the model's parameters."""
+    d, layers = int(model.n_embd), int(model.n_layer)
+    return params - layers * (12 * d * d + 13 * d) - 2 * d - int(model.n_positions) * d
 
 
 def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
@@ -97,5 +111,6 @@ ENGINE = Engine(
     drops_steps=True,
     memory_checkpoint=memory_checkpoint_bytes,
     train_state=train_state,
+    checkpoint_total=checkpoint_total,
     step_collectives=step_collectives,
 )
