@@ -95,7 +95,15 @@ def table(plan: dict) -> str:
         "|---|---:|",
         *(
             f"| {k} | {_b(device[k])} |"
-            for k in ("weights", "grads", "optimizer", "activations", "headroom", "total")
+            for k in (
+                "weights",
+                "grads",
+                "optimizer",
+                "gathered",
+                "activations",
+                "headroom",
+                "total",
+            )
         ),  # fmt: skip
         f"| (activations with trainer.grad_checkpointing={not j['grad_checkpointing']}) | "
         f"{_b(device['activations_if_grad_checkpointing_flipped'])} |",

@@ -86,8 +86,8 @@ def target_of(cfg) -> Target:
         if device is None:
             known = ", ".join(DEVICES)
             raise ValueError(f"cluster.gpu_type={kind}: the plan knows {known}")
-        basis["device"] = _basis(c.gpu_type is not None, f"cluster.gpu_type={kind}" if
-                                 c.gpu_type else f"{kind}, cluster.gpu_type not given")  # fmt: skip
+        given = f"cluster.gpu_type={kind}" if c.gpu_type else f"{kind}, cluster.gpu_type not given"
+        basis["device"] = _basis(False, given)
     link = link_for(str(cfg.nccl.name), int(c.nodes), on_gpu)
     basis["link"] = _basis(False, f"{link.name}: {link.source}")
     return Target(int(c.nodes), procs, on_gpu, device, link, basis)

@@ -83,7 +83,7 @@ def device_per_rank(cfg, world_size: int, on_gpu: bool) -> dict[str, int]:
     """Device memory one rank needs: the training state, activations at the configured
     micro-batch (and the other gradient checkpointing setting beside it), and the
     allocator's headroom on top (GPU only)."""
-    state = train_state(cfg, world_size)
+    state = {"gathered": 0, **train_state(cfg, world_size)}
     micro = micro_batch(cfg, world_size)
     acts = activation_bytes(cfg, micro)
     other = activation_bytes(cfg, micro, not cfg.trainer.grad_checkpointing)

@@ -100,7 +100,8 @@ class Engine:
     # between them (launcher.checkpoint.node_share), not once each
     memory_checkpoint_replicated: bool = False
     # The plan (launcher.plan), per rank at a world size: (cfg, parameters, world size) ->
-    # bytes of the training state {"weights", "grads", "optimizer"}, and (cfg, parameters,
+    # bytes of the training state {"weights", "grads", "optimizer"} (and "gathered": weights
+    # unsharded for a while, where the engine shards them), and (cfg, parameters,
     # world size) -> one step's gradient and parameter collectives [(op, bytes, times)],
     # op one of all_reduce, reduce_scatter, all_gather (bytes: the full buffer, as
     # nccl-tests counts it)

@@ -61,7 +61,8 @@ def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
     block = 12 * int(cfg.model.n_embd) ** 2
     gathered = 2 * block * (4 if cfg.trainer.precision == "fp32" else 2)
     shard = -(-params // world_size)
-    return {"weights": 4 * shard + gathered, "grads": 4 * shard, "optimizer": 8 * shard}
+    return {"weights": 4 * shard, "grads": 4 * shard, "optimizer": 8 * shard,
+            "gathered": gathered}  # fmt: skip
 
 
 def step_collectives(cfg, params: int, world_size: int) -> list[tuple[str, int, int]]:
