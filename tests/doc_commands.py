@@ -438,6 +438,21 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
     ("docs/quickstart.md", "python -m launcher.train --help"): ("run", "0"),
     ("docs/quickstart.md", "python -m launcher.train --cfg job"): ("run", "0"),
     ("docs/quickstart.md", "python -m launcher.doctor"): ("run", "0"),
+    (
+        "docs/plan.md",
+        "python -m launcher.plan model=gpt2-xl cluster.nodes=8 cluster.gpus_per_node=8 trainer.global_batch_size=512",
+    ): ("run", "0"),
+    (
+        "docs/plan.md",
+        "python -m launcher.plan model=gpt2-xl cluster.nodes=8 cluster.gpus_per_node=8 trainer.global_batch_size=512 strategy=fsdp2 trainer.precision=bf16 cluster.gpu_type=H200 cluster.gpu_hour_cost=2.5",
+    ): ("run", "0"),
+    (
+        "docs/plan.md",
+        "python -m launcher.plan --from runs/<id> cluster.procs_per_node=2 trainer.micro_batch_size=8",
+    ): (
+        "skip",
+        "runs/<id> stands for a run of yours; tests/unit/plan/test_forecast.py plans from measured figures",
+    ),
     ("docs/quickstart.md", ". .venv/bin/activate && python -m pytest"): (
         "skip",
         "the test suite itself (.ci/run and the lead run it)",

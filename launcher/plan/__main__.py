@@ -19,13 +19,15 @@ from launcher.data.shm import human_bytes
 from launcher.plan import forecast
 from launcher.runtime.paths import atomic_write
 
-USAGE = """usage: python -m launcher.plan [--from RUN_DIR] [--json] [overrides...]
+USAGE = """usage: python -m launcher.plan [--from RUN_DIR] [--mfu F] [--busbw-gbps G]
+                              [--overlap F] [--json] [overrides...]
 
 Predict the experiment at its target scale (cluster.nodes, cluster.gpus_per_node,
 cluster.gpu_type): memory per rank on each engine, host memory and /dev/shm per node, the
 checkpoint and the stop budget, step time, tokens/s, MFU, communication, time and
 GPU-hours to trainer.max_steps (and cost with cluster.gpu_hour_cost). --from RUN_DIR takes
-the compute rate, overlap, bandwidth and checkpoint speed a run measured; --json prints
+the compute rate, overlap, bandwidth and checkpoint speed a run measured; --mfu,
+--busbw-gbps and --overlap replace the device's and the link's presets; --json prints
 plan.json instead of the table. Writes <run.root>/<run.id>/plan/plan.json."""
 
 
@@ -36,17 +38,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     as_json = "--json" in argv
     args = [a for a in argv if a != "--json"]
-    source = None
-    if "--from" in args:
-        at = args.index("--from")
-        if at + 1 >= len(args):
-            print("error: --from needs a run directory: --from runs/<id>", file=sys.stderr)
-            return 2
-        source = Path(args[at + 1])
-        args = args[:at] + args[at + 2 :]
     try:
+        args, flags = split_flags(args)
+        source = Path(flags["--from"]) if "--from" in flags else None
         cfg = compose(friendly_overrides(args))
-        target = forecast.target_of(cfg)
+        target = forecast.given(forecast.target_of(cfg), **{
+            k.lstrip("-").replace("-", "_"): float(v) for k, v in flags.items() if k != "--from"
+        })  # fmt: skip
         measured = forecast.measured_from(source) if source else None
         restarts = int(cfg.cluster.k8s.max_restarts) if cfg.cluster.name == "k8s" else 0
         plan = forecast.build(cfg, target, measured, restarts)
@@ -65,6 +63,36 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(plan, indent=1) if as_json else table(plan))
     print(f"plan written to {out}", file=sys.stderr)
     return 0
+
+
+FLAGS = {
+    "--from": "a run directory: --from runs/<id>",
+    "--mfu": "a fraction: --mfu 0.45",
+    "--busbw-gbps": "GB/s of bus bandwidth: --busbw-gbps 370",
+    "--overlap": "the fraction of communication hidden: --overlap 0.8",
+}
+
+
+def split_flags(args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """(the overrides, {flag: value}) of the command line; ValueError on a flag without
+    its value, or a number that is not one."""
+    rest, flags = [], {}
+    it = iter(args)
+    for arg in it:
+        if arg not in FLAGS:
+            rest.append(arg)
+            continue
+        value = next(it, None)
+        if value is None or value.startswith("-") and not value[1:2].isdigit():
+            raise ValueError(f"{arg} needs {FLAGS[arg]}")
+        if arg != "--from":
+            try:
+                if not float(value) > 0:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"{arg}={value}: give {FLAGS[arg]}") from None
+        flags[arg] = value
+    return rest, flags
 
 
 def _b(n) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -64,6 +64,7 @@ class Target:
     device: Device | None
     link: Link
     basis: dict = field(default_factory=dict)
+    overlap: float | None = None  # given by hand (--overlap)
 
     @property
     def world_size(self) -> int:
@@ -91,6 +92,20 @@ def target_of(cfg) -> Target:
     link = link_for(str(cfg.nccl.name), int(c.nodes), on_gpu)
     basis["link"] = _basis(False, f"{link.name}: {link.source}")
     return Target(int(c.nodes), procs, on_gpu, device, link, basis)
+
+
+def given(target: Target, mfu: float | None = None, busbw_gbps: float | None = None,
+          overlap: float | None = None) -> Target:  # fmt: skip
+    """`target` with the device's MFU, the link's bus bandwidth, or the overlap given by hand
+    (the plan's flags), each marked so in the basis."""
+    if mfu is not None and target.device is not None:
+        target.device = replace(target.device, mfu=mfu, source=f"--mfu {mfu:g}, given")
+    if busbw_gbps is not None:
+        target.link = replace(target.link, busbw=busbw_gbps * 1e9,
+                              source=f"--busbw-gbps {busbw_gbps:g}, given")  # fmt: skip
+        target.basis["link"] = _basis(False, f"{target.link.name}: {target.link.source}")
+    target.overlap = overlap
+    return target
 
 
 def _basis(measured: bool, why: str) -> dict:
@@ -206,12 +221,16 @@ def build(cfg, target: Target, measured: Measured | None = None, restarts: int |
         basis["link"] = _basis(True, f"bus bandwidth {measured.busbw / 1e9:.3g} GB/s measured "
                                f"in {measured.source}")  # fmt: skip
     comms = comm.step_comm(cfg, world, link)
-    overlap = measured.overlap if measured and measured.overlap is not None else DEFAULT_OVERLAP
-    basis["step.overlap"] = _basis(
-        bool(measured and measured.overlap is not None),
-        f"measured in {measured.source}" if measured and measured.overlap is not None
-        else f"{DEFAULT_OVERLAP:.0%} of the communication hidden behind backward (assumed)",
-    )  # fmt: skip
+    if target.overlap is not None:
+        overlap, basis["step.overlap"] = target.overlap, _basis(False, "--overlap, given")
+    elif measured and measured.overlap is not None:
+        overlap = measured.overlap
+        basis["step.overlap"] = _basis(True, f"measured in {measured.source}")
+    else:
+        overlap = DEFAULT_OVERLAP
+        basis["step.overlap"] = _basis(
+            False, f"{DEFAULT_OVERLAP:.0%} of the communication hidden behind backward"
+        )
     wait = measured.data_wait_s if measured and measured.data_wait_s is not None else 0.0
     step = None
     if flops:

@@ -17,7 +17,7 @@ from launcher.train.batch import AUTO
 HEADROOM = 0.10  # of the device's total: the caching allocator's fragmentation (assumed)
 CONTEXT_BYTES = 1 * 10**9  # CUDA context, cuBLAS/NCCL workspaces, per rank (assumed)
 RANK_HOST_BYTES = 2 * 10**9  # a rank's process on the host: torch, CUDA libraries (assumed)
-CPU_RANK_HOST_BYTES = 5 * 10**8  # the same without CUDA (assumed)
+CPU_RANK_HOST_BYTES = 3 * 10**8  # the same without CUDA (assumed)
 WORKER_HOST_BYTES = 3 * 10**8  # a forked DataLoader worker's own pages (assumed)
 ACTIVATION_BYTES_PER_LAYER = 34  # x seq x batch x width, 16-bit (Korthikanti et al. 2022)
 
@@ -112,9 +112,6 @@ def host_per_node(cfg, ranks_per_node: int, world_size: int, on_gpu: bool,
         0 if on_gpu else sum(train_state(cfg, world_size).values()) + activation_bytes(cfg, micro)
     )
     shm = shm_need(cfg, ranks_per_node, world_size, restarts)
-    per_rank = base + workers * WORKER_HOST_BYTES + (pinned if cfg.data.pin_memory else 0)
-    return {
-        "processes": ranks_per_node * (per_rank + training),
-        "shm": shm,
-        "total": ranks_per_node * (per_rank + training) + shm,
-    }
+    rank = base + training + (pinned if cfg.data.pin_memory else 0)
+    processes = ranks_per_node * (rank + workers * WORKER_HOST_BYTES)
+    return {"rank_process": rank, "processes": processes, "shm": shm, "total": processes + shm}
