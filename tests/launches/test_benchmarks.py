@@ -65,6 +65,29 @@ CASES = {
         ["| on          |", "on / off, median of paired runs"],
         (0, 1),  # 1: over the 3% budget on this noisy machine, still a verdict
     ),
+    "memory_tier_growth": (
+        script("memory_tier.py", "--growth", "gpt2-tiny", "--ranks", "1,2", "--repeats", "1"),
+        [
+            "| model | parameters | ranks a node | written per rank | copy | write | GB/s |",
+            "| gpt2-tiny | 3.4M | 2 |",
+        ],  # fmt: skip
+        (0,),
+    ),
+    "plan_check": (
+        script(
+            "plan_check.py",
+            "--steps",
+            "4",
+            "--engines",
+            "ddp",
+            "--worlds",
+            "1",
+            "--shapes",
+            "bf16 hook",
+        ),  # fmt: skip
+        ["| ddp | 1 |", "host memory per rank: measured", "| bf16 hook |"],
+        (0,),
+    ),
     "profiler_cost": (
         script("profiler_cost.py", "--rounds", "1", "--steps", "11", *TINY),
         ["| off      |", "| steps    |", "| full     |"],
