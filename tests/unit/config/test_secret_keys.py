@@ -39,7 +39,10 @@ def test_redacted_config_masks_secret_values_only():
     ("text", "found"),
     [
         ("export HF_TOKEN=hf_" + "aZ3kq9Xw7Lm2Pv8Rt5Yb1Nc4", "a token of a known kind (hf_...)"),
-        ("git clone https://ghp_" + "a" * 36 + "@github.com/x/y", "a token of a known kind (ghp...)"),
+        (
+            "git clone https://ghp_" + "a" * 36 + "@github.com/x/y",
+            "a token of a known kind (ghp...)",
+        ),
         ("--comment=password=hunter2", "password=... (a secret's name)"),
         ("export GH_PAT=abc", "GH_PAT=... (a secret's name)"),
         ("curl -d build=aZ3kq9Xw7Lm2Pv8Rt5Yb1Nc4", "build=... (a long random-looking value)"),
