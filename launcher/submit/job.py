@@ -51,8 +51,9 @@ SHELL_TEXT_KEYS = (
 )
 # How each cluster gets a secret to the job without writing it down (refusal's fix).
 SECRET_WAYS = {
-    "slurm": "export it in the shell you submit from (sbatch passes that environment on "
-    "to every rank) or keep it in a file only you can read (wandb login writes ~/.netrc)",
+    "slurm": "export it in the shell you submit from (submit passes the variables of that "
+    "shell named as secrets to the job by name, sbatch --export) or keep it in a file only "
+    "you can read (wandb login writes ~/.netrc)",
     "k8s": "give it through a Secret (cluster.k8s.wandb_secret names the one holding "
     "WANDB_API_KEY)",
 }

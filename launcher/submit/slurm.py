@@ -580,6 +580,8 @@ def submit(job: SubmitJob, paths: list[Path]) -> str:
     if s.container_image is not None and s.container_runtime == "pyxis":
         _check_pyxis()
     check_partition(job)
+    if s.resv_ports:
+        _check_resv_ports()
     export = f"--export={','.join(export_names(job, dict(os.environ)))}"
     proc = subprocess.run(
         [sbatch, "--parsable", export, str(paths[0])], capture_output=True, text=True
@@ -626,6 +628,18 @@ def check_partition(job: SubmitJob) -> None:
             f"{job.nodes} node(s) (largest: {max(usable.values())} MiB): lower "
             "cluster.slurm.mem_per_process or data.num_workers, set cluster.slurm.mem, or "
             "use cluster.slurm.exclusive=true (--mem=0: whole nodes)"
+        )
+
+
+def _check_resv_ports() -> None:
+    """srun --resv-ports needs a port range in MpiParams; without one the step fails after
+    the queue wait."""
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True)
+    if not re.search(r"^MpiParams\s*=.*\bports=\d", config.stdout, re.MULTILINE):
+        raise ConfigError(
+            "cluster.slurm.resv_ports=true, but this cluster reserves no ports (no "
+            "MpiParams=ports=<range> in `scontrol show config`); leave resv_ports=false, or "
+            "ask your admins for a port range"
         )
 
 

@@ -318,7 +318,7 @@ def test_rendered_policies(tmp_path, capfd):
     assert "max_requeues=" not in text2.split("# Requeue after")[1] and "no cap" in text2
     assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in text2
     # quoted for Hydra, in the arguments file
-    assert '"cluster.slurm.container_image=\'nvcr.io#nvidia/pytorch:24.05-py3\'"' in text2
+    assert "\"cluster.slurm.container_image='nvcr.io#nvidia/pytorch:24.05-py3'\"" in text2
     assert "#SBATCH --job-name=mine" in text2
     # a GPU job asks for its memory: 4 processes x 8G, /dev/shm's need, the 1G margin
     assert int(re.search(r"#SBATCH --mem=(\d+)M\n", text2).group(1)) >= 4 * 8192 + 1024
@@ -555,12 +555,17 @@ def test_cpus_per_task_and_secrets_from_the_submitting_shell(cluster, tmp_path):
             "cluster.slurm.mem_per_process=64T",
             "is more than partition debug can give 2 node(s)",
         ),
+        (
+            "cluster.slurm.resv_ports=true",
+            "error: cluster.slurm.resv_ports=true, but this cluster reserves no ports",
+        ),
     ],
-    ids=["setup-secret", "sbatch-secret", "memory"],
+    ids=["setup-secret", "sbatch-secret", "memory", "resv-ports"],
 )
 def test_refused_before_sbatch(cluster, tmp_path, override, words):
-    """A secret in a setup line or an sbatch option, and a --mem no node of the partition
-    has: one line, exit 2, nothing queued, no secret written anywhere."""
+    """A secret in a setup line or an sbatch option, a --mem no node of the partition has,
+    reserved ports on a cluster without MpiParams ports: one line, exit 2, nothing queued,
+    no secret written anywhere."""
     before = queued(cluster)
     cmd = [sys.executable, "-m", "launcher.submit", "slurm", *SHAPE, *SHORT]
     cmd += [f"run.root={tmp_path}", "run.id=refused", override]
