@@ -562,16 +562,16 @@ def test_cpus_per_task_and_secrets_from_the_submitting_shell(cluster, tmp_path):
     ],
     ids=["setup-secret", "sbatch-secret", "memory", "resv-ports"],
 )
-def test_refused_before_sbatch(cluster, tmp_path, override, words):
+def test_refused_before_sbatch(cluster, tmp_path, capfd, monkeypatch, override, words):
     """A secret in a setup line or an sbatch option, a --mem no node of the partition has,
     reserved ports on a cluster without MpiParams ports: one line, exit 2, nothing queued,
     no secret written anywhere."""
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))  # submit runs in this process
     before = queued(cluster)
-    cmd = [sys.executable, "-m", "launcher.submit", "slurm", *SHAPE, *SHORT]
-    cmd += [f"run.root={tmp_path}", "run.id=refused", override]
-    proc = subprocess.run(cmd, env=cluster.env(), capture_output=True, text=True, timeout=120)
-    err = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(err) == 1 and words in err[0], proc.stderr
+    args = [*SHAPE, *SHORT, f"run.root={tmp_path}", "run.id=refused", override]
+    code = submit_main(["slurm", *args])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and words in err[0], err
     assert "aZ3kq9" not in err[0] and "hunter2" not in err[0]
     assert queued(cluster) == before
     leftovers = [p for p in tmp_path.rglob("*") if p.is_file()]
