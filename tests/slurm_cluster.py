@@ -135,6 +135,7 @@ class SlurmCluster:
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "MpiDefault=none",
+            "MpiParams=ports=12000-12999",  # srun --resv-ports (cluster.slurm.resv_ports)
             "MailProg=/bin/true",
             "JobRequeue=1",
             "ReturnToService=2",

@@ -281,8 +281,10 @@ def render(job: SubmitJob) -> dict[str, str]:
             f"export {name}={shlex.quote(value)}" for name, value in job.env().items()
         ),
         "shutdown_timeout": str(s.signal_lead_s),
-        "rdzv_port": str(c.rdzv_port),
-        "rdzv_port_range": str(s.rdzv_port_range),
+        # with reserved ports the step's own, known only inside the step (_torchrun)
+        "port": "reserved"
+        if s.resv_ports
+        else f"$(({c.rdzv_port} + SLURM_JOB_ID % {s.rdzv_port_range}))",
         "run_dir": shlex.quote(str(job.run_dir)),
         "policy": _policy(job),
         "output": shlex.quote(str(job.submit_dir)) + '/slurm-"$SLURM_JOB_ID".out',

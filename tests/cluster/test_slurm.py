@@ -502,7 +502,9 @@ def test_cpus_per_task_and_secrets_from_the_submitting_shell(cluster, tmp_path):
     them back. Secrets in the submitting shell (W&B's key, and GH_PAT, a name the old list
     lacked) reach the ranks by inheritance (sbatch --export names them), never as text: no
     rank's command line (/proc/*/cmdline, read while they run) holds a secret or even an
-    override (those travel in a 0600 file), and no file of the run directory holds one."""
+    override (those travel in a 0600 file), and no file of the run directory holds one.
+    The rendezvous is on the port Slurm reserved for the step (cluster.slurm.resv_ports;
+    the test cluster's MpiParams=ports=12000-12999)."""
     secrets = {"WANDB_API_KEY": "wandb-test-key-0123456789abcdef", "GH_PAT": "gh-test-pat-42"}
     job_id, run_dir = submit(
         cluster,
@@ -510,6 +512,7 @@ def test_cpus_per_task_and_secrets_from_the_submitting_shell(cluster, tmp_path):
         "cpus",
         "data.num_workers=1",
         'cluster.setup=["echo launcher-test: key of $(printf %s $WANDB_API_KEY | wc -c) chars"]',
+        "cluster.slurm.resv_ports=true",
         run=SHORT,
         env=secrets,
     )
@@ -525,6 +528,9 @@ def test_cpus_per_task_and_secrets_from_the_submitting_shell(cluster, tmp_path):
     assert f"launcher-test: key of {len(secrets['WANDB_API_KEY'])} chars" in out
     workers = {pid: v for pid, v in seen.items() if "launcher.torchrun" not in v[0]}
     assert len(workers) >= 2, seen  # the two ranks were read while they ran
+    agents = [v[0] for v in seen.values() if v[0].startswith("python -m launcher.torchrun")]
+    ports = {int(p) for a in agents for p in re.findall(r"--rdzv-endpoint=n1:(\d+)", a)}
+    assert len(ports) == 1 and 12000 <= ports.pop() <= 12999, agents
     for cmdline, environ in workers.values():
         assert not any(value in cmdline for value in secrets.values()), cmdline
         assert "trainer.max_steps" not in cmdline and "run.id" not in cmdline, cmdline
@@ -555,17 +561,12 @@ def test_cpus_per_task_and_secrets_from_the_submitting_shell(cluster, tmp_path):
             "cluster.slurm.mem_per_process=64T",
             "is more than partition debug can give 2 node(s)",
         ),
-        (
-            "cluster.slurm.resv_ports=true",
-            "error: cluster.slurm.resv_ports=true, but this cluster reserves no ports",
-        ),
     ],
-    ids=["setup-secret", "sbatch-secret", "memory", "resv-ports"],
+    ids=["setup-secret", "sbatch-secret", "memory"],
 )
 def test_refused_before_sbatch(cluster, tmp_path, capfd, monkeypatch, override, words):
-    """A secret in a setup line or an sbatch option, a --mem no node of the partition has,
-    reserved ports on a cluster without MpiParams ports: one line, exit 2, nothing queued,
-    no secret written anywhere."""
+    """A secret in a setup line or an sbatch option, and a --mem no node of the partition
+    has: one line, exit 2, nothing queued, no secret written anywhere."""
     monkeypatch.setenv("SLURM_CONF", str(cluster.conf))  # submit runs in this process
     before = queued(cluster)
     args = [*SHAPE, *SHORT, f"run.root={tmp_path}", "run.id=refused", override]
