@@ -561,13 +561,22 @@ def test_cpus_per_task_and_secrets_from_the_submitting_shell(cluster, tmp_path):
             "cluster.slurm.mem_per_process=64T",
             "is more than partition debug can give 2 node(s)",
         ),
+        (
+            "cluster.nodes=2",
+            "error: cluster.nodes=2: partition debug has 1 node(s) besides the ones this run's "
+            "burn-in gate refused (n1,",
+        ),
     ],
-    ids=["setup-secret", "sbatch-secret", "memory"],
+    ids=["setup-secret", "sbatch-secret", "memory", "burnin-too-few"],
 )
 def test_refused_before_sbatch(cluster, tmp_path, capfd, monkeypatch, override, words):
-    """A secret in a setup line or an sbatch option, and a --mem no node of the partition
-    has: one line, exit 2, nothing queued, no secret written anywhere."""
+    """A secret in a setup line or an sbatch option, a --mem no node of the partition has,
+    and (the run's burn-in gate having refused n1 earlier) more nodes than the partition has
+    without it: one line, exit 2, nothing queued, no secret written anywhere."""
     monkeypatch.setenv("SLURM_CONF", str(cluster.conf))  # submit runs in this process
+    if override == "cluster.nodes=2":
+        (tmp_path / "refused").mkdir()
+        (tmp_path / "refused" / "bad_hosts").write_text("n1\n")
     before = queued(cluster)
     args = [*SHAPE, *SHORT, f"run.root={tmp_path}", "run.id=refused", override]
     code = submit_main(["slurm", *args])
