@@ -5,8 +5,9 @@ Indexed Job with `spec.subdomain` gives pod <i> the hostname `<name>-<i>` and th
 `<name>-<i>.<service>`, so every torchrun rendezvouses at `<name>-0.<service>:<port>`, with
 its completion index as node rank. /dev/shm is a memory-backed emptyDir sized from the same
 computation the trainer's preflight uses (launcher.train.preflight.shm_need), and the container's
-memory limit holds it on top of what the processes get. `cluster.k8s.kind` renders the same
-pod as a JobSet or a Kubeflow PyTorchJob instead. See docs/kubernetes.md.
+memory limit holds it on top of what the processes get (node_memory, shared with Slurm's
+--mem). `cluster.k8s.kind` renders the same pod as a JobSet, a Kubeflow PyTorchJob or a
+Kubeflow Trainer v2 TrainJob instead. See docs/kubernetes.md.
 
 Each pod runs `python -m launcher.torchrun`, which exits with the job's contract code
 (launcher/resilience/exit_codes.py); the failure policies act on it: bad input, a non-finite

@@ -1,7 +1,12 @@
 """The experiment as an sbatch script: one torchrun per node through srun, c10d rendezvous
-on the first node (on a port derived from the job id), and a checkpoint-and-requeue when
-Slurm warns of the time limit or of a preemption, or the trainer detects a hang, for as
-long as each start advances the checkpoint (and at most cluster.slurm.max_requeues times).
+on the first node (on a port derived from the job id, or one Slurm reserves), and a
+checkpoint-and-requeue when Slurm warns of a preemption (always) or of the time limit, or
+the trainer detects a hang (for as long as each start advances the checkpoint), at most
+cluster.slurm.max_requeues times.
+
+Nothing secret is written into it: the job gets the submitting shell's variables by name
+(--export), the trainer's overrides through a 0600 file rather than the ranks' command
+lines, and --mem is the node's need as a pod's memory request is (node_memory).
 
 The script is `templates/slurm.sbatch` with the job's values filled in; slurm/README.md
 explains it line by line and docs/slurm.md explains the choices (the signal path above all).
@@ -213,6 +218,8 @@ def mem_option(job: SubmitJob) -> str:
 
 
 def _check_memory(job: SubmitJob) -> None:
+    """A given --mem must hold /dev/shm's need (refused) and should hold the whole need
+    (warned); 0, or null (computed), always does."""
     s = job.cluster.slurm
     need = job_memory(job)
     if s.mem is None or str(s.mem) == "0":
