@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     world = env_world()[2]
-    need = shm_need(cfg, world_size=world) * ranks_per_node()
+    need = shm_need(cfg, ranks_per_node(), world)
     facts = envinfo.collect(need)
     problems = []
     try:  # what the trainer refuses, in the order it would: the config, then this machine

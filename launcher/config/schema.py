@@ -137,6 +137,9 @@ class TrainerConfig:
         None, Range(low=0, why="0: off; null: 10 under restarts")
     )
     memory_checkpoint_dir: str = "/dev/shm"  # node-local memory (a tmpfs) the tier writes to
+    # Also keep each rank's memory checkpoints in the memory of a rank on the next node, so
+    # that a node lost whole costs at most one memory interval (docs/checkpoints.md)
+    memory_checkpoint_peer: bool = False
     # stop (exit 3), skip the update, or rewind (docs/faults.md)
     on_nonfinite: str = one_of("stop", NONFINITE_POLICIES)
     # skipped steps allowed within bad_step_window; one more: exit 3

@@ -96,6 +96,9 @@ class Engine:
     # model's parameter count, world size) -> bytes of one rank's memory checkpoint (its
     # shard where the engine shards); None: the engine cannot write the tier
     memory_checkpoint: Callable[[Any, int, int], int] | None = None
+    # that estimate is of state every rank holds alike, which a node's ranks write once
+    # between them (launcher.checkpoint.node_share), not once each
+    memory_checkpoint_replicated: bool = False
     drops_steps: bool = False  # Strategy.drop_step: trainer.on_nonfinite=skip|rewind allowed
     # Strategy.zero_grad between micro-steps: trainer.micro_batch_size=auto and
     # trainer.on_oom=retry (the micro-batch changes in-process) allowed

@@ -18,6 +18,7 @@ and a disruption (preemption, eviction, drain) is not counted at all.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import shlex
 import shutil
@@ -39,6 +40,7 @@ from launcher.submit.job import (
     time_limit_s,
 )
 from launcher.submit.node_memory import NodeMemory, node_memory
+from launcher.train.preflight import loader_shm_need
 
 KINDS = ("job", "jobset", "pytorchjob", "trainjob")
 CONTAINER = "trainer"
@@ -96,8 +98,8 @@ def render(job: SubmitJob) -> dict[str, str]:
         raise ConfigError(f"cluster.k8s.kind={k.kind}: not one of {', '.join(KINDS)}")
     check_options(job)
     memory = pod_memory(job)
-    expect = expectations(job, memory)
-    shm_size = shm_size_limit(job, memory)
+    expect = without_default_tier(job, expectations(job, memory))
+    shm_size = shm_size_limit(job, dataclasses.replace(memory, shm_need=expect.shm_need))
     objects = build(job, shm_size, expect.process_memory)
     k8s_check.check([obj for _, obj in objects], expect)
     return {filename: to_yaml(obj, job) for filename, obj in objects}
@@ -409,6 +411,28 @@ def expectations(job: SubmitJob, memory: NodeMemory | None = None) -> k8s_check.
     )
 
 
+def without_default_tier(job: SubmitJob, expect: k8s_check.Expect) -> k8s_check.Expect:
+    """`expect` with the memory tier's share left out of /dev/shm where cluster.k8s.shm_size
+    cannot hold it and trainer.memory_checkpoint_interval is left to its default: the
+    trainer turns the tier off at the start of each pod (launcher.train.job.memory_tier),
+    said here in one warning."""
+    k = job.cluster.k8s
+    if k.shm_size is None or any(
+        p.trainer.memory_checkpoint_interval is not None for p in job.points or [job.cfg]
+    ):
+        return expect
+    size = k8s_check.parse_quantity(k.shm_size, "cluster.k8s.shm_size")
+    loaders = max(loader_shm_need(p) for p in job.points or [job.cfg]) * job.procs_per_node
+    if size >= expect.shm_need or size < loaders:
+        return expect
+    job.warnings.append(
+        f"cluster.k8s.shm_size={k.shm_size} cannot hold the memory tier "
+        f"({k8s_check.format_bytes(expect.shm_need - loaders)} a pod): it is off in these pods, "
+        "durable checkpoints only; leave cluster.k8s.shm_size null to have it sized"
+    )
+    return dataclasses.replace(expect, shm_need=loaders)
+
+
 def shm_size_limit(job: SubmitJob, memory: NodeMemory) -> str:
     """/dev/shm's sizeLimit: cluster.k8s.shm_size, or the loaders' need plus the margin."""
     k = job.cluster.k8s
@@ -419,10 +443,11 @@ def shm_size_limit(job: SubmitJob, memory: NodeMemory) -> str:
             raise ConfigError(
                 f"cluster.k8s.shm_size={k.shm_size} is less than the "
                 f"{k8s_check.format_bytes(need)} this config's DataLoader workers and memory "
-                f"tier need per pod (data.num_workers x data.prefetch_factor x batch, and two "
-                f"copies of a rank's model and optimizer state, its shard under FSDP2 and "
-                f"DeepSpeed, with trainer.memory_checkpoint_interval on, x "
-                f"{job.procs_per_node} processes, see docs/shared-memory.md); raise it, "
+                f"tier need per pod (data.num_workers x data.prefetch_factor x batch for each "
+                f"of {job.procs_per_node} processes, and two copies of the node's model and "
+                f"optimizer state with trainer.memory_checkpoint_interval on: once a node under "
+                f"DDP, each rank's shard under FSDP2 and DeepSpeed, see "
+                f"docs/shared-memory.md); raise it, "
                 "leave it null to have it computed, or lower data.num_workers / "
                 "data.prefetch_factor"
             )

@@ -36,8 +36,9 @@ class NodeMemory:
 def node_memory(job: SubmitJob, restarts: int, processes: int, shm_margin: int) -> NodeMemory:
     """The node's memory for `job` (`restarts`: torchrun's --max-restarts on the cluster,
     which the memory tier's default follows). Every sweep point is sized at the job's world
-    size; the largest need is the node's."""
+    size and ranks per node (preflight.shm_need is a node's figure); the largest is the
+    node's."""
     world = job.nodes * job.procs_per_node
     points = job.points or [job.cfg]
-    need = max(shm_need(p, restarts, world) for p in points) * job.procs_per_node
+    need = max(shm_need(p, job.procs_per_node, world, restarts) for p in points)
     return NodeMemory(processes=int(processes), shm_need=int(need), shm_margin=int(shm_margin))

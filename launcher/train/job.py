@@ -21,7 +21,7 @@ from launcher.checkpoint.memory import MemoryTier
 from launcher.config import ConfigError, TrainConfig, normalize, typed
 from launcher.config.secret_keys import is_secret_key
 from launcher.config.sweep import flatten
-from launcher.data import TokenData, build_train_loader, prepare_data
+from launcher.data import TokenData, build_train_loader, prepare_data, shm_available_bytes
 from launcher.data.cache import cache_root
 from launcher.model.build import build_model, count_params, flops_per_token, peak_flops
 from launcher.observe.nccl_transport import transport_recorders
@@ -47,11 +47,12 @@ from launcher.runtime.process import (
     freeze_what_lasts,
     launch_key,
     open_run_dir,
+    ranks_per_node,
     start,
 )
 from launcher.strategy.registry import build_strategy, engine
 from launcher.train.loop import LoopConfig, NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
-from launcher.train.preflight import shm_need
+from launcher.train.preflight import shm_need, tier_room
 
 log = logging.getLogger("launcher")
 
@@ -111,7 +112,7 @@ def write_run_files(
         now = OmegaConf.to_container(settings)  # as config.yaml holds it: lists, not tuples
         log_changed_settings(rt.run_dir / "config.yaml", now, start_step)
     atomic_write(rt.run_dir / "config.yaml", OmegaConf.to_yaml(settings))
-    env = envinfo.collect(shm_need(cfg, world_size=rt.world_size))
+    env = envinfo.collect(shm_need(cfg, ranks_per_node(), rt.world_size))
     env.update(world_size=rt.world_size, backend=rt.backend, run_id=rt.run_id)
     if gate is not None:
         env["burnin"] = burnin.summary(gate)
@@ -214,11 +215,25 @@ def memory_tier(cfg: TrainConfig, rt: Runtime, model) -> MemoryTier | None:
     every = memory.interval(cfg)
     if not every:
         return None
+    if memory.in_shm(cfg):  # the node's /dev/shm must hold it: every rank agrees
+        room = shm_available_bytes()
+        free = (room[1] if room else 0) + memory.held_bytes(
+            cfg.trainer.memory_checkpoint_dir, rt.run_dir
+        )
+        fits, why = tier_room(cfg, ranks_per_node(), rt.world_size, free)
+        verdicts = rt.all_gather_objects(why)
+        why = next((w for w in verdicts if w), None)
+        if why and cfg.trainer.memory_checkpoint_interval is not None:
+            raise ConfigError(why)
+        if why:
+            if rt.is_main:
+                log.warning("%s", why)
+            return None
     if rt.is_main:
         log.info("memory tier: every %d steps, in %s", every, cfg.trainer.memory_checkpoint_dir)
-    return MemoryTier(
-        cfg.trainer.memory_checkpoint_dir, every, rt, resume.identity(cfg, model, rt.world_size)
-    )
+    identity = resume.identity(cfg, model, rt.world_size)
+    t = cfg.trainer
+    return MemoryTier(t.memory_checkpoint_dir, every, rt, identity, t.memory_checkpoint_peer)
 
 
 def newer_in_memory(cfg: TrainConfig, tier: MemoryTier | None, folders: list[Path]) -> Path | None:

@@ -144,13 +144,14 @@ def test_example_fields(example):
     assert res["requests"]["ephemeral-storage"] == "12Gi"
     workers = job.cfg.data.num_workers
     assert res["requests"]["cpu"] == str(8 * (1 + workers)) and "cpu" not in res["limits"]
-    # /dev/shm: the loaders' and the memory tier's need on 8 ranks (the tier is on by default
-    # under torchrun's restarts, cluster.k8s.max_restarts=3) plus the 1 GiB margin, held by
-    # the memory limit.
-    tier = memory_tier.shm_bytes(job.cfg, job.cluster.k8s.max_restarts)
+    # /dev/shm: the loaders' need on 8 ranks and the memory tier's on the node (on by default
+    # under torchrun's restarts, cluster.k8s.max_restarts=3: two copies of DDP's state, once
+    # per node) plus the 1 GiB margin, held by the memory limit.
+    restarts = job.cluster.k8s.max_restarts
+    tier = memory_tier.shm_bytes(job.cfg, 8, 16, restarts)
     assert tier == 2 * memory_tier.state_bytes(job.cfg) > 0
-    need = shm_need(job.cfg, job.cluster.k8s.max_restarts) * 8
-    assert need == shm_need(job.cfg, 0) * 8 + tier * 8
+    need = shm_need(job.cfg, 8, 16, restarts)
+    assert need == shm_need(job.cfg, 8, 16, restarts=0) + tier
     shm = pod["volumes"][0]
     assert shm["emptyDir"] == {
         "medium": "Memory",
@@ -528,8 +529,9 @@ def test_dry_run_notes_and_owner_patch(tmp_path, capsys):
                 "data.prefetch_factor=8",
                 "trainer.seq_len=1024",
             ],
-            # 8 processes x (the loaders' 8 MiB + the memory tier's two copies of the state)
-            "cluster.k8s.shm_size=16Mi is less than the 684Mi this config's DataLoader workers "
+            # 8 processes x the loaders' 8 MiB + the memory tier's two copies of the state,
+            # once a node under DDP (preflight.shm_need: a node's figure)
+            "cluster.k8s.shm_size=16Mi is less than the 142Mi this config's DataLoader workers "
             "and memory tier need per pod",
         ),
         (["cluster.k8s.name=Bad_Name"], "metadata.name='Bad_Name' is not a valid DNS label"),

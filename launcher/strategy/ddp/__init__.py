@@ -53,8 +53,8 @@ FORMAT = Format("torch", marker=FILES[0], reader="launcher.strategy.ddp.files")
 
 
 def memory_checkpoint_bytes(cfg, params: int, world_size: int) -> int:
-    """Every rank's memory checkpoint is the whole model: fp32 weights and AdamW's two
-    moments, 4 + 8 bytes a parameter."""
+    """The whole model, which every rank holds alike (a node's ranks write it once between
+    them): fp32 weights and AdamW's two moments, 4 + 8 bytes a parameter."""
     return params * (4 + 8)
 
 
@@ -102,5 +102,6 @@ ENGINE = Engine(
     tune_candidates=tune_candidates,
     drops_steps=True,
     memory_checkpoint=memory_checkpoint_bytes,
+    memory_checkpoint_replicated=True,
     resizes_micro_batch=True,
 )
