@@ -135,6 +135,7 @@ class SlurmCluster:
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "MpiDefault=none",
+            "MpiParams=ports=12000-12999",  # srun --resv-ports (cluster.slurm.resv_ports)
             "MailProg=/bin/true",
             "JobRequeue=1",
             "ReturnToService=2",
@@ -144,10 +145,11 @@ class SlurmCluster:
             "MinJobAge=600",
         ]
         cpus = max(os.cpu_count() or 1, 2)
+        memory = _memory_mib()  # each node is this machine: --mem is checked against it
         for node in NODES:
             lines.append(
                 f"NodeName={node} NodeHostname={self.hostname} NodeAddr=127.0.0.1 "
-                f"Port={_free_port()} CPUs={cpus} RealMemory=4000 State=UNKNOWN"
+                f"Port={_free_port()} CPUs={cpus} RealMemory={memory} State=UNKNOWN"
             )
         lines.append(
             f"PartitionName={PARTITION} Nodes={','.join(NODES)} Default=YES "
@@ -231,6 +233,14 @@ def _kill_marked(conf: Path) -> None:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.2)
+
+
+def _memory_mib() -> int:
+    """This machine's memory in MiB (/proc/meminfo's MemTotal), as slurmd reports it."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) // 1024
+    return 4000
 
 
 def _ensure_hosts(names: tuple[str, ...]) -> None:

@@ -279,15 +279,23 @@ class SlurmConfig:
     account: str | None = None
     qos: str | None = None
     cpus_per_task: int | None = ranged(None, AT_LEAST_1)  # null: processes x (1 + data.num_workers)
-    mem: str | None = None  # per node, as sbatch takes it: 500G, 0 (all of the node's)
-    exclusive: bool = False
+    # per node, as sbatch takes it: 500G, 0 (all of the node's); null: exclusive=true asks
+    # for all of it (--mem=0), else the job's need (mem_per_process x processes + /dev/shm)
+    mem: str | None = None
+    mem_per_process: str = "8G"  # host memory a rank and its loader workers use besides /dev/shm
+    shm_margin: str = "1G"  # in --mem on top of /dev/shm's need: NCCL's shared memory etc.
+    exclusive: bool = False  # whole nodes: --exclusive, and --mem=0 unless mem is given
     constraint: str | None = None
     gpu_request: str = "gpus-per-node"  # or gres: --gres=gpu:N (clusters without cons_tres)
     extra_sbatch: list[str] = field(default_factory=list)  # more `#SBATCH` options, verbatim
-    container_image: str | None = None  # pyxis/enroot: srun --container-image
+    container_image: str | None = None  # an image (pyxis/enroot) or .sif file (apptainer)
+    container_runtime: str = "pyxis"  # pyxis (srun --container-image), apptainer, singularity
     container_name: str | None = None  # pyxis --container-name; null: one per image
     container_mounts: list[str] = field(default_factory=list)  # more than the ones made
     modules: list[str] = field(default_factory=list)  # `module load` each, in order
+    # more variables of the submitting shell to pass to the job (sbatch --export), by name
+    export: list[str] = field(default_factory=list)
+    resv_ports: bool = False  # rendezvous on a port Slurm reserves (srun --resv-ports; MpiParams)
     venv: str | None = None  # a virtual environment to activate on every node
     # Slurm warns (USR1) this long before the time limit
     signal_lead_s: int = ranged(300, AT_LEAST_1)
@@ -313,10 +321,12 @@ class K8sConfig:
     Every pod runs one torchrun for one node; memory and /dev/shm are per pod.
     """
 
-    kind: str = "job"  # job (Indexed Job + headless Service), jobset, pytorchjob
+    kind: str = "job"  # job (Indexed Job + headless Service), jobset, pytorchjob, trainjob
+    runtime: str = "torch-distributed"  # trainjob: the Kubeflow Trainer (Cluster)TrainingRuntime
     name: str | None = None  # the objects' name; null: <cluster.job_name>-<run id>
     namespace: str | None = None  # null: kubectl's current namespace
-    image: str = "launcher:latest"  # an image with this project and its torch installed
+    image: str = "launcher:0.1.0"  # an image with this project and its torch; a tag or digest
+    allow_floating_image: bool = False  # accept :latest or no tag (warned): nodes may differ
     image_pull_policy: str | None = None  # null: Always for :latest/untagged, else IfNotPresent
     image_pull_secrets: list[str] = field(default_factory=list)
     service_account: str | None = None
@@ -333,6 +343,9 @@ class K8sConfig:
     wandb_secret_key: str = "api-key"  # the key inside that Secret
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[Any] = field(default_factory=list)
+    gpu_toleration: bool = True  # tolerate the GPU nodes' taint (gpu_resource:NoSchedule)
+    # spread the pods one per value of this node label (kubernetes.io/hostname: one per node)
+    topology_spread_key: str | None = None
     affinity: dict[str, Any] = field(default_factory=dict)
     priority_class: str | None = None
     labels: dict[str, str] = field(default_factory=dict)  # added to every object and pod

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config import ConfigError, sweep
-from launcher.config.secret_keys import is_secret_key
+from launcher.config.secret_keys import is_secret_key, secret_in
 from launcher.data.tokenizer import tokenizer_path_problem
 from launcher.runtime.paths import can_create_in
 from launcher.train.preflight import (
@@ -51,8 +51,9 @@ SHELL_TEXT_KEYS = (
 )
 # How each cluster gets a secret to the job without writing it down (refusal's fix).
 SECRET_WAYS = {
-    "slurm": "export it in the shell you submit from (sbatch passes that environment on "
-    "to every rank) or keep it in a file only you can read (wandb login writes ~/.netrc)",
+    "slurm": "export it in the shell you submit from (submit passes the variables of that "
+    "shell named as secrets to the job by name, sbatch --export) or keep it in a file only "
+    "you can read (wandb login writes ~/.netrc)",
     "k8s": "give it through a Secret (cluster.k8s.wandb_secret names the one holding "
     "WANDB_API_KEY)",
 }
@@ -160,6 +161,9 @@ class SubmitJob:
         paths = []
         for name, text in files.items():
             path = self.submit_dir / _numbered(name, n)
+            # Only the submitting user reads them (the scheduler reads the script as that
+            # user): a job's files may name paths, accounts and hosts others need not see.
+            path.touch(mode=0o600)
             path.write_text(text)
             paths.append(path)
         return paths
@@ -351,9 +355,13 @@ def _retyped(value, raw: str) -> list:
 
 
 def check_secrets(target: str, overrides: list[str], configs: list[DictConfig]) -> None:
-    """A secret in an environment mapping (cluster.env, nccl.env) or an added key would be
-    written into the job's files and every rank's command line: refuse it, naming the way
-    this cluster gets a secret to the job instead."""
+    """A secret would be written into the job's files (a 0600 script is still a copy on a
+    shared file system) and, through them, the ranks' environment listing or command lines:
+    refuse it, naming where it stands and the way this cluster gets a secret to the job.
+    By name: a key of cluster.env or nccl.env, an added key, or `NAME=value` inside a setup
+    line, an sbatch option or a mount. By value: a token of a known kind or a long random
+    string given to a key (launcher.config.secret_keys.secret_in), in those texts and in
+    every override's value."""
     names = [
         f"{group}.{name}"
         for cfg in configs
@@ -363,10 +371,39 @@ def check_secrets(target: str, overrides: list[str], configs: list[DictConfig]) 
     names += [o.split("=", 1)[0].lstrip("+~") for o in overrides if o.startswith("+")]
     for name in dict.fromkeys(names):
         if is_secret_key(name):
-            raise ConfigError(
-                f"{name} is a secret: it would be written into the job's files and every "
-                f"rank's command line; remove it and {SECRET_WAYS[target]}"
-            )
+            raise ConfigError(f"{name} is a secret: {_secret_fix(target)}")
+    for where, text in _shell_texts(configs):
+        why = secret_in(text)
+        if why:
+            raise ConfigError(f"{where} holds a secret, {why}: {_secret_fix(target)}")
+    for override in overrides:
+        key, _, value = override.partition("=")
+        why = secret_in(value)
+        if why:
+            raise ConfigError(f"{key.lstrip('+~')} holds a secret, {why}: {_secret_fix(target)}")
+
+
+def _secret_fix(target: str) -> str:
+    return (
+        "it would be written into the job's files and every rank's command line; remove it "
+        f"and {SECRET_WAYS[target]}"
+    )
+
+
+def _shell_texts(configs: list[DictConfig]):
+    """(key, text) of every value that becomes shell text in the job (SHELL_TEXT_KEYS);
+    an environment variable as `NAME=value`, so that its name counts too."""
+    for cfg in configs:
+        for key in SHELL_TEXT_KEYS:
+            node = OmegaConf.select(cfg, key)
+            if node is None:
+                continue
+            if OmegaConf.is_dict(node):
+                for name, value in node.items():
+                    yield f"{key}.{name}", f"{name}={value}"
+            else:
+                for i, line in enumerate(node):
+                    yield f"{key}[{i}]", str(line)
 
 
 def check_visible_files(cfg: DictConfig, workdir: Path) -> None:

@@ -5,8 +5,9 @@ Indexed Job with `spec.subdomain` gives pod <i> the hostname `<name>-<i>` and th
 `<name>-<i>.<service>`, so every torchrun rendezvouses at `<name>-0.<service>:<port>`, with
 its completion index as node rank. /dev/shm is a memory-backed emptyDir sized from the same
 computation the trainer's preflight uses (launcher.plan.memory.shm_need), and the container's
-memory limit holds it on top of what the processes get. `cluster.k8s.kind` renders the same
-pod as a JobSet or a Kubeflow PyTorchJob instead. See docs/kubernetes.md.
+memory limit holds it on top of what the processes get (node_memory, shared with Slurm's
+--mem). `cluster.k8s.kind` renders the same pod as a JobSet, a Kubeflow PyTorchJob or a
+Kubeflow Trainer v2 TrainJob instead. See docs/kubernetes.md.
 
 Each pod runs `python -m launcher.torchrun`, which exits with the job's contract code
 (launcher/resilience/exit_codes.py); the failure policies act on it: bad input, a non-finite
@@ -28,7 +29,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from launcher.config import ConfigError
-from launcher.plan.memory import loader_shm_need, shm_need
+from launcher.plan.memory import loader_shm_need
 from launcher.resilience import exit_codes
 from launcher.resilience.burnin import BAD_HOSTS, read_bad_hosts
 from launcher.submit import k8s_check, stop_time
@@ -39,8 +40,9 @@ from launcher.submit.job import (
     check_interval_fits,
     time_limit_s,
 )
+from launcher.submit.node_memory import NodeMemory, node_memory
 
-KINDS = ("job", "jobset", "pytorchjob")
+KINDS = ("job", "jobset", "pytorchjob", "trainjob")
 CONTAINER = "trainer"
 SHM_VOLUME = "dshm"
 RUNS_VOLUME = "runs"
@@ -50,8 +52,30 @@ HOME_VOLUME, HOME_DIR = "home", "/home/launcher"
 TMP_VOLUME, TMP_DIR = "tmp", "/tmp"
 RANK_PLACEHOLDER = "@NODE_RANK@"
 # What each kind's pods know their node rank by (Kubernetes expands $(VAR) in args).
-NODE_RANK = {"job": "JOB_COMPLETION_INDEX", "jobset": "JOB_COMPLETION_INDEX", "pytorchjob": "RANK"}
+NODE_RANK = {
+    "job": "JOB_COMPLETION_INDEX",
+    "jobset": "JOB_COMPLETION_INDEX",
+    "pytorchjob": "RANK",
+    "trainjob": "JOB_COMPLETION_INDEX",  # its pods are an Indexed Job's, in a JobSet
+}
 JOBSET_REPLICATED_JOB = "node"
+# Kubeflow Trainer v2: a TrainJob names a torch runtime (cluster.k8s.runtime), whose JobSet
+# has one replicated Job `node` with one container `node`; the pod's fields a TrainJob may
+# set go into a runtime patch (the runtime sets the rest: see docs/kubernetes.md).
+TRAINJOB_CONTAINER = "node"
+TRAINJOB_MANAGER = "launcher"
+TRAINJOB_TRAINER = ("image", "command", "args", "env")
+TRAINJOB_CONTAINER_PATCH = ("volumeMounts", "securityContext")
+TRAINJOB_POD_PATCH = (
+    "affinity",
+    "imagePullSecrets",
+    "nodeSelector",
+    "securityContext",
+    "serviceAccountName",
+    "terminationGracePeriodSeconds",
+    "tolerations",
+    "volumes",
+)
 PYTORCHJOB_PORT_NAME = "pytorchjob-port"  # the port the training operator's Services expose
 # Exit codes that fail the whole job at once: retrying the same config cannot help.
 FAIL_AT_ONCE = [exit_codes.BAD_INPUT, exit_codes.NONFINITE, exit_codes.OOM]
@@ -73,8 +97,9 @@ def render(job: SubmitJob) -> dict[str, str]:
     if k.kind not in KINDS:
         raise ConfigError(f"cluster.k8s.kind={k.kind}: not one of {', '.join(KINDS)}")
     check_options(job)
-    expect = without_default_tier(job, expectations(job))
-    shm_size = shm_size_limit(job, expect.shm_need)
+    memory = pod_memory(job)
+    expect = without_default_tier(job, expectations(job, memory))
+    shm_size = shm_size_limit(job, dataclasses.replace(memory, shm_need=expect.shm_need))
     objects = build(job, shm_size, expect.process_memory)
     k8s_check.check([obj for _, obj in objects], expect)
     return {filename: to_yaml(obj, job) for filename, obj in objects}
@@ -158,6 +183,13 @@ def notes(job: SubmitJob) -> list[str]:
         lines.append(
             f"excluded: node(s) {', '.join(refused)}, refused by this run's burn-in gate "
             f"({job.run_dir / BAD_HOSTS}; docs/burnin.md)"
+        )
+    if k.kind == "trainjob":
+        lines.append(
+            f"needs: Kubeflow Trainer 2.2 or later with the torch runtime {k.runtime} "
+            "(cluster.k8s.runtime); its pod template must set automountServiceAccountToken "
+            "and enableServiceLinks to false, which a TrainJob cannot patch"
+            + (", and the topology spread" if k.topology_spread_key else "")
         )
     if k.gang == "kueue":
         lines.append(f"needs: Kueue with a LocalQueue {k.queue} in {ns}")
@@ -296,7 +328,21 @@ def _floating(image: str) -> bool:
 
 
 def _check_image(job: SubmitJob) -> None:
+    """A tag or digest names the build every pod runs; :latest (or none) may differ from
+    node to node and from one restart to the next: refused, or warned with
+    cluster.k8s.allow_floating_image=true."""
     k = job.cluster.k8s
+    if _floating(str(k.image)):
+        if not k.allow_floating_image:
+            raise ConfigError(
+                f"cluster.k8s.image={k.image}: names no fixed build (:latest or no tag), so "
+                "pods may run different code; give a tag or digest (launcher:0.1.0, "
+                "repo/launcher@sha256:...), or set cluster.k8s.allow_floating_image=true"
+            )
+        job.warnings.append(
+            f"cluster.k8s.image={k.image} names no fixed build (cluster.k8s."
+            "allow_floating_image=true): nodes may run different code; pin a tag or digest"
+        )
     policy = image_pull_policy(job)
     if policy not in ("Always", "IfNotPresent", "Never"):
         raise ConfigError(
@@ -337,21 +383,27 @@ def name_of(job: SubmitJob) -> str:
     return str(k.name or f"{job.cluster.job_name or DEFAULT_JOB_NAME}-{job.run_id}")
 
 
-def expectations(job: SubmitJob) -> k8s_check.Expect:
+def pod_memory(job: SubmitJob) -> NodeMemory:
+    """The pod's memory (node_memory: the same sum as Slurm's --mem): cluster.k8s.memory
+    for the processes, the /dev/shm need, cluster.k8s.shm_margin; torchrun restarts as
+    cluster.k8s.max_restarts, which the memory tier's default follows."""
+    k = job.cluster.k8s
+    processes = k8s_check.parse_quantity(k.memory, "cluster.k8s.memory")
+    margin = k8s_check.parse_quantity(k.shm_margin, "cluster.k8s.shm_margin")
+    return node_memory(job, int(k.max_restarts), int(processes), int(margin))
+
+
+def expectations(job: SubmitJob, memory: NodeMemory | None = None) -> k8s_check.Expect:
     """What the manifests must agree with, from the composed config."""
     k = job.cluster.k8s
-    restarts = int(k.max_restarts)  # the memory tier's default follows torchrun's restarts
-    world = job.nodes * job.procs_per_node
-    points = job.points or [job.cfg]
-    need = max(shm_need(p, job.procs_per_node, world, restarts) for p in points)
-    memory = int(k8s_check.parse_quantity(k.memory, "cluster.k8s.memory"))
+    memory = memory or pod_memory(job)
     return k8s_check.Expect(
         nodes=job.nodes,
         procs_per_node=job.procs_per_node,
         gpus_per_node=int(job.cluster.gpus_per_node),
         gpu_resource=str(k.gpu_resource),
-        shm_need=need,
-        process_memory=memory,
+        shm_need=memory.shm_need,
+        process_memory=memory.processes,
         rdzv_port=int(job.cluster.rdzv_port),
         security=str(k.security),
         guaranteed=bool(k.guaranteed),
@@ -381,9 +433,10 @@ def without_default_tier(job: SubmitJob, expect: k8s_check.Expect) -> k8s_check.
     return dataclasses.replace(expect, shm_need=loaders)
 
 
-def shm_size_limit(job: SubmitJob, need: int) -> str:
+def shm_size_limit(job: SubmitJob, memory: NodeMemory) -> str:
     """/dev/shm's sizeLimit: cluster.k8s.shm_size, or the loaders' need plus the margin."""
     k = job.cluster.k8s
+    need = memory.shm_need
     if k.shm_size is not None:
         size = k8s_check.parse_quantity(k.shm_size, "cluster.k8s.shm_size")
         if size < need:
@@ -399,8 +452,7 @@ def shm_size_limit(job: SubmitJob, need: int) -> str:
                 "data.prefetch_factor"
             )
         return str(k.shm_size)
-    margin = k8s_check.parse_quantity(k.shm_margin, "cluster.k8s.shm_margin")
-    return k8s_check.format_bytes(int(need + margin))
+    return k8s_check.format_bytes(memory.shm)
 
 
 def build(job: SubmitJob, shm_size: str, process_memory: int) -> list[tuple[str, dict]]:
@@ -418,6 +470,10 @@ def build(job: SubmitJob, shm_size: str, process_memory: int) -> list[tuple[str,
         endpoint = f"{name}-{rjob}-0-0.{name}:{job.cluster.rdzv_port}"
         pod = pod_template(job, endpoint, shm_size, process_memory)
         return [("jobset.yaml", jobset(job, pod))]
+    if k.kind == "trainjob":
+        endpoint = f"{name}-{JOBSET_REPLICATED_JOB}-0-0.{name}:{job.cluster.rdzv_port}"
+        pod = pod_template(job, endpoint, shm_size, process_memory, container=TRAINJOB_CONTAINER)
+        return [("trainjob.yaml", trainjob(job, pod))]
     endpoint = f"{name}-master-0:{job.cluster.rdzv_port}"
     pod = pod_template(job, endpoint, shm_size, process_memory, container="pytorch")
     return [("pytorchjob.yaml", pytorchjob(job, pod))]
@@ -514,8 +570,8 @@ def job_spec(job: SubmitJob, pod: dict, restarts_owned_by_jobset: bool = False) 
     deadline = deadline_s(job)
     if deadline:
         spec["activeDeadlineSeconds"] = deadline
-    if k.ttl_after_finished_s is not None:
-        spec["ttlSecondsAfterFinished"] = int(k.ttl_after_finished_s)
+    if k.ttl_after_finished_s is not None and not restarts_owned_by_jobset:
+        spec["ttlSecondsAfterFinished"] = int(k.ttl_after_finished_s)  # a JobSet's: its own
     if k.gang == "kueue" and not restarts_owned_by_jobset:
         spec["suspend"] = True  # Kueue unsuspends it once the whole job is admitted
     spec["template"] = pod
@@ -546,6 +602,9 @@ def jobset(job: SubmitJob, pod: dict) -> dict:
         },
         "failurePolicy": {"maxRestarts": restart_budget(job), "rules": jobset_rules(job)},
     }
+    if k.ttl_after_finished_s is not None:
+        # on the JobSet: the inner Job's would delete the Job and leave the JobSet behind
+        spec["ttlSecondsAfterFinished"] = int(k.ttl_after_finished_s)
     if k.gang == "kueue":
         spec["suspend"] = True
     spec["replicatedJobs"] = [{"name": JOBSET_REPLICATED_JOB, "replicas": 1, "template": template}]
@@ -622,6 +681,43 @@ def pytorchjob(job: SubmitJob, pod: dict) -> dict:
     }
 
 
+def trainjob(job: SubmitJob, pod: dict) -> dict:
+    """Kubeflow Trainer v2's TrainJob on the torch runtime cluster.k8s.runtime: the
+    container's image, command, arguments, environment and resources as the trainer's,
+    numNodes nodes, and the pod's other fields (volumes, /dev/shm, security, placement) as a
+    runtime patch. Restarts and failures follow the runtime's JobSet failure policy."""
+    k = job.cluster.k8s
+    container = pod["spec"]["containers"][0]
+    trainer = {key: container[key] for key in TRAINJOB_TRAINER if key in container}
+    trainer["numNodes"] = job.nodes
+    trainer["resourcesPerNode"] = container["resources"]
+    patch_container = {"name": TRAINJOB_CONTAINER}
+    patch_container.update({f: container[f] for f in TRAINJOB_CONTAINER_PATCH if f in container})
+    pod_spec = {key: pod["spec"][key] for key in TRAINJOB_POD_PATCH if key in pod["spec"]}
+    pod_spec["containers"] = [patch_container]
+    node = {"metadata": pod["metadata"], "spec": pod_spec}
+    replicated = {"name": JOBSET_REPLICATED_JOB, "template": {"spec": {"template": node}}}
+    spec: dict = {"runtimeRef": {"name": str(k.runtime)}}
+    if k.gang == "kueue":
+        spec["suspend"] = True
+    deadline = deadline_s(job)
+    if deadline:
+        spec["activeDeadlineSeconds"] = deadline
+    spec["trainer"] = trainer
+    spec["runtimePatches"] = [
+        {
+            "manager": TRAINJOB_MANAGER,
+            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [replicated]}}},
+        }
+    ]
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": workload_metadata(job),
+        "spec": spec,
+    }
+
+
 def pod_template(
     job: SubmitJob, endpoint: str, shm_size: str, process_memory: int, container: str = CONTAINER
 ) -> dict:
@@ -662,6 +758,10 @@ def pod_template(
     spec: dict = {"restartPolicy": "Never"}
     if k.kind == "pytorchjob":
         del spec["restartPolicy"]  # the operator sets it from the replica's restartPolicy
+    # No API token in the pod (training never calls the API server), and no variables for
+    # every Service of the namespace (thousands of them slow the start and clutter env).
+    spec["automountServiceAccountToken"] = False
+    spec["enableServiceLinks"] = False
     spec["terminationGracePeriodSeconds"] = int(k.termination_grace_s)
     if k.gang == "volcano":
         spec["schedulerName"] = "volcano"
@@ -684,8 +784,18 @@ def pod_template(
         spec["imagePullSecrets"] = [{"name": str(s)} for s in k.image_pull_secrets]
     if k.node_selector:
         spec["nodeSelector"] = {str(a): str(b) for a, b in k.node_selector.items()}
-    if k.tolerations:
-        spec["tolerations"] = OmegaConf.to_container(k.tolerations, resolve=True)
+    tolerations = tolerations_of(job)
+    if tolerations:
+        spec["tolerations"] = tolerations
+    if k.topology_spread_key:
+        spec["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": str(k.topology_spread_key),
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {_instance_label(job): name_of(job)}},
+            }
+        ]
     affinity = OmegaConf.to_container(k.affinity, resolve=True) if k.affinity else {}
     refused = read_bad_hosts(job.run_dir)  # the burn-in gates of this run's earlier pods
     if refused:
@@ -714,6 +824,19 @@ def pod_template(
     return {"metadata": meta, "spec": spec}
 
 
+def tolerations_of(job: SubmitJob) -> list[dict]:
+    """cluster.k8s.tolerations, and with GPUs the GPU nodes' usual taint (the GPU
+    resource's name, any value, NoSchedule: what NVIDIA's GPU operator and the clouds put
+    on GPU nodes), unless cluster.k8s.gpu_toleration=false."""
+    k = job.cluster.k8s
+    own = OmegaConf.to_container(k.tolerations, resolve=True) if k.tolerations else []
+    if job.cluster.gpus_per_node and k.gpu_toleration:
+        gpu = {"key": str(k.gpu_resource), "operator": "Exists", "effect": "NoSchedule"}
+        if gpu not in own:
+            own.append(gpu)
+    return own
+
+
 def without_nodes(affinity: dict, hosts: list[str]) -> dict:
     """`affinity` with a required node-affinity rule that keeps the pods off `hosts` (by
     the kubernetes.io/hostname label, which is the node's name unless a cloud sets it
@@ -738,6 +861,14 @@ def resources(job: SubmitJob, memory_limit: str) -> dict:
     gpus = int(job.cluster.gpus_per_node)
     cpu = cpu_request(job)
     requests: dict = {"cpu": cpu, "memory": memory_limit}
+    if k.security == "restricted":
+        # the disk-backed emptyDirs (home, tmp) count against the node's ephemeral storage:
+        # request what their sizeLimits allow, so that the scheduler places the pod by it
+        disk = sum(
+            k8s_check.parse_quantity(k[key], f"cluster.k8s.{key}")
+            for key in ("home_size", "tmp_size")
+        )
+        requests["ephemeral-storage"] = k8s_check.format_bytes(int(disk))
     limits: dict = {"memory": memory_limit}
     if k.guaranteed:
         limits = {"cpu": cpu, **limits}

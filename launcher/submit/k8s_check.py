@@ -76,8 +76,10 @@ def check(objects: list[dict], expect: Expect) -> None:
         _check_jobset(kinds["JobSet"], expect)
     elif "PyTorchJob" in kinds:
         _check_pytorchjob(kinds["PyTorchJob"], expect)
+    elif "TrainJob" in kinds:
+        _check_trainjob(kinds["TrainJob"], expect)
     else:
-        raise ConfigError(f"no Job, JobSet or PyTorchJob among {sorted(kinds)}")
+        raise ConfigError(f"no Job, JobSet, PyTorchJob or TrainJob among {sorted(kinds)}")
 
 
 def _where(obj: dict) -> str:
@@ -271,6 +273,31 @@ def _check_pytorchjob(ptj: dict, expect: Expect) -> None:
         if pod["spec"]["containers"][0]["name"] != "pytorch":
             raise ConfigError(f"{_where(ptj)}: {path}.spec.containers[0].name must be 'pytorch'")
         _check_endpoint(ptj, pod, path, f"{name}-master-0", expect)
+
+
+def _check_trainjob(tj: dict, expect: Expect) -> None:
+    """The pod a TrainJob's node runs, as its trainer and its runtime patch make it up
+    (the runtime adds the rest), checked as any other kind's."""
+    spec = tj["spec"]
+    trainer = spec.get("trainer") or {}
+    if trainer.get("numNodes") != expect.nodes:
+        raise ConfigError(
+            f"{_where(tj)}: spec.trainer.numNodes={trainer.get('numNodes')!r}, expected "
+            f"{expect.nodes} (cluster.nodes)"
+        )
+    patches = spec.get("runtimePatches") or []
+    path = "spec.runtimePatches[0].trainingRuntimeSpec.template.spec.replicatedJobs[0]"
+    try:
+        rjob = patches[0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+        pod = rjob["template"]["spec"]["template"]
+    except (IndexError, KeyError):
+        raise ConfigError(f"{_where(tj)}: {path}.template.spec.template is missing") from None
+    container = {**pod["spec"]["containers"][0], **trainer}
+    container["resources"] = trainer.get("resourcesPerNode") or {}
+    merged = {**pod, "spec": {**pod["spec"], "containers": [container]}}
+    _check_pod(tj, merged, f"{path}.template.spec.template", expect, None)
+    name = tj["metadata"]["name"]
+    _check_endpoint(tj, merged, path, f"{name}-{rjob['name']}-0-0.{name}", expect)
 
 
 def _check_pod(obj: dict, pod: dict, path: str, expect: Expect, restart: str | None) -> None:

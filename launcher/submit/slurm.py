@@ -1,7 +1,12 @@
 """The experiment as an sbatch script: one torchrun per node through srun, c10d rendezvous
-on the first node (on a port derived from the job id), and a checkpoint-and-requeue when
-Slurm warns of the time limit or of a preemption, or the trainer detects a hang, for as
-long as each start advances the checkpoint (and at most cluster.slurm.max_requeues times).
+on the first node (on a port derived from the job id, or one Slurm reserves), and a
+checkpoint-and-requeue when Slurm warns of a preemption (always) or of the time limit, or
+the trainer detects a hang (for as long as each start advances the checkpoint), at most
+cluster.slurm.max_requeues times.
+
+Nothing secret is written into it: the job gets the submitting shell's variables by name
+(--export), the trainer's overrides through a 0600 file rather than the ranks' command
+lines, and --mem is the node's need as a pod's memory request is (node_memory).
 
 The script is `templates/slurm.sbatch` with the job's values filled in; slurm/README.md
 explains it line by line and docs/slurm.md explains the choices (the signal path above all).
@@ -10,6 +15,8 @@ explains it line by line and docs/slurm.md explains the choices (the signal path
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
 import shlex
 import shutil
@@ -21,9 +28,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from launcher.config import ConfigError
+from launcher.config.secret_keys import is_secret_key
 from launcher.data.cache import cache_root
 from launcher.resilience import exit_codes
 from launcher.resilience.burnin import BAD_HOSTS, read_bad_hosts
+from launcher.runtime.args_file import ARGS_FILE_ENV
 from launcher.submit import stop_time
 from launcher.submit.job import (
     FRONT_DOOR,
@@ -33,6 +42,7 @@ from launcher.submit.job import (
     time_limit_s,
     visible,
 )
+from launcher.submit.node_memory import NodeMemory, node_memory
 
 SCRIPT = "job.sbatch"
 OUTPUT = "slurm-%j.out"  # in the submit/ folder; requeued runs append to the same file
@@ -61,11 +71,35 @@ EXAMPLE_OVERRIDES = [
 ]
 # pyxis (NVIDIA's SPANK plugin) adds this option to srun; without it srun refuses the job.
 PYXIS_OPTION = "--container-image"
+CONTAINER_RUNTIMES = ("pyxis", "apptainer", "singularity")
+# What the job gets of the submitting shell's environment (sbatch --export, by name; Slurm
+# adds its SLURM_* variables): what a shell and Python need, then cluster.slurm.export, and
+# at submit the variables of that shell whose names name a secret (WANDB_API_KEY, HF_TOKEN).
+EXPORT_BASE = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LC_ALL",
+    "TERM",
+    "TMPDIR",
+    "LD_LIBRARY_PATH",
+    "PYTHONPATH",
+    "SLURM_CONF",
+)
+MIB = 2**20
+# The warning comes signal_lead_s (and up to SIGNAL_EARLY_S more) before the time limit; a
+# USR1 with more time left than that, and this slack, is a preemption (or an operator's).
+WARNING_SLACK_S = 60
 # A failed setup line ends the job with the contract's bad-input code: a retry fails alike.
 SETUP_FAILED_EXIT = 2
 MAX_SIGNAL_LEAD_S = 65535  # sbatch --signal takes at most 16 bits of seconds
 GPU_REQUESTS = ("gpus-per-node", "gres")
 _PLAIN = re.compile(r"^[^\s'\"\\`$;]+$")  # a value an #SBATCH line can carry as it is
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([KMGT]?)B?$", re.IGNORECASE)  # sbatch --mem's sizes
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def check(job: SubmitJob) -> None:
@@ -88,6 +122,18 @@ def check(job: SubmitJob) -> None:
         )
     _check_cpus(job)
     _check_lead(job)
+    _check_memory(job)
+    if s.container_runtime not in CONTAINER_RUNTIMES:
+        raise ConfigError(
+            f"cluster.slurm.container_runtime={s.container_runtime}: not one of "
+            f"{', '.join(CONTAINER_RUNTIMES)}"
+        )
+    for name in s.export:
+        if not _NAME.match(str(name)):
+            raise ConfigError(
+                f"cluster.slurm.export: {name!r} is not a variable name; give names only "
+                "(their values stay in the submitting shell)"
+            )
     if s.venv is not None and visible(s.venv, job.workdir):
         activate = Path(s.venv).expanduser() / "bin" / "activate"
         if not activate.is_file():
@@ -141,6 +187,59 @@ def _check_lead(job: SubmitJob) -> None:
         )
 
 
+def slurm_bytes(text: str, key: str) -> int:
+    """A size as sbatch --mem takes it (500G, 1.5T, 4096 = MiB) in bytes; ConfigError if not."""
+    m = _SIZE.match(str(text).strip())
+    if not m:
+        raise ConfigError(f"{key}={text!r}: not a size sbatch takes; write e.g. 8G, 500M, 0")
+    unit = {"": 1, "K": 2**-10, "M": 1, "G": 2**10, "T": 2**20}[m.group(2).upper()]
+    return int(float(m.group(1)) * unit * MIB)
+
+
+def job_memory(job: SubmitJob) -> NodeMemory:
+    """The node's need (node_memory, the same sum as a pod's memory request): processes x
+    cluster.slurm.mem_per_process, the /dev/shm need, cluster.slurm.shm_margin. Slurm does
+    not restart torchrun's workers (--max-restarts 0): the memory tier keeps its default."""
+    s = job.cluster.slurm
+    per_process = slurm_bytes(s.mem_per_process, "cluster.slurm.mem_per_process")
+    margin = slurm_bytes(s.shm_margin, "cluster.slurm.shm_margin")
+    return node_memory(job, 0, per_process * job.procs_per_node, margin)
+
+
+def mem_option(job: SubmitJob) -> str:
+    """--mem's value: cluster.slurm.mem; else 0 (the whole node's) with exclusive=true;
+    else the job's need in MiB, rounded up."""
+    s = job.cluster.slurm
+    if s.mem is not None:
+        return str(s.mem)
+    if s.exclusive:
+        return "0"
+    return f"{-(-job_memory(job).total // MIB)}M"
+
+
+def _check_memory(job: SubmitJob) -> None:
+    """A given --mem must hold /dev/shm's need (refused) and should hold the whole need
+    (warned); 0, or null (computed), always does."""
+    s = job.cluster.slurm
+    need = job_memory(job)
+    if s.mem is None or str(s.mem) == "0":
+        return
+    given = slurm_bytes(s.mem, "cluster.slurm.mem")
+    if given < need.shm:
+        raise ConfigError(
+            f"cluster.slurm.mem={s.mem} is less than the {need.shm // MIB} MiB /dev/shm alone "
+            "needs per node (DataLoader workers, memory tier and cluster.slurm.shm_margin, "
+            "docs/shared-memory.md); raise it, or leave it null to have it computed"
+        )
+    if given < need.total:
+        job.warnings.append(
+            f"cluster.slurm.mem={s.mem} is less than the {need.total // MIB} MiB the job needs "
+            f"per node ({job.procs_per_node} x cluster.slurm.mem_per_process="
+            f"{s.mem_per_process} + {need.shm // MIB} MiB of /dev/shm); leave it null to "
+            "have it computed"
+        )
+
+
 def _check_cpus(job: SubmitJob) -> None:
     given = job.cluster.slurm.cpus_per_task
     if given is not None and given < 1:
@@ -184,17 +283,23 @@ def render(job: SubmitJob) -> dict[str, str]:
         "setup": "\n".join(_setup_lines(job)),
         "setup_failed_exit": str(SETUP_FAILED_EXIT),
         "bad_node_exit": str(exit_codes.BAD_NODE),
+        "warning_window": str(s.signal_lead_s + SIGNAL_EARLY_S + WARNING_SLACK_S),
         "exports": "\n".join(
             f"export {name}={shlex.quote(value)}" for name, value in job.env().items()
         ),
         "shutdown_timeout": str(s.signal_lead_s),
-        "rdzv_port": str(c.rdzv_port),
-        "rdzv_port_range": str(s.rdzv_port_range),
+        # with reserved ports the step's own, known only inside the step (_torchrun)
+        "port": "reserved"
+        if s.resv_ports
+        else f"$(({c.rdzv_port} + SLURM_JOB_ID % {s.rdzv_port_range}))",
         "run_dir": shlex.quote(str(job.run_dir)),
         "policy": _policy(job),
         "output": shlex.quote(str(job.submit_dir)) + '/slurm-"$SLURM_JOB_ID".out',
+        "args_env": ARGS_FILE_ENV,
+        "args": json.dumps(job.train_overrides()),
         "srun_options": " ".join(_srun_options(job)),
         "torchrun": _torchrun(job),
+        "in_launcher": _in_launcher(job),
         "requeue": _requeue_block(job),
     }
     template = resources.files("launcher.submit").joinpath("templates/slurm.sbatch").read_text()
@@ -213,8 +318,7 @@ def sbatch_options(job: SubmitJob) -> list[str]:
     elif c.gpus_per_node:
         opts.append(f"--gpus-per-node={c.gpus_per_node}")
     opts.append(f"--cpus-per-task={cpus_per_task(job)}")
-    if s.mem is not None:
-        opts.append(f"--mem={s.mem}")
+    opts.append(f"--mem={mem_option(job)}")
     if c.time_limit is not None:
         opts.append(f"--time={c.time_limit}")
     if s.exclusive:
@@ -225,6 +329,7 @@ def sbatch_options(job: SubmitJob) -> list[str]:
     if refused:
         opts.append(f"--exclude={','.join(refused)}")
     opts += [
+        f"--export={','.join(export_names(job))}",
         f"--signal=B:USR1@{s.signal_lead_s}",
         "--requeue" if s.requeue else "--no-requeue",
         "--open-mode=append",
@@ -235,20 +340,36 @@ def sbatch_options(job: SubmitJob) -> list[str]:
     return opts
 
 
+def export_names(job: SubmitJob, environ: dict[str, str] | None = None) -> list[str]:
+    """What the job gets of the submitting shell, by name: EXPORT_BASE, cluster.slurm.export,
+    and (given the shell's `environ`, at submit) its variables named as secrets."""
+    names = [*EXPORT_BASE, *map(str, job.cluster.slurm.export)]
+    names += sorted(n for n in (environ or {}) if is_secret_key(n) and _NAME.match(n))
+    return list(dict.fromkeys(names))
+
+
 def _notes(job: SubmitJob) -> list[str]:
-    """Comments under the #SBATCH lines for defaults a reader should not have to guess."""
-    if job.cluster.slurm.mem is not None:
+    """Comments under the #SBATCH lines for figures a reader should not have to guess."""
+    s = job.cluster.slurm
+    if s.mem is not None:
         return []
+    if s.exclusive:
+        return ["# --mem=0: all of each node's memory (cluster.slurm.exclusive=true, mem=null)."]
+    m = job_memory(job)
     return [
-        "# No --mem (cluster.slurm.mem=null): the partition's default memory per node applies",
-        "# (DefMemPerNode/DefMemPerCPU, often small); cluster.slurm.mem=0 asks for all of it.",
+        f"# --mem: {job.procs_per_node} process(es) x cluster.slurm.mem_per_process="
+        f"{s.mem_per_process} + /dev/shm {m.shm_need // MIB} MiB (loaders, memory tier)",
+        f"# + cluster.slurm.shm_margin={s.shm_margin}: the node's need (cluster.slurm.mem=null).",
     ]
 
 
 def _setup_lines(job: SubmitJob) -> list[str]:
     """Each setup line in braces, so that its own `;`, `&&`, `&` or comment stays its own,
-    and its failure ends the job at once, naming the line (setup_failed in the template)."""
+    and its failure ends the job at once, naming the line (setup_failed in the template).
+    With cluster.slurm.modules, `module` is initialised first: a batch script is no login
+    shell, and the submitting shell's function does not travel with --export."""
     c, s = job.cluster, job.cluster.slurm
+    init = [MODULE_INIT] if s.modules else []
     lines = [f"module load {m}" for m in s.modules]
     if s.venv is not None:
         lines.append(f"source {shlex.quote(str(Path(s.venv).expanduser()))}/bin/activate")
@@ -256,8 +377,16 @@ def _setup_lines(job: SubmitJob) -> list[str]:
         lines.append(f"mkdir -p {shlex.quote(str(_cache_dir(job)))}")  # a mount's source
     lines += list(c.setup)
     if not lines:
-        return ["# (none: cluster.slurm.modules, cluster.slurm.venv and cluster.setup)"]
-    return [f"{{ {line}\n}} || setup_failed $? {shlex.quote(line)}" for line in lines]
+        return ["  : # (none: cluster.slurm.modules, cluster.slurm.venv and cluster.setup)"]
+    return init + [f"  {{ {line}\n  }} || setup_failed $? {shlex.quote(line)}" for line in lines]
+
+
+# `module` where the site has Lmod or Environment Modules, found where they install it.
+MODULE_INIT = (
+    "  type module >/dev/null 2>&1 || for init in /etc/profile.d/lmod.sh "
+    "/etc/profile.d/modules.sh /usr/share/lmod/lmod/init/bash /usr/share/Modules/init/bash; "
+    'do [ -r "$init" ] && . "$init" && break; done'
+)
 
 
 def _cache_dir(job: SubmitJob) -> Path:
@@ -294,25 +423,60 @@ def _srun_options(job: SubmitJob) -> list[str]:
     # Slurm 22.05's srun no longer inherits --cpus-per-task from the batch job.
     opts = [f"--nodes={job.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus_per_task(job)}"]
     opts.append(f"--wait={SRUN_WAIT_S}")
-    if s.container_image is not None:
-        opts += [
-            f"{PYXIS_OPTION}={s.container_image}",
-            f"--container-name={container_name(job)}",
-            f"--container-mounts={shlex.quote(','.join(container_mounts(job)))}",
-            f"--container-workdir={shlex.quote(str(job.workdir))}",
-        ]
+    if s.resv_ports:
+        opts.append("--resv-ports=1")
+    if s.container_image is not None and s.container_runtime == "pyxis":
+        opts += _pyxis_options(job)
     return opts
 
 
+def _pyxis_options(job: SubmitJob) -> list[str]:
+    return [
+        f"{PYXIS_OPTION}={job.cluster.slurm.container_image}",
+        f"--container-name={container_name(job)}",
+        f"--container-mounts={shlex.quote(','.join(container_mounts(job)))}",
+        f"--container-workdir={shlex.quote(str(job.workdir))}",
+    ]
+
+
+def _apptainer(job: SubmitJob) -> str:
+    """`apptainer exec` (or singularity) of the image, the mounts bound, GPUs passed in."""
+    s = job.cluster.slurm
+    gpus = " --nv" if job.cluster.gpus_per_node else ""
+    binds = shlex.quote(",".join(container_mounts(job)))
+    workdir = shlex.quote(str(job.workdir))
+    image = shlex.quote(str(s.container_image))
+    return f"{s.container_runtime} exec{gpus} --bind {binds} --pwd {workdir} {image}"
+
+
+def _in_launcher(job: SubmitJob) -> str:
+    """What runs a command of the launcher's from the batch shell: itself, or the container
+    (pyxis: a one-task step in the job's named container; Apptainer: exec here)."""
+    s = job.cluster.slurm
+    if s.container_image is None:
+        return ""
+    if s.container_runtime == "pyxis":
+        return f"srun --nodes=1 --ntasks=1 {' '.join(_pyxis_options(job))} "
+    return f"{_apptainer(job)} "
+
+
 def _torchrun(job: SubmitJob) -> str:
-    """`python -m launcher.torchrun`, then one option per line; `-m launcher.train` and each
-    override on a line of their own."""
-    argv = [shlex.quote(a) for a in job.torchrun_argv("@ENDPOINT@")]
+    """`python -m launcher.torchrun`, then one option per line and `-m launcher.train`; the
+    trainer's overrides are not here but in the arguments file (LAUNCHER_ARGS_FILE). With
+    reserved ports the rendezvous port is the step's first (SLURM_STEP_RESV_PORTS, known only
+    in the step): a shell in the task puts it in place of @PORT@."""
+    s = job.cluster.slurm
+    argv = job.torchrun_argv("@ENDPOINT@")
+    module = argv.index("-m", len(FRONT_DOOR))
+    argv = [shlex.quote(a) for a in argv[: module + 2]]
     front = len(FRONT_DOOR)
-    module = argv.index("-m", front)
-    lines = [" ".join(argv[:front]), *argv[front:module], " ".join(argv[module : module + 2])]
-    lines += argv[module + 2 :]
-    return " \\\n    ".join(lines).replace("@ENDPOINT@", '"$endpoint"')
+    lines = [" ".join(argv[:front]), *argv[front:module], " ".join(argv[module:])]
+    if s.container_image is not None and s.container_runtime != "pyxis":
+        lines[0] = f"{_apptainer(job)} {lines[0]}"
+    endpoint = '"$head_node:@PORT@"' if s.resv_ports else '"$endpoint"'
+    if s.resv_ports:
+        lines[0] = "bash -c 'exec \"${@//@PORT@/${SLURM_STEP_RESV_PORTS%%[-,]*}}\"' - " + lines[0]
+    return " \\\n    ".join(lines).replace("@ENDPOINT@", endpoint)
 
 
 def _policy(job: SubmitJob) -> str:
@@ -322,23 +486,26 @@ def _policy(job: SubmitJob) -> str:
         return "requeue policy: none (cluster.slurm.requeue=false); resubmit to resume"
     cap = "no cap" if s.max_requeues is None else f"at most {s.max_requeues} requeues"
     return (
-        "requeue policy: on Slurm's warning (USR1) or a detected hang (exit 5), only when a "
-        f"newer checkpoint was completed during this start; {cap} "
-        "(cluster.slurm.max_requeues); this job has been requeued $restart time(s)"
+        "requeue policy: on a preemption (USR1 well before the time limit) always; on the "
+        "time limit's warning (USR1) or a detected hang (exit 5) only when a newer checkpoint "
+        f"was completed during this start; {cap} (cluster.slurm.max_requeues); this job has "
+        "been requeued $restart time(s)"
     )
 
 
 def _requeue_block(job: SubmitJob) -> str:
-    """Requeue only what can make progress: after the warning or a hang, never after bad
-    input (2), a non-finite loss (3) or out of memory (4), and only when this start
-    completed a newer checkpoint than the one it began from; once after a refused node (6),
-    elsewhere."""
+    """Requeue only what can make progress: after a preemption (whether or not this start
+    advanced: the next may run undisturbed), after the time limit's warning or a hang only
+    when this start completed a newer checkpoint than the one it began from, never after
+    bad input (2), a non-finite loss (3) or out of memory (4); once after a refused node
+    (6), elsewhere."""
     s = job.cluster.slurm
     if not s.requeue:
         return "# cluster.slurm.requeue=false: a stopped job is not requeued; submit it again"
     lines = [
-        *_bad_node_block(),
-        "# Requeue after Slurm's warning or a hang, only when this start advanced the checkpoint.",
+        *_bad_node_block(job),
+        "# Requeue after a preemption; after the time limit's warning or a hang only when this",
+        "# start advanced the checkpoint.",
         'if { [ "$stop" = USR1 ] || [ "$code" -eq 5 ]; } && [ "$code" -ne 2 ] '
         '&& [ "$code" -ne 3 ] && [ "$code" -ne 4 ]; then',
         "  reached=$(checkpoints)",
@@ -352,11 +519,12 @@ def _requeue_block(job: SubmitJob) -> str:
         ]
         test = "elif"
     lines += [
-        f'  {test} [ "$reached" = "$started_at" ]; then',
+        f'  {test} [ "$cause" != preemption ] && [ "$reached" = "$started_at" ]; then',
         '    echo "launcher: not requeued: no newer checkpoint was completed during this start '
         '(still ${started_at:-none}); a requeue would make no progress"',
         "  else",
-        '    echo "launcher: requeueing job $SLURM_JOB_ID; it resumes from $reached"',
+        '    echo "launcher: requeueing job $SLURM_JOB_ID${cause:+ ($cause)}; it resumes from '
+        '${reached:-the start}"',
         '    scontrol requeue "$SLURM_JOB_ID"',
         "    exit 0",
         "  fi",
@@ -365,28 +533,36 @@ def _requeue_block(job: SubmitJob) -> str:
     return "\n".join(lines)
 
 
-def _bad_node_block() -> list[str]:
+def _bad_node_block(job: SubmitJob) -> list[str]:
     """After the burn-in gate refused a node (exit 6, the hosts in the run directory's
     bad_hosts): requeue once with them added to the job's excluded nodes. Slurm changes a
     job's ExcNodeList only while it is pending, hence requeuehold, update, release; the TERM
-    that the requeue sends this shell is not Slurm ending the job, so it is ignored here."""
+    that the requeue sends this shell is not Slurm ending the job, so it is ignored here.
+    When the partition has too few nodes left without them, the job would pend for ever
+    (BadConstraints): it ends instead, with one line naming the hosts."""
     code = exit_codes.BAD_NODE
     return [
         f"# The burn-in gate refused a node (exit {code}): requeue once, without the hosts.",
         f'if [ "$code" -eq {code} ]; then',
         f'  bad=$(paste -sd, "$run_dir"/{BAD_HOSTS} 2>/dev/null)',
         '  marker="$run_dir/submit/burnin-requeued.$SLURM_JOB_ID"',
+        '  excluded=$(scontrol -o show job "$SLURM_JOB_ID" | grep -o "ExcNodeList=[^ ]*" '
+        "| cut -d= -f2)",
+        '  [ "$excluded" = "(null)" ] && excluded=""',
+        '  exclude=$({ [ -n "$excluded" ] && scontrol show hostnames "$excluded"; '
+        'scontrol show hostnames "$bad"; } | sort -u | paste -sd, -)',
+        '  left=$(sinfo -h -N -p "$SLURM_JOB_PARTITION" -o %N | sort -u '
+        '| grep -vxF -f <(tr , "\\n" <<< "$exclude") | wc -l)',
         '  if [ -z "$bad" ]; then',
         f'    echo "launcher: not requeued: exit {code} but no $run_dir/{BAD_HOSTS} names a host"',
         '  elif [ -e "$marker" ]; then',
         '    echo "launcher: not requeued: the burn-in gate refused a node again after its one '
         'requeue (refused so far: $bad)"',
+        f'  elif [ "$left" -lt {job.nodes} ]; then',
+        '    echo "launcher: not requeued: without the node(s) the burn-in gate refused '
+        f"($exclude) partition $SLURM_JOB_PARTITION has $left node(s) and the job needs "
+        f'{job.nodes}; fix or replace those nodes, or lower cluster.nodes"',
         "  else",
-        '    excluded=$(scontrol -o show job "$SLURM_JOB_ID" | grep -o "ExcNodeList=[^ ]*" '
-        "| cut -d= -f2)",
-        '    [ "$excluded" = "(null)" ] && excluded=""',
-        '    exclude=$({ [ -n "$excluded" ] && scontrol show hostnames "$excluded"; '
-        'scontrol show hostnames "$bad"; } | sort -u | paste -sd, -)',
         '    echo "launcher: requeueing job $SLURM_JOB_ID once without the node(s) the burn-in '
         'gate refused: --exclude=$exclude"',
         '    touch "$marker"',
@@ -400,21 +576,80 @@ def _bad_node_block() -> list[str]:
 
 
 def submit(job: SubmitJob, paths: list[Path]) -> str:
-    """`sbatch` the script; Slurm's rejection (a missing partition...) becomes one line."""
+    """`sbatch` the script; what the partition cannot give, and Slurm's rejection (a missing
+    partition...), become one line. --export on the command line, which SBATCH_EXPORT in
+    the submitting shell cannot override as it does an #SBATCH line."""
     sbatch = shutil.which("sbatch")
     if sbatch is None:
         raise ConfigError(
             "sbatch not found: submit from a machine with the Slurm client, or use --dry-run "
             f"and run `sbatch {paths[0]}` there"
         )
-    if job.cluster.slurm.container_image is not None:
+    s = job.cluster.slurm
+    if s.container_image is not None and s.container_runtime == "pyxis":
         _check_pyxis()
-    proc = subprocess.run([sbatch, "--parsable", str(paths[0])], capture_output=True, text=True)
+    check_partition(job)
+    if s.resv_ports:
+        _check_resv_ports()
+    export = f"--export={','.join(export_names(job, dict(os.environ)))}"
+    proc = subprocess.run(
+        [sbatch, "--parsable", export, str(paths[0])], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         raise ConfigError(f"sbatch rejected the job: {_slurm_error(proc.stderr)}")
     job_id = proc.stdout.strip().split(";")[0]
     output = job.submit_dir / OUTPUT.replace("%j", job_id)
     return f"submitted Slurm job {job_id}; run dir {job.run_dir}; Slurm output {output}"
+
+
+def check_partition(job: SubmitJob) -> None:
+    """The partition must hold cluster.nodes nodes that are not excluded (the burn-in
+    gate's refusals) and have the memory --mem asks for (`sinfo`: each node's RealMemory);
+    otherwise the job would pend for ever. One line naming the figures and the keys."""
+    s = job.cluster.slurm
+    where = ["-p", str(s.partition)] if s.partition else []
+    proc = subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%N %m %P", *where], capture_output=True, text=True
+    )
+    rows = [ln.split() for ln in proc.stdout.splitlines() if len(ln.split()) == 3]
+    if not s.partition:
+        rows = [r for r in rows if r[2].endswith("*")]  # the default partition
+    nodes = {r[0]: int(r[1].rstrip("+")) for r in rows if r[1].rstrip("+").isdigit()}
+    if proc.returncode != 0 or not nodes:
+        return  # sbatch names the partition problem itself
+    name = s.partition or next(iter(rows))[2].rstrip("*")
+    refused = set(read_bad_hosts(job.run_dir))
+    usable = {n: m for n, m in nodes.items() if n not in refused}
+    if len(usable) < job.nodes:
+        raise ConfigError(
+            f"cluster.nodes={job.nodes}: partition {name} has {len(usable)} node(s) besides "
+            f"the ones this run's burn-in gate refused ({', '.join(sorted(refused))}, "
+            f"{job.run_dir / BAD_HOSTS}); fix or replace those nodes, or lower cluster.nodes"
+        )
+    mem = mem_option(job)
+    if mem == "0":
+        return
+    need = -(-slurm_bytes(mem, "cluster.slurm.mem") // MIB)
+    fits = sorted(m for m in usable.values() if m >= need)
+    if len(fits) < job.nodes:
+        raise ConfigError(
+            f"--mem={mem} ({need} MiB per node) is more than partition {name} can give "
+            f"{job.nodes} node(s) (largest: {max(usable.values())} MiB): lower "
+            "cluster.slurm.mem_per_process or data.num_workers, set cluster.slurm.mem, or "
+            "use cluster.slurm.exclusive=true (--mem=0: whole nodes)"
+        )
+
+
+def _check_resv_ports() -> None:
+    """srun --resv-ports needs a port range in MpiParams; without one the step fails after
+    the queue wait."""
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True)
+    if not re.search(r"^MpiParams\s*=.*\bports=\d", config.stdout, re.MULTILINE):
+        raise ConfigError(
+            "cluster.slurm.resv_ports=true, but this cluster reserves no ports (no "
+            "MpiParams=ports=<range> in `scontrol show config`); leave resv_ports=false, or "
+            "ask your admins for a port range"
+        )
 
 
 def _check_pyxis() -> None:

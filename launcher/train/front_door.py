@@ -26,6 +26,7 @@ from launcher.observe import tensorboard_sink, wandb_sink
 from launcher.resilience import exit_codes
 from launcher.resilience.preemption import install_stop_handlers
 from launcher.runtime import process as runtime
+from launcher.runtime.args_file import with_args_file
 from launcher.runtime.launch_state import LaunchState
 from launcher.train.bad_input import check_or_exit, fail_bad_input
 from launcher.train.job import run
@@ -177,6 +178,7 @@ def main(entry: Callable[[], int] = train) -> None:
     runtime.skip_collection_at_exit()
     code = exit_codes.CRASH
     try:
+        sys.argv[1:] = with_args_file(sys.argv[1:])  # a cluster job's overrides (Slurm)
         code = entry()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)

@@ -104,7 +104,12 @@ def test_example_fields(example):
     assert pod["subdomain"] == svc["metadata"]["name"] == "launcher-example"
     c = pod["containers"][0]
     assert c["command"] == ["python", "-m", "launcher.torchrun"]
-    assert c["imagePullPolicy"] == "Always"  # launcher:latest: never a node's stale copy
+    assert (c["image"], c["imagePullPolicy"]) == ("launcher:0.1.0", "IfNotPresent")  # pinned
+    # no API token, no variables for the namespace's Services; the GPU nodes' taint tolerated
+    assert (pod["automountServiceAccountToken"], pod["enableServiceLinks"]) == (False, False)
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
     assert pod["terminationGracePeriodSeconds"] == 120
     assert {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": "110"} in c["env"]
     # security=restricted, the default: non-root, a writable HOME and /tmp, fsGroup.
@@ -135,6 +140,8 @@ def test_example_fields(example):
     assert "--rdzv-endpoint=launcher-example-0.launcher-example:29500" in c["args"]
     res = c["resources"]
     assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == 8
+    # the disk-backed emptyDirs' sizeLimits (home 10Gi + tmp 2Gi), requested
+    assert res["requests"]["ephemeral-storage"] == "12Gi"
     workers = job.cfg.data.num_workers
     assert res["requests"]["cpu"] == str(8 * (1 + workers)) and "cpu" not in res["limits"]
     # /dev/shm: the loaders' need on 8 ranks and the memory tier's on the node (on by default
@@ -199,6 +206,7 @@ FULL = [
     " operator: In, values: [zone-a]}]}]}}}",
     "+cluster.k8s.annotations.team=nlp",
     "cluster.k8s.ttl_after_finished_s=3600",
+    "cluster.k8s.topology_spread_key=kubernetes.io/hostname",
 ]
 VOLCANO = ["cluster.k8s.gang=volcano", "cluster.k8s.queue=research"]
 
@@ -214,7 +222,7 @@ def variants(tmp_path_factory) -> tuple[Path, dict[str, dict[str, str]]]:
             tmp_path / f"{kind}-{variant}",
             [*overrides, *root, f"cluster.k8s.kind={kind}"],
         )
-        for kind in ("job", "jobset", "pytorchjob")
+        for kind in k8s.KINDS
         for variant, overrides in (
             ("plain", EXAMPLE[:3]),
             ("full", FULL),
@@ -284,28 +292,36 @@ def test_every_kind_passes_its_schema(variants, tmp_path):
     bad["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsNonroot"] = True
     typo.write_text(yaml.safe_dump(bad))
     tool = shutil.which("kubernetes-validate", path=str(Path(sys.executable).parent))
-    proc = subprocess.run(
-        [tool, "--strict", "-k", "1.37.0", *files, str(typo)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    out = proc.stdout + proc.stderr
-    passed = [ln for ln in proc.stdout.splitlines() if "passed" in ln]
-    assert len(passed) == 8, out
-    assert "'runAsNonroot' was unexpected" in out and proc.returncode != 0
+    # every version docs/kubernetes.md claims (k8s.MIN_VERSION to the tool's newest, 1.37);
+    # the one before fails, as the docs say, on rules without onPodConditions
+    for minor in range(k8s.MIN_VERSION[1] - 1, 38):
+        proc = subprocess.run(
+            [tool, "--strict", "-k", f"1.{minor}.0", *files, str(typo)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        out = proc.stdout + proc.stderr
+        passed = [ln for ln in proc.stdout.splitlines() if "passed" in ln]
+        if minor < k8s.MIN_VERSION[1]:
+            assert len(passed) < 8 and "onPodConditions" in out, out
+            continue
+        assert len(passed) == 8, (minor, out)
+        assert "'runAsNonroot' was unexpected" in out and proc.returncode != 0
     crds = [
         obj
         for name, files in rendered.items()
         if not name.startswith("job-")
         for obj in objects(files).values()
     ]
-    assert sorted(o["kind"] for o in crds) == ["JobSet"] * 3 + ["PyTorchJob"] * 3
+    kinds = ["JobSet"] * 3 + ["PyTorchJob"] * 3 + ["TrainJob"] * 3
+    assert sorted(o["kind"] for o in crds) == kinds
     for obj in crds:
         assert crd_errors(obj) == [], obj["kind"]
     for obj, path in (
         (crds[0], ("spec", "failurePolicy", "maxRestart")),
-        (crds[-1], ("spec", "runPolicy", "schedulingPolicy", "minAvailble")),
+        (crds[5], ("spec", "runPolicy", "schedulingPolicy", "minAvailble")),
+        (crds[-1], ("spec", "trainer", "numNode")),
     ):
         broken = copy.deepcopy(obj)
         node = broken
@@ -355,6 +371,43 @@ def test_failure_policies_per_kind(variants):
     assert {r["restartPolicy"] for r in ptj["pytorchReplicaSpecs"].values()} == {"ExitCode"}
 
 
+def test_ttl_trainjob_and_placement(variants):
+    """The JobSet's ttlSecondsAfterFinished is its own (the inner Job's would leave the JobSet
+    behind); a TrainJob names its torch runtime and carries the trainer's container and the
+    pod's fields in a runtime patch; every pod of every kind runs without an API token or
+    Service variables, tolerates the GPU taint once, and spreads by the key given."""
+    _, rendered = variants
+    jobset = objects(rendered["jobset-full"])["JobSet"]["spec"]
+    assert jobset["ttlSecondsAfterFinished"] == 3600
+    assert "ttlSecondsAfterFinished" not in jobset["replicatedJobs"][0]["template"]["spec"]
+    assert objects(rendered["job-full"])["Job"]["spec"]["ttlSecondsAfterFinished"] == 3600
+    tj = objects(rendered["trainjob-full"])["TrainJob"]["spec"]
+    assert tj["runtimeRef"] == {"name": "torch-distributed"}
+    assert tj["trainer"]["numNodes"] == 2 and tj["activeDeadlineSeconds"] == 86400
+    assert tj["trainer"]["image"] == "registry.example.com/launcher:0.1"
+    assert tj["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8
+    (container,) = pod_specs(objects(rendered["trainjob-full"])["TrainJob"])[0]["containers"]
+    assert container["name"] == "node" and "volumeMounts" in container
+    gpu = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    for name, files in rendered.items():
+        for obj in objects(files).values():
+            for pod in pod_specs(obj):
+                assert pod["tolerations"] == [gpu], name  # FULL gives it too: kept once
+                if obj["kind"] == "TrainJob":
+                    continue  # the runtime's pod template sets these (docs/kubernetes.md)
+                assert pod["automountServiceAccountToken"] is False, name
+                assert pod["enableServiceLinks"] is False, name
+                if name.endswith("-full"):
+                    (spread,) = pod["topologySpreadConstraints"]
+                    assert (spread["topologyKey"], spread["maxSkew"]) == (
+                        "kubernetes.io/hostname",
+                        1,
+                    )
+                    assert spread["labelSelector"]["matchLabels"] == {
+                        "app.kubernetes.io/instance": "launcher-sweep"
+                    }
+
+
 def pod_specs(obj: dict) -> list[dict]:
     """The pod specs of a rendered workload, whatever its kind."""
     if obj["kind"] == "Job":
@@ -363,6 +416,9 @@ def pod_specs(obj: dict) -> list[dict]:
         return [r["template"]["spec"]["template"]["spec"] for r in obj["spec"]["replicatedJobs"]]
     if obj["kind"] == "PyTorchJob":
         return [r["template"]["spec"] for r in obj["spec"]["pytorchReplicaSpecs"].values()]
+    if obj["kind"] == "TrainJob":  # the runtime patch's pod (the trainer's container fields)
+        patch = obj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+        return [r["template"]["spec"]["template"]["spec"] for r in patch["replicatedJobs"]]
     return []
 
 
@@ -388,7 +444,7 @@ def test_security_qos_and_gang_options(variants):
                 assert broken == [] or name.endswith("-full"), (name, broken)
     # Guaranteed QoS: every resource's limit equals its request, CPUs whole.
     res = c["resources"]
-    assert res["requests"] == res["limits"]
+    assert {k: v for k, v in res["requests"].items() if k != "ephemeral-storage"} == res["limits"]
     assert res["limits"]["cpu"] == "24" and res["limits"]["rdma/ib"] == 1  # 8 x (1 + 2 workers)
     assert c["imagePullPolicy"] == "IfNotPresent"  # a pinned tag
     # Kueue: the queue label on the workload, created suspended.
@@ -428,6 +484,8 @@ def test_dry_run_notes_and_owner_patch(tmp_path, capsys):
             f"run.root={tmp_path}",
             "run.id=n1",
             "cluster.k8s.namespace=ml",
+            "cluster.k8s.image=launcher:latest",
+            "cluster.k8s.allow_floating_image=true",
             "cluster.k8s.image_pull_policy=IfNotPresent",
             "cluster.k8s.cpu=4",
         ]
@@ -435,11 +493,15 @@ def test_dry_run_notes_and_owner_patch(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 0 and len(out.split()) == 2
     lines = err.splitlines()
-    assert lines[0].startswith(
+    assert lines[0] == (
+        "warning: cluster.k8s.image=launcher:latest names no fixed build (cluster.k8s."
+        "allow_floating_image=true): nodes may run different code; pin a tag or digest"
+    )
+    assert lines[1].startswith(
         "warning: cluster.k8s.image=launcher:latest with cluster.k8s.image_pull_policy="
         "IfNotPresent: a node that pulled an older :latest keeps running it"
     )
-    assert lines[1].startswith("warning: cluster.k8s.cpu=4 is less than the 24 CPUs")
+    assert lines[2].startswith("warning: cluster.k8s.cpu=4 is less than the 24 CPUs")
     assert (
         "note: needs: PersistentVolumeClaim launcher-runs (ReadWriteMany) in ml, mounted at "
         f"{tmp_path} in every pod (cluster.k8s.runs_pvc)"
@@ -467,8 +529,9 @@ def test_dry_run_notes_and_owner_patch(tmp_path, capsys):
                 "data.prefetch_factor=8",
                 "trainer.seq_len=1024",
             ],
-            # 8 processes x (the loaders' 8 MiB + the memory tier's two copies of the state)
-            "cluster.k8s.shm_size=16Mi is less than the 684Mi this config's DataLoader workers "
+            # 8 processes x the loaders' 8 MiB + the memory tier's two copies of the state,
+            # once a node under DDP (launcher.plan.memory.shm_need: a node's figure)
+            "cluster.k8s.shm_size=16Mi is less than the 142Mi this config's DataLoader workers "
             "and memory tier need per pod",
         ),
         (["cluster.k8s.name=Bad_Name"], "metadata.name='Bad_Name' is not a valid DNS label"),
@@ -496,6 +559,16 @@ def test_dry_run_notes_and_owner_patch(tmp_path, capsys):
         ),
         (["cluster.k8s.security=strict"], "cluster.k8s.security=strict: not one of"),
         (["cluster.k8s.backoff_limit=6"], "cluster.k8s.backoff_limit: unknown key"),
+        (
+            ["cluster.k8s.image=registry.example.com/launcher"],
+            "cluster.k8s.image=registry.example.com/launcher: names no fixed build (:latest or "
+            "no tag), so pods may run different code; give a tag or digest",
+        ),
+        (["+cluster.env.GH_PAT=abc"], "cluster.env.GH_PAT is a secret: it would be"),
+        (
+            ["cluster.setup=['huggingface-cli login --token hf_abcdefghijklmnopqrstuvwx']"],
+            "cluster.setup[0] holds a secret, a token of a known kind (hf_...): it would be",
+        ),
     ],
     ids=[
         "shm",
@@ -512,6 +585,9 @@ def test_dry_run_notes_and_owner_patch(tmp_path, capsys):
         "guaranteed-cpu",
         "security",
         "old-key",
+        "floating-image",
+        "secret-name",
+        "secret-value",
     ],  # fmt: skip
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, extra, expected):

@@ -297,7 +297,8 @@ def test_rendered_policies(tmp_path, capfd):
     assert "#SBATCH --job-name=launcher-throughput" in text
     assert "at most 20 requeues (cluster.slurm.max_requeues)" in text
     assert 'if [ "$restart" -ge 20 ]; then' in text
-    assert "# No --mem (cluster.slurm.mem=null)" in text
+    mem = int(re.search(r"#SBATCH --mem=(\d+)M\n", text).group(1))  # the node's need
+    assert mem >= 8192 + 1024 and "# --mem: 1 process(es) x cluster.slurm.mem_per_process" in text
     assert "scancel --signal=TERM" in text.split("on_term()")[0]  # only on USR1's path
     # A resubmission with the same run id keeps the earlier script.
     text2 = render_text(
@@ -306,7 +307,7 @@ def test_rendered_policies(tmp_path, capfd):
         "trainer.global_batch_size=16",
         "cluster.slurm.gpu_request=gres",
         "cluster.slurm.max_requeues=null",
-        "cluster.slurm.mem=0",
+        "cluster.slurm.resv_ports=true",
         "cluster.slurm.container_image=nvcr.io#nvidia/pytorch:24.05-py3",
         "cluster.job_name=mine",
         name="job-2.sbatch",
@@ -316,8 +317,12 @@ def test_rendered_policies(tmp_path, capfd):
     assert "#SBATCH --gres=gpu:4" in text2 and "--gpus-per-node" not in text2
     assert "max_requeues=" not in text2.split("# Requeue after")[1] and "no cap" in text2
     assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in text2
-    assert "cluster.slurm.container_image='\"'\"'nvcr.io#nvidia" in text2  # quoted for Hydra
-    assert "#SBATCH --job-name=mine" in text2 and "# No --mem" not in text2
+    # quoted for Hydra, in the arguments file
+    assert "\"cluster.slurm.container_image='nvcr.io#nvidia/pytorch:24.05-py3'\"" in text2
+    assert "#SBATCH --job-name=mine" in text2
+    # a GPU job asks for its memory: 4 processes x 8G, /dev/shm's need, the 1G margin
+    assert int(re.search(r"#SBATCH --mem=(\d+)M\n", text2).group(1)) >= 4 * 8192 + 1024
+    assert "--resv-ports=1" in text2
     assert subprocess.run(["bash", "-n", "-c", text2]).returncode == 0
 
 
@@ -354,30 +359,48 @@ def test_two_jobs_sharing_their_first_node_both_complete(cluster, tmp_path):
     assert second["StartTime"] < first["EndTime"]  # they ran at the same time
 
 
-def test_requeue_needs_progress_and_stops_at_the_cap(cluster, tmp_path):
-    """Two jobs warned before training started (a stand-in for a job that hangs until each
-    warning): neither wrote a checkpoint, so neither is requeued; with max_requeues=0 the cap
-    is named first. Both end with 143, the stop code, as FAILED with no restart."""
+def output_with(run_dir: Path, job_id: str, text: str, deadline: float) -> float:
+    """Wait until the job's Slurm output holds `text`; returns when it was seen."""
+    output = run_dir / "submit" / f"slurm-{job_id}.out"
+    while not (output.exists() and text in output.read_text()):
+        assert time.monotonic() < deadline, f"job {job_id}: no {text!r} in its output"
+        time.sleep(0.1)
+    return time.monotonic()
+
+
+def test_usr1_in_setup_requeues_a_preemption_only(cluster, tmp_path):
+    """Three jobs warned (USR1) during a long setup line (a 120 s sleep until the test's
+    flag exists), before any checkpoint: the shell takes the signal at once, not when the
+    line ends. One warned near its time limit (shrunk to 5 minutes: less left than the
+    warning's lead) made no progress, so it is not requeued; one capped at max_requeues=0
+    names the cap; both end FAILED 143 without a restart. The third, warned far from any
+    limit, is a preemption: requeued without a checkpoint, it starts again (the flag now
+    set), trains and completes."""
     flag = tmp_path / "setup-may-end"
-    # The setup waits (taking signals between its short sleeps) until the test has sent
-    # the warning: a fixed sleep raced the submission of the second job.
-    wait = f"while [ ! -e {flag} ]; do sleep 0.1; done"
-    setup = [f'cluster.setup=["echo launcher-test: in setup", "{wait}"]']
+    setup = [f'cluster.setup=["echo launcher-test: in setup", "[ -e {flag} ] || sleep 120"]']
     jobs = {
         "noprogress": submit(cluster, tmp_path, "noprogress", *setup, run=SHORT),
         "capped": submit(
             cluster, tmp_path, "capped", *setup, "cluster.slurm.max_requeues=0", run=SHORT
         ),
+        "preempted": submit(cluster, tmp_path, "preempted", *setup, run=SHORT),
     }
     deadline = time.monotonic() + JOB_TIMEOUT
-    for job_id, run_dir in jobs.values():
-        output = run_dir / "submit" / f"slurm-{job_id}.out"
-        while not (output.exists() and "launcher-test: in setup" in output.read_text()):
-            assert time.monotonic() < deadline, f"job {job_id} never reached its setup"
-            time.sleep(0.2)
+    for name, (job_id, run_dir) in jobs.items():
+        output_with(run_dir, job_id, "launcher-test: in setup", deadline)
+        time.sleep(0.5)  # the sleep has started
+        if name == "noprogress":
+            subprocess.run(
+                ["scontrol", "update", f"JobId={job_id}", "TimeLimit=5"],
+                env=cluster.env(),
+                check=True,
+            )
+        sent = time.monotonic()
         subprocess.run(
             ["scancel", "--batch", "--signal=USR1", job_id], env=cluster.env(), check=True
         )
+        taken = output_with(run_dir, job_id, "launcher: USR1 at", deadline) - sent
+        assert taken < 5, f"{name}: USR1 taken {taken:.1f} s after it was sent"
     flag.touch()
     expected = {
         "noprogress": "not requeued: no newer checkpoint was completed during this start "
@@ -387,19 +410,27 @@ def test_requeue_needs_progress_and_stops_at_the_cap(cluster, tmp_path):
     for name, (job_id, run_dir) in jobs.items():
         state = wait_until_done(cluster, job_id, run_dir)
         out = slurm_output(run_dir, job_id)
+        assert "requeue policy: on a preemption (USR1 well before the time limit) always" in out
+        assert (
+            "launcher: USR1 during setup: training did not start and wrote no checkpoint; "
+            "exit code 143"
+        ) in out
+        if name == "preempted":
+            assert (state["JobState"], state["Restarts"]) == ("COMPLETED", "1"), out[-3000:]
+            assert "(preemption): every rank checkpoints" in out
+            requeued = f"launcher: requeueing job {job_id} (preemption); it resumes from the start"
+            assert requeued in out
+            assert summary(run_dir)["steps"] == 12
+            continue
         assert (state["JobState"], state["ExitCode"], state["Restarts"]) == (
             "FAILED",
             "143:0",
             "0",
         ), out
-        assert "requeue policy: on Slurm's warning (USR1)" in out
-        assert (
-            "launcher: USR1 during setup: training did not start and wrote no checkpoint; "
-            "exit code 143"
-        ) in out
         assert "training ended with exit code" not in out
         assert f"launcher: {expected[name]}" in out, out
         assert "requeueing" not in out and not (run_dir / "metrics.jsonl").exists()
+    assert "(time_limit): every rank" in slurm_output(*reversed(jobs["noprogress"]))
 
 
 def test_bad_input_fails_without_requeue(cluster, tmp_path):
@@ -449,36 +480,112 @@ def queued(cluster: SlurmCluster) -> str:
     ).stdout
 
 
-def test_cpus_per_task_and_a_secret_from_the_submitting_shell(cluster, tmp_path):
+def ranks(marker: str, job_id: str) -> dict[int, tuple[str, str]]:
+    """{pid: (command line, environment)} of job `job_id`'s running processes whose command
+    line holds `marker`, read from /proc (as root: every user's)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            environ = (proc / "environ").read_bytes().replace(b"\0", b"\n").decode()
+        except OSError:
+            continue  # ended meanwhile
+        if marker in cmdline and f"SLURM_JOB_ID={job_id}" in environ.splitlines():
+            found[int(proc.name)] = (cmdline, environ)
+    return found
+
+
+def test_cpus_per_task_and_secrets_from_the_submitting_shell(cluster, tmp_path):
     """Each node's task gets processes x (1 + DataLoader workers) CPUs, as scontrol reads
-    them back. The W&B key, in the submitting shell's environment (the way submit names
-    when it refuses one in cluster.env), reaches the job but no file, no command line and
-    not config.yaml."""
-    secret = "wandb-test-key-0123456789abcdef"
+    them back. Secrets in the submitting shell (W&B's key, and GH_PAT, a name the old list
+    lacked) reach the ranks by inheritance (sbatch --export names them), never as text: no
+    rank's command line (/proc/*/cmdline, read while they run) holds a secret or even an
+    override (those travel in a 0600 file), and no file of the run directory holds one.
+    The rendezvous is on the port Slurm reserved for the step (cluster.slurm.resv_ports;
+    the test cluster's MpiParams=ports=12000-12999)."""
+    secrets = {"WANDB_API_KEY": "wandb-test-key-0123456789abcdef", "GH_PAT": "gh-test-pat-42"}
     job_id, run_dir = submit(
         cluster,
         tmp_path,
         "cpus",
         "data.num_workers=1",
         'cluster.setup=["echo launcher-test: key of $(printf %s $WANDB_API_KEY | wc -c) chars"]',
+        "cluster.slurm.resv_ports=true",
         run=SHORT,
-        env={"WANDB_API_KEY": secret},
+        env=secrets,
     )
     running = wait_until(cluster, job_id, ("RUNNING", "COMPLETED"))
     assert (running["NumNodes"], running["CPUs/Task"], running["NumCPUs"]) == ("2", "2", "4")
-    seen = ""
+    seen: dict[int, tuple[str, str]] = {}
     while job_state(cluster, job_id).get("JobState") in ("PENDING", "RUNNING"):
-        seen += subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        seen.update(ranks("launcher.train", job_id))
         time.sleep(0.5)
     state = wait_until_done(cluster, job_id, run_dir)
     out = slurm_output(run_dir, job_id)
     assert state["JobState"] == "COMPLETED", out[-3000:]
-    assert f"launcher-test: key of {len(secret)} chars" in out
-    assert "launcher.train" in seen  # the ranks' command lines were read while they ran
-    assert secret not in seen
-    for path in [*(run_dir / "submit").iterdir(), run_dir / "config.yaml"]:
-        assert secret not in path.read_text(), path
+    assert f"launcher-test: key of {len(secrets['WANDB_API_KEY'])} chars" in out
+    workers = {pid: v for pid, v in seen.items() if "launcher.torchrun" not in v[0]}
+    assert len(workers) >= 2, seen  # the two ranks were read while they ran
+    agents = [v[0] for v in seen.values() if v[0].startswith("python -m launcher.torchrun")]
+    ports = {int(p) for a in agents for p in re.findall(r"--rdzv-endpoint=n1:(\d+)", a)}
+    assert len(ports) == 1 and 12000 <= ports.pop() <= 12999, agents
+    for cmdline, environ in workers.values():
+        assert not any(value in cmdline for value in secrets.values()), cmdline
+        assert "trainer.max_steps" not in cmdline and "run.id" not in cmdline, cmdline
+        for name, value in secrets.items():
+            assert f"{name}={value}" in environ.splitlines()  # inherited
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            text = path.read_bytes()
+            assert not any(v.encode() in text for v in secrets.values()), path
+    for path in (run_dir / "submit").iterdir():
+        if path.suffix in (".sbatch", ".json"):
+            assert path.stat().st_mode & 0o777 == 0o600, path
     assert summary(run_dir)["steps"] == 12
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        (
+            "cluster.setup=['export HF_TOKEN=hf_aZ3kq9Xw7Lm2Pv8Rt5Yb1Nc4']",
+            "error: cluster.setup[0] holds a secret, a token of a known kind (hf_...)",
+        ),
+        (
+            "cluster.slurm.extra_sbatch=['--comment=password=hunter2']",
+            "error: cluster.slurm.extra_sbatch[0] holds a secret, password=... (a secret's name)",
+        ),
+        (
+            "cluster.slurm.mem_per_process=64T",
+            "is more than partition debug can give 2 node(s)",
+        ),
+        (
+            "cluster.nodes=2",
+            "error: cluster.nodes=2: partition debug has 1 node(s) besides the ones this run's "
+            "burn-in gate refused (n1,",
+        ),
+    ],
+    ids=["setup-secret", "sbatch-secret", "memory", "burnin-too-few"],
+)
+def test_refused_before_sbatch(cluster, tmp_path, capfd, monkeypatch, override, words):
+    """A secret in a setup line or an sbatch option, a --mem no node of the partition has,
+    and (the run's burn-in gate having refused n1 earlier) more nodes than the partition has
+    without it: one line, exit 2, nothing queued, no secret written anywhere."""
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))  # submit runs in this process
+    if override == "cluster.nodes=2":
+        (tmp_path / "refused").mkdir()
+        (tmp_path / "refused" / "bad_hosts").write_text("n1\n")
+    before = queued(cluster)
+    args = [*SHAPE, *SHORT, f"run.root={tmp_path}", "run.id=refused", override]
+    code = submit_main(["slurm", *args])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and words in err[0], err
+    assert "aZ3kq9" not in err[0] and "hunter2" not in err[0]
+    assert queued(cluster) == before
+    leftovers = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert all(b"aZ3kq9" not in p.read_bytes() for p in leftovers)
 
 
 def test_a_failed_setup_line_ends_the_job_naming_it(cluster, tmp_path):

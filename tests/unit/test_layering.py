@@ -24,7 +24,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "foundations",
         (
-            "runtime", "runtime.paths", "runtime.disk", "runtime.fork_guard", "observe",
+            "runtime", "runtime.paths", "runtime.disk", "runtime.fork_guard", "runtime.args_file",
+            "observe",
             "observe.peaks", "observe.intervals", "resilience", "resilience.exit_codes",
             "config.ranges", "config.nccl_vars", "observe.nccl_log", "train.batch", "observe.clock",
             "observe.comm_stats", "runtime.lock", "runtime.process_tree", "resilience.stragglers",

@@ -21,6 +21,7 @@ from launcher.config import ConfigError, compose
 from launcher.model.build import param_count
 from launcher.plan.memory import shm_need
 from launcher.runtime.process import Runtime
+from launcher.strategy import fsdp2
 from launcher.strategy.base import host_copy
 from launcher.strategy.registry import engines
 from launcher.train.preflight import check_config
@@ -114,7 +115,8 @@ def test_a_sharded_engine_needs_its_ranks_share_of_the_state():
         return memory.state_bytes(compose(overrides), world)
 
     assert share([], 4) == share([], 1) == whole
-    assert share(["strategy=fsdp2"], 4) == -(-whole // 4)
+    tied = fsdp2.tied_embedding(compose([]).model, params)  # named twice in its state dict
+    assert share(["strategy=fsdp2"], 4) == -(-(params + tied) * 12 // 4)
     assert share(["strategy=zero2"], 4) == params * 4 + -(-whole // 4)
     assert share(["strategy=zero2", "trainer.precision=bf16"], 4) == params * 2 + -(-whole // 4)
     assert share(["strategy=zero3"], 4) == -(-whole // 4)

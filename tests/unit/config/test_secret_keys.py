@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.config import compose, typed
+from launcher.config.secret_keys import secret_in
 from launcher.train.job import is_secret_key, redacted
 
 
@@ -32,3 +33,30 @@ def test_redacted_config_masks_secret_values_only():
     out = redacted(cfg)
     assert out["cluster"]["env"]["WANDB_API_KEY"] == "***"
     assert out["data"]["tokenizer"] == "gpt2" and out["data"]["shard_tokens"] == 100_000_000
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("export HF_TOKEN=hf_" + "aZ3kq9Xw7Lm2Pv8Rt5Yb1Nc4", "a token of a known kind (hf_...)"),
+        (
+            "git clone https://ghp_" + "a" * 36 + "@github.com/x/y",
+            "a token of a known kind (ghp...)",
+        ),
+        ("--comment=password=hunter2", "password=... (a secret's name)"),
+        ("export GH_PAT=abc", "GH_PAT=... (a secret's name)"),
+        ("curl -d build=aZ3kq9Xw7Lm2Pv8Rt5Yb1Nc4", "build=... (a long random-looking value)"),
+        ("WANDB=" + "0123456789abcdef" * 2 + "01234567", "WANDB=... (a long random-looking value)"),
+        ("export HF_TOKEN=$MY_TOKEN", None),  # a reference: the value stays in the environment
+        ("source /shared/launcher/.venv/bin/activate", None),
+        ("--container-image=nvcr.io#nvidia/pytorch:24.05-py3", None),
+        ("run.id=20261205-174100-abcd1234ef", None),
+        ("NCCL_SOCKET_IFNAME=eth0", None),
+        ("data.tokenizer=openai-community/gpt2", None),
+        ("echo $(printf %s $WANDB_API_KEY | wc -c)", None),
+    ],
+)
+def test_secret_values_are_found_by_kind_name_and_randomness(text, found):
+    """What the cluster renderers refuse by value, and what they must let pass; the
+    reason names the kind or the name, never the secret."""
+    assert secret_in(text) == found

@@ -7,6 +7,8 @@ same on a real Slurm cluster and in pods."""
 from __future__ import annotations
 
 import copy
+import json
+import os
 import re
 import time
 from pathlib import Path
@@ -17,9 +19,10 @@ import yaml
 from launcher.checkpoint.protocol import CheckpointWriter
 from launcher.config import ConfigError
 from launcher.model.build import GPT2_VOCAB, build_model, param_count
-from launcher.submit import k8s, k8s_check, pod_security
+from launcher.submit import k8s, k8s_check, pod_security, slurm
 from launcher.submit.__main__ import main as submit_main
 from launcher.submit.job import prepare
+from launcher.submit.node_memory import node_memory
 
 from launch import FAST
 from submit_render import SHAPE, render
@@ -209,9 +212,28 @@ def test_container_mounts_name_and_workdir(tmp_path, monkeypatch):
     want = [Path.cwd().resolve(), (tmp_path / "runs").resolve(), cache.resolve(), home, venv]
     want = [p for p in want if not any(p != q and p.is_relative_to(q) for q in want)]
     assert mounts == [f"{p}:{p}" for p in want]
-    assert f"{{ mkdir -p {cache}\n}} || setup_failed" in script  # a mount's source must exist
+    assert f"  {{ mkdir -p {cache}\n  }} || setup_failed" in script  # a mount's source exists
     name = re.search(r"--container-name=(\S+)", srun).group(1)
     assert re.fullmatch(r"launcher-[0-9a-f]{12}", name)
+    # The nodes' codes are read where the launcher is installed: in the job's container.
+    aggregate = next(ln for ln in script.splitlines() if "launcher.resilience.exit_codes" in ln)
+    assert aggregate.startswith(
+        f"  code=$(srun --nodes=1 --ntasks=1 --container-image={image} --container-name={name} "
+    )
+    # Apptainer/Singularity: the image run by the runtime on each node and for the codes.
+    sif = tmp_path / "launcher.sif"
+    app = render(
+        "slurm",
+        tmp_path / "runs",
+        f"cluster.slurm.container_image={sif}",
+        "cluster.slurm.container_runtime=apptainer",
+        run_id="r5",
+    )["job.sbatch"]
+    assert "--container-image" not in app
+    binds = "--bind " + re.search(r"--bind (\S+)", app).group(1)
+    run = f"apptainer exec {binds} --pwd {Path.cwd()} {sif} python -m "
+    assert f"--wait=60 \\\n    {run}launcher.torchrun \\\n" in app
+    assert f"code=$({run}launcher.resilience.exit_codes " in app
     # One name per image: a requeue and a later job reuse it; another image gets another.
     again = render("slurm", tmp_path / "runs", *over, run_id="r2")["job.sbatch"]
     assert f"--container-name={name} " in again
@@ -376,3 +398,104 @@ def test_time_limits_and_versions_every_renderer_refuses(
     tmp_path, capsys, target, overrides, words
 ):
     assert words in refused(target, tmp_path, capsys, *overrides)
+
+
+HF = "hf_" + "aZ3kq9Xw7Lm2Pv8Rt5Yb1Nc4"  # a made-up token of Hugging Face's shape
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        (f'cluster.setup=["export HF_TOKEN={HF}"]', "cluster.setup[0] holds a secret, a token"),
+        ("cluster.setup=['export GH_PAT=abc123']", "cluster.setup[0] holds a secret, GH_PAT=..."),
+        ("+cluster.env.AWS_CREDENTIALS=abc123", "cluster.env.AWS_CREDENTIALS is a secret"),
+        (
+            "+cluster.env.BUILD=aZ3kq9Xw7Lm2Pv8Rt5Yb1Nc4abc123",
+            "cluster.env.BUILD holds a secret, BUILD=... (a long random-looking value)",
+        ),
+        (f"data.tokenizer={HF}", "data.tokenizer holds a secret, a token of a known kind"),
+    ],
+)
+def test_secrets_by_name_and_value_anywhere(tmp_path, capsys, target, override, words):
+    """A secret in a setup line, under a name the old list lacked, or as a value that looks
+    like one, is refused in one line that does not repeat it, and nothing is written."""
+    err = refused(target, tmp_path, capsys, override)
+    assert words in err and "abc123" not in err and HF[3:] not in err, err
+
+
+def test_a_secret_in_an_sbatch_option_is_refused(tmp_path, capsys):
+    err = refused(
+        "slurm", tmp_path, capsys, "cluster.slurm.extra_sbatch=['--comment=password=abc123']"
+    )
+    assert "cluster.slurm.extra_sbatch[0] holds a secret, password=... (a secret's name)" in err
+
+
+def test_the_script_carries_no_override_and_only_its_user_reads_it(tmp_path):
+    """The trainer's overrides reach the ranks through a 0600 file the script writes (its
+    path in LAUNCHER_ARGS_FILE), not through srun's argument list; --export names what the
+    job gets of the submitting shell."""
+    from launcher.runtime.args_file import ARGS_FILE_ENV, with_args_file
+
+    over = ["trainer.max_steps=7", "cluster.slurm.export=[MY_DATA_DIR]", "cluster.nodes=2"]
+    script = render("slurm", tmp_path, *over)["job.sbatch"]
+    path = tmp_path / "r" / "submit" / "job.sbatch"
+    assert path.stat().st_mode & 0o777 == 0o600
+    step = script.split("  srun ")[1].split(" &\n")[0]
+    assert "-m launcher.train" in step and "trainer.max_steps" not in step
+    args = script.split("<<'LAUNCHER_ARGS'\n")[1].split("\nLAUNCHER_ARGS\n")[0]
+    want = ["cluster=slurm", *FAST, f"run.root={tmp_path}", "run.id=r", *over]
+    assert sorted(json.loads(args)) == sorted(want)
+    assert f'export {ARGS_FILE_ENV}="$run_dir/submit/args.$SLURM_JOB_ID.json"' in script
+    assert "umask 077" in script.split("srun ")[0]
+    export = re.search(r"#SBATCH --export=(\S+)", script).group(1).split(",")
+    assert export[:3] == ["PATH", "HOME", "USER"] and export[-1] == "MY_DATA_DIR"
+    (tmp_path / "a.json").write_text(args)
+    os.environ[ARGS_FILE_ENV] = str(tmp_path / "a.json")
+    try:
+        assert with_args_file(["--cfg", "job"]) == [*json.loads(args), "--cfg", "job"]
+    finally:
+        del os.environ[ARGS_FILE_ENV]
+    assert with_args_file(["x=1"]) == ["x=1"]
+
+
+def test_reserved_ports_and_module_init(tmp_path):
+    script = render(
+        "slurm", tmp_path, "cluster.slurm.resv_ports=true", "cluster.slurm.modules=[cuda/12.4]"
+    )["job.sbatch"]
+    assert "--wait=60 --resv-ports=1 \\\n    bash -c 'exec \"${@//@PORT@/" in script
+    assert '--rdzv-endpoint="$head_node:@PORT@"' in script
+    setup = script.split("\n(\n")[1].split("\n) &\n")[0]
+    assert setup.splitlines()[0].startswith("  type module >/dev/null 2>&1 || for init in ")
+    assert "  { module load cuda/12.4\n  } || setup_failed $? 'module load cuda/12.4'" in setup
+
+
+def test_memory_is_the_pod_arithmetic_or_the_whole_node(tmp_path, capsys):
+    """--mem is node_memory's sum, as the pod's memory limit: 8 processes x 8 GiB, the
+    /dev/shm need, a 1 GiB margin (Slurm does not restart workers: the pod, here, neither).
+    exclusive=true asks for whole nodes (--mem=0); a mem below /dev/shm's need is refused."""
+    gpu = ["cluster.gpus_per_node=8", "trainer.global_batch_size=32", "data.num_workers=2"]
+    script = render("slurm", tmp_path, *gpu)["job.sbatch"]
+    pod = pod_container(
+        render(
+            "k8s",
+            tmp_path / "k",
+            *gpu,
+            "cluster.k8s.memory=64Gi",
+            "cluster.k8s.max_restarts=0",
+        )
+    )
+    mib = k8s_check.parse_quantity(pod["resources"]["limits"]["memory"], "memory") / 2**20
+    assert f"#SBATCH --mem={int(mib)}M\n" in script and "--exclusive" not in script
+    job = prepare("slurm", [*FAST, *gpu, f"run.root={tmp_path}", "run.id=m"])
+    need = slurm.job_memory(job)
+    assert need == node_memory(job, 0, 8 * 8 * 2**30, 2**30)
+    assert int(mib) == -(-need.total // 2**20) and need.shm_need > 0
+    whole = render("slurm", tmp_path, *gpu, "cluster.slurm.exclusive=true", run_id="x")
+    assert "#SBATCH --mem=0\n" in whole["job.sbatch"]
+    assert "#SBATCH --exclusive\n" in whole["job.sbatch"]
+    capsys.readouterr()
+    err = refused("slurm", tmp_path, capsys, *gpu, "cluster.slurm.mem=100M")
+    assert "error: cluster.slurm.mem=100M is less than the" in err
+    err = refused("slurm", tmp_path, capsys, "cluster.slurm.mem_per_process=lots")
+    assert "cluster.slurm.mem_per_process='lots': not a size sbatch takes" in err
