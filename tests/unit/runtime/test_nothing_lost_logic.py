@@ -193,6 +193,12 @@ RUN_IDS = [
     ("' '", "is empty"),
     ("x" * 300, "is 300 bytes long, past the file system's limit of 255"),
 ]
+# Hydra's override grammar refuses these in run.id itself; the variable carries them.
+CONTROL_IDS = [
+    ("a\nb", "holds the control character '\\n'"),
+    ("a\tb", "holds the control character '\\t'"),
+    ("a\x1bb", "holds the control character '\\x1b'"),
+]
 
 
 @pytest.mark.parametrize(("run_id", "why"), RUN_IDS, ids=lambda v: str(v)[:20])
@@ -213,7 +219,7 @@ def test_a_run_id_that_is_not_one_folder_name_is_one_line(
 
 
 @pytest.mark.parametrize(
-    ("run_id", "why"), [RUN_IDS[0], RUN_IDS[4], RUN_IDS[7]], ids=lambda v: str(v)[:20]
+    ("run_id", "why"), [RUN_IDS[0], RUN_IDS[4], RUN_IDS[7], *CONTROL_IDS], ids=lambda v: str(v)[:20]
 )
 def test_launcher_run_id_is_checked_like_run_id(monkeypatch, capsys, tmp_path, run_id, why):
     """$LAUNCHER_RUN_ID names the run directory when run.id is unset (the Slurm and
@@ -225,7 +231,7 @@ def test_launcher_run_id_is_checked_like_run_id(monkeypatch, capsys, tmp_path, r
     lines = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("error: LAUNCHER_RUN_ID=") and why in lines[0], lines[0]
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []  # no directory named with a newline, or any
 
 
 def test_run_id_wins_over_a_bad_launcher_run_id(monkeypatch):
