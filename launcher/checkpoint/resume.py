@@ -31,7 +31,7 @@ from pathlib import Path
 
 from launcher.checkpoint import protocol as checkpoint
 from launcher.config import ConfigError
-from launcher.runtime import run_history
+from launcher.runtime import run_dir_check, run_history
 from launcher.strategy.registry import engine, engines, format_of
 from launcher.train.batch import BatchPlan
 
@@ -39,16 +39,6 @@ log = logging.getLogger("launcher")
 
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
 ARCHIVE = "archive"
-# What a launch writes at the top of a run directory (files), and the folders it writes in.
-RUN_FILES = (
-    "config.yaml",
-    "env.json",
-    "metrics.jsonl",
-    "summary.json",
-    "ds_config.json",
-    "comm_collectives.json",
-)
-RUN_FOLDERS = ("logs", "checkpoints")
 # What resume=archive moves into archive/<time>/: whatever a fresh start would overwrite.
 ARCHIVED = ("checkpoints", "metrics.jsonl", "summary.json", "config.yaml", "env.json",
             "ds_config.json", "comm_collectives.json")  # fmt: skip
@@ -189,24 +179,14 @@ def refusal(folder: Path, found: list[Difference], run_dir: Path) -> ConfigError
     )
 
 
-def check_run_files(run_dir: Path) -> None:
-    """Refuse a run directory holding something of the wrong type where the launcher
-    writes (a folder named metrics.jsonl, a file named checkpoints, ...): the launcher does
-    not delete what it did not write, and would fail on it later."""
-    wrong = [n for n in RUN_FILES if (run_dir / n).exists() and not (run_dir / n).is_file()]
-    wrong += [n for n in RUN_FOLDERS if (run_dir / n).exists() and not (run_dir / n).is_dir()]
-    pointer = run_dir / "checkpoints" / checkpoint.LATEST
-    if pointer.exists() and not pointer.is_file():
-        wrong.append(f"checkpoints/{checkpoint.LATEST}")
-    if wrong:
-        name = wrong[0]
-        kind = "a folder" if (run_dir / name).is_dir() else "not a regular file"
-        if name in RUN_FOLDERS:
-            kind = "not a folder"
-        raise ConfigError(
-            f"{run_dir / name} is {kind}, where the launcher writes its own; move it out of "
-            f"the run directory, or use another run.id"
-        )
+def check_run_files(run_dir: Path, world_size: int = 1) -> None:
+    """Refuse a run directory holding something in another form than the launcher writes
+    (a folder named metrics.jsonl, a file named checkpoints, a dangling symlink, a
+    read-only checkpoints/...: launcher.runtime.run_dir_check): the launcher does not
+    delete what it did not write, and would fail on it later."""
+    problem = run_dir_check.problem(run_dir, world_size)
+    if problem:
+        raise ConfigError(problem)
 
 
 def archive(run_dir: Path, why: str = "resume=archive") -> Path | None:

@@ -165,11 +165,15 @@ def decide_on_main(rt: Runtime, decide):
 
 
 def claim_run_dir(rt: Runtime) -> RunLock | None:
-    """Take the run directory's lock (rank 0 holds it) before writing anything there, and
-    open the per-rank logs; a directory in use by another launch stops this one."""
+    """Check every entry of the run directory (launcher.runtime.run_dir_check), make it if
+    new, take its lock (rank 0 holds it) before writing anything there, and open the
+    per-rank logs; an entry in the wrong form, or a directory in use by another launch,
+    stops this one with one line, the directory as it was."""
     taken: list[RunLock] = []
 
     def take() -> None:
+        resume.check_run_files(rt.run_dir, rt.world_size)
+        rt.run_dir.mkdir(parents=True, exist_ok=True)
         lock = RunLock(rt.run_dir, launch_key())
         try:
             lock.acquire()
@@ -390,6 +394,10 @@ class Job:
         self.strategy = self.loop = None
         self.gate: dict | None = None  # the burn-in gate's report, when it ran
         self.watchdog: HangWatchdog | None = None
+        # Whether this launch decided to train here (the resume decision): only then is
+        # the run directory's summary.json its own to replace. A failure before (a crash
+        # in start-up, a refusal) leaves a finished run's summary.json as it was.
+        self.owns_history = False
 
     def train(self) -> dict:
         """Claim the run directory, build, resume, run the loop; the end-of-run summary."""
@@ -410,6 +418,7 @@ class Job:
         folders = plan_resume(cfg, rt, model, tier)
         if folders is None:
             return {}  # finished already: nothing is trained, summary.json stays as it is
+        self.owns_history = True
         self.strategy = build_strategy(cfg.strategy, cfg.trainer, rt, model)
         self.loop = TrainLoop(
             LoopConfig.of(cfg),
@@ -461,9 +470,15 @@ class Job:
     def _hang_in_start_up(self, step: int) -> None:
         """Before the loop takes the watchdog over: rank 0's summary.json says so, as the
         loop's does for a hang in a later phase."""
-        if self.rt.is_main:
+        if self.rt.is_main and self.may_write_summary():
             status = {"status": "failed: hang detected", "run_id": self.rt.run_id}
             write_summary_if_room(self.rt.run_dir, status)
+
+    def may_write_summary(self) -> bool:
+        """summary.json is this launch's to write once it decided to train here, or when
+        there is none yet (a fresh directory's failure at start-up is recorded)."""
+        summary = self.rt.run_dir / "summary.json"
+        return self.owns_history or not (summary.exists() or summary.is_symlink())
 
     def close(self, summary: dict, code: int) -> None:
         """Close the sinks (with the summary), write summary.json, drop the engine, release
@@ -474,7 +489,7 @@ class Job:
                 self.watchdog.close()  # the loop has, unless the job ended before it
             for sink in self.sinks:
                 sink.close(summary)
-            if rt.is_main and summary:
+            if rt.is_main and summary and self.may_write_summary():
                 write_summary_if_room(rt.run_dir, summary)
             if self.strategy is not None:
                 self.strategy.close()

@@ -177,12 +177,17 @@ def test_damage_falls_back_with_one_warning(run_dir, caplog, where, how, damage,
 
 
 REFUSALS = [
-    ("checkpoints/latest", "a folder", lambda p: (p.unlink(), p.mkdir()), "latest is a folder"),
+    (
+        "checkpoints/latest",
+        "a folder",
+        lambda p: (p.unlink(), p.mkdir()),
+        "latest is a folder, where",
+    ),
     ("metrics.jsonl", "a folder", lambda p: (p.unlink(), p.mkdir()), "metrics.jsonl is a folder"),
     ("summary.json", "a folder", lambda p: (p.unlink(), p.mkdir()), "summary.json is a folder"),
     ("config.yaml", "a folder", lambda p: (p.unlink(), p.mkdir()), "config.yaml is a folder"),
     ("env.json", "a folder", lambda p: (p.unlink(), p.mkdir()), "env.json is a folder"),
-    ("logs", "a file", lambda p: (shutil.rmtree(p), p.write_text("x")), "logs is not a folder"),
+    ("logs", "a file", lambda p: (shutil.rmtree(p), p.write_text("x")), "logs is a file, where"),
 ]
 
 
@@ -214,7 +219,7 @@ def test_checkpoints_folder_a_file_refuses(tmp_path, caplog):
     run = tmp_path / "run"
     run.mkdir()
     (run / "checkpoints").write_text("x")
-    with pytest.raises(ConfigError, match="checkpoints is not a folder"):
+    with pytest.raises(ConfigError, match="checkpoints is a file, where the"):
         decide(run, caplog)
 
 
