@@ -249,7 +249,8 @@ def plan(
         archive(run_dir)
     own_folder = run_dir / "checkpoints"
     own = checkpoint.scan(own_folder)
-    checkpoint.remove_leftovers(own)
+    if checkpoint.recover_leftovers(own):  # a save the job ended before it sealed
+        own = checkpoint.scan(own_folder)
     if resume in ("never", ARCHIVE):
         if own.has_checkpoints:
             raise ConfigError(

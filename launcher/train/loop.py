@@ -170,6 +170,8 @@ class TrainLoop:
             keep=self.t.keep_checkpoints,
             meta=ckpt_meta,
             gather=rt.all_gather_objects,
+            rank=rt.rank,
+            world_size=rt.world_size,
         )
         self.memory = memory  # the memory tier (launcher.checkpoint.memory), when on
         if memory is not None:  # rank 0's lineage, which the durable meta.json records
