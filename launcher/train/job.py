@@ -465,6 +465,8 @@ class Job:
                     (log.error if rt.is_main else log.info)("%s", exc)
                 return code, self.loop.summary(status, exc.step)
         status = f"failed: {type(exc).__name__}: {exc}"
+        if self.loop is not None and self.loop.steps_done is not None:  # where it ended
+            return exit_codes.CRASH, self.loop.summary(status, self.loop.steps_done)
         return exit_codes.CRASH, {"status": status, "run_id": rt.run_id}
 
     def _hang_in_start_up(self, step: int) -> None:
