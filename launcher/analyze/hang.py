@@ -96,14 +96,15 @@ def analyze_hang(run_dir: Path) -> dict:
         int(p.stem.removeprefix("hang.rank")): json.loads(p.read_text())
         for p in logs.glob("hang.rank*.json")
     }
-    recorders = {}
+    recorders, skipped = {}, []
     for path in sorted((logs / "fr").glob("rank_*")) if (logs / "fr").is_dir() else []:
         try:
             recorders[int(path.name.removeprefix("rank_"))] = _pending_collectives(
                 load_flight_recorder(path)
             )
-        except (pickle.UnpicklingError, EOFError, KeyError, ValueError, TypeError):
-            continue
+        except (pickle.UnpicklingError, EOFError, KeyError, ValueError, TypeError,
+                AttributeError, IndexError, OSError) as exc:  # fmt: skip
+            skipped.append(f"{path}: not a flight-recorder dump ({type(exc).__name__})")
     silent = [r for r in range(world) if r not in reports]
     behind = _behind_in_collectives(recorders)
     busy = [r for r, rep in sorted(reports.items()) if not _waiting(rep["main_stack"])]
@@ -147,6 +148,7 @@ def analyze_hang(run_dir: Path) -> dict:
         "step": min(steps) if steps else None,
         "idle_s": max((rep["idle_s"] for rep in reports.values()), default=None),
         "ranks": ranks,
+        "skipped": skipped,
     }
 
 
@@ -187,6 +189,7 @@ def markdown_hang(result: dict) -> str:
         if r["waiting"]:
             where += " (waiting for other ranks)"
         lines.append(f"| {r['rank']} | {r['host']} | {r['step']} | {where} | {colls or '-'} |")
+    lines += [f"- skipped {why}" for why in result.get("skipped", [])]
     lines += [
         "",
         "Stacks: logs/stacks.rank<r>.txt. Flight recorder: "

@@ -298,8 +298,8 @@ def test_async_save_seals_itself_when_every_rank_has_written(tmp_path):
     assert wait_for(final.exists)  # sealed by itself, no complete() called
     meta = read_meta(final)
     assert meta["files"] == {"a.pt": 1} and meta["tokens"] == 40 and meta["lineage"] == "L"
+    writer.complete()  # the seal already done (its pointer too, now): no error
     assert (tmp_path / LATEST).read_text().strip() == final.name
-    writer.complete()  # the seal already done: nothing more, no error
     assert [p.name for p in scan(tmp_path).complete] == [final.name]
 
 
