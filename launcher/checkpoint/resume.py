@@ -29,6 +29,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from launcher.checkpoint import protocol as checkpoint
 from launcher.config import ConfigError
 from launcher.runtime import run_dir_check, run_history
@@ -75,8 +77,18 @@ def _batch_differences(saved: dict, now: dict) -> list[Difference]:
     `tokens` jump, another sequence length would cut the data into other windows (and
     `tokens` go backwards). Both keep the checkpoint from being resumed as it is."""
     sb, nb = _batch_of(saved), now.get("batch")
-    if not nb or not sb:
+    if not nb:
         return []
+    if not sb:  # neither meta.json nor its run's config.yaml (read_meta_with_batch) says
+        what = (
+            "it records neither its global batch nor its tokens, so where its data "
+            "stopped cannot be proven (another batch would skip or reread samples)"
+        )
+        fix = (
+            "the trainer.global_batch_size and trainer.seq_len it was trained with, "
+            'after adding them to its meta.json as "batch": {"global_batch": G, "seq_len": L}'
+        )
+        return [Difference(what, fix)]  # fmt: skip
     if "tokens_per_step" in sb:
         now_tps = nb["global_batch"] * nb["seq_len"]
         if sb["tokens_per_step"] == now_tps:
@@ -95,6 +107,25 @@ def _batch_differences(saved: dict, now: dict) -> list[Difference]:
             found.append(Difference(f"{name} is {sb[key]} there, {nb[key]} now ({because})",
                                     f"{name}={sb[key]}"))  # fmt: skip
     return found
+
+
+def read_meta_with_batch(step_dir: Path) -> dict:
+    """The checkpoint's meta.json; when it records neither its batch nor its tokens (written
+    before it did), the batch its run's config.yaml names, which the launch that wrote
+    the checkpoint wrote (a launch with another batch was refused before replacing it)."""
+    meta = checkpoint.read_meta(step_dir) or {}
+    if _batch_of(meta):
+        return meta
+    try:
+        trainer = (yaml.safe_load((step_dir.parent.parent / "config.yaml").read_text()) or {})[
+            "trainer"
+        ]
+        batch = {"global_batch": trainer["global_batch_size"], "seq_len": trainer["seq_len"]}
+    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
+        return meta
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in batch.values()):
+        return {**meta, "batch": batch}
+    return meta
 
 
 @dataclass
@@ -279,12 +310,12 @@ def plan(
         if not continues:
             _start_over(run_dir, resume)
         return Plan()
-    found_diff = differences(checkpoint.read_meta(chosen) or {}, now)
+    found_diff = differences(read_meta_with_batch(chosen), now)
     if found_diff:
         raise refusal(chosen, found_diff, run_dir)
     usable = [chosen]
     for older in found.complete[1:]:
-        diff = differences(checkpoint.read_meta(older) or {}, now)
+        diff = differences(read_meta_with_batch(older), now)
         if diff:
             log.warning("skipping checkpoint %s as a fallback: %s", older, diff[0].what)
         else:

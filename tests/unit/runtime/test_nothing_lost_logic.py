@@ -267,7 +267,9 @@ BATCH_CASES = [
     # Written before meta.json recorded the batch: its tokens per step tell.
     ({**IDENT, "step": 4, "tokens": 4 * 16 * 128}, batch(), None),
     ({**IDENT, "step": 4, "tokens": 4 * 16 * 128}, batch(32), "trainer.global_batch_size and"),
-    ({**IDENT, "step": 4}, batch(32), None),  # nothing recorded: nothing to compare
+    # Nothing recorded (nor in its run's config.yaml): the data position cannot be proven.
+    ({**IDENT, "step": 4}, batch(32), '"batch": {"global_batch": G, "seq_len": L}'),
+    ({**IDENT, "step": 4}, batch(), '"batch": {"global_batch": G, "seq_len": L}'),
 ]
 
 
@@ -283,6 +285,29 @@ def test_a_resume_with_another_batch_or_sequence_length_is_refused(saved, now, f
     assert fix in " ".join(d.fix for d in found)
     line = str(resume.refusal(Path("run/checkpoints/step_4"), found, Path("run")))
     assert "\n" not in line and "cannot be resumed" in line and "new run.id" in line
+
+
+@pytest.mark.parametrize(
+    ("config", "now", "refused"),
+    [
+        ("trainer: {global_batch_size: 16, seq_len: 128}\n", batch(), False),
+        ("trainer: {global_batch_size: 16, seq_len: 128}\n", batch(32), True),
+        ("trainer: {global_batch_size: null, seq_len: 128}\n", batch(), True),
+        ("[garbage", batch(), True),
+    ],
+    ids=["same batch", "another batch", "no batch there", "unreadable config"],
+)
+def test_a_checkpoint_without_its_batch_is_judged_by_its_runs_config(tmp_path, config, now,
+                                                                      refused):  # fmt: skip
+    """A checkpoint whose meta.json records neither its batch nor its tokens: the run's
+    config.yaml (written by the launch that wrote it) says what its batch was; with neither,
+    the data position cannot be proven and the resume is refused."""
+    step = tmp_path / "run" / "checkpoints" / "step_00000004"
+    step.mkdir(parents=True)
+    (step / checkpoint.META).write_text(json.dumps({**IDENT, "step": 4}))
+    (tmp_path / "run" / "config.yaml").write_text(config)
+    found = resume.differences(resume.read_meta_with_batch(step), now)
+    assert bool(found) == refused, found
 
 
 def test_the_launch_records_its_batch():
