@@ -418,10 +418,14 @@ class CheckpointWriter:
         started = time.monotonic()
         final = self.folder / step_name(step)
         tmp = self.folder / f"{TMP_PREFIX}{step_name(step)}"
+        problem = None
         if self.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        self.barrier()
+            try:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            except OSError as exc:  # a folder that cannot be made: /proc, a file, read-only
+                problem = _write_problem(exc, tmp)
+        self._agree(problem, tmp, step)  # the folder is ready on every rank, or none writes
         meta = {**self.meta, **extra_meta}
         pending, problem = None, None
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -367,3 +368,24 @@ def test_dcp_completeness_check(tmp_path):
     assert "is missing" in incomplete(tmp_path)
     (tmp_path / ".metadata").write_bytes(b"garbage")
     assert "unreadable" in incomplete(tmp_path)
+
+
+@pytest.mark.parametrize("where", ["a file", "/proc", "read-only"])
+def test_a_folder_that_cannot_be_made_is_one_agreed_error(tmp_path, where):
+    """The memory tier's folder under a file, in /proc, or on a read-only mount: the save
+    raises CheckpointNotWritten on every rank (the tier turns itself off with one
+    warning), not an OSError from rank 0 alone."""
+    if where == "a file":
+        (tmp_path / "file").write_text("x")
+        folder = tmp_path / "file" / "rank0"
+    elif where == "/proc":
+        folder = Path("/proc/launcher-test/rank0")
+    else:
+        folder = tmp_path / "ro"
+        folder.mkdir()
+        folder.chmod(0o555)
+        if os.geteuid() == 0:  # root writes whatever the mode: a read-only /proc file instead
+            folder = Path("/proc/self/launcher-test")
+    writer = CheckpointWriter(folder, is_main=True, barrier=lambda: None, keep=1)
+    with pytest.raises(checkpoint.CheckpointNotWritten, match="could not be written"):
+        writer.save(5, lambda tmp: (tmp / "a.pt").write_bytes(b"1"), {})
