@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             done.set()
             reaper.join()
         ranks = exit_codes.read_reports(Path(folder))
-    code = exit_codes.job_code(ranks, succeeded)
+        chosen = exit_codes.read_reports(Path(folder), chosen=True)
+    code = exit_codes.job_code(ranks, succeeded, chosen)
     killed = stopped_by not in (None, "SIGQUIT") and code in (
         exit_codes.CRASH,  # killed before any rank could say where it was
         exit_codes.STOPPED_NO_CHECKPOINT,  # a rank said: in a phase that cannot be cut short

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import logging
+import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -33,7 +34,7 @@ from launcher.observe.tensorboard_sink import (  # imports no tensorboardX
 )
 from launcher.observe.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
 from launcher.resilience import burnin, exit_codes
-from launcher.resilience.faults import slow_phase
+from launcher.resilience.faults import peer_left, slow_phase
 from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime import disk, envinfo
 from launcher.runtime.launch_state import LaunchState
@@ -368,10 +369,13 @@ def run(cfg: DictConfig, launch: LaunchState, point: str | None = None) -> int:
         code = exit_codes.DONE
     except Exception as exc:
         code, summary = job.ending(exc)
-        if code == exit_codes.CRASH and not isinstance(exc, checkpoint.CheckpointNotWritten):
+        expected = isinstance(exc, checkpoint.CheckpointNotWritten) or job.peer_left
+        if code == exit_codes.CRASH and not expected:
             raise
     finally:
         job.close(summary, code)
+    if job.peer_left:  # the process group is broken: no later sweep point can use it
+        raise SystemExit(code)
     return code
 
 
@@ -398,6 +402,8 @@ class Job:
         # the run directory's summary.json its own to replace. A failure before (a crash
         # in start-up, a refusal) leaves a finished run's summary.json as it was.
         self.owns_history = False
+        self.started = time.time()  # a fault marker since then is this launch's
+        self.peer_left = False  # a peer left on purpose (fault.kind=exit): say so, no traceback
 
     def train(self) -> dict:
         """Claim the run directory, build, resume, run the loop; the end-of-run summary."""
@@ -464,7 +470,11 @@ class Job:
                 elif who == "main":
                     (log.error if rt.is_main else log.info)("%s", exc)
                 return code, self.loop.summary(status, exc.step)
-        status = f"failed: {type(exc).__name__}: {exc}"
+        left = peer_left(rt.run_dir, rt.rank, self.started)
+        if left:  # this rank's collective failed because a peer left: no traceback
+            log.error("error: %s; this rank stopped too (%s)", left, _one_line(exc, 160))
+            self.peer_left = True
+        status = f"failed: {_one_line(exc)}"  # one line, as the console and summary show it
         if self.loop is not None and self.loop.steps_done is not None:  # where it ended
             return exit_codes.CRASH, self.loop.summary(status, self.loop.steps_done)
         return exit_codes.CRASH, {"status": status, "run_id": rt.run_id}

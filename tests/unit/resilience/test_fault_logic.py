@@ -44,6 +44,29 @@ def test_job_code_prefers_the_most_specific_diagnosis(codes, succeeded, expected
     assert exit_codes.job_code(codes, succeeded) == expected
 
 
+@pytest.mark.parametrize(
+    ("codes", "chosen", "expected"),
+    [
+        ({0: 1}, {1: 0}, E.DONE),  # fault.exit_code=0: its peer's crash is its doing
+        ({0: 1}, {1: 9}, 9),
+        ({0: 5}, {1: 0}, E.HANG),  # a contract code still explains more
+        ({0: 1}, {}, E.CRASH),
+    ],
+)
+def test_a_code_a_rank_chose_to_leave_with_is_the_jobs(codes, chosen, expected):
+    assert exit_codes.job_code(codes, False, chosen) == expected
+
+
+def test_chosen_codes_are_reported_apart(tmp_path, monkeypatch):
+    monkeypatch.setenv(exit_codes.OUTCOME_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    exit_codes.report(0, chosen=True)
+    monkeypatch.setenv("RANK", "0")
+    exit_codes.report(1)
+    assert exit_codes.read_reports(tmp_path) == {0: 1}
+    assert exit_codes.read_reports(tmp_path, chosen=True) == {1: 0}
+
+
 def test_reports_of_the_latest_attempt_count(tmp_path, monkeypatch):
     monkeypatch.setenv(exit_codes.OUTCOME_DIR_ENV, str(tmp_path))
     for attempt, rank, code in [(0, 0, 1), (0, 1, 4), (1, 0, 143), (1, 1, 143)]:
