@@ -54,12 +54,14 @@ ENTRIES: tuple[tuple[str, str], ...] = (
     ("submit", FOLDER),
     ("wandb", FOLDER),
     ("tb", FOLDER),
-    # the tools' own (launcher.runtime.lock.tool_lock): launcher.rehearse, tune, analyze
+    # the tools' own (launcher.runtime.lock.tool_lock): launcher.rehearse, tune, analyze,
+    # submit
     ("rehearse", FOLDER),
     ("tune", FOLDER),
     (".rehearse.lock", FILE),
     (".tune.lock", FILE),
     (".analyze.lock", FILE),
+    (".submit.lock", FILE),
 )
 
 _FIX = "move it out of the run directory (or fix it), or use another run.id"

@@ -25,9 +25,12 @@ from launcher.rehearse.runner import rehearse, set_aside_earlier
 from launcher.resilience import burnin
 from launcher.runtime import disk
 from launcher.runtime.lock import LockHeld, tool_lock
+from launcher.submit.__main__ import main as submit_main
 from launcher.tune.__main__ import main as tune_main
 
+from launch import FAST
 from run_dir_tools import digest
+from submit_render import SHAPE
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 MS_RDONLY, MS_REMOUNT, MS_BIND, MNT_DETACH = 1, 32, 4096, 2
@@ -100,6 +103,20 @@ def test_a_second_tuning_of_a_run_id_is_refused(tmp_path, monkeypatch, capsys):
         tune_main()
     assert exit_info.value.code == 2
     assert "in use by another launcher.tune" in one_line(capsys.readouterr().err)
+
+
+def test_a_second_render_into_a_run_directory_is_refused(tmp_path, capsys):
+    """launcher.submit numbers its files in submit/ (job.sbatch, job-2.sbatch...): two
+    renders at once would pick the same number and overwrite each other's."""
+    run = tmp_path / "runs" / "x"
+    run.mkdir(parents=True)
+    args = [*FAST, *SHAPE["slurm"], f"run.root={tmp_path / 'runs'}", "run.id=x"]
+    with tool_lock(run, "submit"):
+        assert submit_main(["slurm", "--dry-run", *args]) == 2
+    assert "in use by another launcher.submit" in one_line(capsys.readouterr().err)
+    assert not (run / "submit").exists()
+    assert submit_main(["slurm", "--dry-run", *args]) == 0  # once the first has ended
+    assert (run / "submit" / "job.sbatch").is_file() and not (run / ".submit.lock").exists()
 
 
 def test_tune_skip_names_config_keys(monkeypatch, capsys, tmp_path):
