@@ -424,22 +424,15 @@ class CheckpointWriter:
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
             except OSError as exc:  # a folder that cannot be made: /proc, a file, read-only
-                problem = _write_problem(exc, tmp)
-        self._agree(problem, tmp, step)  # the folder is ready on every rank, or none writes
+                problem = _write_problem(exc, tmp)  # told with the writes' problems below
+        self.barrier()
         meta = {**self.meta, **extra_meta}
-        pending, problem = None, None
-        try:
-            if self.is_main and self.rank is not None:
-                intent = {**meta, "step": step, "world_size": self.world_size}
-                atomic_write(tmp / INTENT, json.dumps(intent, indent=1))
-            pending = write(tmp)
-            if not isinstance(pending, Future):
-                pending = None
-                self._mark_written(tmp)
-            else:
-                pending.add_done_callback(lambda done: done.exception() or self._mark_written(tmp))
-        except Exception as exc:  # noqa: BLE001 - every rank learns of it, below
-            problem = _write_problem(exc, tmp)
+        pending = None
+        if problem is None:  # else no folder: the other ranks' writes fail too, all agree
+            try:
+                pending = self._write(tmp, step, meta, write)
+            except Exception as exc:  # noqa: BLE001 - every rank learns of it, below
+                problem = _write_problem(exc, tmp)
         self._agree(problem, tmp, step)  # every rank wrote (or started writing) its files
         sealer = None
         if pending is not None and self.is_main and self.rank is not None:
@@ -449,6 +442,18 @@ class CheckpointWriter:
         if pending is None:
             self.complete()
         return final
+
+    def _write(self, tmp: Path, step: int, meta: dict, write) -> Future | None:
+        """This rank's files (rank 0's intent first); the future of an asynchronous write."""
+        if self.is_main and self.rank is not None:
+            intent = {**meta, "step": step, "world_size": self.world_size}
+            atomic_write(tmp / INTENT, json.dumps(intent, indent=1))
+        pending = write(tmp)
+        if not isinstance(pending, Future):
+            self._mark_written(tmp)
+            return None
+        pending.add_done_callback(lambda done: done.exception() or self._mark_written(tmp))
+        return pending
 
     def _mark_written(self, tmp: Path) -> None:
         """This rank's word that its files of the save in `tmp` are written."""
