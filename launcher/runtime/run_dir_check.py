@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 
+from launcher.runtime.disk import NO_SPACE
 from launcher.runtime.paths import can_create_in, nearest_existing
 
 FOLDER, FILE = "folder", "file"
@@ -95,6 +97,18 @@ def problem(run_dir: Path, world_size: int = 1, entries=ENTRIES) -> str | None:
     return None
 
 
+def _create_error(folder: Path) -> OSError | None:
+    """What creating a file in `folder` raises, if anything: permission bits do not tell
+    (root passes os.access on a read-only mount), and a full disk is told apart."""
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".launcher-write-test-")
+    except OSError as exc:
+        return exc
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
 def entry_problem(path: Path, form: str) -> str | None:
     """What is wrong with one entry (None: absent, or in the right form and usable)."""
     if path.is_symlink() and not path.exists():
@@ -115,10 +129,17 @@ def entry_problem(path: Path, form: str) -> str | None:
             os.listdir(path)
         except OSError as exc:
             return f"{path} is a folder the launcher cannot read ({exc.strerror}); {_FIX}"
-        if not can_create_in(path):
+        error = _create_error(path)
+        if error is not None and error.errno in NO_SPACE:
             return (
-                f"{path} is a folder the launcher cannot write in (a read-only mount or its "
-                f"permissions); make it writable, or use another run.id or run.root"
+                f"{path}: no space left on device (not even an empty file can be made "
+                f"there); free some space, or point run.root at another file system"
+            )
+        if error is not None:
+            return (
+                f"{path} is a folder the launcher cannot write in ({error.strerror}: a "
+                f"read-only mount or its permissions); make it writable, or use another "
+                f"run.id or run.root"
             )
         return None
     if stat.S_ISDIR(mode):
