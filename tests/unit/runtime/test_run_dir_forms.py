@@ -27,8 +27,10 @@ from launcher.runtime import run_dir_check
 from launcher.runtime.run_dir_check import FILE, FOLDER
 from launcher.train.front_door import main as train_main
 
+from in_process import restored_logging  # noqa: F401 - a fixture
 from run_dir_tools import digest
 
+pytestmark = pytest.mark.usefixtures("restored_logging")
 NOBODY = 65534
 ENTRIES = run_dir_check.paths(world_size=2)
 LIBC = ctypes.CDLL(None, use_errno=True)

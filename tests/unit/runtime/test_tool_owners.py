@@ -28,10 +28,12 @@ from launcher.runtime.lock import LockHeld, tool_lock
 from launcher.submit.__main__ import main as submit_main
 from launcher.tune.__main__ import main as tune_main
 
+from in_process import restored_logging  # noqa: F401 - a fixture
 from launch import FAST
 from run_dir_tools import digest
 from submit_render import SHAPE
 
+pytestmark = pytest.mark.usefixtures("restored_logging")
 LIBC = ctypes.CDLL(None, use_errno=True)
 MS_RDONLY, MS_REMOUNT, MS_BIND, MNT_DETACH = 1, 32, 4096, 2
 
