@@ -41,11 +41,34 @@ def has_hang(run_dir: Path) -> bool:
     return any((run_dir / "logs").glob("hang.rank*.json"))
 
 
-def _world_size(run_dir: Path) -> int:
+def _world_size(run_dir: Path, skipped: list[str]) -> int:
+    """env.json's world size; else (no env.json, or one that does not say: noted in
+    `skipped`) the number of rank logs."""
     env = run_dir / "env.json"
     if env.is_file():
-        return int(json.loads(env.read_text())["world_size"])
+        try:
+            world = json.loads(env.read_text())["world_size"]
+            if isinstance(world, int) and not isinstance(world, bool) and world > 0:
+                return world
+            skipped.append(f"{env}: its world_size is {world!r}, not a number of ranks")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            skipped.append(f"{env}: unreadable ({type(exc).__name__})")
     return len(list((run_dir / "logs").glob("rank*.log")))
+
+
+def _hang_records(logs: Path, skipped: list[str]) -> dict[int, dict]:
+    """Each rank's logs/hang.rank<r>.json; one that is not a record is noted in `skipped`
+    and its rank counts as silent."""
+    records = {}
+    for path in sorted(logs.glob("hang.rank*.json")):
+        try:
+            record = json.loads(path.read_text())
+            if not isinstance(record, dict) or not isinstance(record.get("main_stack"), list):
+                raise TypeError("not a hang record")
+            records[int(path.stem.removeprefix("hang.rank"))] = record
+        except (OSError, ValueError, TypeError) as exc:
+            skipped.append(f"{path}: not a hang record ({type(exc).__name__})")
+    return records
 
 
 def _identities(run_dir: Path) -> dict[int, dict]:
@@ -90,13 +113,11 @@ def _pending_collectives(fr: dict) -> dict[str, dict]:
 def analyze_hang(run_dir: Path) -> dict:
     """The culprit and the evidence, as a dict (see `markdown_hang` for the wording)."""
     logs = run_dir / "logs"
-    world = _world_size(run_dir)
+    skipped: list[str] = []
+    world = _world_size(run_dir, skipped)
     ids = _identities(run_dir)
-    reports = {
-        int(p.stem.removeprefix("hang.rank")): json.loads(p.read_text())
-        for p in logs.glob("hang.rank*.json")
-    }
-    recorders, skipped = {}, []
+    reports = _hang_records(logs, skipped)
+    recorders = {}
     for path in sorted((logs / "fr").glob("rank_*")) if (logs / "fr").is_dir() else []:
         try:
             recorders[int(path.name.removeprefix("rank_"))] = _pending_collectives(

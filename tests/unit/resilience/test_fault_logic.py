@@ -229,6 +229,30 @@ def test_hang_culprit(tmp_path, reports, recorders, culprits, reason):
     assert (f"Culprit: rank {culprits[0]}" in text) if culprits else ("No single culprit" in text)
 
 
+@pytest.mark.parametrize(
+    ("where", "text", "skipped"),
+    [
+        ("logs/fr/rank_1", "garbage", "logs/fr/rank_1: not a flight-recorder dump"),
+        ("logs/hang.rank1.json", "[1, 2]", "logs/hang.rank1.json: not a hang record"),
+        ("env.json", '{"world_size": "three"}', "env.json: its world_size is 'three'"),
+        ("env.json", "[3]", "env.json: unreadable"),
+    ],
+    ids=["garbage dump", "a list for a record", "a word for the world size", "a list env"],
+)
+def test_hang_evidence_it_cannot_use_is_named_not_ignored(tmp_path, where, text, skipped):
+    """A garbage flight-recorder dump, a hang record or env.json of another shape: the
+    analysis goes on without it (a rank whose record is unusable counts as silent; the
+    world size falls back to the rank logs) and says which file it skipped."""
+    run = _run_dir(tmp_path, 3, {0: WAITING, 1: WAITING, 2: WAITING}, {0: 9, 1: 9, 2: 9})
+    for rank in range(3):
+        (run / "logs" / f"rank{rank}.log").write_text("")
+    (run / where).write_text(text)
+    result = analyze_hang(run)
+    assert [s for s in result["skipped"] if skipped in s], result["skipped"]
+    assert f"skipped {tmp_path}" in markdown_hang(result)
+    assert len(result["ranks"]) == 3
+
+
 def test_a_recorder_dump_with_objects_is_refused(tmp_path):
     path = tmp_path / "rank_0"
     path.write_bytes(pickle.dumps({"entries": [OmegaConf.create({})]}))
