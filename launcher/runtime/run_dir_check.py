@@ -49,6 +49,7 @@ ENTRIES: tuple[tuple[str, str], ...] = (
     ("checkpoints/latest", FILE),
     ("checkpoints/superseded", FOLDER),
     ("checkpoints/universal", FOLDER),
+    ("checkpoints/unsealed", FOLDER),
     ("archive", FOLDER),
     ("traces", FOLDER),
     ("traces/rank{r}", FOLDER),
