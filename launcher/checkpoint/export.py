@@ -80,17 +80,27 @@ def export(source: Path, out: Path) -> Path:
             f"{out} is a mount point, which an export (made beside it, then renamed) cannot "
             f"replace; choose a new folder inside it, e.g. {out / 'model'}"
         )
+    not_empty_problem(out)  # the cheap refusal first
+    folder, model, needed = model_of(source)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         with tool_lock(out.parent, "export", "choose another OUT_DIR", f".{out.name}.export.lock"):
-            return _export(source, out)
+            not_empty_problem(out)  # again, now that no other export can write it
+            write_whole(model, out, needed=needed)
     except LockHeld as exc:
+        if exc.disk_full:
+            raise ExportError(disk.no_space_line("the export", out, needed)) from exc
         raise ExportError(str(exc)) from exc
+    return folder
 
 
-def _export(source: Path, out: Path) -> Path:
+def not_empty_problem(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} exists and is not an empty folder; choose a new OUT_DIR")
+
+
+def model_of(source: Path):
+    """(the checkpoint used, its weights as a GPT2LMHeadModel, their bytes): read only."""
     folder, state = newest_readable(source)
     model_meta = (checkpoint.read_meta(folder) or {}).get("model") or {}
     if not model_meta.get("n_head"):
@@ -111,8 +121,7 @@ def _export(source: Path, out: Path) -> Path:
             f"{folder}: the weights do not fit a GPT-2 (first mismatch: {sorted(wrong)[0]}); "
             "export a checkpoint the launcher's GPT-2 wrote"
         )
-    write_whole(model, out, needed=sum(t.numel() * t.element_size() for t in state.values()))
-    return folder
+    return folder, model, sum(t.numel() * t.element_size() for t in state.values())
 
 
 def write_whole(model, out: Path, *, needed: int) -> None:

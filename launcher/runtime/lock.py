@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.runtime import disk
+
 log = logging.getLogger("launcher")
 
 LOCK = ".lock"
@@ -35,7 +37,12 @@ STALE_AFTER_S = 120.0  # 8 missed heartbeats; hosts' clocks must agree to well w
 
 
 class LockHeld(Exception):
-    """Another live launch holds the run directory; the message names it."""
+    """Another live launch holds the run directory (or the lock cannot be written there);
+    the message names it. `disk_full`: the lock could not be written for lack of space."""
+
+    def __init__(self, message: str, disk_full: bool = False):
+        super().__init__(message)
+        self.disk_full = disk_full
 
 
 def _process_start(pid: int) -> str | None:
@@ -231,7 +238,12 @@ def tool_lock(folder: Path, tool: str, fix: str = "use another run.id", name: st
     on NFS, taken over from a dead holder with one warning); the folder must exist. `name`:
     another file name (an export's lock sits beside its OUT_DIR, named after it)."""
     held = RunLock(folder, None, name=name or f".{tool}.lock", user=f"launcher.{tool}", fix=fix)
-    held.acquire()
+    try:
+        held.acquire()
+    except OSError as exc:  # a full disk, a folder that went read-only: still one line
+        full = disk.is_full(exc, folder)
+        why = "no space left on device" if full else (exc.strerror or type(exc).__name__)
+        raise LockHeld(f"{held.path} cannot be written ({why}); {fix}", full) from exc
     try:
         yield held
     finally:

@@ -15,11 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from launcher.analyze.__main__ import main as analyze_main
 from launcher.analyze.facts import read_facts
 from launcher.checkpoint.export import ExportError, export
-from launcher.config import ConfigError
+from launcher.config import ConfigError, compose
+from launcher.model.build import build_model
 from launcher.rehearse.rehearsal import Rehearsal
 from launcher.rehearse.runner import rehearse, set_aside_earlier
 from launcher.resilience import burnin
@@ -190,12 +192,26 @@ def test_a_refused_burnin_verdict_is_archived_before_the_next(tmp_path):
     assert len(list((tmp_path / "archive").rglob(burnin.REPORT))) == 1
 
 
+def tiny_checkpoint(run: Path) -> Path:
+    """A DDP checkpoint of the tiny native GPT-2 (weights only: what an export reads)."""
+    cfg = compose([])
+    step = run / "checkpoints" / "step_00000001"
+    step.mkdir(parents=True)
+    torch.save(build_model(cfg.model, 512, eot_id=0).state_dict(), step / "model.pt")
+    model = {"name": cfg.model.name, "impl": "native", "n_head": cfg.model.n_head}
+    meta = {"step": 1, "files": {"model.pt": (step / "model.pt").stat().st_size}, "model": model}
+    (step / "meta.json").write_text(json.dumps(meta))
+    return run
+
+
 def test_a_second_export_to_one_out_dir_is_refused(tmp_path):
-    out = tmp_path / "hf"
+    run, out = tiny_checkpoint(tmp_path / "run"), tmp_path / "hf"
     held = pytest.raises(ExportError, match="in use by another launcher.export")
     with tool_lock(tmp_path, "export", name=".hf.export.lock"), held:
-        export(tmp_path / "run", out)
+        export(run, out)
     assert not out.exists()
+    export(run, out)  # once the first has ended
+    assert (out / "config.json").is_file() and not (tmp_path / ".hf.export.lock").exists()
 
 
 def read_only_bind(path: Path) -> None:
