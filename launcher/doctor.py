@@ -11,9 +11,10 @@ import sys
 
 from launcher.config import ConfigError, compose, friendly_overrides
 from launcher.data.shm import human_bytes
+from launcher.plan.memory import shm_need
 from launcher.runtime import envinfo
 from launcher.runtime.process import env_world, ranks_per_node
-from launcher.train.preflight import check_config, machine_problems, shm_need
+from launcher.train.preflight import check_config, machine_problems
 
 USAGE = """usage: python -m launcher.doctor [--json] [overrides...]
 
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     world = env_world()[2]
-    need = shm_need(cfg, world_size=world) * ranks_per_node()
+    need = shm_need(cfg, ranks_per_node(), world)
     facts = envinfo.collect(need)
     problems = []
     try:  # what the trainer refuses, in the order it would: the config, then this machine

@@ -295,6 +295,13 @@ ROWS: list[Row] = [
         "steps and writes it from a thread",
     ),
     row(
+        "memory_tier_peer",
+        ["trainer.memory_checkpoint_interval=2", "trainer.memory_checkpoint_peer=true"],
+        "equal",
+        "one node: no peer to copy to, said in one line (two nodes' copies and a lost node's "
+        "restore from them: tests/launches/test_memory_tier.py)",
+    ),
+    row(
         "on_nonfinite_skip",
         ["trainer.on_nonfinite=skip"],
         "equal",

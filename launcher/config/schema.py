@@ -137,6 +137,9 @@ class TrainerConfig:
         None, Range(low=0, why="0: off; null: 10 under restarts")
     )
     memory_checkpoint_dir: str = "/dev/shm"  # node-local memory (a tmpfs) the tier writes to
+    # Also keep each rank's memory checkpoints in the memory of a rank on the next node, so
+    # that a node lost whole costs at most one memory interval (docs/checkpoints.md)
+    memory_checkpoint_peer: bool = False
     # stop (exit 3), skip the update, or rewind (docs/faults.md)
     on_nonfinite: str = one_of("stop", NONFINITE_POLICIES)
     # skipped steps allowed within bad_step_window; one more: exit 3
@@ -374,6 +377,10 @@ class ClusterConfig:
     # 0: a CPU-only job (gloo)
     gpus_per_node: int = ranged(0, Range(low=0, why="0: a CPU-only job"))
     procs_per_node: int | None = ranged(None, AT_LEAST_1)  # null: gpus_per_node, or 1 without GPUs
+    # the GPUs' kind for `launcher.plan` (H200, H100, A100); null: H100, assumed
+    gpu_type: str | None = None
+    # what a GPU-hour costs, for the plan's total (any currency); null: no cost
+    gpu_hour_cost: float | None = ranged(None, POSITIVE)
     job_name: str | None = None  # null: launcher-<exp or model>, e.g. launcher-bucket_sweep
     time_limit: str | None = None  # [D-]HH:MM:SS; null: the cluster's default
     # c10d rendezvous on the first node (Slurm: the range's start)

@@ -149,6 +149,12 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             "memory tier yet: set trainer.memory_checkpoint_interval=0 (its durable "
             "checkpoints are kept as before)"
         )
+    if t.memory_checkpoint_peer and t.memory_checkpoint_interval == 0:
+        raise ConfigError(
+            "trainer.memory_checkpoint_peer=true copies the memory tier's checkpoints, but "
+            "trainer.memory_checkpoint_interval=0 turns the tier off: give an interval (or "
+            "null: 10 under torchrun's restarts), or trainer.memory_checkpoint_peer=false"
+        )
     if t.on_nonfinite != "stop" and not chosen.drops_steps:
         able = [e.name for e in engines().values() if e.drops_steps]
         raise ConfigError(

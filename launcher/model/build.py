@@ -30,7 +30,6 @@ def padded_vocab_size(vocab_size: int, multiple: int) -> int:
 
 
 GPT2_VOCAB = 50257  # the vocabulary of GPT-2's tokenizer, the largest the data configs use
-BYTES_PER_PARAM = 4 + 8  # a checkpoint's state: fp32 weights + AdamW's exp_avg and exp_avg_sq
 
 
 def param_count(m) -> int:
@@ -198,11 +197,22 @@ def count_params(model: torch.nn.Module, *, exclude_position_embeddings: bool = 
 
 
 def flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
-    """Training FLOPs per token by nanoGPT's formula (PaLM appendix B): 6N + 12*L*H*Q*T."""
+    """Training FLOPs per token of a built model (launcher.model.build.training_flops)."""
     cfg = model.config
-    n_params = count_params(model)
-    head_dim = cfg.n_embd // cfg.n_head
-    return 6 * n_params + 12 * cfg.n_layer * cfg.n_head * head_dim * seq_len
+    return training_flops(count_params(model), cfg.n_layer, cfg.n_embd, seq_len)
+
+
+def shape_flops_per_token(m, seq_len: int) -> float:
+    """Training FLOPs per token of the `model` config's shape, before any model is built
+    (the plan): the same formula on param_count without the position embeddings."""
+    params = param_count(m) - int(m.n_positions) * int(m.n_embd)
+    return training_flops(params, int(m.n_layer), int(m.n_embd), seq_len)
+
+
+def training_flops(params: int, layers: int, width: int, seq_len: int) -> float:
+    """nanoGPT's formula (PaLM appendix B): 6N + 12*L*H*Q*T, H*Q the model width, N the
+    parameters without the position embeddings."""
+    return 6 * params + 12 * layers * width * seq_len
 
 
 def peak_flops(device: torch.device) -> float | None:

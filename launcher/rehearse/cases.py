@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from launcher.analyze.hang import analyze_hang, write_hang_report
 from launcher.checkpoint.protocol import read_meta, step_name
 from launcher.config import ConfigError
+from launcher.plan.forecast import checkpoint_bytes
 from launcher.rehearse.launches import (
     CaseFailed,
     last_step,
@@ -95,7 +96,7 @@ def stop(r: Rehearsal) -> str:
     r.checkpoint = StopCheckpoint(
         float(meta.get("write_s") or 0.0),
         sum(int(n) for n in (meta.get("files") or {}).values()),
-        stop_time.param_count(r.cfg.model) * stop_time.BYTES_PER_PARAM,
+        checkpoint_bytes(r.cfg, 1)["total"],  # the real model's (launcher.plan)
         str(r.cfg.model.name),
     )
     seen.ok(f"SIGTERM: exit 143, stop checkpoint of step {at} in {r.checkpoint.measured_s:g} s")

@@ -58,9 +58,11 @@ ENTRIES: tuple[tuple[str, str], ...] = (
     ("wandb", FOLDER),
     ("tb", FOLDER),
     # the tools' own (launcher.runtime.lock.tool_lock): launcher.rehearse, tune, analyze,
-    # submit
+    # submit, plan
     ("rehearse", FOLDER),
     ("tune", FOLDER),
+    ("plan", FOLDER),
+    (".plan.lock", FILE),
     (".rehearse.lock", FILE),
     (".tune.lock", FILE),
     (".analyze.lock", FILE),

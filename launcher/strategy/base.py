@@ -12,11 +12,16 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+from launcher.checkpoint.node_share import memory_key
 from launcher.observe.comm_stats import StepComm
 from launcher.strategy.registry import format_of
+
+if TYPE_CHECKING:
+    from launcher.checkpoint.node_share import NodeShare
 
 # A mode less its CUDA graphs, which only a CUDA device has: torch skips them for a graph on
 # any other device, so there the mode without them compiles the very same kernels.
@@ -54,7 +59,7 @@ def host_copy(tree, _copied: dict | None = None):
     of the live state would."""
     copied = {} if _copied is None else _copied
     if isinstance(tree, torch.Tensor):
-        key = (tree.device, tree.dtype, tree.data_ptr(), tuple(tree.shape), tree.stride())
+        key = memory_key(tree)
         if key not in copied:
             copied[key] = tree.detach().to("cpu", copy=True)
         return copied[key]
@@ -105,11 +110,12 @@ class Strategy(ABC):
         """Write this rank's share of the model/optimizer state into `folder`; an engine
         that writes asynchronously (trainer.async_checkpoint) returns the future of it."""
 
-    def snapshot(self, rank: int) -> Callable[[Path], None]:
-        """This rank's state (all of it, or its shard where the engine shards) copied to host
-        memory now, and the function that writes it into a folder this rank's `load` reads
-        alone at the same world size (the memory tier: every rank writes all it needs, in
-        node-local memory). Engines declaring `memory_checkpoint` have it."""
+    def snapshot(self, rank: int, share: NodeShare) -> Callable[[Path], None]:
+        """This rank's state (its shard where the engine shards; its `share` of what every
+        rank holds alike, launcher.checkpoint.node_share) copied to host memory now, and the
+        function that writes it into this rank's folder of the memory tier, in node-local
+        memory, where `load` at the same world size reads it (with the node's other parts).
+        Engines declaring `memory_checkpoint` have it."""
         raise NotImplementedError(f"{type(self).__name__} cannot write the memory tier")
 
     @abstractmethod

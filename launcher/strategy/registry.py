@@ -96,6 +96,18 @@ class Engine:
     # model's parameter count, world size) -> bytes of one rank's memory checkpoint (its
     # shard where the engine shards); None: the engine cannot write the tier
     memory_checkpoint: Callable[[Any, int, int], int] | None = None
+    # that estimate is of state every rank holds alike, which a node's ranks write once
+    # between them (launcher.checkpoint.node_share), not once each
+    memory_checkpoint_replicated: bool = False
+    # The plan (launcher.plan), per rank at a world size: (cfg, parameters, world size) ->
+    # bytes of the training state {"weights", "grads", "optimizer"}, and (cfg, parameters,
+    # world size) -> one step's gradient and parameter collectives [(op, bytes, times)],
+    # op one of all_reduce, reduce_scatter, all_gather (bytes: the full buffer, as
+    # nccl-tests counts it)
+    train_state: Callable[[Any, int, int], dict[str, int]] | None = None
+    # (cfg, parameters, world size) -> bytes of one durable checkpoint, every rank's files
+    checkpoint_total: Callable[[Any, int, int], int] | None = None
+    step_collectives: Callable[[Any, int, int], list[tuple[str, int, int]]] | None = None
     drops_steps: bool = False  # Strategy.drop_step: trainer.on_nonfinite=skip|rewind allowed
     # Strategy.zero_grad between micro-steps: trainer.micro_batch_size=auto and
     # trainer.on_oom=retry (the micro-batch changes in-process) allowed

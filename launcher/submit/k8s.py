@@ -4,7 +4,7 @@ One pod per node runs one torchrun. The pods find each other through the Service
 Indexed Job with `spec.subdomain` gives pod <i> the hostname `<name>-<i>` and the DNS name
 `<name>-<i>.<service>`, so every torchrun rendezvouses at `<name>-0.<service>:<port>`, with
 its completion index as node rank. /dev/shm is a memory-backed emptyDir sized from the same
-computation the trainer's preflight uses (launcher.train.preflight.shm_need), and the container's
+computation the trainer's preflight uses (launcher.plan.memory.shm_need), and the container's
 memory limit holds it on top of what the processes get. `cluster.k8s.kind` renders the same
 pod as a JobSet or a Kubeflow PyTorchJob instead. See docs/kubernetes.md.
 
@@ -17,6 +17,7 @@ and a disruption (preemption, eviction, drain) is not counted at all.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import shlex
 import shutil
@@ -27,6 +28,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from launcher.config import ConfigError
+from launcher.plan.memory import loader_shm_need, shm_need
 from launcher.resilience import exit_codes
 from launcher.resilience.burnin import BAD_HOSTS, read_bad_hosts
 from launcher.submit import k8s_check, stop_time
@@ -37,7 +39,6 @@ from launcher.submit.job import (
     check_interval_fits,
     time_limit_s,
 )
-from launcher.train.preflight import shm_need
 
 KINDS = ("job", "jobset", "pytorchjob")
 CONTAINER = "trainer"
@@ -72,7 +73,7 @@ def render(job: SubmitJob) -> dict[str, str]:
     if k.kind not in KINDS:
         raise ConfigError(f"cluster.k8s.kind={k.kind}: not one of {', '.join(KINDS)}")
     check_options(job)
-    expect = expectations(job)
+    expect = without_default_tier(job, expectations(job))
     shm_size = shm_size_limit(job, expect.shm_need)
     objects = build(job, shm_size, expect.process_memory)
     k8s_check.check([obj for _, obj in objects], expect)
@@ -342,7 +343,7 @@ def expectations(job: SubmitJob) -> k8s_check.Expect:
     restarts = int(k.max_restarts)  # the memory tier's default follows torchrun's restarts
     world = job.nodes * job.procs_per_node
     points = job.points or [job.cfg]
-    need = max(shm_need(p, restarts, world) for p in points) * job.procs_per_node
+    need = max(shm_need(p, job.procs_per_node, world, restarts) for p in points)
     memory = int(k8s_check.parse_quantity(k.memory, "cluster.k8s.memory"))
     return k8s_check.Expect(
         nodes=job.nodes,
@@ -358,6 +359,28 @@ def expectations(job: SubmitJob) -> k8s_check.Expect:
     )
 
 
+def without_default_tier(job: SubmitJob, expect: k8s_check.Expect) -> k8s_check.Expect:
+    """`expect` with the memory tier's share left out of /dev/shm where cluster.k8s.shm_size
+    cannot hold it and trainer.memory_checkpoint_interval is left to its default: the
+    trainer turns the tier off at the start of each pod (launcher.train.job.memory_tier),
+    said here in one warning."""
+    k = job.cluster.k8s
+    if k.shm_size is None or any(
+        p.trainer.memory_checkpoint_interval is not None for p in job.points or [job.cfg]
+    ):
+        return expect
+    size = k8s_check.parse_quantity(k.shm_size, "cluster.k8s.shm_size")
+    loaders = max(loader_shm_need(p) for p in job.points or [job.cfg]) * job.procs_per_node
+    if size >= expect.shm_need or size < loaders:
+        return expect
+    job.warnings.append(
+        f"cluster.k8s.shm_size={k.shm_size} cannot hold the memory tier "
+        f"({k8s_check.format_bytes(expect.shm_need - loaders)} a pod): it is off in these pods, "
+        "durable checkpoints only; leave cluster.k8s.shm_size null to have it sized"
+    )
+    return dataclasses.replace(expect, shm_need=loaders)
+
+
 def shm_size_limit(job: SubmitJob, need: int) -> str:
     """/dev/shm's sizeLimit: cluster.k8s.shm_size, or the loaders' need plus the margin."""
     k = job.cluster.k8s
@@ -367,10 +390,11 @@ def shm_size_limit(job: SubmitJob, need: int) -> str:
             raise ConfigError(
                 f"cluster.k8s.shm_size={k.shm_size} is less than the "
                 f"{k8s_check.format_bytes(need)} this config's DataLoader workers and memory "
-                f"tier need per pod (data.num_workers x data.prefetch_factor x batch, and two "
-                f"copies of a rank's model and optimizer state, its shard under FSDP2 and "
-                f"DeepSpeed, with trainer.memory_checkpoint_interval on, x "
-                f"{job.procs_per_node} processes, see docs/shared-memory.md); raise it, "
+                f"tier need per pod (data.num_workers x data.prefetch_factor x batch for each "
+                f"of {job.procs_per_node} processes, and two copies of the node's model and "
+                f"optimizer state with trainer.memory_checkpoint_interval on: once a node under "
+                f"DDP, each rank's shard under FSDP2 and DeepSpeed, see "
+                f"docs/shared-memory.md); raise it, "
                 "leave it null to have it computed, or lower data.num_workers / "
                 "data.prefetch_factor"
             )

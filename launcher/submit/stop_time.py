@@ -10,9 +10,9 @@ the optimizer's state. In order of trust:
 3. the run's rehearsal (`python -m launcher.rehearse` with the same run.root and run.id):
    its stop checkpoint's write time, measured at the shrunk size and scaled to the model's
    state (rehearse/report.json);
-4. the size of the run's last checkpoint, else an estimate of the state's size from the
-   model's shape (GPT-2's parameter count, fp32 weights and AdamW's two fp32 moments,
-   12 bytes a parameter);
+4. the size of the run's last checkpoint, else the plan's estimate of the checkpoint
+   from the model's shape and the engine (launcher.plan.forecast.checkpoint_bytes: fp32
+   weights and AdamW's two fp32 moments, 12 bytes a parameter, and a ZeRO module);
 
 a size is turned into a time at `<group>.checkpoint_write_mb_s`, the write bandwidth to
 the run directory's file system (a configured figure: measure yours).
@@ -27,7 +27,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from launcher.checkpoint.protocol import find_resumable, read_meta
-from launcher.model.build import BYTES_PER_PARAM, param_count
+from launcher.plan.forecast import checkpoint_bytes
 from launcher.submit.job import SubmitJob, visible
 
 REHEARSAL_REPORT = Path("rehearse") / "report.json"  # in the run directory (launcher.rehearse)
@@ -60,11 +60,11 @@ def checkpoint_write(job: SubmitJob, group: DictConfig, key: str) -> WriteTime:
             f"the run's last checkpoint ({last.name}, {size / 1e9:.2f} GB) at "
             f"{key}.checkpoint_write_mb_s={group.checkpoint_write_mb_s:g}",
         )
-    size = max(param_count(p.model) for p in (job.points or [job.cfg])) * BYTES_PER_PARAM
+    size = max(checkpoint_bytes(p, job.world_size)["total"] for p in (job.points or [job.cfg]))
     return WriteTime(
         size / rate,
-        f"{size / 1e9:.2f} GB of model and optimizer state ({job.cfg.model.name}) at "
-        f"{key}.checkpoint_write_mb_s={group.checkpoint_write_mb_s:g}",
+        f"{size / 1e9:.2f} GB of model and optimizer state ({job.cfg.model.name}, "
+        f"launcher.plan) at {key}.checkpoint_write_mb_s={group.checkpoint_write_mb_s:g}",
     )
 
 

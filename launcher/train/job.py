@@ -14,6 +14,7 @@ import logging
 import time
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.checkpoint import memory, resume
@@ -22,7 +23,7 @@ from launcher.checkpoint.memory import MemoryTier
 from launcher.config import ConfigError, TrainConfig, normalize, typed
 from launcher.config.secret_keys import is_secret_key
 from launcher.config.sweep import flatten
-from launcher.data import TokenData, build_train_loader, prepare_data
+from launcher.data import TokenData, build_train_loader, prepare_data, shm_available_bytes
 from launcher.data.cache import cache_root
 from launcher.model.build import build_model, count_params, flops_per_token, peak_flops
 from launcher.observe.nccl_transport import transport_recorders
@@ -33,6 +34,8 @@ from launcher.observe.tensorboard_sink import (  # imports no tensorboardX
     tensorboard_enabled,
 )
 from launcher.observe.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
+from launcher.plan import forecast as plan_forecast
+from launcher.plan.memory import shm_need
 from launcher.resilience import burnin, exit_codes
 from launcher.resilience.faults import peer_left, slow_phase
 from launcher.resilience.watchdog import HangWatchdog
@@ -48,11 +51,12 @@ from launcher.runtime.process import (
     freeze_what_lasts,
     launch_key,
     open_run_dir,
+    ranks_per_node,
     start,
 )
 from launcher.strategy.registry import build_strategy, engine
 from launcher.train.loop import LoopConfig, NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
-from launcher.train.preflight import shm_need
+from launcher.train.preflight import tier_room
 
 log = logging.getLogger("launcher")
 
@@ -112,7 +116,7 @@ def write_run_files(
         now = OmegaConf.to_container(settings)  # as config.yaml holds it: lists, not tuples
         log_changed_settings(rt.run_dir / "config.yaml", now, start_step)
     atomic_write(rt.run_dir / "config.yaml", OmegaConf.to_yaml(settings))
-    env = envinfo.collect(shm_need(cfg, world_size=rt.world_size))
+    env = envinfo.collect(shm_need(cfg, ranks_per_node(), rt.world_size))
     env.update(world_size=rt.world_size, backend=rt.backend, run_id=rt.run_id)
     if gate is not None:
         env["burnin"] = burnin.summary(gate)
@@ -214,16 +218,42 @@ def plan_resume(
     return None if folders is None else [Path(p) for p in folders]
 
 
+def forecast_of(cfg: TrainConfig, rt: Runtime, vocab_size: int) -> dict:
+    """The plan's forecast of this run (launcher.plan.forecast.at_start), said in one line:
+    summary.json keeps it beside what the run measured."""
+    on_gpu = rt.device.type == "cuda"
+    name = torch.cuda.get_device_name(rt.device) if on_gpu else None
+    made = plan_forecast.at_start(cfg, rt.world_size, ranks_per_node(), name, vocab_size,
+                                  rt.run_dir)  # fmt: skip
+    if rt.is_main:
+        log.info("%s", plan_forecast.line(made))
+    return made
+
+
 def memory_tier(cfg: TrainConfig, rt: Runtime, model) -> MemoryTier | None:
     """This rank's memory tier (launcher.checkpoint.memory), when it is on."""
     every = memory.interval(cfg)
     if not every:
         return None
+    if memory.in_shm(cfg):  # the node's /dev/shm must hold it: every rank agrees
+        room = shm_available_bytes()
+        free = (room[1] if room else 0) + memory.held_bytes(
+            cfg.trainer.memory_checkpoint_dir, rt.run_dir
+        )
+        fits, why = tier_room(cfg, ranks_per_node(), rt.world_size, free)
+        verdicts = rt.all_gather_objects(why)
+        why = next((w for w in verdicts if w), None)
+        if why and cfg.trainer.memory_checkpoint_interval is not None:
+            raise ConfigError(why)
+        if why:
+            if rt.is_main:
+                log.warning("%s", why)
+            return None
     if rt.is_main:
         log.info("memory tier: every %d steps, in %s", every, cfg.trainer.memory_checkpoint_dir)
-    return MemoryTier(
-        cfg.trainer.memory_checkpoint_dir, every, rt, resume.identity(cfg, model, rt.world_size)
-    )
+    identity = resume.identity(cfg, model, rt.world_size)
+    t = cfg.trainer
+    return MemoryTier(t.memory_checkpoint_dir, every, rt, identity, t.memory_checkpoint_peer)
 
 
 def newer_in_memory(cfg: TrainConfig, tier: MemoryTier | None, folders: list[Path]) -> Path | None:
@@ -397,6 +427,7 @@ class Job:
         self.lock: RunLock | None = None
         self.strategy = self.loop = None
         self.gate: dict | None = None  # the burn-in gate's report, when it ran
+        self.forecast: dict | None = None  # launcher.plan's, printed at the start
         self.watchdog: HangWatchdog | None = None
         # Whether this launch decided to train here (the resume decision): only then is
         # the run directory's summary.json its own to replace. A failure before (a crash
@@ -420,6 +451,7 @@ class Job:
         slow_phase(cfg.fault, "start-up")
         self.gate = burnin.gate(cfg.burnin, cfg.fault, rt)  # a bad node costs seconds, no more
         data, model, fpt = build_data_and_model(cfg, rt)
+        self.forecast = forecast_of(cfg, rt, data.vocab_size)
         tier = memory_tier(cfg, rt, model)
         folders = plan_resume(cfg, rt, model, tier)
         if folders is None:
@@ -502,7 +534,7 @@ class Job:
             for sink in self.sinks:
                 sink.close(summary)
             if rt.is_main and summary and self.may_write_summary():
-                write_summary_if_room(rt.run_dir, summary)
+                write_summary_if_room(rt.run_dir, {**summary, "forecast": self.forecast})
             if self.strategy is not None:
                 self.strategy.close()
             self.strategy = self.loop = None

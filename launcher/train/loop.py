@@ -281,7 +281,7 @@ class TrainLoop:
         """A memory-tier checkpoint of `step`: the state is copied now, between two steps,
         and written by the tier's thread while the next step runs (sealed after it)."""
         self._check_finite(step)
-        write_state = self.strategy.snapshot(self.rt.rank)
+        write_state = self.strategy.snapshot(self.rt.rank, self.memory.share)
         rng, rng_file = self._rng_state(), f"rng_rank{self.rt.rank}.pt"
 
         def write(folder: Path) -> None:

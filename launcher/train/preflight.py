@@ -25,34 +25,46 @@ from launcher.checkpoint.protocol import find_resumable
 from launcher.config import ConfigError, typed, validate
 from launcher.config.schema import TrainConfig
 from launcher.data.cache import CACHE_ENV, cache_root
-from launcher.data.shm import check_shm, shm_need_bytes
+from launcher.data.shm import check_shm, human_bytes, shm_available_bytes
 from launcher.data.tokenizer import tokenizer_path_problem
 from launcher.model import pretrained
 from launcher.observe.tensorboard_sink import WRITER_PACKAGE, tensorboard_enabled
+from launcher.plan.memory import loader_shm_need
 from launcher.runtime.paths import creatable_dir_problem, writable_dir_problem
 from launcher.strategy.registry import engine
-from launcher.train.batch import AUTO
 
 WANDB_DEFAULT_HOST = "https://api.wandb.ai"
 
 
-def shm_need(
-    cfg: DictConfig | TrainConfig, restarts: int | None = None, world_size: int = 1
-) -> int:
-    """Bytes of /dev/shm one rank needs: its DataLoader workers' batches, and the memory
-    tier's checkpoints (launcher.checkpoint.memory; `restarts`: torchrun's --max-restarts
-    the job will run with, else this process's; `world_size`: the ranks a sharded engine's
-    state is split over, 1 where unknown: the most). Read from the composed config (doctor,
-    submit) or the typed one (the job's env.json) alike."""
-    micro = cfg.trainer.micro_batch_size
-    loaders = shm_need_bytes(
-        num_workers=cfg.data.num_workers,
-        prefetch_factor=cfg.data.prefetch_factor,
-        # auto: at most the per-rank batch, bounded here (no world size) by the global one
-        micro_batch=cfg.trainer.global_batch_size if micro == AUTO else micro,
-        seq_len=cfg.trainer.seq_len,
+def tier_room(
+    cfg: DictConfig | TrainConfig,
+    ranks_per_node: int,
+    world_size: int,
+    free: int,
+    restarts: int | None = None,
+) -> tuple[bool, str | None]:
+    """(whether the memory tier fits, the line that says why not) on a node whose /dev/shm
+    has `free` bytes for this run. A tier left to its default (trainer.memory_checkpoint_
+    interval=null) that does not fit is turned off, said in the line; one asked for is a
+    problem the caller refuses. (True, None) when the tier is off or writes elsewhere."""
+    tier = memory.shm_bytes(cfg, ranks_per_node, world_size, restarts)
+    loaders = loader_shm_need(cfg) * ranks_per_node
+    if not tier or loaders + tier <= free:
+        return True, None
+    t = cfg.trainer
+    state = memory.node_state_bytes(cfg, ranks_per_node, world_size)
+    what = (
+        f"the memory tier needs {human_bytes(tier)} of /dev/shm on a node of {ranks_per_node} "
+        f"rank(s) (two copies of {human_bytes(state)} of state) and the DataLoader workers "
+        f"{human_bytes(loaders)}, but /dev/shm has {human_bytes(free)} for them"
     )
-    return loaders + memory.shm_bytes(cfg, restarts, world_size)
+    if t.memory_checkpoint_interval is None:
+        return False, f"memory tier off: {what}; durable checkpoints only (docs/checkpoints.md)"
+    return False, (
+        f"trainer.memory_checkpoint_interval={t.memory_checkpoint_interval}: {what}; give "
+        "/dev/shm more room, set trainer.memory_checkpoint_dir to a larger node-local memory "
+        "file system, or trainer.memory_checkpoint_interval=0"
+    )
 
 
 def preflight(cfg: DictConfig, world_size: int, ranks_per_node: int) -> None:
@@ -84,10 +96,20 @@ def machine_problems(
         *package_problems(cfg),
         *logger_problems(cfg.logger),
     ]
-    who = "data loader workers" + (" and the memory tier" if memory.shm_bytes(cfg) else "")
-    need = shm_need(cfg, world_size=world_size or ranks_per_node) * ranks_per_node
-    shm = check_shm(need=need, who=who)
+    shm = shm_problem(cfg, ranks_per_node, world_size or ranks_per_node)
     return [*problems, shm] if shm else problems
+
+
+def shm_problem(cfg: DictConfig, ranks_per_node: int, world_size: int) -> str | None:
+    """What this machine's /dev/shm cannot hold: the DataLoader workers' batches, or a memory
+    tier asked for by trainer.memory_checkpoint_interval that exceeds its whole size (the
+    job's start checks the free space, counting what the run's tier holds already, and turns
+    a default tier off: launcher.train.job.memory_tier)."""
+    loaders = check_shm(need=loader_shm_need(cfg) * ranks_per_node)
+    available = shm_available_bytes()
+    if loaders or available is None or cfg.trainer.memory_checkpoint_interval is None:
+        return loaders
+    return tier_room(cfg, ranks_per_node, world_size, available[0])[1]
 
 
 def device_problems(cfg: DictConfig) -> list[str]:

@@ -35,10 +35,10 @@ import yaml
 
 from launcher.checkpoint import memory as memory_tier
 from launcher.config import ConfigError
+from launcher.plan.memory import shm_need
 from launcher.submit import k8s, k8s_check, pod_security
 from launcher.submit.__main__ import main
 from launcher.submit.job import prepare
-from launcher.train.preflight import shm_need
 
 from launch import FAST, losses, metrics, summary
 from paths import FIXTURES, REPO
@@ -137,13 +137,14 @@ def test_example_fields(example):
     assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == 8
     workers = job.cfg.data.num_workers
     assert res["requests"]["cpu"] == str(8 * (1 + workers)) and "cpu" not in res["limits"]
-    # /dev/shm: the loaders' and the memory tier's need on 8 ranks (the tier is on by default
-    # under torchrun's restarts, cluster.k8s.max_restarts=3) plus the 1 GiB margin, held by
-    # the memory limit.
-    tier = memory_tier.shm_bytes(job.cfg, job.cluster.k8s.max_restarts)
+    # /dev/shm: the loaders' need on 8 ranks and the memory tier's on the node (on by default
+    # under torchrun's restarts, cluster.k8s.max_restarts=3: two copies of DDP's state, once
+    # per node) plus the 1 GiB margin, held by the memory limit.
+    restarts = job.cluster.k8s.max_restarts
+    tier = memory_tier.shm_bytes(job.cfg, 8, 16, restarts)
     assert tier == 2 * memory_tier.state_bytes(job.cfg) > 0
-    need = shm_need(job.cfg, job.cluster.k8s.max_restarts) * 8
-    assert need == shm_need(job.cfg, 0) * 8 + tier * 8
+    need = shm_need(job.cfg, 8, 16, restarts)
+    assert need == shm_need(job.cfg, 8, 16, restarts=0) + tier
     shm = pod["volumes"][0]
     assert shm["emptyDir"] == {
         "medium": "Memory",

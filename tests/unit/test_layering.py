@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "runtime.launch_state", "runtime.process", "model", "model.*", "runtime.envinfo",
             "checkpoint", "checkpoint.*", "runtime.run_history", "resilience.faults",
             "resilience.burnin",
-            "observe.sinks", "observe.metrics", "observe.profiling",
+            "observe.sinks", "observe.metrics", "observe.profiling", "plan", "plan.*",
         ),
     ),
     ("engines and outputs", ("strategy", "strategy.*", "observe.wandb_sink",

@@ -53,9 +53,40 @@ FORMAT = Format("torch", marker=FILES[0], reader="launcher.strategy.ddp.files")
 
 
 def memory_checkpoint_bytes(cfg, params: int, world_size: int) -> int:
-    """Every rank's memory checkpoint is the whole model: fp32 weights and AdamW's two
-    moments, 4 + 8 bytes a parameter."""
+    """The whole model, which every rank holds alike (a node's ranks write it once between
+    them): fp32 weights and AdamW's two moments, 4 + 8 bytes a parameter."""
     return params * (4 + 8)
+
+
+def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
+    """Every rank holds it all: fp32 weights, fp32 gradients (in DDP's buckets, a second
+    copy unless strategy.gradient_as_bucket_view), AdamW's two moments."""
+    grads = 4 * params * (1 if cfg.strategy.gradient_as_bucket_view else 2)
+    return {"weights": 4 * params, "grads": grads, "optimizer": 8 * params}
+
+
+def step_collectives(cfg, params: int, world_size: int) -> list[tuple[str, int, int]]:
+    """One all-reduce per bucket of strategy.bucket_cap_mb (MiB) a step, whatever the
+    accumulation (no_sync until the last micro-step), of fp32 gradients, half that under
+    the fp16/bf16 hooks, or PowerSGD's factors (launcher.strategy.ddp.powersgd)."""
+    s = cfg.strategy
+    if s.comm_hook == "powersgd":
+        return [("all_reduce", powersgd_bytes(cfg.model, params, int(s.powersgd_rank)) // 2, 2)]
+    total = params * (2 if s.comm_hook in ("fp16", "bf16") else 4)
+    cap = int(float(s.bucket_cap_mb) * 2**20)
+    full, rest = divmod(total, cap)
+    return [("all_reduce", cap, full)] + ([("all_reduce", rest, 1)] if rest else [])
+
+
+def powersgd_bytes(model, params: int, rank: int) -> int:
+    """fp32 bytes PowerSGD all-reduces in each of its two rounds for GPT-2's shape: rank-r
+    factors P (m x r) and Q (n x r) of every weight matrix (the embeddings counted as one
+    matrix of their rows), the vectors whole."""
+    d, layers = int(model.n_embd), int(model.n_layer)
+    vectors = layers * 13 * d + 2 * d
+    rows = (params - 12 * d * d * layers - vectors) // d  # vocabulary and positions
+    matrices = [(d, 3 * d), (d, d), (d, 4 * d), (4 * d, d)] * layers + [(rows, d)]
+    return 4 * (sum(rank * (m + n) for m, n in matrices) + vectors)
 
 
 def rules(cfg, world_size: int) -> None:
@@ -102,5 +133,9 @@ ENGINE = Engine(
     tune_candidates=tune_candidates,
     drops_steps=True,
     memory_checkpoint=memory_checkpoint_bytes,
+    memory_checkpoint_replicated=True,
+    train_state=train_state,
+    checkpoint_total=memory_checkpoint_bytes,  # rank 0 writes the whole state
+    step_collectives=step_collectives,
     resizes_micro_batch=True,
 )

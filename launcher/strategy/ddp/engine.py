@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from launcher.checkpoint import node_share
+from launcher.checkpoint.node_share import ALONE, NodeShare
 from launcher.config.schema import TrainerConfig
 from launcher.observe.comm_stats import StepComm
 from launcher.runtime.process import Runtime
@@ -140,24 +142,38 @@ class DDPStrategy(Strategy):
         for name, state in self._state_files(rank, whole=rank == 0).items():
             torch.save(state, folder / name)
 
-    def snapshot(self, rank: int):
-        files = host_copy(self._state_files(rank, whole=True))
+    def snapshot(self, rank: int, share: NodeShare = ALONE):
+        """PowerSGD's memory of this rank, and this rank's part of the model and optimizer,
+        which every rank holds alike: the node keeps one copy (launcher.checkpoint.node_share)."""
+        files = host_copy(self._state_files(rank, whole=False))
+        part = host_copy(node_share.part_of(self._state_files(rank, whole=True), share))
 
         def write(folder: Path) -> None:
             for name, state in files.items():
                 torch.save(state, folder / name)
+            node_share.write(folder, part)
 
         return write
 
     def files_to_load(self, folder: Path) -> list[Path]:
         own = powersgd.state_file(folder, self.rank) if self.comm_state is not None else None
+        if node_share.holds_part(folder):  # a memory checkpoint: the node's parts
+            whole = node_share.part_files(folder)
         # Another engine's format is read by its own reader (sealed with every file's size).
-        whole = [folder / f for f in FILES] if format_of(folder) in (FORMAT, None) else []
+        elif format_of(folder) in (FORMAT, None):
+            whole = [folder / f for f in FILES]
+        else:
+            whole = []
         return whole + ([own] if own is not None and own.exists() else [])
 
     def load(self, folder: Path) -> None:
-        if format_of(folder) in (FORMAT, None):
-            self._load_own(folder)
+        if node_share.holds_part(folder):
+            self._load_whole_state(node_share.join(folder, self.device))
+        elif format_of(folder) in (FORMAT, None):
+            self._load_whole_state({
+                name: torch.load(folder / name, map_location=self.device, weights_only=True)
+                for name in FILES
+            })  # fmt: skip
         else:  # FSDP2's shards gathered whole, or DeepSpeed's universal conversion
             load_other_format(folder, self.raw_model, self.optimizer, self._load_whole)
         powersgd.load_state(self.comm_state, folder, self.rank, self.device)
@@ -166,10 +182,10 @@ class DDPStrategy(Strategy):
         self.raw_model.load_state_dict(model_sd)
         self.optimizer.load_state_dict(optim_sd)
 
-    def _load_own(self, folder: Path) -> None:
-        state = torch.load(folder / FILES[0], map_location=self.device, weights_only=True)
-        self.raw_model.load_state_dict(state)
-        opt = torch.load(folder / FILES[1], map_location=self.device, weights_only=True)
+    def _load_whole_state(self, files: dict) -> None:
+        """The model and optimizer files' contents, as `_state_files(whole=True)` made them."""
+        self.raw_model.load_state_dict(files[FILES[0]])
+        opt = files[FILES[1]]
         self.optimizer.load_state_dict(opt["optimizer"])
         self.scaler.load_state_dict(opt["scaler"])
 

@@ -88,6 +88,42 @@ def memory_checkpoint_bytes(cfg, params: int, world_size: int) -> int:
     return module + -(-params * (4 + 8) // world_size)
 
 
+def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
+    """ZeRO-0: DDP's (fp32), or in bf16/fp16 the module in its precision and the fp32
+    master weights and moments partitioned; ZeRO-1: the module and its gradients whole in
+    trainer.precision, fp32 master weights and moments partitioned; ZeRO-2: the gradients
+    partitioned too; ZeRO-3: everything partitioned."""
+    stage, precision = int(cfg.strategy.zero_stage), cfg.trainer.precision
+    low = 4 if precision == "fp32" else 2  # bytes of the module's own dtype
+    share = -(-params // world_size)
+    if stage == 0 and precision == "fp32":
+        return {"weights": 4 * params, "grads": 4 * params, "optimizer": 8 * params}
+    weights = low * (share if stage == 3 else params)
+    grads = low * (share if stage >= 2 else params)
+    master = 0 if precision == "fp32" else 4 * share
+    return {"weights": weights + master, "grads": grads, "optimizer": 8 * share}
+
+
+def step_collectives(cfg, params: int, world_size: int) -> list[tuple[str, int, int]]:
+    """ZeRO-0: an all-reduce of the gradients; ZeRO-1/2: the gradients reduce-scattered
+    and the updated weights all-gathered, in trainer.precision; ZeRO-3: the weights
+    all-gathered for forward and again for backward as well."""
+    stage, precision = int(cfg.strategy.zero_stage), cfg.trainer.precision
+    size = params * (4 if precision == "fp32" else 2)
+    if stage == 0:
+        return [("all_reduce", size, 1)]
+    return [("reduce_scatter", size, 1), ("all_gather", size, 2 if stage == 3 else 1)]
+
+
+def checkpoint_total(cfg, params: int, world_size: int) -> int:
+    """Every rank's partition of the fp32 weights and moments, and rank 0's module (but
+    under ZeRO-3) in trainer.precision; fp32 ZeRO-0 keeps its optimizer whole in rank 0's."""
+    one = memory_checkpoint_bytes(cfg, params, world_size)
+    if int(cfg.strategy.zero_stage) == 0 and cfg.trainer.precision == "fp32":
+        return one
+    return one + -(-params * (4 + 8) // world_size) * (world_size - 1)
+
+
 def resume_with(saved: dict) -> str:
     if "zero_stage" in saved:
         return f"strategy=deepspeed strategy.zero_stage={saved['zero_stage']}"
@@ -141,4 +177,7 @@ ENGINE = Engine(
     device_problem=device_problem,
     compiles=False,
     memory_checkpoint=memory_checkpoint_bytes,
+    train_state=train_state,
+    checkpoint_total=checkpoint_total,
+    step_collectives=step_collectives,
 )

@@ -142,11 +142,13 @@ class DeepSpeedStrategy(Strategy):
                 if (folder.parent / script).is_file():
                     os.replace(folder.parent / script, folder / script)
 
-    def snapshot(self, rank: int):
+    def snapshot(self, rank: int, share=None):
         """What DeepSpeed's save writes for this rank, copied to host memory now: the model
         states (every rank's own copy here, where the durable save has rank 0's alone under
         ZeRO-0/1/2) and its ZeRO partition of the optimizer (ZeRO-0: the optimizer is in the
-        model states); written under DeepSpeed's file names, so that `load` reads them."""
+        model states); written under DeepSpeed's file names, so that `load` reads them. Its
+        load reads files by name from one folder, so the replicated model states are not
+        split over the node (`share` is unused): a rank's copy stays in its own folder."""
         e = self.engine
         # ZeRO-3 partitions its persistent (small, never released) parameters for the save,
         # as DeepSpeed's own save does, and gathers them again after the copy.

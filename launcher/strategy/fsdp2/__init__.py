@@ -36,8 +36,49 @@ FORMAT = Format("dcp", marker=".metadata", reader="launcher.strategy.fsdp2.dcp")
 
 def memory_checkpoint_bytes(cfg, params: int, world_size: int) -> int:
     """One rank's shards: its 1/world_size of the fp32 weights and AdamW's two moments
-    (4 + 8 bytes a parameter; the parameters stay fp32 whatever trainer.precision)."""
-    return -(-params * (4 + 8) // world_size)
+    (4 + 8 bytes a parameter; the parameters stay fp32 whatever trainer.precision). The
+    state dict names the tied embedding twice (the LM head's name too), and DCP and the
+    memory tier write it under both."""
+    return -(-(params + tied_embedding(cfg.model, params)) * (4 + 8) // world_size)
+
+
+def checkpoint_total(cfg, params: int, world_size: int) -> int:
+    """Every rank's shards: the whole state, the tied embedding under both its names."""
+    return memory_checkpoint_bytes(cfg, params, world_size) * world_size
+
+
+def tied_embedding(model, params: int) -> int:
+    """Parameters of GPT-2's token embedding (the LM head's too): what the blocks, the
+    position embeddings and the final LayerNorm leave of the model's parameters."""
+    d, layers = int(model.n_embd), int(model.n_layer)
+    return params - layers * (12 * d * d + 13 * d) - 2 * d - int(model.n_positions) * d
+
+
+def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
+    """Each rank's shards of the fp32 weights, gradients and AdamW's moments, and the
+    gathered weights of two blocks at a time in trainer.precision (the one computing and
+    the one prefetched)."""
+    block = 12 * int(cfg.model.n_embd) ** 2
+    gathered = 2 * block * (4 if cfg.trainer.precision == "fp32" else 2)
+    shard = -(-params // world_size)
+    return {"weights": 4 * shard + gathered, "grads": 4 * shard, "optimizer": 8 * shard}
+
+
+def step_collectives(cfg, params: int, world_size: int) -> list[tuple[str, int, int]]:
+    """Per block and the root: the weights all-gathered in trainer.precision for each
+    micro-step's forward, again for its backward when resharded after forward, and the
+    gradients reduce-scattered in strategy.reduce_dtype once a step (gradient sync only on
+    the last micro-step)."""
+    t, s = cfg.trainer, cfg.strategy
+    units = int(cfg.model.n_layer) + 1
+    weights = params * (4 if t.precision == "fp32" else 2)
+    micro = max(1, int(t.global_batch_size) // (int(t.micro_batch_size) * world_size))
+    gathers = micro * (2 if s.reshard_after_forward is not False else 1)
+    grads = params * (4 if s.reduce_dtype == "fp32" else 2)
+    return [
+        ("all_gather", weights // units, gathers * units),
+        ("reduce_scatter", grads // units, units),
+    ]
 
 
 def rules(cfg, world_size: int) -> None:
@@ -69,4 +110,7 @@ ENGINE = Engine(
     async_checkpoint=True,
     drops_steps=True,
     memory_checkpoint=memory_checkpoint_bytes,
+    train_state=train_state,
+    checkpoint_total=checkpoint_total,
+    step_collectives=step_collectives,
 )

@@ -199,10 +199,11 @@ class FSDP2Strategy(Strategy):
             process_group=self.rt.side_group("async_checkpoint"),
         )
 
-    def snapshot(self, rank: int):
+    def snapshot(self, rank: int, share=None):
         """This rank's shards (each DTensor's local part) of the model and optimizer state,
         as DCP would save them, copied to host memory now; written as one file that only
-        this rank, at this world size, loads (`_load_shards`)."""
+        this rank, at this world size, loads (`_load_shards`). Nothing is held alike on two
+        ranks, so nothing is split over the node (`share` is unused)."""
         shards = host_copy(tree_map_only(DTensor, lambda t: t.to_local(), self._state()))
 
         def write(folder: Path) -> None:

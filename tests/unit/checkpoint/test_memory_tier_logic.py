@@ -19,10 +19,11 @@ from launcher.checkpoint import memory
 from launcher.checkpoint.resume import identity
 from launcher.config import ConfigError, compose
 from launcher.model.build import param_count
+from launcher.plan.memory import shm_need
 from launcher.runtime.process import Runtime
 from launcher.strategy.base import host_copy
 from launcher.strategy.registry import engines
-from launcher.train.preflight import check_config, shm_need
+from launcher.train.preflight import check_config
 
 IDENTITY = {"model": {"name": "m"}, "strategy": {"name": "ddp"}, "world_size": 1}
 
@@ -92,17 +93,20 @@ def test_the_interval_default_follows_torchruns_restarts():
     assert memory.interval(cfg, restarts=3) == memory.DEFAULT_INTERVAL == 10
     assert memory.interval(compose(["strategy=fsdp2"]), restarts=3) == 10  # every engine can
     assert memory.interval(compose(["trainer.memory_checkpoint_interval=0"]), restarts=3) == 0
-    # /dev/shm holds the kept checkpoint and the one being written, on top of the loaders'.
-    tiered = shm_need(cfg, restarts=3) - shm_need(cfg, restarts=0)
-    assert tiered == 2 * memory.state_bytes(cfg) > 0
+    # /dev/shm holds the kept checkpoint and the one being written, on top of the loaders':
+    # DDP's state once per node, however many ranks it has.
+    for ranks in (1, 8):
+        tiered = shm_need(cfg, ranks, restarts=3) - shm_need(cfg, ranks, restarts=0)
+        assert tiered == 2 * memory.state_bytes(cfg) > 0
     elsewhere = compose(["trainer.memory_checkpoint_dir=/tmp/ram"])
-    assert shm_need(elsewhere, restarts=3) == shm_need(cfg, restarts=0)
+    assert shm_need(elsewhere, 8, restarts=3) == shm_need(cfg, 8, restarts=0)
 
 
 def test_a_sharded_engine_needs_its_ranks_share_of_the_state():
     """Per rank: DDP the whole state (12 bytes a parameter), FSDP2 its 1/world_size shard,
     DeepSpeed its ZeRO partition plus (but under ZeRO-3) the whole module in its precision;
-    what /dev/shm must hold is twice that (kept + being written) on top of the loaders'."""
+    what /dev/shm must hold is twice that (kept + being written) for each rank of a node, on
+    top of the loaders' (DDP's: once per node, tests/unit/checkpoint/test_node_share.py)."""
     params = param_count(compose([]).model)
     whole = params * 12
 
@@ -115,9 +119,9 @@ def test_a_sharded_engine_needs_its_ranks_share_of_the_state():
     assert share(["strategy=zero2", "trainer.precision=bf16"], 4) == params * 2 + -(-whole // 4)
     assert share(["strategy=zero3"], 4) == -(-whole // 4)
     assert share(["strategy=deepspeed", "strategy.zero_stage=0"], 4) == whole
-    cfg = compose(["strategy=fsdp2"])
-    tiered = shm_need(cfg, 3, world_size=4) - shm_need(cfg, 0, world_size=4)
-    assert tiered == 2 * share(["strategy=fsdp2"], 4)
+    cfg = compose(["strategy=fsdp2"])  # each of a node's 2 ranks holds its own shard
+    tiered = shm_need(cfg, 2, 4, restarts=3) - shm_need(cfg, 2, 4, restarts=0)
+    assert tiered == 2 * 2 * share(["strategy=fsdp2"], 4)
 
 
 def test_an_engine_without_the_tier_is_refused_in_one_line(monkeypatch):

@@ -22,6 +22,7 @@ from launcher.analyze.facts import read_facts
 from launcher.checkpoint.export import ExportError, export
 from launcher.config import ConfigError, compose
 from launcher.model.build import build_model
+from launcher.plan.__main__ import main as plan_main
 from launcher.rehearse.rehearsal import Rehearsal
 from launcher.rehearse.runner import rehearse, set_aside_earlier
 from launcher.resilience import burnin
@@ -121,6 +122,17 @@ def test_a_second_render_into_a_run_directory_is_refused(tmp_path, capsys):
     assert not (run / "submit").exists()
     assert submit_main(["slurm", "--dry-run", *args]) == 0  # once the first has ended
     assert (run / "submit" / "job.sbatch").is_file() and not (run / ".submit.lock").exists()
+
+
+def test_a_second_plan_of_a_run_is_refused(tmp_path, capsys):
+    run = tmp_path / "p"
+    run.mkdir()
+    with tool_lock(run, "plan"):
+        assert plan_main([f"run.root={tmp_path}", "run.id=p"]) == 2
+    assert "in use by another launcher.plan" in one_line(capsys.readouterr().err)
+    assert not (run / "plan").exists()
+    assert plan_main([f"run.root={tmp_path}", "run.id=p"]) == 0  # once the first has ended
+    assert (run / "plan" / "plan.json").is_file() and not (run / ".plan.lock").exists()
 
 
 def test_tune_skip_names_config_keys(monkeypatch, capsys, tmp_path):

@@ -331,7 +331,7 @@ def test_a_stop_too_short_for_the_models_checkpoint_is_refused(tmp_path, capsys,
     key = f"cluster.{target}"
     err = refused(target, tmp_path, capsys, "model=gpt2-xl", f"{key}.checkpoint_write_mb_s=50")
     assert "is too short to stop with a checkpoint: a 374 s checkpoint write (18.69 GB of " in err
-    assert f"state (gpt2-xl) at {key}.checkpoint_write_mb_s=50)" in err
+    assert f"state (gpt2-xl, launcher.plan) at {key}.checkpoint_write_mb_s=50)" in err
     render(target, tmp_path, "model=gpt2-xl", f"{key}.checkpoint_write_mb_s=1000")
 
 

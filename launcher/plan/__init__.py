@@ -1,0 +1,1 @@
+"""The experiment at its target scale, predicted before it is submitted (docs/plan.md)."""

@@ -1,0 +1,120 @@
+"""Memory, predicted from the config's shape: per rank on the device (the training state by
+its engine, activations, the allocator's headroom), per node in host memory and /dev/shm.
+
+The /dev/shm figure (`shm_need`) is the one every part of the launcher sizes with: the
+preflight and the doctor check it against the machine, the job records it in env.json, and
+the Slurm and Kubernetes renderers request it (docs/plan.md, "One arithmetic").
+"""
+
+from __future__ import annotations
+
+from launcher.checkpoint import memory as tier
+from launcher.data.shm import INT64_BYTES, shm_need_bytes
+from launcher.model.build import GPT2_VOCAB, padded_vocab_size, param_count
+from launcher.strategy.registry import engine
+from launcher.train.batch import AUTO
+
+HEADROOM = 0.10  # of the device's total: the caching allocator's fragmentation (assumed)
+CONTEXT_BYTES = 1 * 10**9  # CUDA context, cuBLAS/NCCL workspaces, per rank (assumed)
+RANK_HOST_BYTES = 2 * 10**9  # a rank's process on the host: torch, CUDA libraries (assumed)
+CPU_RANK_HOST_BYTES = 5 * 10**8  # the same without CUDA (assumed)
+WORKER_HOST_BYTES = 3 * 10**8  # a forked DataLoader worker's own pages (assumed)
+ACTIVATION_BYTES_PER_LAYER = 34  # x seq x batch x width, 16-bit (Korthikanti et al. 2022)
+
+
+def micro_batch(cfg, world_size: int) -> int:
+    """The micro-batch the config runs (auto: at most the per-rank batch)."""
+    micro = cfg.trainer.micro_batch_size
+    if micro == AUTO:
+        return max(1, int(cfg.trainer.global_batch_size) // world_size)
+    return int(micro)
+
+
+def loader_shm_need(cfg) -> int:
+    """Bytes of /dev/shm one rank's DataLoader workers hold at once."""
+    micro = cfg.trainer.micro_batch_size
+    return shm_need_bytes(
+        num_workers=cfg.data.num_workers,
+        prefetch_factor=cfg.data.prefetch_factor,
+        # auto: at most the per-rank batch, bounded here (no world size) by the global one
+        micro_batch=cfg.trainer.global_batch_size if micro == AUTO else micro,
+        seq_len=cfg.trainer.seq_len,
+    )
+
+
+def shm_need(
+    cfg, ranks_per_node: int, world_size: int | None = None, restarts: int | None = None
+) -> int:
+    """Bytes of /dev/shm one node of `ranks_per_node` ranks needs: their DataLoader workers'
+    batches, and the memory tier's two checkpoints (launcher.checkpoint.memory: the state
+    every rank holds alike once per node, a sharded engine's shards once per rank of
+    `world_size`; `restarts`: torchrun's --max-restarts the job will run with, else this
+    process's)."""
+    loaders = loader_shm_need(cfg) * ranks_per_node
+    return loaders + tier.shm_bytes(cfg, ranks_per_node, world_size, restarts)
+
+
+def train_state(cfg, world_size: int) -> dict[str, int]:
+    """Bytes per rank of weights, gradients and optimizer state, as the engine holds them at
+    `world_size` (its declaration in launcher.strategy.<engine>)."""
+    declared = engine(cfg.strategy.name).train_state
+    if declared is None:
+        raise ValueError(f"strategy={cfg.strategy.name} declares no train_state for the plan")
+    return declared(cfg, param_count(cfg.model), world_size)
+
+
+def activation_bytes(cfg, micro: int, checkpointing: bool | None = None) -> int:
+    """Activations one micro-batch keeps for its backward: per layer 34 x seq x micro x
+    width bytes in 16-bit (twice in fp32) with a fused attention (no seq^2 term), or with
+    gradient checkpointing only each block's input plus one block recomputed; and the
+    logits in fp32 with their gradient."""
+    m, t = cfg.model, cfg.trainer
+    d, layers, seq = int(m.n_embd), int(m.n_layer), int(t.seq_len)
+    vocab = padded_vocab_size(int(m.vocab_size or GPT2_VOCAB), int(m.vocab_multiple))
+    scale = 2 if t.precision == "fp32" else 1
+    one_layer = ACTIVATION_BYTES_PER_LAYER * seq * micro * d * scale
+    on = t.grad_checkpointing if checkpointing is None else checkpointing
+    blocks = layers * 4 * seq * micro * d + one_layer if on else layers * one_layer
+    logits = 2 * 4 * seq * micro * vocab
+    return blocks + logits
+
+
+def device_per_rank(cfg, world_size: int, on_gpu: bool) -> dict[str, int]:
+    """Device memory one rank needs: the training state, activations at the configured
+    micro-batch (and the other gradient checkpointing setting beside it), and the
+    allocator's headroom on top (GPU only)."""
+    state = train_state(cfg, world_size)
+    micro = micro_batch(cfg, world_size)
+    acts = activation_bytes(cfg, micro)
+    other = activation_bytes(cfg, micro, not cfg.trainer.grad_checkpointing)
+    used = sum(state.values()) + acts
+    headroom = int(used * HEADROOM) + CONTEXT_BYTES if on_gpu else 0
+    return {
+        **state,
+        "activations": acts,
+        "activations_if_grad_checkpointing_flipped": other,
+        "headroom": headroom,
+        "total": used + headroom,
+    }
+
+
+def host_per_node(cfg, ranks_per_node: int, world_size: int, on_gpu: bool,
+                  restarts: int | None = None) -> dict[str, int]:  # fmt: skip
+    """Host memory one node needs: each rank's process, its DataLoader workers and pinned
+    batches, /dev/shm (the loaders' and the memory tier's), and on the CPU the training
+    itself."""
+    workers = int(cfg.data.num_workers)
+    micro = micro_batch(cfg, world_size)
+    batch = 2 * micro * int(cfg.trainer.seq_len) * INT64_BYTES
+    pinned = batch * max(1, int(cfg.data.prefetch_factor) * max(workers, 1))
+    base = RANK_HOST_BYTES if on_gpu else CPU_RANK_HOST_BYTES
+    training = (
+        0 if on_gpu else sum(train_state(cfg, world_size).values()) + activation_bytes(cfg, micro)
+    )
+    shm = shm_need(cfg, ranks_per_node, world_size, restarts)
+    per_rank = base + workers * WORKER_HOST_BYTES + (pinned if cfg.data.pin_memory else 0)
+    return {
+        "processes": ranks_per_node * (per_rank + training),
+        "shm": shm,
+        "total": ranks_per_node * (per_rank + training) + shm,
+    }
