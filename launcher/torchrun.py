@@ -26,6 +26,7 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from launcher.resilience import exit_codes
+from launcher.runtime.process_tree import stopped_workers
 
 log = logging.getLogger("launcher.torchrun")
 
@@ -48,24 +49,6 @@ def forward_every_signal(environ: dict) -> None:
     environ[SIGNALS_ENV] = ",".join(dict.fromkeys(wanted))
 
 
-def stopped_workers() -> dict[int, str]:
-    """{pid: RANK} of this process's children that are stopped (SIGSTOP, state T): they
-    cannot take torchrun's SIGTERM, so torchrun would wait its whole shutdown timeout."""
-    found = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            # pid (comm) state ppid ...; comm may hold spaces, so split after its ")".
-            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
-            if int(ppid) != os.getpid() or state != "T":
-                continue
-            environ = (stat.parent / "environ").read_bytes().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile, or not ours to read
-        rank = next((v[5:].decode() for v in environ if v.startswith(b"RANK=")), "?")
-        found[int(stat.parent.name)] = rank
-    return found
-
-
 def end_stopped_ranks_after_a_hang(folder: Path, done: threading.Event) -> None:
     """Once a rank has reported a hang, SIGKILL the ranks that are stopped.
 
@@ -77,7 +60,7 @@ def end_stopped_ranks_after_a_hang(folder: Path, done: threading.Event) -> None:
     while not done.wait(0.5):
         if exit_codes.HANG not in exit_codes.read_reports(folder).values():
             continue
-        for pid, rank in stopped_workers().items():
+        for pid, rank in stopped_workers(os.getpid()).items():
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
@@ -117,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             done.set()
             reaper.join()
         ranks = exit_codes.read_reports(Path(folder))
-    code = exit_codes.job_code(ranks, succeeded)
+        chosen = exit_codes.read_reports(Path(folder), chosen=True)
+    code = exit_codes.job_code(ranks, succeeded, chosen)
     killed = stopped_by not in (None, "SIGQUIT") and code in (
         exit_codes.CRASH,  # killed before any rank could say where it was
         exit_codes.STOPPED_NO_CHECKPOINT,  # a rank said: in a phase that cannot be cut short

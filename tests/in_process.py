@@ -35,3 +35,17 @@ def approx(x: float):
 def trainer(**overrides):
     """The trainer section as the loop gets it: the real schema, validated by OmegaConf."""
     return OmegaConf.structured(TrainerConfig(**overrides))
+
+
+@pytest.fixture
+def restored_logging():
+    """The root logger's handlers and level as they were: an in-process front door that
+    gets as far as joining the job sets up console logging on the stream pytest captured
+    for that test, which a later test's log record would meet closed ("Logging error")."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

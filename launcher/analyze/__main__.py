@@ -18,6 +18,7 @@ from launcher.analyze import to_tensorboard, to_wandb
 from launcher.analyze.hang import analyze_hang, has_hang, markdown_hang, write_hang_report
 from launcher.analyze.report import analyze, markdown, write
 from launcher.analyze.trace import TraceError
+from launcher.runtime.lock import LockHeld, tool_lock
 from launcher.runtime.paths import writable_dir_problem
 
 
@@ -37,16 +38,21 @@ def unwritable_analysis(run_dir: Path) -> bool:
     return problem is not None
 
 
+def say_skipped(skipped: list[str]) -> None:
+    """One warning line for each file the analysis could not use."""
+    for why in skipped:
+        print(f"warning: skipped {why}", file=sys.stderr)
+
+
 def explain_hang(run_dir: Path) -> int:
     """Print and write the hang report; 2 when its files are damaged or cannot be written."""
-    if unwritable_analysis(run_dir):
-        return 2
     try:
         result = analyze_hang(run_dir)
         written = write_hang_report(run_dir, result)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
         print(f"error: {run_dir / 'logs'}: a damaged hang report ({exc})", file=sys.stderr)
         return 2
+    say_skipped(result["skipped"])
     print(markdown_hang(result))
     for path in written:
         print(f"wrote {path}")
@@ -73,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for path in args.paths:
         if has_hang(path):  # the watchdog's evidence: name the culprit first
-            code = explain_hang(path)
+            code = holding_lock(path, explain_hang)
             if code:
                 return code
             if not (path / "traces").is_dir():
@@ -87,26 +93,46 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         for run_dir in found:
-            if unwritable_analysis(run_dir):
-                return 2
-            try:
-                report = analyze(run_dir)
-                written = write(run_dir, report)
-            except (OSError, TraceError) as exc:  # FileNotFoundError: no profiled steps
-                print(f"error: {exc}", file=sys.stderr)
-                return 2
-            print(markdown(report))
-            for file in written:
-                print(f"wrote {file}")
-            if args.wandb:
-                merged = run_dir / report["merged_trace"]
-                wandb_id = to_wandb.log_report(run_dir, report, [*written, merged])
-                if wandb_id:
-                    print(f"logged the report to W&B run {wandb_id}")
-            if args.tensorboard:
-                logdir = to_tensorboard.log_report(run_dir, report)
-                if logdir:
-                    print(f"wrote the report as TensorBoard events to {logdir}")
+            code = holding_lock(run_dir, lambda d: analyze_run(d, args))
+            if code:
+                return code
+    return 0
+
+
+def holding_lock(run_dir: Path, work) -> int:
+    """`work(run_dir)` holding the run directory's `.analyze.lock`: a second analysis of it
+    at the same time stops in one line rather than overwrite this one's files."""
+    if unwritable_analysis(run_dir):
+        return 2
+    try:
+        with tool_lock(run_dir, "analyze", "wait for it to end"):
+            return work(run_dir)
+    except LockHeld as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def analyze_run(run_dir: Path, args: argparse.Namespace) -> int:
+    """The trace analysis of one run directory, written into its analysis/."""
+    try:
+        report = analyze(run_dir)
+        written = write(run_dir, report)
+    except (OSError, TraceError) as exc:  # FileNotFoundError: no profiled steps
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    say_skipped(report["skipped"])
+    print(markdown(report))
+    for file in written:
+        print(f"wrote {file}")
+    if args.wandb:
+        merged = run_dir / report["merged_trace"]
+        wandb_id = to_wandb.log_report(run_dir, report, [*written, merged])
+        if wandb_id:
+            print(f"logged the report to W&B run {wandb_id}")
+    if args.tensorboard:
+        logdir = to_tensorboard.log_report(run_dir, report)
+        if logdir:
+            print(f"wrote the report as TensorBoard events to {logdir}")
     return 0
 
 

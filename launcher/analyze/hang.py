@@ -41,11 +41,34 @@ def has_hang(run_dir: Path) -> bool:
     return any((run_dir / "logs").glob("hang.rank*.json"))
 
 
-def _world_size(run_dir: Path) -> int:
+def _world_size(run_dir: Path, skipped: list[str]) -> int:
+    """env.json's world size; else (no env.json, or one that does not say: noted in
+    `skipped`) the number of rank logs."""
     env = run_dir / "env.json"
     if env.is_file():
-        return int(json.loads(env.read_text())["world_size"])
+        try:
+            world = json.loads(env.read_text())["world_size"]
+            if isinstance(world, int) and not isinstance(world, bool) and world > 0:
+                return world
+            skipped.append(f"{env}: its world_size is {world!r}, not a number of ranks")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            skipped.append(f"{env}: unreadable ({type(exc).__name__})")
     return len(list((run_dir / "logs").glob("rank*.log")))
+
+
+def _hang_records(logs: Path, skipped: list[str]) -> dict[int, dict]:
+    """Each rank's logs/hang.rank<r>.json; one that is not a record is noted in `skipped`
+    and its rank counts as silent."""
+    records = {}
+    for path in sorted(logs.glob("hang.rank*.json")):
+        try:
+            record = json.loads(path.read_text())
+            if not isinstance(record, dict) or not isinstance(record.get("main_stack"), list):
+                raise TypeError("not a hang record")
+            records[int(path.stem.removeprefix("hang.rank"))] = record
+        except (OSError, ValueError, TypeError) as exc:
+            skipped.append(f"{path}: not a hang record ({type(exc).__name__})")
+    return records
 
 
 def _identities(run_dir: Path) -> dict[int, dict]:
@@ -90,20 +113,19 @@ def _pending_collectives(fr: dict) -> dict[str, dict]:
 def analyze_hang(run_dir: Path) -> dict:
     """The culprit and the evidence, as a dict (see `markdown_hang` for the wording)."""
     logs = run_dir / "logs"
-    world = _world_size(run_dir)
+    skipped: list[str] = []
+    world = _world_size(run_dir, skipped)
     ids = _identities(run_dir)
-    reports = {
-        int(p.stem.removeprefix("hang.rank")): json.loads(p.read_text())
-        for p in logs.glob("hang.rank*.json")
-    }
+    reports = _hang_records(logs, skipped)
     recorders = {}
     for path in sorted((logs / "fr").glob("rank_*")) if (logs / "fr").is_dir() else []:
         try:
             recorders[int(path.name.removeprefix("rank_"))] = _pending_collectives(
                 load_flight_recorder(path)
             )
-        except (pickle.UnpicklingError, EOFError, KeyError, ValueError, TypeError):
-            continue
+        except (pickle.UnpicklingError, EOFError, KeyError, ValueError, TypeError,
+                AttributeError, IndexError, OSError) as exc:  # fmt: skip
+            skipped.append(f"{path}: not a flight-recorder dump ({type(exc).__name__})")
     silent = [r for r in range(world) if r not in reports]
     behind = _behind_in_collectives(recorders)
     busy = [r for r, rep in sorted(reports.items()) if not _waiting(rep["main_stack"])]
@@ -147,6 +169,7 @@ def analyze_hang(run_dir: Path) -> dict:
         "step": min(steps) if steps else None,
         "idle_s": max((rep["idle_s"] for rep in reports.values()), default=None),
         "ranks": ranks,
+        "skipped": skipped,
     }
 
 
@@ -187,6 +210,7 @@ def markdown_hang(result: dict) -> str:
         if r["waiting"]:
             where += " (waiting for other ranks)"
         lines.append(f"| {r['rank']} | {r['host']} | {r['step']} | {where} | {colls or '-'} |")
+    lines += [f"- skipped {why}" for why in result.get("skipped", [])]
     lines += [
         "",
         "Stacks: logs/stacks.rank<r>.txt. Flight recorder: "

@@ -115,6 +115,7 @@ def analyze(run_dir: Path) -> dict:
         "advice": [asdict(a) for a in advise(rows, waited, facts)],
         "clock_offsets_us": offsets,
         "merged_trace": str(merged.relative_to(run_dir)),
+        "skipped": facts.skipped,
     }
 
 
@@ -180,6 +181,7 @@ def markdown(report: dict) -> str:
         f"Merged trace of all ranks, clock-aligned: `{report['merged_trace']}` "
         "(open in https://ui.perfetto.dev).",
     ]
+    lines += ["", *(f"Skipped {why}." for why in report.get("skipped", []))]
     return "\n".join(lines) + "\n"
 
 

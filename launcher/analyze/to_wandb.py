@@ -18,7 +18,7 @@ def run_id_of(run_dir: Path) -> str:
     """The run id the trainer used (summary.json records it; a sweep point's holds a /)."""
     try:
         return json.loads((run_dir / "summary.json").read_text())["run_id"]
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):  # a summary.json of another shape
         return run_dir.name
 
 

@@ -18,6 +18,8 @@ import torch
 from launcher.checkpoint import protocol as checkpoint
 from launcher.model.gpt2 import config_of, hf_config, to_hf_state_dict
 from launcher.runtime import disk
+from launcher.runtime.lock import LockHeld, tool_lock
+from launcher.runtime.paths import is_mount_point, writable_dir_problem
 from launcher.strategy.registry import format_of, formats
 
 
@@ -63,9 +65,42 @@ def newest_readable(source: Path) -> tuple[Path, dict[str, torch.Tensor]]:
 
 
 def export(source: Path, out: Path) -> Path:
-    """Write the model of `source`'s checkpoint into `out`; returns the checkpoint used."""
+    """Write the model of `source`'s checkpoint into `out`; returns the checkpoint used.
+
+    `out` is made beside itself and renamed into place, so its folder must be writable and
+    `out` itself no mount point; the export holds `.<out>.export.lock` there meanwhile: a
+    second export to the same OUT_DIR stops in one line rather than interleave with it."""
+    out = Path(out).absolute()
+    problem = writable_dir_problem(out.parent, f"OUT_DIR {out}", "choose an OUT_DIR on a "
+                                   "writable file system")  # fmt: skip
+    if problem:
+        raise ExportError(problem)
+    if out.is_dir() and is_mount_point(out):
+        raise ExportError(
+            f"{out} is a mount point, which an export (made beside it, then renamed) cannot "
+            f"replace; choose a new folder inside it, e.g. {out / 'model'}"
+        )
+    not_empty_problem(out)  # the cheap refusal first
+    folder, model, needed = model_of(source)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with tool_lock(out.parent, "export", "choose another OUT_DIR", f".{out.name}.export.lock"):
+            not_empty_problem(out)  # again, now that no other export can write it
+            write_whole(model, out, needed=needed)
+    except LockHeld as exc:
+        if exc.disk_full:
+            raise ExportError(disk.no_space_line("the export", out, needed)) from exc
+        raise ExportError(str(exc)) from exc
+    return folder
+
+
+def not_empty_problem(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} exists and is not an empty folder; choose a new OUT_DIR")
+
+
+def model_of(source: Path):
+    """(the checkpoint used, its weights as a GPT2LMHeadModel, their bytes): read only."""
     folder, state = newest_readable(source)
     model_meta = (checkpoint.read_meta(folder) or {}).get("model") or {}
     if not model_meta.get("n_head"):
@@ -86,8 +121,7 @@ def export(source: Path, out: Path) -> Path:
             f"{folder}: the weights do not fit a GPT-2 (first mismatch: {sorted(wrong)[0]}); "
             "export a checkpoint the launcher's GPT-2 wrote"
         )
-    write_whole(model, out, needed=sum(t.numel() * t.element_size() for t in state.values()))
-    return folder
+    return folder, model, sum(t.numel() * t.element_size() for t in state.values())
 
 
 def write_whole(model, out: Path, *, needed: int) -> None:
@@ -99,8 +133,9 @@ def write_whole(model, out: Path, *, needed: int) -> None:
         model.save_pretrained(tmp)
         os.rename(tmp, out)  # replaces an empty `out` (POSIX rename)
     except OSError as exc:
-        if not disk.is_full(exc, out.parent):
-            raise
-        raise ExportError(disk.no_space_line("the export", out, needed)) from exc
+        if disk.is_full(exc, out.parent):
+            raise ExportError(disk.no_space_line("the export", out, needed)) from exc
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        raise ExportError(f"{out} could not be written ({why}); choose another OUT_DIR") from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -12,6 +12,7 @@ reported by `scan` with the reason, never raised.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -19,6 +20,7 @@ import os
 import re
 import secrets
 import shutil
+import threading
 import time
 import zipfile
 from collections.abc import Callable
@@ -37,6 +39,13 @@ STEP_PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
 SUPERSEDED = "superseded"  # complete checkpoints a rewound run reached again, moved aside
 UNIVERSAL = "universal"  # DeepSpeed checkpoints converted for another world size or stage
+UNSEALED = "unsealed"  # what an interrupted save left and no relaunch could verify, kept
+# In a save's temporary folder: what it will be sealed with (rank 0, before any rank
+# writes), and each rank's word that its files are written: with both, a save whose
+# seal never ran (the job ended first) can be verified and sealed by the next launch.
+INTENT = ".intent.json"
+WRITTEN = ".written_rank{rank}"
+_MARKERS = re.compile(r"\.intent\.json|\.written_rank\d+")
 _STEP_NAME = re.compile(r"step_(\d+)")
 # What the writer itself leaves for an instant: its temporary folder, the folder it is
 # replacing, the pointer's temporary file.
@@ -159,7 +168,7 @@ def scan(folder: Path) -> Scan:
             steps.append((step, entry))
         elif _LEFTOVER.fullmatch(entry.name):
             result.leftovers.append(entry)
-        elif entry.name not in (LATEST, SUPERSEDED, UNIVERSAL):
+        elif entry.name not in (LATEST, SUPERSEDED, UNIVERSAL, UNSEALED):
             result.strays.append(entry)
     for _, entry in sorted(steps, key=lambda s: s[0], reverse=True):
         reason = incomplete_reason(entry)
@@ -206,7 +215,8 @@ def find_resumable(path: Path) -> Path | None:
 
 
 def remove_leftovers(found: Scan) -> None:
-    """Delete what interrupted saves left behind, one log line each.
+    """Delete what interrupted saves left behind, one log line each (the memory tier's
+    own folders: node-local copies whose durable checkpoints are elsewhere).
 
     Only safe while this launch holds the run directory's lock: another launch's save in
     progress looks the same.
@@ -217,6 +227,119 @@ def remove_leftovers(found: Scan) -> None:
         else:
             path.unlink(missing_ok=True)
         log.info("removed %s, left by an interrupted checkpoint save", path)
+
+
+def recover_leftovers(found: Scan) -> bool:
+    """What interrupted saves left in a run's checkpoints folder: a temporary folder whose
+    every rank had written its files (an asynchronous save whose job ended before its seal,
+    a crash between the writes and the seal) is verified and sealed as the checkpoint it
+    was to be; any other folder is moved to `unsealed/`, never deleted; a temporary
+    pointer is deleted. One log line each; True when a checkpoint was sealed.
+
+    Only while this launch holds the run directory's lock: another launch's save in
+    progress looks the same.
+    """
+    sealed = False
+    for path in found.leftovers:
+        if not path.is_dir() or path.is_symlink():
+            path.unlink(missing_ok=True)
+            log.info("removed %s, left by an interrupted checkpoint save", path)
+            continue
+        why = unsealed_problem(path)
+        if why is None:
+            try:
+                final = seal_folder(path, found.folder)
+            except OSError as exc:
+                why = f"it could not be sealed ({type(exc).__name__}: {exc})"
+            else:
+                sealed = True
+                log.warning(
+                    "sealed %s as %s: every rank had written its files, the job ended before "
+                    "its seal", path, final.name,
+                )  # fmt: skip
+                continue
+        aside = _free_name(found.folder / UNSEALED / f"{path.name.lstrip('.')}-{_now()}")
+        aside.parent.mkdir(exist_ok=True)
+        path.rename(aside)
+        log.warning("moved %s to %s: %s; it is not used (remove it by hand)", path, aside, why)
+    return sealed
+
+
+def unsealed_problem(tmp: Path) -> str | None:
+    """Why a save's temporary folder cannot be sealed as it is, or None: its intent says
+    what it holds, every rank of that save said its files are written, and the format's
+    own completeness check (DCP's `.metadata` against its shards) passes."""
+    if parse_step(tmp.name.removeprefix(TMP_PREFIX)) is None:
+        return "it is what a replaced checkpoint left"
+    try:
+        intent = json.loads((tmp / INTENT).read_text())
+        ranks = int(intent["world_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"it has no readable {INTENT} (a save from before they were written)"
+    missing = [r for r in range(ranks) if not (tmp / WRITTEN.format(rank=r)).exists()]
+    if missing:
+        return f"rank(s) {missing} had not finished writing their files"
+    from launcher.strategy.registry import format_of  # the engines' formats, when needed
+
+    fmt = format_of(tmp)
+    check = getattr(fmt.module(), "incomplete", None) if fmt else None
+    return check(tmp) if check else None
+
+
+def seal_folder(tmp: Path, folder: Path) -> Path:
+    """Seal a verified temporary folder with the meta.json its intent names, as the save
+    would have: renamed to its step's name (a complete checkpoint already there is kept,
+    under superseded/), `latest` moved when it is the newest."""
+    intent = json.loads((tmp / INTENT).read_text())
+    step = parse_step(tmp.name.removeprefix(TMP_PREFIX))
+    final = folder / step_name(step)
+    _seal_files(tmp, final, step, {k: v for k, v in intent.items() if k != "step"})
+    newest = max((step_of(p) for p in scan(folder).complete), default=step)
+    if newest == step:
+        atomic_write(folder / LATEST, final.name + "\n")
+    return final
+
+
+def _seal_files(tmp: Path, final: Path, step: int, meta: dict) -> None:
+    """The seal itself: the markers dropped, the files flushed, meta.json (every file
+    with its size) written last, the folder renamed into place."""
+    for marker in tmp.iterdir():
+        if _MARKERS.fullmatch(marker.name):
+            marker.unlink()
+    files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())
+             if p.is_file() and p.name != META}  # fmt: skip
+    for p in tmp.iterdir():
+        _fsync(p)
+    atomic_write(tmp / META, json.dumps({"step": step, "files": files, **meta}, indent=1))
+    if final.exists() or final.is_symlink():
+        _move_aside(final)
+    tmp.rename(final)
+    _fsync(final.parent)
+
+
+def _now() -> str:
+    return f"{dt.datetime.now():%Y%m%d-%H%M%S}"
+
+
+def _move_aside(final: Path) -> None:
+    """Something already has this step's name: a complete checkpoint (the run was rewound
+    past it, or could not read it) is kept under superseded/; anything else (an
+    incomplete folder, a stray file) under unsealed/. Nothing is deleted."""
+    kept = SUPERSEDED if final.is_dir() and is_complete(final) else UNSEALED
+    aside = _free_name(final.parent / kept / f"{final.name}-{_now()}")
+    aside.parent.mkdir(exist_ok=True)
+    final.rename(aside)
+    log.warning("moved the earlier %s to %s before replacing it", final.name, aside)
+
+
+def _free_name(path: Path) -> Path:
+    """`path`, or `path-2`, `path-3`...: the same step moved twice within a second keeps
+    both."""
+    candidate, n = path, 1
+    while candidate.exists() or candidate.is_symlink():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
 
 
 class CheckpointNotWritten(Exception):
@@ -260,6 +383,8 @@ class CheckpointWriter:
         keep: int,
         meta: dict | None = None,
         gather: Callable[[object], list] | None = None,
+        rank: int | None = None,
+        world_size: int = 1,
     ):
         self.folder = folder
         self.is_main = is_main
@@ -272,6 +397,11 @@ class CheckpointWriter:
         self.fresh_lineage = self.meta.setdefault("lineage", new_lineage())
         self.prunable = {self.fresh_lineage}
         self._pending: tuple | None = None
+        # A run's durable checkpoints (`rank` given) leave an intent and each rank's
+        # written-marker in the temporary folder, so that an asynchronous save is sealed
+        # by rank 0's _Sealer as soon as every rank's files are written, and a save whose
+        # seal never ran can be verified and sealed by the next launch (recover_leftovers).
+        self.rank, self.world_size = rank, world_size
 
     def adopt(self, folder: Path) -> None:
         """Continue the lineage of the checkpoint this run resumed from."""
@@ -288,28 +418,55 @@ class CheckpointWriter:
         started = time.monotonic()
         final = self.folder / step_name(step)
         tmp = self.folder / f"{TMP_PREFIX}{step_name(step)}"
+        problem = None
         if self.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+            try:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            except OSError as exc:  # a folder that cannot be made: /proc, a file, read-only
+                problem = _write_problem(exc, tmp)  # told with the writes' problems below
         self.barrier()
-        pending, problem = None, None
-        try:
-            pending = write(tmp)
-        except Exception as exc:  # noqa: BLE001 - every rank learns of it, below
-            problem = _write_problem(exc, tmp)
-        pending = pending if isinstance(pending, Future) else None
+        meta = {**self.meta, **extra_meta}
+        pending = None
+        if problem is None:  # else no folder: the other ranks' writes fail too, all agree
+            try:
+                pending = self._write(tmp, step, meta, write)
+            except Exception as exc:  # noqa: BLE001 - every rank learns of it, below
+                problem = _write_problem(exc, tmp)
         self._agree(problem, tmp, step)  # every rank wrote (or started writing) its files
-        self._pending = (tmp, final, step, {**self.meta, **extra_meta}, pending, started)
+        sealer = None
+        if pending is not None and self.is_main and self.rank is not None:
+            sealer = _Sealer(self, tmp, final, step, meta)
+            sealer.start()
+        self._pending = (tmp, final, step, meta, pending, started, sealer)
         if pending is None:
             self.complete()
         return final
+
+    def _write(self, tmp: Path, step: int, meta: dict, write) -> Future | None:
+        """This rank's files (rank 0's intent first); the future of an asynchronous write."""
+        if self.is_main and self.rank is not None:
+            intent = {**meta, "step": step, "world_size": self.world_size}
+            atomic_write(tmp / INTENT, json.dumps(intent, indent=1))
+        pending = write(tmp)
+        if not isinstance(pending, Future):
+            self._mark_written(tmp)
+            return None
+        pending.add_done_callback(lambda done: done.exception() or self._mark_written(tmp))
+        return pending
+
+    def _mark_written(self, tmp: Path) -> None:
+        """This rank's word that its files of the save in `tmp` are written."""
+        if self.rank is not None:
+            with contextlib.suppress(OSError):  # no marker: the save is not sealed early
+                (tmp / WRITTEN.format(rank=self.rank)).touch()
 
     def complete(self) -> None:
         """Wait for this rank's files of the save in progress, then seal it once every rank
         has written (nothing to do when no save is in progress)."""
         if self._pending is None:
             return
-        tmp, final, step, meta, pending, started = self._pending
+        tmp, final, step, meta, pending, started, sealer = self._pending
         self._pending = None
         if pending is not None:
             problem = None
@@ -324,7 +481,7 @@ class CheckpointWriter:
             # (launcher.submit).
             meta["write_s"] = round(time.monotonic() - started, 3)
         problem = None
-        if self.is_main:
+        if self.is_main and not (sealer is not None and sealer.finish()):
             try:
                 self._seal(tmp, final, step, meta)
             except Exception as exc:  # noqa: BLE001 - every rank learns of it, below
@@ -355,47 +512,10 @@ class CheckpointWriter:
         raise CheckpointNotWritten(line, step, full)
 
     def _seal(self, tmp: Path, final: Path, step: int, extra_meta: dict) -> None:
-        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-        for p in tmp.iterdir():
-            _fsync(p)
-        atomic_write(tmp / META, json.dumps({"step": step, "files": files, **extra_meta}, indent=1))
-        if final.exists() or final.is_symlink():
-            self._move_aside(final)
-        tmp.rename(final)
-        _fsync(self.folder)
+        _seal_files(tmp, final, step, extra_meta)
         atomic_write(self.folder / LATEST, final.name + "\n")
         self._prune(step)
         log.info("checkpoint saved: %s", final)
-
-    def _move_aside(self, final: Path) -> None:
-        """Something already has this step's name: a complete checkpoint (the run was
-        rewound past it, or could not read it) is kept under superseded/; anything else
-        (an incomplete folder, a stray file) is replaced."""
-        if final.is_dir() and is_complete(final):
-            aside = self._free_name(
-                self.folder / SUPERSEDED / f"{final.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
-            )
-            aside.parent.mkdir(exist_ok=True)
-            final.rename(aside)
-            log.warning("moved the earlier %s to %s before replacing it", final.name, aside)
-            return
-        stale = final.with_name(f".old-{final.name}")
-        shutil.rmtree(stale, ignore_errors=True)
-        final.rename(stale)
-        if stale.is_dir() and not stale.is_symlink():
-            shutil.rmtree(stale, ignore_errors=True)
-        else:
-            stale.unlink(missing_ok=True)
-
-    @staticmethod
-    def _free_name(path: Path) -> Path:
-        """`path`, or `path-2`, `path-3`...: the same step superseded twice within a second
-        keeps both."""
-        candidate, n = path, 1
-        while candidate.exists() or candidate.is_symlink():
-            n += 1
-            candidate = path.with_name(f"{path.name}-{n}")
-        return candidate
 
     def _prune(self, newest: int) -> None:
         kept = 0
@@ -410,6 +530,38 @@ class CheckpointWriter:
             if kept > self.keep:
                 shutil.rmtree(path, ignore_errors=True)
                 shutil.rmtree(self.folder / UNIVERSAL / path.name, ignore_errors=True)
+
+
+class _Sealer(threading.Thread):
+    """Rank 0's seal of an asynchronous save as soon as every rank's files are written
+    (each rank's marker in the folder), not at the run's next save, stop or end: a job
+    that ends in between (a hang, a crash) keeps the checkpoint. `finish` stops it and
+    says whether it sealed; the writer's `complete` seals otherwise, as before."""
+
+    POLL_S = 0.1
+
+    def __init__(self, writer: CheckpointWriter, tmp: Path, final: Path, step: int, meta: dict):
+        super().__init__(name=f"seal-{final.name}", daemon=True)
+        self.writer, self.tmp, self.final, self.step, self.meta = writer, tmp, final, step, meta
+        self.markers = {WRITTEN.format(rank=r) for r in range(writer.world_size)}
+        self.stopped = threading.Event()
+        self.sealed = False
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.POLL_S):
+            try:
+                if not self.markers <= set(os.listdir(self.tmp)):
+                    continue
+                self.writer._seal(self.tmp, self.final, self.step, self.meta)
+                self.sealed = True
+            except Exception as exc:  # noqa: BLE001 - the writer's complete() seals, or says why
+                log.info("the early seal of %s did not happen (%s)", self.final.name, exc)
+            return
+
+    def finish(self) -> bool:
+        self.stopped.set()
+        self.join()
+        return self.sealed
 
 
 def _fsync(path: Path) -> None:

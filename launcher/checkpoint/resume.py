@@ -29,9 +29,11 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from launcher.checkpoint import protocol as checkpoint
 from launcher.config import ConfigError
-from launcher.runtime import run_history
+from launcher.runtime import run_dir_check, run_history
 from launcher.strategy.registry import engine, engines, format_of
 from launcher.train.batch import BatchPlan
 
@@ -39,16 +41,6 @@ log = logging.getLogger("launcher")
 
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
 ARCHIVE = "archive"
-# What a launch writes at the top of a run directory (files), and the folders it writes in.
-RUN_FILES = (
-    "config.yaml",
-    "env.json",
-    "metrics.jsonl",
-    "summary.json",
-    "ds_config.json",
-    "comm_collectives.json",
-)
-RUN_FOLDERS = ("logs", "checkpoints")
 # What resume=archive moves into archive/<time>/: whatever a fresh start would overwrite.
 ARCHIVED = ("checkpoints", "metrics.jsonl", "summary.json", "config.yaml", "env.json",
             "ds_config.json", "comm_collectives.json")  # fmt: skip
@@ -85,8 +77,18 @@ def _batch_differences(saved: dict, now: dict) -> list[Difference]:
     `tokens` jump, another sequence length would cut the data into other windows (and
     `tokens` go backwards). Both keep the checkpoint from being resumed as it is."""
     sb, nb = _batch_of(saved), now.get("batch")
-    if not nb or not sb:
+    if not nb:
         return []
+    if not sb:  # neither meta.json nor its run's config.yaml (read_meta_with_batch) says
+        what = (
+            "it records neither its global batch nor its tokens, so where its data "
+            "stopped cannot be proven (another batch would skip or reread samples)"
+        )
+        fix = (
+            "the trainer.global_batch_size and trainer.seq_len it was trained with, "
+            'after adding them to its meta.json as "batch": {"global_batch": G, "seq_len": L}'
+        )
+        return [Difference(what, fix)]  # fmt: skip
     if "tokens_per_step" in sb:
         now_tps = nb["global_batch"] * nb["seq_len"]
         if sb["tokens_per_step"] == now_tps:
@@ -105,6 +107,25 @@ def _batch_differences(saved: dict, now: dict) -> list[Difference]:
             found.append(Difference(f"{name} is {sb[key]} there, {nb[key]} now ({because})",
                                     f"{name}={sb[key]}"))  # fmt: skip
     return found
+
+
+def read_meta_with_batch(step_dir: Path) -> dict:
+    """The checkpoint's meta.json; when it records neither its batch nor its tokens (written
+    before it did), the batch its run's config.yaml names, which the launch that wrote
+    the checkpoint wrote (a launch with another batch was refused before replacing it)."""
+    meta = checkpoint.read_meta(step_dir) or {}
+    if _batch_of(meta):
+        return meta
+    try:
+        trainer = (yaml.safe_load((step_dir.parent.parent / "config.yaml").read_text()) or {})[
+            "trainer"
+        ]
+        batch = {"global_batch": trainer["global_batch_size"], "seq_len": trainer["seq_len"]}
+    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
+        return meta
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in batch.values()):
+        return {**meta, "batch": batch}
+    return meta
 
 
 @dataclass
@@ -189,24 +210,14 @@ def refusal(folder: Path, found: list[Difference], run_dir: Path) -> ConfigError
     )
 
 
-def check_run_files(run_dir: Path) -> None:
-    """Refuse a run directory holding something of the wrong type where the launcher
-    writes (a folder named metrics.jsonl, a file named checkpoints, ...): the launcher does
-    not delete what it did not write, and would fail on it later."""
-    wrong = [n for n in RUN_FILES if (run_dir / n).exists() and not (run_dir / n).is_file()]
-    wrong += [n for n in RUN_FOLDERS if (run_dir / n).exists() and not (run_dir / n).is_dir()]
-    pointer = run_dir / "checkpoints" / checkpoint.LATEST
-    if pointer.exists() and not pointer.is_file():
-        wrong.append(f"checkpoints/{checkpoint.LATEST}")
-    if wrong:
-        name = wrong[0]
-        kind = "a folder" if (run_dir / name).is_dir() else "not a regular file"
-        if name in RUN_FOLDERS:
-            kind = "not a folder"
-        raise ConfigError(
-            f"{run_dir / name} is {kind}, where the launcher writes its own; move it out of "
-            f"the run directory, or use another run.id"
-        )
+def check_run_files(run_dir: Path, world_size: int = 1) -> None:
+    """Refuse a run directory holding something in another form than the launcher writes
+    (a folder named metrics.jsonl, a file named checkpoints, a dangling symlink, a
+    read-only checkpoints/...: launcher.runtime.run_dir_check): the launcher does not
+    delete what it did not write, and would fail on it later."""
+    problem = run_dir_check.problem(run_dir, world_size)
+    if problem:
+        raise ConfigError(problem)
 
 
 def archive(run_dir: Path, why: str = "resume=archive") -> Path | None:
@@ -269,7 +280,8 @@ def plan(
         archive(run_dir)
     own_folder = run_dir / "checkpoints"
     own = checkpoint.scan(own_folder)
-    checkpoint.remove_leftovers(own)
+    if checkpoint.recover_leftovers(own):  # a save the job ended before it sealed
+        own = checkpoint.scan(own_folder)
     if resume in ("never", ARCHIVE):
         if own.has_checkpoints:
             raise ConfigError(
@@ -298,12 +310,12 @@ def plan(
         if not continues:
             _start_over(run_dir, resume)
         return Plan()
-    found_diff = differences(checkpoint.read_meta(chosen) or {}, now)
+    found_diff = differences(read_meta_with_batch(chosen), now)
     if found_diff:
         raise refusal(chosen, found_diff, run_dir)
     usable = [chosen]
     for older in found.complete[1:]:
-        diff = differences(checkpoint.read_meta(older) or {}, now)
+        diff = differences(read_meta_with_batch(older), now)
         if diff:
             log.warning("skipping checkpoint %s as a fallback: %s", older, diff[0].what)
         else:

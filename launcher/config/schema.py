@@ -152,7 +152,11 @@ class TrainerConfig:
 @dataclass
 class DistConfig:
     backend: str = one_of("auto", BACKENDS)
-    timeout_s: int = ranged(900, AT_LEAST_1)
+    # gloo and the c10d store keep the time-out in milliseconds in a 32-bit int: past
+    # about 24 days it overflows into a socket error (or Python's OverflowError) at start
+    timeout_s: int = ranged(
+        900, Range(low=1, high=2_147_483, why="the sockets' limit, 2^31 - 1 ms (about 24 days)")
+    )
 
 
 @dataclass

@@ -75,13 +75,17 @@ def run_id_problem(run_id, key: str = "run.id") -> str | None:
     size = len(name.encode("utf-8", errors="surrogateescape"))
     if not name.strip() or name in (".", ".."):
         why = "is empty" if not name.strip() else f"is {name!r}"
-    elif "/" in name or "\\" in name or "\0" in name:
+    elif "/" in name or "\\" in name:
         why = "holds a path separator (it names one folder directly under run.root)"
+    elif any(not ch.isprintable() for ch in name):
+        bad = next(ch for ch in name if not ch.isprintable())
+        why = f"holds the control character {bad!r} (a newline, a tab, ...)"
     elif size > NAME_MAX:
         why = f"is {size} bytes long, past the file system's limit of {NAME_MAX} for one name"
     else:
         return None
-    shown = name if len(name) <= 60 else name[:57] + "..."
+    shown = name if name.isprintable() else ascii(name)  # the error stays one line
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
     return (
         f"{key}={shown} {why}; choose a plain name (letters, digits, - _ .), and put runs "
         f"elsewhere with run.root"

@@ -17,6 +17,8 @@ from pathlib import Path
 from launcher.config import ConfigError, compose, friendly_overrides
 from launcher.data.shm import human_bytes
 from launcher.plan import forecast
+from launcher.runtime import run_dir_check
+from launcher.runtime.lock import LockHeld, tool_lock
 from launcher.runtime.paths import atomic_write
 
 USAGE = """usage: python -m launcher.plan [--from RUN_DIR] [--mfu F] [--busbw-gbps G]
@@ -52,10 +54,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     run_id = cfg.run.id or f"{dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(4)}"
-    out = Path(cfg.run.root).expanduser() / str(run_id) / "plan" / "plan.json"
+    run_dir = Path(cfg.run.root).expanduser() / str(run_id)
+    out = run_dir / "plan" / "plan.json"
+    problem = run_dir_check.problem(run_dir)  # every entry as the launcher writes it
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(out, json.dumps(plan, indent=1))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with tool_lock(run_dir, "plan"):  # a second plan of this run at once: one line
+            out.parent.mkdir(exist_ok=True)
+            atomic_write(out, json.dumps(plan, indent=1))
+    except LockHeld as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"error: cannot write {out}: {exc.strerror or exc}; set run.root to a writable "
               "folder", file=sys.stderr)  # fmt: skip

@@ -25,13 +25,18 @@ Settings: rehearse.only=[...], rehearse.skip=[...], rehearse.nproc, rehearse.tim
 
 
 def _interrupted(signum, frame) -> None:
-    """A stop signal (the scheduler's, torchrun's) ends the rehearsal like Ctrl-C: the case
-    running is killed with its launch, not left behind in its own session."""
+    """A stop signal (Ctrl-C, the scheduler's, torchrun's) ends the rehearsal: the case
+    running is killed with its launch, not left behind in its own session. The first one
+    only: a second Ctrl-C while the launches are being stopped changes nothing (no
+    KeyboardInterrupt traceback from the clean-up)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, _interrupted)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupted)
     args = sys.argv[1:]
     if any(a in ("-h", "--help") for a in args):
         print(USAGE)

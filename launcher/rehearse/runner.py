@@ -4,12 +4,15 @@ the first case needs it), write the report after every case, print the verdict t
 
 The run directory is the experiment's own (run.root/run.id), so that launcher.submit finds
 the rehearsal's stop-checkpoint figure there; the cases' runs live in its `rehearse/`
-folder, which a new rehearsal replaces (it holds only the rehearsal's own tiny runs).
+folder, which a new rehearsal replaces when every row of it passed, and moves to
+`archive/` otherwise (the evidence of a failure is kept). A rehearsal holds the run
+directory's `.rehearse.lock` throughout: a second one of the same run stops in one line.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import secrets
 import shutil
@@ -26,6 +29,9 @@ from launcher.rehearse.launches import CaseFailed, kill_leftovers
 from launcher.rehearse.rehearsal import Rehearsal
 from launcher.rehearse.shrink import KEPT, shrunk
 from launcher.runtime import process as runtime
+from launcher.runtime import run_dir_check
+from launcher.runtime.lock import LockHeld, tool_lock
+from launcher.runtime.paths import keep_aside
 from launcher.train.preflight import preflight
 
 log = logging.getLogger("launcher.rehearse")
@@ -112,16 +118,46 @@ def rehearse(overrides: list[str]) -> int:
     if runtime.env_world()[0] != 0:
         return 0  # under torchrun, rank 0 rehearses; each case is a launch of its own
     run_dir = run_dir_of(cfg)
-    r = Rehearsal(cfg, overrides, mine, nproc, run_dir)
-    if r.root.exists():
+    problem = run_dir_check.problem(run_dir, nproc)
+    if problem:
+        raise ConfigError(problem)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with tool_lock(run_dir, "rehearse", "use another run.id"):
+            return _rehearse(Rehearsal(cfg, overrides, mine, nproc, run_dir), cases, notes)
+    except LockHeld as exc:  # another rehearsal of this run directory is running
+        raise ConfigError(str(exc)) from exc
+
+
+def set_aside_earlier(r: Rehearsal) -> str | None:
+    """The earlier rehearsal's folder: replaced when its report says every row passed,
+    else (a failure, or one cut short: the evidence of what went wrong) moved to
+    archive/<time>/rehearse/. The note that says which, or None when there was none."""
+    if not r.root.exists():
+        return None
+    try:
+        passed = json.loads((r.root / "report.json").read_text())["passed"] is True
+    except (OSError, ValueError, KeyError, TypeError):
+        passed = False
+    if passed:
         shutil.rmtree(r.root)
-        notes.append(f"replaced the earlier rehearsal in {r.root}")
+        return f"replaced the earlier rehearsal in {r.root} (every row had passed)"
+    return f"moved the earlier rehearsal (failed or cut short) to {keep_aside(r.run_dir, r.root)}"
+
+
+def _rehearse(r: Rehearsal, cases: list[Case], notes: list[str]) -> int:
+    """The cases, under the rehearsal's lock of its run directory."""
+    run_dir, nproc = r.run_dir, r.nproc
+    note = set_aside_earlier(r)
+    if note:
+        notes.append(note)
     r.root.mkdir(parents=True)
     print(f"rehearsing {run_dir} on {nproc} ranks: {', '.join(c.name for c in cases)}",
           file=sys.stderr, flush=True)  # fmt: skip
     started, rows, paths = time.monotonic(), [], []
-    facts = {"run_dir": str(run_dir), "nproc": nproc, "overrides": overrides,
-             "kept": list(KEPT), "shrunk": mine[len(overrides):], "notes": notes}  # fmt: skip
+    facts = {"run_dir": str(run_dir), "nproc": nproc, "overrides": r.user_overrides,
+             "kept": list(KEPT), "shrunk": r.overrides[len(r.user_overrides):],
+             "notes": notes}  # fmt: skip
     try:
         for case in cases:
             rows.append(run_case(r, case))

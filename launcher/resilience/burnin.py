@@ -30,7 +30,7 @@ import torch.distributed as dist
 from launcher.config.schema import BurninConfig, FaultConfig
 from launcher.observe.comm_stats import bus_bandwidth, time_allreduce
 from launcher.resilience.faults import device_delay
-from launcher.runtime.paths import atomic_write
+from launcher.runtime.paths import atomic_write, keep_aside
 from launcher.runtime.process import Runtime
 
 log = logging.getLogger("launcher")
@@ -253,6 +253,21 @@ def summary(report: dict) -> dict:
     return out
 
 
+def keep_earlier_verdict(run_dir: Path) -> None:
+    """An earlier gate's burnin.json that did not pass (the figures that named a slow node,
+    which bad_hosts still lists) is moved to archive/<time>/ before this gate's replaces
+    it; an earlier pass is simply replaced."""
+    earlier = run_dir / REPORT
+    try:
+        passed = json.loads(earlier.read_text()).get("verdict") == "pass"
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, AttributeError):
+        passed = False  # unreadable: kept too, it may be the one that mattered
+    if not passed:
+        log.info("burn-in: the earlier gate's figures moved to %s", keep_aside(run_dir, earlier))
+
+
 def gate(cfg: BurninConfig, fault: FaultConfig, rt: Runtime) -> dict | None:
     """Run the gate on every rank (None when burnin.enabled is off); raise BadNode on every
     rank when it refuses. Rank 0 writes burnin.json (and bad_hosts on a refusal) and logs."""
@@ -287,6 +302,7 @@ def gate(cfg: BurninConfig, fault: FaultConfig, rt: Runtime) -> dict | None:
 
 
 def _report(report: dict, run_dir: Path) -> None:
+    keep_earlier_verdict(run_dir)
     atomic_write(run_dir / REPORT, json.dumps(report, indent=1))
     matmuls = [r["matmul_s"] for r in report["ranks"]]
     log.info(

@@ -59,11 +59,13 @@ NODE_CODES_ENV = "LAUNCHER_NODE_CODES"
 PRIORITY = (BAD_INPUT, BAD_NODE, NONFINITE, OOM, HANG, STOPPED, STOPPED_NO_CHECKPOINT)
 
 
-def report(code: int) -> None:
+def report(code: int, chosen: bool = False) -> None:
     """Leave this rank's exit code where the launching front door reads it (if any).
 
     torchrun itself exits 1 whatever its workers returned; `launcher.torchrun` reads these
-    files after torchrun ends and exits with `job_code` of them instead.
+    files after torchrun ends and exits with `job_code` of them instead. `chosen`: a code
+    a rank chose to leave the job with (`fault.kind=exit`), which the job then ends with,
+    0 included, whatever its peers' collectives did when it left.
     """
     folder = os.environ.get(OUTCOME_DIR_ENV)
     if not folder:
@@ -72,15 +74,19 @@ def report(code: int) -> None:
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     path = Path(folder) / f"attempt{int(attempt):04d}.rank{int(rank):05d}"
     with contextlib.suppress(OSError):  # the front door is gone; nobody is left to read it
-        atomic_write(path, f"{code}\n")
+        atomic_write(path.with_name(path.name + CHOSEN) if chosen else path, f"{code}\n")
 
 
-def read_reports(folder: Path) -> dict[int, int]:
-    """{rank: code} of the latest attempt whose ranks reported."""
+CHOSEN = ".chosen"
+
+
+def read_reports(folder: Path, chosen: bool = False) -> dict[int, int]:
+    """{rank: code} of the latest attempt whose ranks reported (`chosen`: the codes ranks
+    chose to leave with, `report(code, chosen=True)`)."""
     latest: dict[int, dict[int, int]] = {}
     for path in Path(folder).iterdir():
-        match = re.fullmatch(r"attempt(\d+)\.rank(\d+)", path.name)
-        if not match:
+        match = re.fullmatch(r"attempt(\d+)\.rank(\d+)(\.chosen)?", path.name)
+        if not match or bool(match[3]) != chosen:
             continue
         attempt, rank = int(match[1]), int(match[2])
         try:
@@ -90,12 +96,15 @@ def read_reports(folder: Path) -> dict[int, int]:
     return latest[max(latest)] if latest else {}
 
 
-def job_code(rank_codes: dict[int, int], succeeded: bool) -> int:
+def job_code(
+    rank_codes: dict[int, int], succeeded: bool, chosen: dict[int, int] | None = None
+) -> int:
     """The one code for the scheduler, from what each rank reported.
 
-    A contract code in PRIORITY order wins; then any other non-zero code a rank chose (an
-    injected exit code, for rehearsing a policy); a rank that reported nothing was killed
-    or crashed hard, which is CRASH.
+    A contract code in PRIORITY order wins; then a code a rank chose to leave with
+    (`chosen`: fault.kind=exit, for rehearsing a policy; 0 too: its peers' crash when it
+    left is its doing), or any other non-zero code a rank reported; a rank that reported
+    nothing was killed or crashed hard, which is CRASH.
     """
     if succeeded:
         return DONE
@@ -103,6 +112,8 @@ def job_code(rank_codes: dict[int, int], succeeded: bool) -> int:
     for code in PRIORITY:
         if code in codes:
             return code
+    if chosen:
+        return chosen[min(chosen)]
     chosen = [c for _, c in sorted(rank_codes.items()) if c not in (DONE, CRASH)]
     return chosen[0] if chosen else CRASH
 

@@ -24,6 +24,21 @@ from launcher.resilience import exit_codes
 log = logging.getLogger("launcher")
 
 
+def peer_left(run_dir: Path, rank: int, since: float) -> str | None:
+    """Which other rank left this job on purpose (`fault.kind=exit`, its marker written
+    since `since`), as words for the one line a rank whose collectives then failed prints
+    instead of a traceback; None when none did."""
+    for marker in sorted((run_dir / "logs").glob("fault.rank*")):
+        other = marker.name.removeprefix("fault.rank")
+        try:
+            fired = marker.stat().st_mtime >= since and marker.read_text().startswith("exit ")
+        except OSError:
+            continue
+        if fired and other != str(rank):
+            return f"rank {other} left the job on purpose (fault.kind=exit, {marker})"
+    return None
+
+
 class InjectedFault(RuntimeError):
     """Raised by `fault.kind=loader_error` inside a DataLoader worker."""
 
@@ -71,7 +86,7 @@ class FaultInjector:
         elif kind == "sigstop":
             os.kill(os.getpid(), signal.SIGSTOP)
         elif kind == "exit":
-            exit_codes.report(cfg.exit_code)
+            exit_codes.report(cfg.exit_code, chosen=True)
             logging.shutdown()
             os._exit(cfg.exit_code)
         elif kind == "oom":

@@ -31,6 +31,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import statistics
 import sys
@@ -44,6 +45,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from launcher.resilience import exit_codes
+from launcher.runtime.process_tree import stopped_workers
 
 log = logging.getLogger("launcher")
 
@@ -322,6 +324,7 @@ class HangWatchdog:
         missing = self.await_peers(int(os.environ.get("WORLD_SIZE", "1")))
         if missing and declared_by is None:
             log.error("hang: no record from rank(s) %s: they could not run", missing)
+            end_stopped_peers(missing)
         exit_codes.report(exit_codes.HANG)
         logging.shutdown()
         os._exit(exit_codes.HANG)
@@ -360,6 +363,19 @@ class HangWatchdog:
         folder.mkdir(exist_ok=True)
         dump = with_process_groups(_dump_fr_trace(True, True, False))
         (folder / f"rank_{self.rank}").write_bytes(dump)
+
+
+def end_stopped_peers(missing: list[int]) -> None:
+    """SIGKILL the ranks of `missing` that are stopped (SIGSTOP) on this node, children of
+    the same parent (torchrun's agent): they cannot take the SIGTERM torchrun sends once
+    this rank exits, so plain torchrun would wait its fixed 30 s before its SIGKILL, and
+    the job would end past the documented 90 s after the freeze."""
+    for pid, rank in stopped_workers(os.getppid()).items():
+        if rank.isdigit() and int(rank) in missing and pid != os.getpid():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                log.error("hang: rank %s (pid %d) is stopped (SIGSTOP) and cannot take "
+                          "SIGTERM; killed it", rank, pid)  # fmt: skip
 
 
 def with_process_groups(dump: bytes) -> bytes:

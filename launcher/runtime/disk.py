@@ -17,6 +17,10 @@ from pathlib import Path
 from launcher.runtime.paths import nearest_existing
 
 NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+# Errors that name another cause than space: a read-only mount, permissions, a path that
+# cannot exist (/proc, a file where a folder belongs)
+NOT_SPACE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.EISDIR,
+             errno.EEXIST}  # fmt: skip
 NEARLY_FULL = 16 * 2**20  # bytes free below which a failed write is blamed on the space
 
 
@@ -42,6 +46,8 @@ def is_full(exc: BaseException, path: Path) -> bool:
             return True
         if "No space left on device" in str(e) or "Disk quota exceeded" in str(e):
             return True
+    if any(isinstance(e, OSError) and e.errno in NOT_SPACE for e in _chain(exc)):
+        return False  # a small read-only mount is "read-only", however little is free on it
     free = free_bytes(path)
     return isinstance(exc, (OSError, RuntimeError)) and free is not None and free < NEARLY_FULL
 

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.runtime import disk
+
 log = logging.getLogger("launcher")
 
 LOCK = ".lock"
@@ -35,7 +37,12 @@ STALE_AFTER_S = 120.0  # 8 missed heartbeats; hosts' clocks must agree to well w
 
 
 class LockHeld(Exception):
-    """Another live launch holds the run directory; the message names it."""
+    """Another live launch holds the run directory (or the lock cannot be written there);
+    the message names it. `disk_full`: the lock could not be written for lack of space."""
+
+    def __init__(self, message: str, disk_full: bool = False):
+        super().__init__(message)
+        self.disk_full = disk_full
 
 
 def _process_start(pid: int) -> str | None:
@@ -121,9 +128,19 @@ def stale_reason(
 class RunLock:
     """The run directory's lock, held by rank 0 for the whole launch."""
 
-    def __init__(self, run_dir: Path, launch_key: str | None):
-        self.path = Path(run_dir) / LOCK
+    def __init__(
+        self,
+        run_dir: Path,
+        launch_key: str | None,
+        name: str = LOCK,
+        user: str = "launch",
+        fix: str = "use another run.id",
+    ):
+        self.path = Path(run_dir) / name
         self.me = Holder.me(launch_key)
+        # Who holds a lock of this name ("launch", or a tool: "launcher.rehearse") and the
+        # way around it, for the one line that refuses a second one.
+        self.user, self.fix = user, fix
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
 
@@ -143,8 +160,8 @@ class RunLock:
             reason = stale_reason(holder, self.me, age)
             if reason is None:
                 raise LockHeld(
-                    f"{self.path.parent} is in use by another launch ({holder.describe()}); "
-                    f"wait for it to end, or use another run.id"
+                    f"{self.path.parent} is in use by another {self.user} "
+                    f"({holder.describe()}); wait for it to end, or {self.fix}"
                 )
             if self._take_over(holder):
                 log.warning("took over the lock of %s: %s", self.path.parent, reason)
@@ -154,7 +171,7 @@ class RunLock:
 
     def _create(self) -> bool:
         """Atomically create the lock with our content; False if it exists."""
-        tmp = self.path.with_name(f"{LOCK}.{self.me.host}.{self.me.pid}.{self.me.nonce}")
+        tmp = self.path.with_name(f"{self.path.name}.{self.me.host}.{self.me.pid}.{self.me.nonce}")
         try:
             tmp.write_text(json.dumps(self.me.__dict__))
         except OSError:
@@ -179,7 +196,7 @@ class RunLock:
     def _take_over(self, seen: Holder | None) -> bool:
         """Move the stale lock aside (one of several racing launches wins the rename),
         check that what moved is what was judged stale, and create ours."""
-        aside = self.path.with_name(f"{LOCK}.stale.{self.me.nonce}")
+        aside = self.path.with_name(f"{self.path.name}.stale.{self.me.nonce}")
         try:
             os.rename(self.path, aside)
         except FileNotFoundError:
@@ -211,3 +228,23 @@ class RunLock:
         holder = _read(self.path)
         if holder is not None and holder.nonce == self.me.nonce:
             self.path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def tool_lock(folder: Path, tool: str, fix: str = "use another run.id", name: str | None = None):
+    """Hold `folder/.<tool>.lock` while a tool (`launcher.<tool>`) writes there: a second
+    invocation of the same tool on the same folder stops with one line (LockHeld) instead
+    of deleting or overwriting the first one's output. The same lock as a launch's (atomic
+    on NFS, taken over from a dead holder with one warning); the folder must exist. `name`:
+    another file name (an export's lock sits beside its OUT_DIR, named after it)."""
+    held = RunLock(folder, None, name=name or f".{tool}.lock", user=f"launcher.{tool}", fix=fix)
+    try:
+        held.acquire()
+    except OSError as exc:  # a full disk, a folder that went read-only: still one line
+        full = disk.is_full(exc, folder)
+        why = "no space left on device" if full else (exc.strerror or type(exc).__name__)
+        raise LockHeld(f"{held.path} cannot be written ({why}); {fix}", full) from exc
+    try:
+        yield held
+    finally:
+        held.release()

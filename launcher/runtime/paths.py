@@ -8,6 +8,7 @@ not exist yet, in the nearest folder above it that does (where it would be made)
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import tempfile
 from pathlib import Path
@@ -59,3 +60,31 @@ def atomic_write(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)  # a full disk leaves neither half a file nor a stray
         raise
+
+
+def keep_aside(run_dir: Path, path: Path) -> Path:
+    """Move `path` (the evidence of a refusal or a failure: a refused burn-in's figures, a
+    failed rehearsal) to `run_dir/archive/<time>/`, so that what replaces it overwrites
+    nothing; returns where it went. Two in the same second keep both."""
+    folder = Path(run_dir) / "archive" / f"{dt.datetime.now():%Y%m%d-%H%M%S}"
+    target, n = folder / path.name, 1
+    while target.exists() or target.is_symlink():
+        n += 1
+        target = folder / f"{path.name}.{n}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path.rename(target)
+    return target
+
+
+def is_mount_point(path: Path) -> bool:
+    """Whether `path` is a mount point: another file system's root (os.path.ismount), or a
+    bind mount of the same one, which only the kernel's mount table shows."""
+    if os.path.ismount(path):
+        return True
+    try:
+        table = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    # the table escapes a space, tab, newline and backslash in a path as octal (\040, ...)
+    points = {line.split()[1].encode().decode("unicode_escape") for line in table if line}
+    return str(Path(path).resolve()) in points

@@ -139,8 +139,8 @@ def start(
     *,
     needs_group: bool = False,
 ) -> Runtime:
-    """Join the job, pick the device, and agree on the run directory (created if new;
-    `open_run_dir` adds the logs once the launch may use it).
+    """Join the job, pick the device, and agree on the run directory's name (made, once
+    every entry of it was checked, by the launch's claim: launcher.train.job).
 
     The process group is created by the first job of the process and kept in `launch` for
     the next ones; a one-process run gets a group of one only when its engine cannot run
@@ -180,8 +180,6 @@ def start(
             launch.sweep_id = rt.broadcast_object(choose_run_id(cfg.run) if rt.is_main else None)
         rt.run_id = f"{launch.sweep_id}/{point}"
     rt.run_dir = Path(cfg.run.root).expanduser() / rt.run_id
-    if rt.is_main:
-        rt.run_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.seed)
     return rt
 

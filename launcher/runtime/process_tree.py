@@ -39,3 +39,22 @@ def kill_tree(pid: int) -> None:
     for p in stopped:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
+
+
+def stopped_workers(parent: int) -> dict[int, str]:
+    """{pid: RANK} of `parent`'s children that are stopped (SIGSTOP, state T): they cannot
+    take torchrun's SIGTERM, so torchrun would wait its whole shutdown timeout (30 s)."""
+    found = {}
+    for pid in children(parent):
+        stat = Path(f"/proc/{pid}/stat")
+        try:
+            # pid (comm) state ppid ...; comm may hold spaces, so split after its ")".
+            state = stat.read_text().rsplit(")", 1)[1].split()[0]
+            if state != "T":
+                continue
+            environ = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+        rank = next((v[5:].decode() for v in environ if v.startswith(b"RANK=")), "?")
+        found[pid] = rank
+    return found

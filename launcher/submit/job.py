@@ -28,6 +28,8 @@ from omegaconf.errors import OmegaConfBaseException
 from launcher.config import ConfigError, sweep
 from launcher.config.secret_keys import is_secret_key, secret_in
 from launcher.data.tokenizer import tokenizer_path_problem
+from launcher.runtime import run_dir_check
+from launcher.runtime.lock import LockHeld, tool_lock
 from launcher.runtime.paths import can_create_in
 from launcher.train.preflight import (
     check_config,
@@ -153,8 +155,21 @@ class SubmitJob:
 
         A resubmission into the same run directory (the same run.id, to resume) keeps the
         earlier files: the new set gets the first free suffix, job-2.sbatch, job-3.sbatch...
+        The run directory's entries are checked first, and `.submit.lock` held while the
+        suffix is chosen and the files written (two renders at once would share one).
         """
-        self.submit_dir.mkdir(parents=True, exist_ok=True)
+        problem = run_dir_check.problem(self.submit_dir.parent)
+        if problem:
+            raise ConfigError(problem)
+        self.submit_dir.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with tool_lock(self.submit_dir.parent, "submit"):
+                self.submit_dir.mkdir(exist_ok=True)
+                return self._write_numbered(files)
+        except LockHeld as exc:
+            raise ConfigError(str(exc)) from exc
+
+    def _write_numbered(self, files: dict[str, str]) -> list[Path]:
         n = 1
         while any((self.submit_dir / _numbered(name, n)).exists() for name in files):
             n += 1

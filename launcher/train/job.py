@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -36,7 +37,7 @@ from launcher.observe.wandb_sink import WandbSink, wandb_enabled  # imports no w
 from launcher.plan import forecast as plan_forecast
 from launcher.plan.memory import shm_need
 from launcher.resilience import burnin, exit_codes
-from launcher.resilience.faults import slow_phase
+from launcher.resilience.faults import peer_left, slow_phase
 from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime import disk, envinfo
 from launcher.runtime.launch_state import LaunchState
@@ -169,11 +170,15 @@ def decide_on_main(rt: Runtime, decide):
 
 
 def claim_run_dir(rt: Runtime) -> RunLock | None:
-    """Take the run directory's lock (rank 0 holds it) before writing anything there, and
-    open the per-rank logs; a directory in use by another launch stops this one."""
+    """Check every entry of the run directory (launcher.runtime.run_dir_check), make it if
+    new, take its lock (rank 0 holds it) before writing anything there, and open the
+    per-rank logs; an entry in the wrong form, or a directory in use by another launch,
+    stops this one with one line, the directory as it was."""
     taken: list[RunLock] = []
 
     def take() -> None:
+        resume.check_run_files(rt.run_dir, rt.world_size)
+        rt.run_dir.mkdir(parents=True, exist_ok=True)
         lock = RunLock(rt.run_dir, launch_key())
         try:
             lock.acquire()
@@ -394,10 +399,13 @@ def run(cfg: DictConfig, launch: LaunchState, point: str | None = None) -> int:
         code = exit_codes.DONE
     except Exception as exc:
         code, summary = job.ending(exc)
-        if code == exit_codes.CRASH and not isinstance(exc, checkpoint.CheckpointNotWritten):
+        expected = isinstance(exc, checkpoint.CheckpointNotWritten) or job.peer_left
+        if code == exit_codes.CRASH and not expected:
             raise
     finally:
         job.close(summary, code)
+    if job.peer_left:  # the process group is broken: no later sweep point can use it
+        raise SystemExit(code)
     return code
 
 
@@ -421,6 +429,12 @@ class Job:
         self.gate: dict | None = None  # the burn-in gate's report, when it ran
         self.forecast: dict | None = None  # launcher.plan's, printed at the start
         self.watchdog: HangWatchdog | None = None
+        # Whether this launch decided to train here (the resume decision): only then is
+        # the run directory's summary.json its own to replace. A failure before (a crash
+        # in start-up, a refusal) leaves a finished run's summary.json as it was.
+        self.owns_history = False
+        self.started = time.time()  # a fault marker since then is this launch's
+        self.peer_left = False  # a peer left on purpose (fault.kind=exit): say so, no traceback
 
     def train(self) -> dict:
         """Claim the run directory, build, resume, run the loop; the end-of-run summary."""
@@ -442,6 +456,7 @@ class Job:
         folders = plan_resume(cfg, rt, model, tier)
         if folders is None:
             return {}  # finished already: nothing is trained, summary.json stays as it is
+        self.owns_history = True
         self.strategy = build_strategy(cfg.strategy, cfg.trainer, rt, model)
         self.loop = TrainLoop(
             LoopConfig.of(cfg),
@@ -487,15 +502,27 @@ class Job:
                 elif who == "main":
                     (log.error if rt.is_main else log.info)("%s", exc)
                 return code, self.loop.summary(status, exc.step)
-        status = f"failed: {type(exc).__name__}: {exc}"
+        left = peer_left(rt.run_dir, rt.rank, self.started)
+        if left:  # this rank's collective failed because a peer left: no traceback
+            log.error("error: %s; this rank stopped too (%s)", left, _one_line(exc, 160))
+            self.peer_left = True
+        status = f"failed: {_one_line(exc)}"  # one line, as the console and summary show it
+        if self.loop is not None and self.loop.steps_done is not None:  # where it ended
+            return exit_codes.CRASH, self.loop.summary(status, self.loop.steps_done)
         return exit_codes.CRASH, {"status": status, "run_id": rt.run_id}
 
     def _hang_in_start_up(self, step: int) -> None:
         """Before the loop takes the watchdog over: rank 0's summary.json says so, as the
         loop's does for a hang in a later phase."""
-        if self.rt.is_main:
+        if self.rt.is_main and self.may_write_summary():
             status = {"status": "failed: hang detected", "run_id": self.rt.run_id}
             write_summary_if_room(self.rt.run_dir, status)
+
+    def may_write_summary(self) -> bool:
+        """summary.json is this launch's to write once it decided to train here, or when
+        there is none yet (a fresh directory's failure at start-up is recorded)."""
+        summary = self.rt.run_dir / "summary.json"
+        return self.owns_history or not (summary.exists() or summary.is_symlink())
 
     def close(self, summary: dict, code: int) -> None:
         """Close the sinks (with the summary), write summary.json, drop the engine, release
@@ -506,7 +533,7 @@ class Job:
                 self.watchdog.close()  # the loop has, unless the job ended before it
             for sink in self.sinks:
                 sink.close(summary)
-            if rt.is_main and summary:
+            if rt.is_main and summary and self.may_write_summary():
                 write_summary_if_room(rt.run_dir, {**summary, "forecast": self.forecast})
             if self.strategy is not None:
                 self.strategy.close()

@@ -163,6 +163,7 @@ class TrainLoop:
         self.accum = self.batch.accum
         self.tokens_per_step = self.batch.tokens_per_step
         self.records: list[dict] = []
+        self.steps_done: int | None = None  # the last step trained, once the steps began
         self.ckpt = checkpoint.CheckpointWriter(
             rt.run_dir / "checkpoints",
             is_main=rt.is_main,
@@ -170,6 +171,8 @@ class TrainLoop:
             keep=self.t.keep_checkpoints,
             meta=ckpt_meta,
             gather=rt.all_gather_objects,
+            rank=rt.rank,
+            world_size=rt.world_size,
         )
         self.memory = memory  # the memory tier (launcher.checkpoint.memory), when on
         if memory is not None:  # rank 0's lineage, which the durable meta.json records
@@ -338,7 +341,7 @@ class TrainLoop:
         # and so is mem/host_peak_gb, where Linux allows: after a collection of the build's
         # garbage (what outlives the job was frozen before it: runtime.freeze_what_lasts)
         reset_host_peak()
-        step = start_step
+        step = self.steps_done = start_step
         profiler = build_profiler(self.cfg.profiler, rt)
         self.watchdog = watchdog
         watchdog.on_hang = self._on_hang
@@ -355,6 +358,7 @@ class TrainLoop:
                         step = rewound.step
                         continue
                     step += 1
+                    self.steps_done = step
                     if profiler is not None:
                         self._profiler_step(profiler)
                     self._after_step(step, lr_at(step - 1, t), timer)

@@ -10,14 +10,20 @@ directory, also when a stop request ends the tuning early (exit code 143).
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import logging
 import sys
+from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from launcher.config import ConfigError, friendly_overrides, sweep
+from launcher.config.sweep import flatten
 from launcher.resilience import exit_codes
 from launcher.runtime import process as runtime
+from launcher.runtime import run_dir_check
+from launcher.runtime.lock import LockHeld, tool_lock
 from launcher.train import front_door as train
 from launcher.train.bad_input import fail_bad_input
 from launcher.train.preflight import preflight
@@ -57,8 +63,24 @@ def check(overrides: list[str]) -> DictConfig:
                 f"tune.warmup_steps={t.warmup_steps} to time and profile; raise it to at least "
                 f"{t.warmup_steps + PROFILED_STEPS}"
             )
+    skip_problem(cfg)
     Trials(overrides).config({}, t.trial_steps, t.warmup_steps, profile=True)
     return cfg
+
+
+def skip_problem(cfg: DictConfig) -> None:
+    """tune.skip names config keys (the tuner never changes them); a name that is none,
+    a typo among them, would silently let the tuner change the key it meant."""
+    keys = list(flatten(OmegaConf.to_container(cfg, resolve=False)))
+    for key in cfg.tune.skip:
+        if str(key) not in keys:
+            near = difflib.get_close_matches(str(key), keys, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise ConfigError(
+                f"tune.skip: {key} is not a key of this experiment's config{hint}; name the "
+                f"keys the tuner must leave alone as launcher.train takes them, e.g. "
+                f"tune.skip=[data.num_workers]"
+            )
 
 
 def tune() -> int:
@@ -72,17 +94,39 @@ def tune() -> int:
         cfg = check(overrides)
     except ConfigError as exc:
         fail_bad_input(exc)
-    tuner = Tuner(cfg, overrides)
-    try:
-        tuner.run()
-    finally:
-        run_dir = tuner.trials.run_dir
-        if run_dir is not None and runtime.env_world()[0] == 0:
-            for path in write_all(tuner, run_dir, overrides, cfg.logger):
-                log.info("wrote %s", path)
-            print(markdown(report_dict(tuner, run_dir, overrides)))
-        runtime.teardown(tuner.trials.launch)
+    with own_run_dir(cfg):
+        tuner = Tuner(cfg, overrides)
+        try:
+            tuner.run()
+        finally:
+            run_dir = tuner.trials.run_dir
+            if run_dir is not None and runtime.env_world()[0] == 0:
+                for path in write_all(tuner, run_dir, overrides, cfg.logger):
+                    log.info("wrote %s", path)
+                print(markdown(report_dict(tuner, run_dir, overrides)))
+            runtime.teardown(tuner.trials.launch)
     return exit_codes.STOPPED if tuner.stopped else exit_codes.DONE
+
+
+@contextlib.contextmanager
+def own_run_dir(cfg: DictConfig):
+    """Rank 0 holds `<run dir>/.tune.lock` while the tuning runs (with a run.id: a new
+    one's directory is its own): a second tuning of the same run.id stops in one line
+    rather than run its trials into the first one's and overwrite its report."""
+    if cfg.run.id is None or runtime.env_world()[0] != 0:
+        yield
+        return
+    run_dir = Path(cfg.run.root).expanduser() / str(cfg.run.id)
+    problem = run_dir_check.problem(run_dir, runtime.env_world()[2])
+    if problem:
+        fail_bad_input(ConfigError(problem))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(tool_lock(run_dir, "tune", "use another run.id"))
+        except LockHeld as exc:
+            fail_bad_input(ConfigError(str(exc)))
+        yield
 
 
 def main() -> None:

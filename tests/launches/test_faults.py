@@ -279,6 +279,12 @@ def test_unreadable_latest_falls_back_to_previous(long_run, reference, tmp_path)
             None,
             id="rank-chosen-code",
         ),
+        pytest.param(  # a rank that leaves with 0: the job's code, rank 0's line no traceback
+            ["fault.kind=exit", "fault.rank=1", "fault.step=5", "fault.exit_code=0"],
+            exit_codes.DONE,
+            None,
+            id="rank-chosen-zero",
+        ),
     ],
 )
 def test_the_job_exit_code_reaches_the_caller(tmp_path, overrides, code, status):
@@ -294,6 +300,12 @@ def test_the_job_exit_code_reaches_the_caller(tmp_path, overrides, code, status)
         assert summary(tmp_path / "x")["status"] == status
     if "fault.kind=loader_error" in overrides:
         assert "fault.kind=loader_error" in proc.stderr  # the worker's error, named
+    if "fault.kind=" in overrides[0] and code != exit_codes.OOM:  # a crash: where it ended
+        ended = summary(tmp_path / "x")
+        assert ended["steps"] == 4 and ended["tokens"] > 0 and ended["loss"] is not None
+        assert "\n" not in ended["status"]
+    if "fault.exit_code=0" in overrides:
+        assert "Traceback" not in proc.stderr and "rank 1 left the job on purpose" in proc.stderr
 
 
 def test_injected_stall_is_detected_explained_and_restartable(reference, tmp_path):

@@ -4,14 +4,19 @@ DataLoader, through `python -m launcher.torchrun`).
 A finished run (a copy of the shared long run) relaunched with the same command says so
 and rewrites nothing; with another global batch it is refused; with a higher
 trainer.max_steps it continues and appends; a finished run without checkpoints is not
-started over. The decision table
-itself is in test_nothing_lost_logic.py.
+started over; a checkpoint whose every rank had written its files before a crash is
+resumed after it (FSDP2's asynchronous save seals itself; a save whose seal never ran is
+sealed by the relaunch, FSDP2 and DeepSpeed). The decision table itself is in
+test_nothing_lost_logic.py, the run directory's forms in test_run_dir_forms.py.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
+
+import pytest
 
 from launch import FAST_USER_LOADER, explain, metrics, python_train, summary, torchrun
 from reference import copy_run
@@ -103,3 +108,43 @@ def test_a_finished_run_without_checkpoints_is_not_started_over(tmp_path):
     (moved,) = (run / "archive").iterdir()
     assert files(moved) == {k: v for k, v in finished.items() if k in files(moved)}
     assert {"metrics.jsonl", "summary.json", "config.yaml"} <= set(files(moved))
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [["strategy=fsdp2", "trainer.async_checkpoint=true"], ["strategy=zero2"]],
+    ids=["fsdp2-async", "deepspeed"],
+)
+def test_a_checkpoint_written_before_a_crash_is_resumed_after_it(tmp_path, engine):
+    """Step 2's checkpoint, then rank 1 hangs in step 4 and the watchdog ends the job
+    (exit 5) before the next save (the issue's case). FSDP2's asynchronous save sealed
+    itself once every rank's files were written (before, it waited for that next save, and
+    the relaunch deleted it). Then the same folder as a job killed between the writes and
+    the seal leaves it (`.tmp-step_2`: the files, the intent, every rank's marker, no
+    meta.json): the relaunch seals it and resumes from it."""
+    args = [*SHORT, *engine, f"run.root={tmp_path}", "run.id=crash"]
+    run = tmp_path / "crash"
+    hang = ["fault.kind=stall", "fault.rank=1", "fault.step=4", "fault.seconds=600",
+            "watchdog.min_s=3"]  # fmt: skip
+    crashed = torchrun([*args, *hang], runner="launcher.torchrun")
+    assert crashed.returncode == 5, explain(crashed)
+    step2 = run / "checkpoints" / "step_00000002"
+    meta = json.loads((step2 / "meta.json").read_text())  # sealed, by itself
+    assert meta["tokens"] > 0 and not list((run / "checkpoints").glob(".tmp-*"))
+    before = {name: sha(step2 / name) for name in meta["files"]}
+
+    unsealed = step2.with_name(".tmp-step_00000002")  # as the seal had never run
+    step2.rename(unsealed)
+    (unsealed / "meta.json").unlink()
+    intent = {k: v for k, v in meta.items() if k not in ("files", "write_s")}
+    (unsealed / ".intent.json").write_text(json.dumps(intent))
+    for rank in (0, 1):
+        (unsealed / f".written_rank{rank}").touch()
+    (run / "checkpoints" / "latest").unlink()
+
+    again = torchrun(args, runner="launcher.torchrun")
+    assert again.returncode == 0, explain(again)
+    assert "sealed" in again.stderr and "resumed from step 2" in again.stderr
+    assert summary(run)["status"] == "completed" and summary(run)["resumed_from_step"] == 2
+    resealed = json.loads((step2 / "meta.json").read_text()) if step2.exists() else None
+    assert resealed is None or {n: sha(step2 / n) for n in resealed["files"]} == before

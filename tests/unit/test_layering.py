@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "observe.peaks", "observe.intervals", "resilience", "resilience.exit_codes",
             "config.ranges", "config.nccl_vars", "observe.nccl_log", "train.batch", "observe.clock",
             "observe.comm_stats", "runtime.lock", "runtime.process_tree", "resilience.stragglers",
+            "runtime.run_dir_check",
             "resilience.preemption", "observe.memory_snapshot", "config.secret_keys",
             "resilience.watchdog", "resilience.bad_steps", "data", "data.*", "strategy",
             "strategy.registry",

@@ -26,6 +26,28 @@ def load_dcp(model: torch.nn.Module, optimizer, folder: Path) -> None:
     )
 
 
+def incomplete(folder: Path) -> str | None:
+    """DCP's own completeness check of a folder (the format reader's optional entry, asked
+    before a save whose seal never ran is sealed): `.metadata` reads, and every byte range
+    it maps a tensor to lies within a shard file that is there. None when complete."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        metadata = FileSystemReader(str(folder)).read_metadata()
+    except Exception as exc:  # noqa: BLE001 - any unreadable .metadata: not complete
+        return f"its .metadata is unreadable ({type(exc).__name__})"
+    sizes: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        end = info.offset + info.length
+        sizes[info.relative_path] = max(sizes.get(info.relative_path, 0), end)
+    for name, needed in sorted(sizes.items()):
+        path = folder / name
+        have = path.stat().st_size if path.is_file() else None
+        if have is None or have < needed:
+            return f"{name} {'is missing' if have is None else f'has {have} of {needed} bytes'}"
+    return None
+
+
 def load_into(folder: Path, model, optimizer, load_whole) -> None:
     """The format reader's entry (launcher.strategy.registry.Format): DCP reshards into the
     model as it is, so the engine's `load_whole` is not needed."""

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -264,3 +266,126 @@ def test_async_save_whose_files_fail_is_not_sealed(tmp_path):
     assert find_resumable(tmp_path) is None
     assert scan(tmp_path).leftovers == []
     assert checkpoint.candidates(tmp_path) == []
+
+
+def wait_for(predicate, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_async_save_seals_itself_when_every_rank_has_written(tmp_path):
+    """A run's durable writer (rank given) seals an asynchronous save as soon as every
+    rank's files are written, not at the next save: a job that ends (a hang, a crash)
+    before that save keeps it. Rank 1's marker is what rank 1's writer leaves."""
+    writer = CheckpointWriter(
+        tmp_path, is_main=True, barrier=lambda: None, keep=5, meta={"lineage": "L"},
+        rank=0, world_size=2,
+    )  # fmt: skip
+    future: Future = Future()
+
+    def write_later(tmp: Path) -> Future:
+        (tmp / "a.pt").write_bytes(b"2")
+        return future
+
+    final = writer.save(20, write_later, {"tokens": 40})
+    tmp = tmp_path / f".tmp-{final.name}"
+    future.set_result(None)  # rank 0's files written: its marker, not yet rank 1's
+    assert (tmp / ".written_rank0").exists() and not wait_for(final.exists, 0.5)
+    (tmp / ".written_rank1").touch()
+    assert wait_for(final.exists)  # sealed by itself, no complete() called
+    meta = read_meta(final)
+    assert meta["files"] == {"a.pt": 1} and meta["tokens"] == 40 and meta["lineage"] == "L"
+    writer.complete()  # the seal already done (its pointer too, now): no error
+    assert (tmp_path / LATEST).read_text().strip() == final.name
+    assert [p.name for p in scan(tmp_path).complete] == [final.name]
+
+
+def unsealed_save(folder: Path, step: int, ranks_written=(0, 1)) -> Path:
+    """What a save whose job ended before its seal leaves: intent, files, markers."""
+    tmp = folder / f".tmp-{step_name(step)}"
+    tmp.mkdir(parents=True)
+    intent = {"step": step, "world_size": 2, "lineage": "L", "tokens": step * 8}
+    (tmp / ".intent.json").write_text(json.dumps(intent))
+    for r in (0, 1):
+        torch.save({"rank": r}, tmp / f"model_rank{r}.pt")
+    for r in ranks_written:
+        (tmp / f".written_rank{r}").touch()
+    return tmp
+
+
+def test_a_relaunch_seals_a_save_every_rank_had_written(tmp_path, caplog):
+    save_on_two_ranks(tmp_path, 10)
+    tmp = unsealed_save(tmp_path, 20)
+    before = {p.name: p.read_bytes() for p in tmp.iterdir() if p.suffix == ".pt"}
+    with caplog.at_level("WARNING"):
+        assert checkpoint.recover_leftovers(scan(tmp_path))
+    final = tmp_path / step_name(20)
+    assert is_complete(final) and not tmp.exists()
+    assert {p.name: p.read_bytes() for p in final.glob("*.pt")} == before
+    assert read_meta(final)["tokens"] == 160 and set(read_meta(final)["files"]) == set(before)
+    assert (tmp_path / LATEST).read_text().strip() == final.name
+    assert "sealed" in caplog.text and "every rank had written" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (lambda tmp: (tmp / ".written_rank1").unlink(), "rank(s) [1] had not finished"),
+        (lambda tmp: (tmp / ".intent.json").unlink(), "no readable .intent.json"),
+    ],
+    ids=["a rank not done", "no intent"],
+)
+def test_a_save_that_cannot_be_verified_is_moved_aside_never_deleted(tmp_path, caplog, damage, why):
+    save_on_two_ranks(tmp_path, 10)
+    tmp = unsealed_save(tmp_path, 20)
+    damage(tmp)
+    before = {p.name: p.read_bytes() for p in tmp.iterdir()}
+    assert not checkpoint.recover_leftovers(scan(tmp_path))
+    (aside,) = (tmp_path / checkpoint.UNSEALED).iterdir()
+    assert {p.name: p.read_bytes() for p in aside.iterdir()} == before
+    assert why in caplog.text and str(aside) in caplog.text
+    assert find_resumable(tmp_path) == tmp_path / step_name(10)  # the resume goes on as before
+    assert scan(tmp_path).strays == []  # unsealed/ is the launcher's own
+
+
+def test_dcp_completeness_check(tmp_path):
+    """FSDP2's format reader checks a DCP folder against its .metadata: every shard file
+    there and long enough for the byte ranges mapped into it."""
+    import torch.distributed.checkpoint as dcp
+
+    from launcher.strategy.fsdp2.dcp import incomplete
+
+    dcp.save({"w": torch.arange(64.0)}, checkpoint_id=tmp_path, no_dist=True)
+    assert incomplete(tmp_path) is None
+    (shard,) = tmp_path.glob("*.distcp")
+    shard.write_bytes(shard.read_bytes()[:10])
+    assert "has 10 of" in incomplete(tmp_path)
+    shard.unlink()
+    assert "is missing" in incomplete(tmp_path)
+    (tmp_path / ".metadata").write_bytes(b"garbage")
+    assert "unreadable" in incomplete(tmp_path)
+
+
+@pytest.mark.parametrize("where", ["a file", "/proc", "read-only"])
+def test_a_folder_that_cannot_be_made_is_one_agreed_error(tmp_path, where):
+    """The memory tier's folder under a file, in /proc, or on a read-only mount: the save
+    raises CheckpointNotWritten on every rank (the tier turns itself off with one
+    warning), not an OSError from rank 0 alone."""
+    if where == "a file":
+        (tmp_path / "file").write_text("x")
+        folder = tmp_path / "file" / "rank0"
+    elif where == "/proc":
+        folder = Path("/proc/launcher-test/rank0")
+    else:
+        folder = tmp_path / "ro"
+        folder.mkdir()
+        folder.chmod(0o555)
+        if os.geteuid() == 0:  # root writes whatever the mode: a read-only /proc file instead
+            folder = Path("/proc/self/launcher-test")
+    writer = CheckpointWriter(folder, is_main=True, barrier=lambda: None, keep=1)
+    with pytest.raises(checkpoint.CheckpointNotWritten, match="could not be written"):
+        writer.save(5, lambda tmp: (tmp / "a.pt").write_bytes(b"1"), {})

@@ -140,7 +140,8 @@ FALLBACKS = [
     ("checkpoints/step_", "stray file", lambda p: p.write_text("x"), [40, 20], None),
     ("checkpoints/notes.txt", "stray file", lambda p: p.write_text("x"), [40, 20], None),
     ("checkpoints/step_00000060", "stray folder", lambda p: p.mkdir(), [40, 20], "step_00000060"),
-    ("checkpoints/.tmp-step_00000060", "leftover", lambda p: p.mkdir(), [40, 20], None),
+    # A save's folder that cannot be verified (no intent, no markers) is kept, moved aside.
+    ("checkpoints/.tmp-step_00000060", "leftover", lambda p: p.mkdir(), [40, 20], "unsealed"),
     ("checkpoints/.latest.tmp", "leftover", lambda p: p.write_text("st"), [40, 20], None),
     # Files the launch rewrites or truncates: their content does not matter to the decision.
     ("metrics.jsonl", "garbage", garbage, [40, 20], None),
@@ -172,17 +173,22 @@ def test_damage_falls_back_with_one_warning(run_dir, caplog, where, how, damage,
     assert digest(run_dir / "checkpoints" / "step_00000020") == good
     left = [p.name for p in (run_dir / "checkpoints").iterdir()]
     assert not [n for n in left if n.startswith((".tmp-", ".latest.tmp"))]
-    if how == "leftover":
-        assert "interrupted checkpoint save" in caplog.text  # one log line says so
+    if how == "leftover":  # one log line says so
+        assert "interrupted checkpoint save" in caplog.text or "unsealed" in caplog.text
 
 
 REFUSALS = [
-    ("checkpoints/latest", "a folder", lambda p: (p.unlink(), p.mkdir()), "latest is a folder"),
+    (
+        "checkpoints/latest",
+        "a folder",
+        lambda p: (p.unlink(), p.mkdir()),
+        "latest is a folder, where",
+    ),
     ("metrics.jsonl", "a folder", lambda p: (p.unlink(), p.mkdir()), "metrics.jsonl is a folder"),
     ("summary.json", "a folder", lambda p: (p.unlink(), p.mkdir()), "summary.json is a folder"),
     ("config.yaml", "a folder", lambda p: (p.unlink(), p.mkdir()), "config.yaml is a folder"),
     ("env.json", "a folder", lambda p: (p.unlink(), p.mkdir()), "env.json is a folder"),
-    ("logs", "a file", lambda p: (shutil.rmtree(p), p.write_text("x")), "logs is not a folder"),
+    ("logs", "a file", lambda p: (shutil.rmtree(p), p.write_text("x")), "logs is a file, where"),
 ]
 
 
@@ -214,7 +220,7 @@ def test_checkpoints_folder_a_file_refuses(tmp_path, caplog):
     run = tmp_path / "run"
     run.mkdir()
     (run / "checkpoints").write_text("x")
-    with pytest.raises(ConfigError, match="checkpoints is not a folder"):
+    with pytest.raises(ConfigError, match="checkpoints is a file, where the"):
         decide(run, caplog)
 
 

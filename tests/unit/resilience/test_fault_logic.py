@@ -44,6 +44,29 @@ def test_job_code_prefers_the_most_specific_diagnosis(codes, succeeded, expected
     assert exit_codes.job_code(codes, succeeded) == expected
 
 
+@pytest.mark.parametrize(
+    ("codes", "chosen", "expected"),
+    [
+        ({0: 1}, {1: 0}, E.DONE),  # fault.exit_code=0: its peer's crash is its doing
+        ({0: 1}, {1: 9}, 9),
+        ({0: 5}, {1: 0}, E.HANG),  # a contract code still explains more
+        ({0: 1}, {}, E.CRASH),
+    ],
+)
+def test_a_code_a_rank_chose_to_leave_with_is_the_jobs(codes, chosen, expected):
+    assert exit_codes.job_code(codes, False, chosen) == expected
+
+
+def test_chosen_codes_are_reported_apart(tmp_path, monkeypatch):
+    monkeypatch.setenv(exit_codes.OUTCOME_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    exit_codes.report(0, chosen=True)
+    monkeypatch.setenv("RANK", "0")
+    exit_codes.report(1)
+    assert exit_codes.read_reports(tmp_path) == {0: 1}
+    assert exit_codes.read_reports(tmp_path, chosen=True) == {1: 0}
+
+
 def test_reports_of_the_latest_attempt_count(tmp_path, monkeypatch):
     monkeypatch.setenv(exit_codes.OUTCOME_DIR_ENV, str(tmp_path))
     for attempt, rank, code in [(0, 0, 1), (0, 1, 4), (1, 0, 143), (1, 1, 143)]:
@@ -204,6 +227,30 @@ def test_hang_culprit(tmp_path, reports, recorders, culprits, reason):
     assert result["step"] == 41
     text = markdown_hang(result)
     assert (f"Culprit: rank {culprits[0]}" in text) if culprits else ("No single culprit" in text)
+
+
+@pytest.mark.parametrize(
+    ("where", "text", "skipped"),
+    [
+        ("logs/fr/rank_1", "garbage", "logs/fr/rank_1: not a flight-recorder dump"),
+        ("logs/hang.rank1.json", "[1, 2]", "logs/hang.rank1.json: not a hang record"),
+        ("env.json", '{"world_size": "three"}', "env.json: its world_size is 'three'"),
+        ("env.json", "[3]", "env.json: unreadable"),
+    ],
+    ids=["garbage dump", "a list for a record", "a word for the world size", "a list env"],
+)
+def test_hang_evidence_it_cannot_use_is_named_not_ignored(tmp_path, where, text, skipped):
+    """A garbage flight-recorder dump, a hang record or env.json of another shape: the
+    analysis goes on without it (a rank whose record is unusable counts as silent; the
+    world size falls back to the rank logs) and says which file it skipped."""
+    run = _run_dir(tmp_path, 3, {0: WAITING, 1: WAITING, 2: WAITING}, {0: 9, 1: 9, 2: 9})
+    for rank in range(3):
+        (run / "logs" / f"rank{rank}.log").write_text("")
+    (run / where).write_text(text)
+    result = analyze_hang(run)
+    assert [s for s in result["skipped"] if skipped in s], result["skipped"]
+    assert f"skipped {tmp_path}" in markdown_hang(result)
+    assert len(result["ranks"]) == 3
 
 
 def test_a_recorder_dump_with_objects_is_refused(tmp_path):

@@ -193,6 +193,12 @@ RUN_IDS = [
     ("' '", "is empty"),
     ("x" * 300, "is 300 bytes long, past the file system's limit of 255"),
 ]
+# Hydra's override grammar refuses these in run.id itself; the variable carries them.
+CONTROL_IDS = [
+    ("a\nb", "holds the control character '\\n'"),
+    ("a\tb", "holds the control character '\\t'"),
+    ("a\x1bb", "holds the control character '\\x1b'"),
+]
 
 
 @pytest.mark.parametrize(("run_id", "why"), RUN_IDS, ids=lambda v: str(v)[:20])
@@ -213,7 +219,7 @@ def test_a_run_id_that_is_not_one_folder_name_is_one_line(
 
 
 @pytest.mark.parametrize(
-    ("run_id", "why"), [RUN_IDS[0], RUN_IDS[4], RUN_IDS[7]], ids=lambda v: str(v)[:20]
+    ("run_id", "why"), [RUN_IDS[0], RUN_IDS[4], RUN_IDS[7], *CONTROL_IDS], ids=lambda v: str(v)[:20]
 )
 def test_launcher_run_id_is_checked_like_run_id(monkeypatch, capsys, tmp_path, run_id, why):
     """$LAUNCHER_RUN_ID names the run directory when run.id is unset (the Slurm and
@@ -225,7 +231,7 @@ def test_launcher_run_id_is_checked_like_run_id(monkeypatch, capsys, tmp_path, r
     lines = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("error: LAUNCHER_RUN_ID=") and why in lines[0], lines[0]
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []  # no directory named with a newline, or any
 
 
 def test_run_id_wins_over_a_bad_launcher_run_id(monkeypatch):
@@ -261,7 +267,9 @@ BATCH_CASES = [
     # Written before meta.json recorded the batch: its tokens per step tell.
     ({**IDENT, "step": 4, "tokens": 4 * 16 * 128}, batch(), None),
     ({**IDENT, "step": 4, "tokens": 4 * 16 * 128}, batch(32), "trainer.global_batch_size and"),
-    ({**IDENT, "step": 4}, batch(32), None),  # nothing recorded: nothing to compare
+    # Nothing recorded (nor in its run's config.yaml): the data position cannot be proven.
+    ({**IDENT, "step": 4}, batch(32), '"batch": {"global_batch": G, "seq_len": L}'),
+    ({**IDENT, "step": 4}, batch(), '"batch": {"global_batch": G, "seq_len": L}'),
 ]
 
 
@@ -277,6 +285,29 @@ def test_a_resume_with_another_batch_or_sequence_length_is_refused(saved, now, f
     assert fix in " ".join(d.fix for d in found)
     line = str(resume.refusal(Path("run/checkpoints/step_4"), found, Path("run")))
     assert "\n" not in line and "cannot be resumed" in line and "new run.id" in line
+
+
+@pytest.mark.parametrize(
+    ("config", "now", "refused"),
+    [
+        ("trainer: {global_batch_size: 16, seq_len: 128}\n", batch(), False),
+        ("trainer: {global_batch_size: 16, seq_len: 128}\n", batch(32), True),
+        ("trainer: {global_batch_size: null, seq_len: 128}\n", batch(), True),
+        ("[garbage", batch(), True),
+    ],
+    ids=["same batch", "another batch", "no batch there", "unreadable config"],
+)
+def test_a_checkpoint_without_its_batch_is_judged_by_its_runs_config(tmp_path, config, now,
+                                                                      refused):  # fmt: skip
+    """A checkpoint whose meta.json records neither its batch nor its tokens: the run's
+    config.yaml (written by the launch that wrote it) says what its batch was; with neither,
+    the data position cannot be proven and the resume is refused."""
+    step = tmp_path / "run" / "checkpoints" / "step_00000004"
+    step.mkdir(parents=True)
+    (step / checkpoint.META).write_text(json.dumps({**IDENT, "step": 4}))
+    (tmp_path / "run" / "config.yaml").write_text(config)
+    found = resume.differences(resume.read_meta_with_batch(step), now)
+    assert bool(found) == refused, found
 
 
 def test_the_launch_records_its_batch():
