@@ -62,8 +62,8 @@ def test_a_test_that_starts_a_process_at_any_depth_is_read_as_one(module, test, 
 
 @pytest.mark.parametrize(
     ("folder", "tier"),
-    [("unit/config", "unit"), ("unit", "unit"), ("launches", "launch"), ("cluster", "cluster"),
-     ("gpu", "gpu")],
+    [("unit/config", "unit"), ("unit", "unit"), ("launches", "launch"), ("scale", "scale"),
+     ("cluster", "cluster"), ("gpu", "gpu")],
 )  # fmt: skip
 def test_the_folder_is_the_tier(folder, tier):
     assert tiers.tier_of(tiers.TESTS / folder / "test_x.py") == tier
@@ -82,6 +82,8 @@ def test_a_file_outside_the_tier_folders_is_refused():
         ("launches", "test_pure", [], "starts no process: move it to tests/unit/<package>/"),
         ("unit/x", "test_pure", [], ""),
         ("launches", "test_direct", [], ""),
+        ("scale", "test_pure", [], "starts no process: move it to tests/unit/<package>/"),
+        ("scale", "test_direct", [], ""),
         ("cluster", "test_pure", [], ""),
     ],
 )
