@@ -1,0 +1,284 @@
+"""How the launcher's costs grow with the number of ranks: the same job at 2, 4, 8, 16 ranks.
+
+    python benchmarks/scale.py [--ranks 2,4,8,16] [--steps 30] [--out scale.json] [overrides...]
+
+Per world size, one `launcher.torchrun --standalone` of the job, its resume (10 more steps,
+the same run directory), and a bare DDP loop of the same model at the same world size
+(benchmarks/overhead.py's bare loop, each rank its share of the batch), then a table:
+
+- start-up: from the launch to the loop's first step (when the first metrics.jsonl record
+  appears, less the loop's own `elapsed_s` in it);
+- step and overhead: the trainer's seconds per step over its logged window against the bare
+  loop's over the same window: the difference is what the launcher adds per step at that
+  world size;
+- run directory: files and bytes it holds at the end;
+- reads: the files each rank opens and the folders it lists per log interval, counted by an
+  audit hook (`sys.addaudithook`: Python's `open`, `os.listdir`, `os.scandir` events) in
+  every rank, over the window between the first and the last metrics record; the most any
+  rank did, and which files;
+- checkpoint and resume: the final checkpoint's span (first file written under
+  `checkpoints/` to the last, over all ranks) and the resume's extra start-up (the resume
+  launch's start-up less the fresh one's).
+
+The last lines are the growth of each figure from the smallest world size to the largest,
+against the growth of the number of ranks: what grows faster is a defect (docs/scale.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# One sequence per rank at 16 ranks; logging every 5 steps; one checkpoint, at the end;
+# the DataLoader as users run it.
+DEFAULTS = [
+    "trainer.global_batch_size=16",
+    "trainer.micro_batch_size=1",
+    "trainer.seq_len=64",
+    "trainer.log_interval=5",
+    "trainer.eval_interval=100000",
+    "data.max_bytes=400000",
+    "data.bpe_vocab_size=512",
+]
+RESUME_STEPS = 10
+PROBE_DIR = "LAUNCHER_SCALE_PROBE"  # where each probed rank writes its events
+AUDITED = ("open", "os.listdir", "os.scandir")
+
+
+def code_path(path: str) -> bool:
+    """Files a rank opens to import code: not the launcher's work, and done before step 1."""
+    return path.endswith((".py", ".pyc", ".so", ".pth")) or "site-packages" in path
+
+
+def probe(argv: list[str]) -> None:
+    """Run as a rank under torchrun: record every open and listing with its time, run the
+    trainer (`python -m launcher.train argv`), write the record at exit."""
+    events: list[tuple[float, str, str]] = []
+
+    def hook(event: str, args: tuple) -> None:
+        if event in AUDITED and args and isinstance(args[0], str | os.PathLike):
+            path = os.fspath(args[0])
+            if not code_path(path):
+                events.append((time.time(), event, path))
+
+    out = Path(os.environ[PROBE_DIR]) / f"rank{os.environ['RANK']}.json"
+    sys.addaudithook(hook)
+    sys.argv = ["launcher.train", *argv]
+    try:
+        runpy.run_module("launcher.train", run_name="__main__", alter_sys=True)
+    finally:
+        out.write_text(json.dumps(events))
+
+
+def bare(argv: list[str]) -> None:
+    """Run as a rank under torchrun: the bare DDP loop; rank 0 prints its seconds per step."""
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(HERE))
+    from overhead import bare_per_step
+
+    dist.init_process_group("gloo")
+    per_step = bare_per_step(argv, rank=dist.get_rank(), world_size=dist.get_world_size())
+    if dist.get_rank() == 0:
+        print(f"BARE {per_step}")
+    dist.destroy_process_group()
+
+
+def torchrun(ranks: int, *args: str, env: dict | None = None, out=None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "launcher.torchrun", "--standalone"]
+    cmd += [f"--nproc_per_node={ranks}", *args]
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+
+def records(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    return [json.loads(line) for line in lines if line.endswith("}")]
+
+
+def launch(ranks: int, overrides: list[str], run_dir: Path, log: Path) -> dict:
+    """One probed launch: when each metrics record appeared, each rank's events, its code."""
+    probes = Path(tempfile.mkdtemp(prefix="probe-", dir=run_dir.parent))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", PROBE_DIR: str(probes)}
+    args = [*overrides, f"run.root={run_dir.parent}", f"run.id={run_dir.name}"]
+    started = time.time()
+    seen: dict[int, float] = {}
+    with open(log, "a") as out:
+        proc = torchrun(ranks, __file__, "--probe", *args, env=env, out=out)
+        while proc.poll() is None:
+            for r in records(run_dir)[len(seen) :]:
+                seen[r["step"]] = time.time() - started
+            time.sleep(0.01)
+    if proc.returncode != 0:
+        raise SystemExit(f"the {ranks}-rank launch failed (exit {proc.returncode}); see {log}")
+    ranks_events = {
+        int(p.stem[4:]): [(t - started, e, path) for t, e, path in json.loads(p.read_text())]
+        for p in probes.glob("rank*.json")
+    }
+    first = min(seen)
+    loop_start = seen[first] - next(r for r in records(run_dir) if r["step"] == first)["elapsed_s"]
+    return {"seen": seen, "events": ranks_events, "startup_s": loop_start}
+
+
+def per_interval_reads(run: dict, run_dir: Path) -> tuple[float, dict]:
+    """The most events any rank had per log interval inside the logged window, and that
+    rank's events by kind and file (the run directory's paths relative to it)."""
+    steps = sorted(run["seen"])
+    t0, t1 = run["seen"][steps[0]], run["seen"][steps[-1]]
+    intervals = len(steps) - 1
+    worst, worst_events = -1, []
+    for events in run["events"].values():
+        inside = [(e, p) for t, e, p in events if t0 < t <= t1]
+        if len(inside) > worst:
+            worst, worst_events = len(inside), inside
+    kinds: dict[str, int] = {}
+    for event, path in worst_events:
+        name = os.path.relpath(path, run_dir) if path.startswith(str(run_dir)) else path
+        kinds[f"{event} {name}"] = kinds.get(f"{event} {name}", 0) + 1
+    return worst / max(intervals, 1), kinds
+
+
+def checkpoint_span(run: dict, run_dir: Path) -> float:
+    """First to last event under checkpoints/ over all ranks (the final checkpoint's write)."""
+    marks = [
+        t
+        for events in run["events"].values()
+        for t, _, path in events
+        if path.startswith(str(run_dir / "checkpoints"))
+    ]
+    return max(marks) - min(marks) if marks else float("nan")
+
+
+def directory_size(run_dir: Path) -> tuple[int, int]:
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
+def bare_step(ranks: int, overrides: list[str], steps: int, log: Path) -> float:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         f"--nproc_per_node={ranks}", __file__, "--bare", *overrides,
+         f"trainer.max_steps={steps}"],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    with open(log, "a") as out:
+        out.write(proc.stdout + proc.stderr)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("BARE ")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"the {ranks}-rank bare loop failed (exit {proc.returncode}); see {log}")
+    return float(lines[0].split()[1])
+
+
+def measure(ranks: int, overrides: list[str], steps: int, root: Path, log: Path) -> dict:
+    run_dir = root / f"ranks{ranks}"
+    fresh = launch(ranks, [*overrides, f"trainer.max_steps={steps}"], run_dir, log)
+    elapsed = {r["step"]: r["elapsed_s"] for r in records(run_dir)}
+    first, last = min(elapsed), max(elapsed)
+    step_s = (elapsed[last] - elapsed[first]) / (last - first)
+    files, size = directory_size(run_dir)
+    reads, kinds = per_interval_reads(fresh, run_dir)
+    checkpoint_s = checkpoint_span(fresh, run_dir)
+    resumed = launch(ranks, [*overrides, f"trainer.max_steps={steps + RESUME_STEPS}"], run_dir, log)
+    bare_s = bare_step(ranks, overrides, steps, log)
+    return {
+        "ranks": ranks,
+        "startup_s": fresh["startup_s"],
+        "step_s": step_s,
+        "bare_step_s": bare_s,
+        "overhead_s": step_s - bare_s,
+        "files": files,
+        "bytes": size,
+        "reads_per_interval": reads,
+        "reads": kinds,
+        "checkpoint_s": checkpoint_s,
+        "resume_s": resumed["startup_s"] - fresh["startup_s"],
+    }
+
+
+COLUMNS = (
+    ("ranks", "ranks", "{:d}"),
+    ("startup_s", "start-up s", "{:.1f}"),
+    ("step_s", "step ms", "{:.1f}", 1e3),
+    ("bare_step_s", "bare ms", "{:.1f}", 1e3),
+    ("overhead_s", "overhead ms", "{:+.1f}", 1e3),
+    ("files", "run dir files", "{:d}"),
+    ("bytes", "run dir MB", "{:.2f}", 1e-6),
+    ("reads_per_interval", "reads/rank/interval", "{:.1f}"),
+    ("checkpoint_s", "checkpoint s", "{:.2f}"),
+    ("resume_s", "resume s", "{:+.1f}"),
+)
+
+
+def table(rows: list[dict]) -> str:
+    head = "| " + " | ".join(c[1] for c in COLUMNS) + " |"
+    lines = [head, "|" + "|".join("-" * (len(c[1]) + 2) for c in COLUMNS) + "|"]
+    for row in rows:
+        cells = []
+        for key, name, fmt, *scale in COLUMNS:
+            value = row[key] * scale[0] if scale else row[key]
+            cells.append(fmt.format(value).rjust(len(name)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def growth(rows: list[dict]) -> str:
+    """Each figure's growth from the first world size to the last, against the ranks'."""
+    a, b = rows[0], rows[-1]
+    ranks = b["ranks"] / a["ranks"]
+    out = [f"growth {a['ranks']} -> {b['ranks']} ranks (x{ranks:g}):"]
+    for key in ("startup_s", "files", "bytes", "reads_per_interval", "checkpoint_s"):
+        if a[key] > 0:
+            factor = b[key] / a[key]
+            flag = "  FASTER THAN THE RANKS" if factor > ranks else ""
+            out.append(f"  {key}: x{factor:.2f}{flag}")
+    return "\n".join(out)
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--probe"]:
+        return probe(sys.argv[2:]) or 0
+    if sys.argv[1:2] == ["--bare"]:
+        return bare(sys.argv[2:]) or 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", default="2,4,8,16", help="world sizes, comma-separated")
+    parser.add_argument("--steps", type=int, default=30, help="steps of the fresh launch")
+    parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    overrides = [*DEFAULTS, *args.overrides]
+    overrides += [f"trainer.checkpoint_interval={args.steps}"]  # the end's only
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="scale-") as tmp:
+        root, log = Path(tmp), Path(tmp) / "launches.log"
+        world_sizes = [int(r) for r in args.ranks.split(",")]
+        # Imports, the token cache and the tokenizer warm before anything is timed.
+        launch(world_sizes[0], [*overrides, "trainer.max_steps=1"], root / "warm", log)
+        for ranks in world_sizes:
+            row = measure(ranks, overrides, args.steps, root, log)
+            rows.append(row)
+            print(f"{ranks} ranks: {json.dumps(row)}", file=sys.stderr)
+    print(table(rows))
+    print()
+    worst = max(rows, key=lambda r: r["reads_per_interval"])
+    print(f"reads per interval at {worst['ranks']} ranks (the busiest rank):")
+    for what, count in sorted(worst["reads"].items()):
+        print(f"  {count:4d}  {what}")
+    print(growth(rows))
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
