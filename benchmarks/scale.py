@@ -14,11 +14,12 @@ the same run directory), and a bare DDP loop of the same model at the same world
 - run directory: files and bytes it holds at the end;
 - reads: the files each rank opens and the folders it lists per log interval, counted by an
   audit hook (`sys.addaudithook`: Python's `open`, `os.listdir`, `os.scandir` events) in
-  every rank, over the window between the first and the last metrics record; the most any
-  rank did, and which files;
+  every rank (not its DataLoader workers), over the window between the first and the last
+  metrics record; the most any rank did, and which files; and the same before the loop
+  began (start-up), imports left out;
 - checkpoint and resume: the final checkpoint's span (first file written under
-  `checkpoints/` to the last, over all ranks) and the resume's extra start-up (the resume
-  launch's start-up less the fresh one's).
+  `checkpoints/` to the last, over all ranks) and the resume's (first file read there to the
+  last, over all ranks).
 
 The last lines are the growth of each figure from the smallest world size to the largest,
 against the growth of the number of ranks: what grows faster is a defect (docs/scale.md).
@@ -111,12 +112,13 @@ def launch(ranks: int, overrides: list[str], run_dir: Path, log: Path) -> dict:
     probes = Path(tempfile.mkdtemp(prefix="probe-", dir=run_dir.parent))
     env = {**os.environ, "OMP_NUM_THREADS": "1", PROBE_DIR: str(probes)}
     args = [*overrides, f"run.root={run_dir.parent}", f"run.id={run_dir.name}"]
+    before = len(records(run_dir))  # a resume appends to the records of the launch before
     started = time.time()
     seen: dict[int, float] = {}
     with open(log, "a") as out:
         proc = torchrun(ranks, __file__, "--probe", *args, env=env, out=out)
         while proc.poll() is None:
-            for r in records(run_dir)[len(seen) :]:
+            for r in records(run_dir)[before + len(seen) :]:
                 seen[r["step"]] = time.time() - started
             time.sleep(0.01)
     if proc.returncode != 0:
@@ -126,7 +128,8 @@ def launch(ranks: int, overrides: list[str], run_dir: Path, log: Path) -> dict:
         for p in probes.glob("rank*.json")
     }
     first = min(seen)
-    loop_start = seen[first] - next(r for r in records(run_dir) if r["step"] == first)["elapsed_s"]
+    record = next(r for r in records(run_dir)[before:] if r["step"] == first)
+    loop_start = seen[first] - record["elapsed_s"]
     return {"seen": seen, "events": ranks_events, "startup_s": loop_start}
 
 
@@ -148,8 +151,21 @@ def per_interval_reads(run: dict, run_dir: Path) -> tuple[float, dict]:
     return worst / max(intervals, 1), kinds
 
 
+def startup_reads(run: dict) -> tuple[int, dict]:
+    """The most files any rank opened or folders it listed before the loop began, and that
+    rank's by folder."""
+    events = max(run["events"].values(), key=lambda ev: sum(t < run["startup_s"] for t, *_ in ev))
+    folders: dict[str, int] = {}
+    for t, event, path in events:
+        if t < run["startup_s"]:
+            key = f"{event} {os.path.dirname(path)}/"
+            folders[key] = folders.get(key, 0) + 1
+    return sum(folders.values()), folders
+
+
 def checkpoint_span(run: dict, run_dir: Path) -> float:
-    """First to last event under checkpoints/ over all ranks (the final checkpoint's write)."""
+    """First to last event under checkpoints/ over all ranks: the final checkpoint's write
+    in a fresh launch, the checkpoint's reading (the resume) in a resumed one."""
     marks = [
         t
         for events in run["events"].values()
@@ -190,6 +206,7 @@ def measure(ranks: int, overrides: list[str], steps: int, root: Path, log: Path)
     reads, kinds = per_interval_reads(fresh, run_dir)
     checkpoint_s = checkpoint_span(fresh, run_dir)
     resumed = launch(ranks, [*overrides, f"trainer.max_steps={steps + RESUME_STEPS}"], run_dir, log)
+    opened, by_folder = startup_reads(fresh)
     bare_s = bare_step(ranks, overrides, steps, log)
     return {
         "ranks": ranks,
@@ -199,10 +216,12 @@ def measure(ranks: int, overrides: list[str], steps: int, root: Path, log: Path)
         "overhead_s": step_s - bare_s,
         "files": files,
         "bytes": size,
+        "startup_reads": opened,
+        "startup_reads_by_folder": by_folder,
         "reads_per_interval": reads,
         "reads": kinds,
         "checkpoint_s": checkpoint_s,
-        "resume_s": resumed["startup_s"] - fresh["startup_s"],
+        "resume_s": checkpoint_span(resumed, run_dir),
     }
 
 
@@ -214,9 +233,10 @@ COLUMNS = (
     ("overhead_s", "overhead ms", "{:+.1f}", 1e3),
     ("files", "run dir files", "{:d}"),
     ("bytes", "run dir MB", "{:.2f}", 1e-6),
+    ("startup_reads", "start-up reads/rank", "{:d}"),
     ("reads_per_interval", "reads/rank/interval", "{:.1f}"),
     ("checkpoint_s", "checkpoint s", "{:.2f}"),
-    ("resume_s", "resume s", "{:+.1f}"),
+    ("resume_s", "resume s", "{:.2f}"),
 )
 
 
@@ -237,7 +257,8 @@ def growth(rows: list[dict]) -> str:
     a, b = rows[0], rows[-1]
     ranks = b["ranks"] / a["ranks"]
     out = [f"growth {a['ranks']} -> {b['ranks']} ranks (x{ranks:g}):"]
-    for key in ("startup_s", "files", "bytes", "reads_per_interval", "checkpoint_s"):
+    keys = ("startup_s", "overhead_s", "files", "bytes", "startup_reads", "reads_per_interval")
+    for key in (*keys, "checkpoint_s", "resume_s"):
         if a[key] > 0:
             factor = b[key] / a[key]
             flag = "  FASTER THAN THE RANKS" if factor > ranks else ""
@@ -273,6 +294,10 @@ def main() -> int:
     worst = max(rows, key=lambda r: r["reads_per_interval"])
     print(f"reads per interval at {worst['ranks']} ranks (the busiest rank):")
     for what, count in sorted(worst["reads"].items()):
+        print(f"  {count:4d}  {what}")
+    last = rows[-1]
+    print(f"start-up reads at {last['ranks']} ranks (the busiest rank), by folder:")
+    for what, count in sorted(last["startup_reads_by_folder"].items(), key=lambda kv: -kv[1]):
         print(f"  {count:4d}  {what}")
     print(growth(rows))
     if args.out:

@@ -1,8 +1,10 @@
 """16 ranks of the default job on this machine (docs/scale.md): one torchrun of 16 processes,
-and four torchrun agents of 4 ranks each as four nodes (a c10d rendezvous on localhost,
-each agent its own process tree and session).
+four torchrun agents of 4 ranks each as four nodes (a c10d rendezvous on localhost, each
+agent its own process tree and session), and a job of 4 nodes x 4 tasks on a real Slurm
+cluster of four slurmd on this machine (tests/slurm_cluster.py).
 
-Four launches, each read by several tests: the uninterrupted 16-rank run (the reference);
+Five launches, each read by several tests: the uninterrupted 16-rank run (the reference);
+the Slurm job, which must equal it;
 the 4 x 4 agents preempted as one node is (SIGTERM to one agent); its resume on 4 ranks; and
 back on 4 x 4 agents with the memory tier on, where one agent's whole tree is SIGKILLed twice
 (a lost node, replaced by a new agent as a scheduler would): first the tier restores its
@@ -18,6 +20,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from slurm_cluster import BASE, ClusterUnavailable, SlurmCluster, submit, wait_until_done
 
 from launcher.checkpoint import memory
 from launcher.resilience import exit_codes
@@ -88,6 +91,27 @@ def plain(root):
     """`torchrun --standalone --nproc_per_node=16` of the schedule, uninterrupted."""
     proc = torchrun([*SCHEDULE, f"run.root={root / 'plain'}", "run.id=p"], nproc=RANKS)
     return proc, root / "plain" / "p"
+
+
+@pytest.fixture(scope="module")
+def slurm_job(root):
+    """The schedule as `python -m launcher.submit slurm cluster.nodes=4
+    cluster.procs_per_node=4` on a cluster of four slurmd (12 CPUs each: a rank and its two
+    loader workers each take one): (scontrol's view at the end, the run dir, the output)."""
+    nodes = tuple(f"n{i}" for i in range(1, NODES + 1))
+    cluster = SlurmCluster(BASE.with_name(f"{BASE.name}-scale"), nodes=nodes, cpus=12)
+    try:
+        cluster.start()
+    except ClusterUnavailable as exc:
+        cluster.stop()
+        pytest.skip(f"no Slurm cluster: {exc}")
+    try:
+        shape = [f"cluster.nodes={NODES}", f"cluster.procs_per_node={RANKS // NODES}"]
+        job_id, run_dir = submit(cluster, root / "slurm", "s", [*shape, *SCHEDULE])
+        state = wait_until_done(cluster, job_id, run_dir, LAUNCH_TIMEOUT)
+        return state, run_dir, (run_dir / "submit" / f"slurm-{job_id}.out").read_text()
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +222,22 @@ def test_sixteen_processes_train_into_one_run_directory(plain):
     assert slowest <= set(range(RANKS)) and len(slowest) > 1, slowest
     s = summary(run_dir)
     assert (s["status"], s["steps"], s["world_size"]) == ("completed", STEPS, RANKS)
+
+
+def test_slurm_4_nodes_x_4_tasks_train_the_same_run(plain, slurm_job):
+    state, run_dir, out = slurm_job
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", out[-3000:]
+    assert f"nodes n[1-{NODES}]" in out
+    assert [p.name for p in run_dir.parent.iterdir()] == ["s"]
+    for rank in range(RANKS):  # four ranks on each node
+        log = (run_dir / "logs" / f"rank{rank}.log").read_text()
+        assert f"rank {rank}/{RANKS} (local {rank % (RANKS // NODES)}," in log
+    (codes,) = (run_dir / "logs" / "node_codes").iterdir()
+    assert {p.name: p.read_text() for p in codes.iterdir()} == {
+        f"n{i}": "0\n" for i in range(1, NODES + 1)
+    }
+    assert summary(run_dir)["world_size"] == RANKS
+    assert losses(run_dir) == losses(plain[1])  # the same 16 ranks, the same sums
 
 
 def test_a_preempted_node_stops_every_rank_with_a_checkpoint(preempted):

@@ -102,3 +102,10 @@ def test_this_test_runs_in_the_unit_tier_and_may_not_start_a_process(request):
     assert request.node.get_closest_marker("unit")
     with pytest.raises(AssertionError, match="unit tier started a process"):
         launch.refuse_in_unit_tier()  # what torchrun(), python_train() and start() call first
+
+
+def test_the_scale_tier_runs_whole_in_the_serial_part():
+    """16-rank launches fill both cores alone, and their timing verdicts (a hang's
+    allowance, the burn-in's outlier) are theirs only when nothing else runs."""
+    assert tiers.is_serial(tiers.TESTS / "scale" / "test_x.py", "test_any", [])
+    assert not tiers.is_serial(tiers.TESTS / "launches" / "test_x.py", "test_any", [])
