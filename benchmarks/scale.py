@@ -17,9 +17,9 @@ the same run directory), and a bare DDP loop of the same model at the same world
   every rank (not its DataLoader workers), over the window between the first and the last
   metrics record; the most any rank did, and which files; and the same before the loop
   began (start-up), imports left out;
-- checkpoint and resume: the final checkpoint's span (first file written under
-  `checkpoints/` to the last, over all ranks) and the resume's (first file read there to the
-  last, over all ranks).
+- checkpoint and resume: the final checkpoint's span (a rank's first file event under
+  `checkpoints/` to its last; the longest of any rank) and the resume's (a rank's first
+  read of the resumed checkpoint's files to its last, its meta.json left out).
 
 The last lines are the growth of each figure from the smallest world size to the largest,
 against the growth of the number of ranks: what grows faster is a defect (docs/scale.md).
@@ -136,7 +136,9 @@ def launch(ranks: int, overrides: list[str], run_dir: Path, log: Path) -> dict:
 def per_interval_reads(run: dict, run_dir: Path) -> tuple[float, dict]:
     """The most events any rank had per log interval inside the logged window, and that
     rank's events by kind and file (the run directory's paths relative to it)."""
-    steps = sorted(run["seen"])
+    # To the last record but one: the last is seen a poll late, when the final checkpoint
+    # may have begun.
+    steps = sorted(run["seen"])[:-1]
     t0, t1 = run["seen"][steps[0]], run["seen"][steps[-1]]
     intervals = len(steps) - 1
     worst, worst_events = -1, []
@@ -163,16 +165,16 @@ def startup_reads(run: dict) -> tuple[int, dict]:
     return sum(folders.values()), folders
 
 
-def checkpoint_span(run: dict, run_dir: Path) -> float:
-    """First to last event under checkpoints/ over all ranks: the final checkpoint's write
-    in a fresh launch, the checkpoint's reading (the resume) in a resumed one."""
-    marks = [
-        t
-        for events in run["events"].values()
-        for t, _, path in events
-        if path.startswith(str(run_dir / "checkpoints"))
-    ]
-    return max(marks) - min(marks) if marks else float("nan")
+def longest_span(run: dict, counts) -> float:
+    """The longest span any rank spent between its first and its last file event that
+    `counts(path)`. Per rank: ranks start seconds apart on a shared machine, and a span over
+    all of them would measure that."""
+    spans = []
+    for events in run["events"].values():
+        marks = [t for t, _, path in events if counts(path)]
+        if marks:
+            spans.append(max(marks) - min(marks))
+    return max(spans) if spans else float("nan")
 
 
 def directory_size(run_dir: Path) -> tuple[int, int]:
@@ -204,7 +206,11 @@ def measure(ranks: int, overrides: list[str], steps: int, root: Path, log: Path)
     step_s = (elapsed[last] - elapsed[first]) / (last - first)
     files, size = directory_size(run_dir)
     reads, kinds = per_interval_reads(fresh, run_dir)
-    checkpoint_s = checkpoint_span(fresh, run_dir)
+    # The final checkpoint: every file event under checkpoints/ (the fresh launch has no
+    # other); the resume: the reading of that checkpoint's files, its meta.json left out
+    # (rank 0 reads it first, seconds earlier, to decide what to resume).
+    checkpoint_s = longest_span(fresh, lambda p: p.startswith(str(run_dir / "checkpoints")))
+    resumed_from = str(run_dir / "checkpoints" / f"step_{steps:08d}")
     resumed = launch(ranks, [*overrides, f"trainer.max_steps={steps + RESUME_STEPS}"], run_dir, log)
     opened, by_folder = startup_reads(fresh)
     bare_s = bare_step(ranks, overrides, steps, log)
@@ -221,7 +227,9 @@ def measure(ranks: int, overrides: list[str], steps: int, root: Path, log: Path)
         "reads_per_interval": reads,
         "reads": kinds,
         "checkpoint_s": checkpoint_s,
-        "resume_s": checkpoint_span(resumed, run_dir),
+        "resume_s": longest_span(
+            resumed, lambda p: p.startswith(resumed_from) and not p.endswith("meta.json")
+        ),
     }
 
 
