@@ -14,6 +14,7 @@ loss is the uninterrupted run's: exactly at 16 ranks, within REORDERED after 4 r
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import signal
@@ -75,6 +76,17 @@ def agents_run(args, tmp: Path, name: str, extra_args=()):
     return agents, outputs, again
 
 
+@contextlib.contextmanager
+def no_leftovers(agents):
+    """Whatever happens, no agent (nor a rank or loader worker below it) outlives the
+    fixture: the ranks run in sessions of their own, which killing an agent leaves."""
+    try:
+        yield
+    finally:
+        for agent in agents:
+            kill_tree(agent.pid)
+
+
 def ended(agents, outputs) -> list[tuple[int, str]]:
     """(exit code, output) of each agent, once all have ended."""
     texts = [finish(a, out) for a, out in zip(agents, outputs, strict=True)]
@@ -121,9 +133,10 @@ def preempted(root):
     run_dir = root / "agents" / "a"
     args = [*SCHEDULE, f"run.root={run_dir.parent}", f"run.id={run_dir.name}"]
     agents, outputs, _ = agents_run(args, root, "preempted")
-    wait_for(reached(run_dir, 3), agents[0], timeout=LAUNCH_TIMEOUT)
-    agents[2].send_signal(signal.SIGTERM)
-    codes, texts = zip(*ended(agents, outputs), strict=True)
+    with no_leftovers(agents):
+        wait_for(reached(run_dir, 3), agents[0], timeout=LAUNCH_TIMEOUT)
+        agents[2].send_signal(signal.SIGTERM)
+        codes, texts = zip(*ended(agents, outputs), strict=True)
     return {"codes": codes, "outputs": texts, "run_dir": run_dir, "stop": summary(run_dir)["steps"]}
 
 
@@ -195,12 +208,13 @@ def back_at_sixteen(preempted, at_four, root):
     while second % DURABLE == 0:  # a durable step: the tier does not write it
         second += MEMORY
     assert second < STEPS, f"the 4-rank leg ended at {resumed}: too late for two losses"
-    wait_for(sealed_everywhere(run_dir, first), agents[0], timeout=LAUNCH_TIMEOUT)
-    lose_node(agents, again, run_dir, 3)
-    wait_for(sealed_everywhere(run_dir, second), agents[0], timeout=LAUNCH_TIMEOUT)
-    tier = memory.rank_folder("/dev/shm", run_dir, 0).parent
-    lose_node(agents, again, run_dir, 3, lambda: shutil.rmtree(tier))
-    outcomes = ended(agents, outputs)
+    with no_leftovers(agents):  # the list holds the replacements too
+        wait_for(sealed_everywhere(run_dir, first), agents[0], timeout=LAUNCH_TIMEOUT)
+        lose_node(agents, again, run_dir, 3)
+        wait_for(sealed_everywhere(run_dir, second), agents[0], timeout=LAUNCH_TIMEOUT)
+        tier = memory.rank_folder("/dev/shm", run_dir, 0).parent
+        lose_node(agents, again, run_dir, 3, lambda: shutil.rmtree(tier))
+        outcomes = ended(agents, outputs)
     return {
         "outcomes": outcomes,
         "run_dir": run_dir,
