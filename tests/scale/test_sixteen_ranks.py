@@ -84,7 +84,8 @@ def no_leftovers(agents):
         yield
     finally:
         for agent in agents:
-            kill_tree(agent.pid)
+            if agent.poll() is None:  # an ended agent's pid may be another process's now
+                kill_tree(agent.pid)
 
 
 def ended(agents, outputs) -> list[tuple[int, str]]:
