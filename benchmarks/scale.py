@@ -22,7 +22,8 @@ the same run directory), and a bare DDP loop of the same model at the same world
   read of the resumed checkpoint's files to its last, its meta.json left out).
 
 The last lines are the growth of each figure from the smallest world size to the largest,
-against the growth of the number of ranks: what grows faster is a defect (docs/scale.md).
+against the growth of the number of ranks (seconds first divided by the growth of the ranks'
+share of the machine's cores): what grows faster is a defect (docs/scale.md).
 """
 
 from __future__ import annotations
@@ -211,6 +212,10 @@ def measure(ranks: int, overrides: list[str], steps: int, root: Path, log: Path)
     # (rank 0 reads it first, seconds earlier, to decide what to resume).
     checkpoint_s = longest_span(fresh, lambda p: p.startswith(str(run_dir / "checkpoints")))
     resumed_from = str(run_dir / "checkpoints" / f"step_{steps:08d}")
+
+    def payload(path: str) -> bool:
+        return path.startswith(resumed_from) and not path.endswith("meta.json")
+
     resumed = launch(ranks, [*overrides, f"trainer.max_steps={steps + RESUME_STEPS}"], run_dir, log)
     opened, by_folder = startup_reads(fresh)
     bare_s = bare_step(ranks, overrides, steps, log)
@@ -227,8 +232,9 @@ def measure(ranks: int, overrides: list[str], steps: int, root: Path, log: Path)
         "reads_per_interval": reads,
         "reads": kinds,
         "checkpoint_s": checkpoint_s,
-        "resume_s": longest_span(
-            resumed, lambda p: p.startswith(resumed_from) and not p.endswith("meta.json")
+        "resume_s": longest_span(resumed, payload),
+        "resume_reads": max(
+            sum(payload(p) for _, _, p in events) for events in resumed["events"].values()
         ),
     }
 
@@ -245,6 +251,7 @@ COLUMNS = (
     ("reads_per_interval", "reads/rank/interval", "{:.1f}"),
     ("checkpoint_s", "checkpoint s", "{:.2f}"),
     ("resume_s", "resume s", "{:.2f}"),
+    ("resume_reads", "resume reads/rank", "{:d}"),
 )
 
 
@@ -260,17 +267,29 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def growth(rows: list[dict]) -> str:
-    """Each figure's growth from the first world size to the last, against the ranks'."""
+COUNTS = ("files", "bytes", "startup_reads", "reads_per_interval", "resume_reads")
+SECONDS = ("startup_s", "checkpoint_s", "resume_s")
+
+
+def growth(rows: list[dict], cores: int) -> str:
+    """Each figure's growth from the first world size to the last, against the ranks'.
+
+    Counts are compared as they are. Seconds are divided by the growth of the CPU share
+    first: W ranks on `cores` cores each get min(1, cores / W) of one, so work that is the
+    same on every rank takes W / cores times longer once W passes the cores, and only
+    what grows beyond that is the launcher's."""
     a, b = rows[0], rows[-1]
     ranks = b["ranks"] / a["ranks"]
-    out = [f"growth {a['ranks']} -> {b['ranks']} ranks (x{ranks:g}):"]
-    keys = ("startup_s", "overhead_s", "files", "bytes", "startup_reads", "reads_per_interval")
-    for key in (*keys, "checkpoint_s", "resume_s"):
+    share = max(1, b["ranks"] / cores) / max(1, a["ranks"] / cores)
+    out = [f"growth {a['ranks']} -> {b['ranks']} ranks (x{ranks:g}; CPU share per rank / {share:g}"
+           f" on {cores} cores):"]  # fmt: skip
+    for key in (*COUNTS, *SECONDS):
         if a[key] > 0:
             factor = b[key] / a[key]
-            flag = "  FASTER THAN THE RANKS" if factor > ranks else ""
-            out.append(f"  {key}: x{factor:.2f}{flag}")
+            own = factor / share if key in SECONDS else factor
+            per_share = f" (x{own:.2f} per CPU share)" if key in SECONDS else ""
+            flag = "  FASTER THAN THE RANKS" if own > ranks else ""
+            out.append(f"  {key}: x{factor:.2f}{per_share}{flag}")
     return "\n".join(out)
 
 
@@ -307,7 +326,7 @@ def main() -> int:
     print(f"start-up reads at {last['ranks']} ranks (the busiest rank), by folder:")
     for what, count in sorted(last["startup_reads_by_folder"].items(), key=lambda kv: -kv[1]):
         print(f"  {count:4d}  {what}")
-    print(growth(rows))
+    print(growth(rows, os.cpu_count() or 1))
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
     return 0

@@ -28,6 +28,7 @@ WAITING_FUNCTIONS = (
     "all_gather_floats",
     "all_gather_objects",
     "gather_objects",
+    "flagged_ranks",
     "broadcast_object",
     "barrier",
 )
