@@ -28,7 +28,6 @@ WAITING_FUNCTIONS = (
     "all_gather_floats",
     "all_gather_objects",
     "gather_objects",
-    "flagged_ranks",
     "broadcast_object",
     "barrier",
 )

@@ -95,27 +95,26 @@ def stop_requested() -> bool:
 class StopVote:
     def __init__(self, group=None):
         self.group = group
-        self._pending: tuple[object, torch.Tensor] | None = None
+        self._pending: tuple[object, list[torch.Tensor]] | None = None
 
     def poll(self) -> bool:
         """Call once per step boundary on every rank; True when all agree to stop now."""
         if not (dist.is_available() and dist.is_initialized()):
             return stop_requested()
         decided = self._collect()
-        # One flag reduced by MAX: any rank's request stops all. Which rank asked is not
-        # needed, so no rank receives every rank's flag (an all-gather would, every step).
         flag = torch.tensor([1 if stop_requested() else 0], dtype=torch.int32)
-        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
-        self._pending = (work, flag)
+        flags = [torch.empty_like(flag) for _ in range(dist.get_world_size(self.group))]
+        work = dist.all_gather(flags, flag, group=self.group, async_op=True)
+        self._pending = (work, flags)
         return decided
 
     def _collect(self) -> bool:
         if self._pending is None:
             return False
-        work, flag = self._pending
+        work, flags = self._pending
         self._pending = None
         work.wait()
-        return bool(flag.item())
+        return any(bool(f.item()) for f in flags)
 
     def drain(self) -> None:
         """Finish the vote in flight so no collective is pending at teardown."""

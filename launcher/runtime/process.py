@@ -85,18 +85,6 @@ class Runtime:
         dist.all_gather(out, local, group=self.control_group)
         return [t.tolist() for t in out]
 
-    def flagged_ranks(self, flag: bool) -> list[int]:
-        """The ranks whose `flag` is set, agreed by all. One all-reduce (MAX) of the flag
-        answers the usual case, none; only when some rank's is set does an all-gather name
-        them, so a check made every step sends no rank every rank's flag."""
-        if not self.distributed:
-            return [self.rank] if flag else []
-        anyone = torch.tensor([float(flag)], dtype=torch.float64)
-        dist.all_reduce(anyone, op=dist.ReduceOp.MAX, group=self.control_group)
-        if not anyone.item():
-            return []
-        return [r for r, (mine,) in enumerate(self.all_gather_floats([float(flag)])) if mine]
-
     def all_gather_objects(self, obj) -> list:
         """Every rank's `obj` (picklable), in rank order, on the CPU group."""
         if not self.distributed:

@@ -290,7 +290,8 @@ class TrainLoop:
     def _check_finite(self, step: int) -> None:
         """Collective check, so that every rank refuses together."""
         bad = self.interval.nonfinite
-        ranks = self.rt.flagged_ranks(bool(bad.item()) if bad is not None else False)
+        flags = self.rt.all_gather_floats([float(bad.item()) if bad is not None else 0.0])
+        ranks = [r for r, (flag,) in enumerate(flags) if flag]
         if ranks:
             self._nonfinite(step, ranks)
 
@@ -522,10 +523,10 @@ class TrainLoop:
 
     def _bad_ranks(self, losses: list[torch.Tensor]) -> list[int]:
         """The ranks whose loss this step is not finite, agreed by all (trainer.on_nonfinite=
-        skip): one tiny all-reduce and one device sync per step, the policy's cost."""
-        return self.rt.flagged_ranks(
-            not all(torch.isfinite(loss.detach()).item() for loss in losses)
-        )
+        skip): one tiny all-gather and one device sync per step, the policy's cost."""
+        bad = float(not all(torch.isfinite(loss.detach()).item() for loss in losses))
+        flags = self.rt.all_gather_floats([bad])
+        return [r for r, (flag,) in enumerate(flags) if flag]
 
     def _skip(self, step: int, ranks: list[int]) -> None:
         """Step `step` was dropped on every rank; stop (exit 3) when it is one too many."""

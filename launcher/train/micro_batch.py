@@ -29,8 +29,8 @@ def free_device_memory(device: torch.device) -> None:
 
 
 def ranks_out_of_memory(rt: Runtime, failed: bool) -> list[int]:
-    """The ranks that ran out of memory, agreed by all: one tiny all-reduce when none did."""
-    return rt.flagged_ranks(failed)
+    """The ranks that ran out of memory, agreed by all: one tiny all-gather."""
+    return [r for r, (flag,) in enumerate(rt.all_gather_floats([float(failed)])) if flag]
 
 
 def search(plan: BatchPlan, rt: Runtime, trial: Callable[[int], None]) -> BatchPlan:

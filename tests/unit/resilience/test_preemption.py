@@ -59,7 +59,7 @@ def test_vote_without_process_group_is_the_local_request(stop_request):
 
 
 def test_vote_is_decided_one_boundary_later(stop_request, gloo_world):
-    """With a process group, poll at boundary k returns boundary k-1's all-reduce: a
+    """With a process group, poll at boundary k returns boundary k-1's all-gather: a
     request made between boundaries k-1 and k is answered True at k+1, never at k."""
     install_stop_handlers()
     vote = StopVote(gloo_world)
