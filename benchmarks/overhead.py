@@ -99,37 +99,42 @@ def trainer_per_step(overrides: list[str]) -> float:
     return (elapsed[last] - elapsed[first]) / (last - first)
 
 
-def bare_per_step(overrides: list[str]) -> float:
-    """Seconds per step of the bare loop over the same window."""
+def bare_per_step(overrides: list[str], rank: int = 0, world_size: int = 1) -> float:
+    """Seconds per step of the bare loop over the same window; with `world_size` above 1
+    (under torchrun, the gloo group made), each rank's share of the batch and the model
+    wrapped in plain DDP: the bare step at that world size (benchmarks/scale.py)."""
     cfg = compose(overrides)
     t = cfg.trainer
     device = pick_device(t.device, local_rank=0)
-    data = prepare_data(
-        cfg.data, seq_len=t.seq_len, seed=t.seed, is_builder=True, wait=lambda: None
-    )
+    sync = torch.distributed.barrier if world_size > 1 else lambda: None
+    data = prepare_data(cfg.data, seq_len=t.seq_len, seed=t.seed, is_builder=rank == 0, wait=sync)
     seed_everything(t.seed)
     model = build_model(
         cfg.model, data.vocab_size, eot_id=data.eot_id, grad_checkpointing=t.grad_checkpointing
     ).to(device)
     optimizer = build_optimizer(model, t)
+    if world_size > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
     module = (
         model if t.compile == "off" else torch.compile(model, mode=compile_mode(t.compile, device))
     )
     dtype = AUTOCAST_DTYPES.get(t.precision)
     scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
-    plan = BatchPlan.of(t, world_size=1)
-    order = iter(StepBatchSampler(len(data.train), plan, rank=0, seed=t.seed, start_step=0))
+    plan = BatchPlan.of(t, world_size=world_size)
+    order = iter(StepBatchSampler(len(data.train), plan, rank=rank, seed=t.seed, start_step=0))
     first, last = window(cfg)
     marks = {}
     for step in range(t.max_steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, t)
-        for _ in range(plan.accum):
+        for micro in range(plan.accum):
             windows = (data.train[i] for i in next(order))
             x, y = (torch.stack(z).to(device) for z in zip(*windows, strict=True))
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                loss = model_loss(module, cfg.model.impl, x, y)
-            scaler.scale(loss / plan.accum).backward()
+            last_micro = micro == plan.accum - 1  # DDP all-reduces only there, as the trainer
+            with contextlib.nullcontext() if world_size == 1 or last_micro else model.no_sync():
+                with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                    loss = model_loss(module, cfg.model.impl, x, y)
+                scaler.scale(loss / plan.accum).backward()
         scaler.unscale_(optimizer)
         if t.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)

@@ -2,9 +2,10 @@
 
 Tiers are the folders (tests/tiers.py, which also checks each test's source fits its folder):
 `-m unit` (tests/unit/<package>/) is the fast tier, `-m launch` (tests/launches/) the real
-launches, `-m cluster` (tests/cluster/) Slurm and pods, `-m gpu` (tests/gpu/) what needs CUDA.
-`serial` marks the tests whose assertions are timing decisions (the tuner keeping or
-rejecting a change): they run alone, after the parallel part (README).
+launches, `-m scale` (tests/scale/) launches at 16 ranks, `-m cluster` (tests/cluster/) Slurm
+and pods, `-m gpu` (tests/gpu/) what needs CUDA. `serial` marks the tests whose assertions
+are timing decisions (the tuner keeping or rejecting a change) and the whole scale tier:
+they run alone, after the parallel part (README).
 
 Under LAUNCHER_STRICT_SKIPS=1 (set by .ci/run) a skip fails unless its reason starts with
 one of ALLOWED_SKIPS: only tests that need hardware this machine cannot have may skip.
@@ -26,7 +27,7 @@ from paths import REPO
 ALLOWED_SKIPS = ("needs a CUDA GPU",)
 # Units go to the xdist workers in this order (tests/scheduling.py): clusters and launches
 # first, so the short unit tests fill the tail.
-TIER_ORDER = ("cluster", "launch", "gpu", "unit")
+TIER_ORDER = ("cluster", "scale", "launch", "gpu", "unit")
 
 # Fixtures every tier folder may use: the shared reference runs, a one-rank gloo group, a
 # clean NCCL environment.
@@ -39,6 +40,7 @@ def pytest_configure(config):
     for tier, what in (
         ("unit", "pure, in-process: the fast tier"),
         ("launch", "starts real processes (torchrun, python -m launcher...)"),
+        ("scale", "real launches at 16 ranks (processes, agents as nodes); run with serial"),
         ("cluster", "needs the test Slurm cluster or pods in network namespaces"),
         ("gpu", "needs a CUDA GPU"),
         ("serial", "asserts timing decisions: run alone, not under -n"),

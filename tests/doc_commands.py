@@ -534,6 +534,18 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
         "skip",
         "the test suite itself (.ci/run and the lead run it)",
     ),
+    ("docs/testing.md", "python -m pytest -m scale"): (
+        "skip",
+        "the test suite itself (.ci/run and the lead run it)",
+    ),
+    ("docs/scale.md", "python -m pytest -m scale"): (
+        "skip",
+        "the test suite itself: the README's serial part runs the scale tier",
+    ),
+    ("docs/scale.md", "python benchmarks/scale.py --out scale.json"): (
+        "skip",
+        "launches 2 to 16 ranks three times each (minutes); its figures are in docs/scale.md",
+    ),
     ("docs/testing.md", "python -m pytest tests/launches/test_fsdp2.py"): (
         "skip",
         "the test suite itself (.ci/run and the lead run it)",

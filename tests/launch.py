@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -125,12 +126,17 @@ def explain(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}"
 
 
-def start(cmd: list[str], output) -> subprocess.Popen:
+def start(cmd: list[str], output, env=None) -> subprocess.Popen:
     """Output goes to a file: an unread pipe fills up and blocks the launch."""
     refuse_in_unit_tier()
     out = open(output, "w")  # noqa: SIM115 - the child holds it; closed with the test
     return subprocess.Popen(
-        cmd, env=base_env(), stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        cmd,
+        env=env or base_env(),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
 
 
@@ -180,6 +186,71 @@ def stop_once_checkpointed(args, root, step: int, output, sig=signal.SIGTERM) ->
     os.kill(proc.pid, sig)
     out = finish(proc, output)
     return proc.returncode, out
+
+
+def start_agent(
+    args: list[str],
+    output,
+    *,
+    nodes: int,
+    nproc: int,
+    endpoint: str,
+    rdzv_id: str,
+    host: bool,
+    extra_args=(),
+) -> subprocess.Popen:
+    """One node's torchrun agent (the launcher.torchrun front door) of a `nodes`-node job
+    whose agents meet at a c10d rendezvous on `endpoint`: its own process tree and session,
+    as on a node of its own. `host` says whether it holds the rendezvous' store (one agent
+    must; the others then do not try).
+
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with torch's default (the round-0 rank-0 agent's
+    store shared by later rounds), an agent started for a lost node waits for the workers'
+    store address that no agent publishes again, and the others wait for it: the restart
+    hangs until a 60 s store timeout fails the job (torch 2.13, docs/scale.md)."""
+    rdzv = [f"--nnodes={nodes}", f"--nproc_per_node={nproc}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
+            f"--rdzv-conf=is_host={int(host)}", *extra_args]  # fmt: skip
+    cmd = [sys.executable, "-m", "launcher.torchrun", *rdzv, "-m", "launcher.train", *args]
+    return start(cmd, output, base_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"))
+
+
+def start_agents(args: list[str], outputs: list[Path], *, nproc: int, rdzv_id: str, extra_args=()):
+    """len(outputs) agents of one job on this machine, as that many nodes (start_agent):
+    (the agents, a function that starts node i's agent again, as a replaced node would)."""
+    endpoint = f"127.0.0.1:{free_port()}"
+
+    def agent(i: int) -> subprocess.Popen:
+        return start_agent(
+            args, outputs[i], nodes=len(outputs), nproc=nproc, endpoint=endpoint,
+            rdzv_id=rdzv_id, host=i == 0, extra_args=extra_args,
+        )  # fmt: skip
+
+    return [agent(i) for i in range(len(outputs))], agent
+
+
+def tree_of(pid: int) -> list[int]:
+    """`pid` and every live process below it (a torchrun agent: its ranks, their loader
+    workers), whatever session each is in."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo.extend(children.get(tree[-1], []))
+    return tree
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and everything below it at once, as a node that is lost."""
+    for member in tree_of(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)
 
 
 def processes_of(root: Path) -> list[int]:

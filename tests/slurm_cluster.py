@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,6 +27,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from launch import explain
+from paths import REPO
 
 PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "munge")
 NODES = ("n1", "n2")
@@ -63,8 +67,12 @@ def missing_requirements() -> str | None:
 class SlurmCluster:
     """Start with `start()`, use `env()` for every client call, end with `stop()`."""
 
-    def __init__(self, base: Path = BASE):
+    def __init__(self, base: Path = BASE, nodes: tuple[str, ...] = NODES, cpus: int | None = None):
+        """`nodes` slurmd daemons (names that resolve to this machine), each declaring `cpus`
+        CPUs (default: this machine's; slurmd takes a figure above it, config_overrides)."""
         self.base = base
+        self.nodes = nodes
+        self.cpus = cpus or max(os.cpu_count() or 1, 2)
         self.conf = base / "slurm.conf"
         self.procs: list[subprocess.Popen] = []
         self.started_munge = False
@@ -82,10 +90,10 @@ class SlurmCluster:
         if why:
             raise ClusterUnavailable(why)
         self._remove_leftovers()
-        _ensure_hosts(NODES)
+        _ensure_hosts(self.nodes)
         self.started_munge = _ensure_munge()
         (self.base / "state").mkdir(parents=True)
-        for node in NODES:
+        for node in self.nodes:
             (self.base / "spool" / node).mkdir(parents=True)
         self.conf.write_text(self._config())
         env = self.env()
@@ -99,7 +107,7 @@ class SlurmCluster:
                 start_new_session=True,
             )
         )
-        for node in NODES:
+        for node in self.nodes:
             self.procs.append(
                 subprocess.Popen(
                     ["slurmd", "-D", "-N", node, "-f", str(self.conf)],
@@ -144,15 +152,14 @@ class SlurmCluster:
             "KillWait=30",
             "MinJobAge=600",
         ]
-        cpus = max(os.cpu_count() or 1, 2)
         memory = _memory_mib()  # each node is this machine: --mem is checked against it
-        for node in NODES:
+        for node in self.nodes:
             lines.append(
                 f"NodeName={node} NodeHostname={self.hostname} NodeAddr=127.0.0.1 "
-                f"Port={_free_port()} CPUs={cpus} RealMemory={memory} State=UNKNOWN"
+                f"Port={_free_port()} CPUs={self.cpus} RealMemory={memory} State=UNKNOWN"
             )
         lines.append(
-            f"PartitionName={PARTITION} Nodes={','.join(NODES)} Default=YES "
+            f"PartitionName={PARTITION} Nodes={','.join(self.nodes)} Default=YES "
             "MaxTime=INFINITE State=UP OverSubscribe=NO"
         )
         return "\n".join(lines) + "\n"
@@ -174,7 +181,7 @@ class SlurmCluster:
             )
             out = proc.stdout.strip()
             states = dict(line.split() for line in out.splitlines() if line.strip())
-            if all(states.get(n) == "idle" for n in NODES):
+            if all(states.get(n) == "idle" for n in self.nodes):
                 return
             time.sleep(0.3)
         raise ClusterUnavailable(f"nodes not idle after {timeout:.0f} s: {out!r}")
@@ -210,6 +217,55 @@ class SlurmCluster:
         if self.base.exists():
             shutil.rmtree(self.base)
         self.base.mkdir(parents=True)
+
+
+def submit(cluster: SlurmCluster, root: Path, run_id: str, overrides, *extra: str, env=None):
+    """`python -m launcher.submit slurm` of `overrides`, for real (`env`: more of the
+    submitting shell's variables): (job id, run dir). The rendezvous port is the default
+    one, derived from the job id."""
+    venv = [f"cluster.slurm.venv={sys.prefix}"] if sys.prefix != sys.base_prefix else []
+    cmd = [sys.executable, "-m", "launcher.submit", "slurm", *overrides, *venv,
+           f"cluster.workdir={REPO}", f"run.root={root}", f"run.id={run_id}", *extra]  # fmt: skip
+    proc = subprocess.run(
+        cmd, env=cluster.env(**(env or {})), capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, explain(proc)
+    found = re.search(r"submitted Slurm job (\d+); run dir (\S+);", proc.stdout)
+    assert found, proc.stdout
+    assert proc.stdout.splitlines()[0] == str(root / run_id / "submit" / "job.sbatch")
+    return found.group(1), Path(found.group(2))
+
+
+def job_state(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["scontrol", "-o", "show", "job", job_id],
+        env=cluster.env(),
+        capture_output=True,
+        text=True,
+    ).stdout
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+def wait_until_done(cluster: SlurmCluster, job_id: str, run_dir: Path, timeout: float):
+    """Poll until the job has ended. A requeued job waits (BeginTime) until its previous
+    start's credential has expired; once that has (`cred_expire` in the test slurm.conf),
+    it is let start at once rather than at Slurm's next scheduling pass. Earlier, Slurm
+    would kill it ("Job credential revoked")."""
+    deadline = time.monotonic() + timeout
+    pending_since = None
+    while time.monotonic() < deadline:
+        state = job_state(cluster, job_id)
+        if state.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            return state
+        if state.get("JobState") == "PENDING" and state.get("Reason") == "BeginTime":
+            pending_since = pending_since or time.monotonic()
+            if time.monotonic() - pending_since > CRED_EXPIRE_S + 2:
+                subprocess.run(
+                    ["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster.env()
+                )
+        time.sleep(0.5)
+    output = "\n".join(p.read_text()[-3000:] for p in (run_dir / "submit").glob("slurm-*.out"))
+    raise AssertionError(f"job {job_id} did not end in {timeout} s:\n{output}")
 
 
 def _kill_marked(conf: Path) -> None:

@@ -1,8 +1,9 @@
 """Which tier a test belongs to: the folder it lives in, checked against what its source does.
 
 The folders mirror the tiers: `unit/<package>/` (pure and in-process, the fast tier; one
-folder per package of `launcher`), `launches/` (real processes), `cluster/` (a Slurm cluster
-or pods), `gpu/` (skipped here with "needs a CUDA GPU", the one allowed skip).
+folder per package of `launcher`), `launches/` (real processes), `scale/` (real launches at
+16 ranks: processes, agents as nodes, Slurm nodes; docs/scale.md), `cluster/` (a Slurm
+cluster or pods), `gpu/` (skipped here with "needs a CUDA GPU", the one allowed skip).
 
 The source is read too: a function "starts a process" when its body names (or reads an
 attribute named) one of PROCESS_NAMES (the launch helpers of tests/launch.py, `subprocess`,
@@ -20,13 +21,22 @@ import functools
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
-FOLDER_TIERS = {"unit": "unit", "launches": "launch", "cluster": "cluster", "gpu": "gpu"}
+FOLDER_TIERS = {
+    "unit": "unit",
+    "launches": "launch",
+    "scale": "scale",
+    "cluster": "cluster",
+    "gpu": "gpu",
+}
+# Tiers whose every test must start a process (tests/launch.py's helpers or a subprocess).
+LAUNCHING_TIERS = ("launch", "scale")
 PROCESS_NAMES = {
     "subprocess",
     "torchrun",
     "python_train",
     "start",
     "start_torchrun",
+    "start_agents",
     "tune_launch",
     "stop_once_checkpointed",
     "launch_once",
@@ -34,7 +44,9 @@ PROCESS_NAMES = {
 TIER_ENV = "LAUNCHER_TEST_TIER"
 # Tests (or fixtures: every test using one) whose assertions are timing decisions: the tuner
 # keeping a change only if it beats the measured noise. On a machine shared with other
-# workers the noise is not the run's own, so they run alone (`-m serial`, README).
+# workers the noise is not the run's own, so they run alone (`-m serial`, README). The scale
+# tier runs there too, whole: a 16-rank launch fills both cores by itself, and its timing
+# verdicts (the hang's allowance, the burn-in's outlier) are the launch's own only alone.
 SERIAL = {
     "test_tune.py": {
         "slow_start",
@@ -68,6 +80,8 @@ def starting_functions(path: Path, shared: frozenset[str]) -> frozenset[str]:
 
 
 def is_serial(path: Path, function: str, fixtures: list[str]) -> bool:
+    if tier_of(path) == "scale":
+        return True
     names = SERIAL.get(path.name, set())
     return function in names or bool(names.intersection(fixtures))
 
@@ -78,7 +92,8 @@ def tier_of(path: Path) -> str:
     if len(parts) < 2 or parts[0] not in FOLDER_TIERS:
         raise ValueError(
             f"{path.name} sits outside the tier folders: move it to tests/unit/<package>/ "
-            "(pure, in-process), tests/launches/ (real processes), tests/cluster/ or tests/gpu/"
+            "(pure, in-process), tests/launches/ (real processes), tests/scale/ (16 ranks), "
+            "tests/cluster/ or tests/gpu/"
         )
     return FOLDER_TIERS[parts[0]]
 
@@ -92,11 +107,11 @@ def starts_a_process(path: Path, function: str, fixtures: list[str], shared: fro
 def misplaced(path: Path, function: str, fixtures: list[str], shared: frozenset[str]) -> str:
     """Why a test is in the wrong tier folder, or "" when its folder fits what it does."""
     tier = tier_of(path)
-    if tier not in ("unit", "launch"):
+    if tier not in ("unit", *LAUNCHING_TIERS):
         return ""
     starts = starts_a_process(path, function, fixtures, shared)
     if tier == "unit" and starts:
         return f"{path.name}::{function} starts a process: move it to tests/launches/"
-    if tier == "launch" and not starts:
+    if tier in LAUNCHING_TIERS and not starts:
         return f"{path.name}::{function} starts no process: move it to tests/unit/<package>/"
     return ""

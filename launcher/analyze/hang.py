@@ -24,7 +24,13 @@ from pathlib import Path
 # Frames that mean "waiting for other ranks": torch.distributed calls, the autograd
 # engine running DDP's all-reduce hooks, the launcher's own collectives.
 WAITING_FILES = ("torch/distributed/", "torch/autograd/", "launcher/resilience/preemption.py")
-WAITING_FUNCTIONS = ("all_gather_floats", "all_gather_objects", "broadcast_object", "barrier")
+WAITING_FUNCTIONS = (
+    "all_gather_floats",
+    "all_gather_objects",
+    "gather_objects",
+    "broadcast_object",
+    "barrier",
+)
 RANK_LINE = re.compile(r"rank (\d+)/\d+ \(local \d+, pid (\d+)\) on host (\S+),")
 
 

@@ -5,7 +5,8 @@ communication spans and computation spans, on CPU/gloo and CUDA/NCCL traces alik
 - Communication is every `gloo:all_reduce` on gloo's worker threads (CPU), or on a GPU
   every NCCL kernel and every other GPU activity launched from inside an NCCL call (with
   one rank NCCL's all-reduce is a device-to-device copy). The trainer's own control traffic
-  uses all-gathers on a separate gloo group, so all-reduces are gradient communication.
+  uses all-gathers, gathers and broadcasts on a separate gloo group, so all-reduces are
+  gradient communication.
 - Computation is, on a GPU trace, every other kernel; on a CPU-only trace, every operator
   on the threads that are not gloo's, apart from the operators that only hand work to the
   communication backend.

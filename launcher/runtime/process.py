@@ -93,6 +93,16 @@ class Runtime:
         dist.all_gather_object(out, obj, group=self.control_group)
         return out
 
+    def gather_objects(self, obj) -> list | None:
+        """Every rank's `obj` (picklable), in rank order, on rank 0; None on the others.
+        For what only rank 0 reads: sent to it alone, each rank's share crosses the network
+        once, where an all-gather would send every rank's to every rank (W x W)."""
+        if not self.distributed:
+            return [obj]
+        out = [None] * self.world_size if self.is_main else None
+        dist.gather_object(obj, out, dst=0, group=self.control_group)
+        return out
+
     def side_group(self, purpose: str):
         """A gloo group of every rank for one purpose (e.g. a background checkpoint
         writer's collectives), made the first time it is asked for (every rank must ask at

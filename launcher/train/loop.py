@@ -618,7 +618,11 @@ class TrainLoop:
         figures = local_figures(
             self.interval, timer.drain(), self.strategy.drain_comm(), self.rt.device
         )
-        agg = aggregate(self.rt.all_gather_objects(figures), self.rt.world_size)
+        # Rank 0 merges every rank's samples; the others need only the merged figures (the
+        # non-finite verdict, the straggler's streak), not every rank's samples.
+        per_rank = self.rt.gather_objects(figures)
+        merged = aggregate(per_rank, self.rt.world_size) if per_rank is not None else None
+        agg = self.rt.broadcast_object(merged)
         if agg.nonfinite_ranks:
             self._nonfinite(step, agg.nonfinite_ranks)
         n = self.interval.steps

@@ -24,12 +24,14 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_cluster import CRED_EXPIRE_S, ClusterUnavailable, SlurmCluster
+from slurm_cluster import ClusterUnavailable, SlurmCluster, job_state
+from slurm_cluster import submit as slurm_submit
+from slurm_cluster import wait_until_done as slurm_wait_until_done
 
 from launcher.submit.__main__ import main as submit_main
 from launcher.submit.slurm import EXAMPLE_OVERRIDES, render_example
 
-from launch import FAST, explain, losses, metrics, summary
+from launch import FAST, losses, metrics, summary
 from paths import REPO
 
 JOB_TIMEOUT = 420
@@ -72,41 +74,8 @@ def cluster():
 
 
 def submit(cluster: SlurmCluster, root: Path, run_id: str, *extra: str, run=RUN, env=None):
-    """The user's command, for real (`env`: more of the submitting shell's variables);
-    returns (job id, run dir). The rendezvous port is the default one, derived from the
-    job id."""
-    venv = [f"cluster.slurm.venv={sys.prefix}"] if sys.prefix != sys.base_prefix else []
-    cmd = [
-        sys.executable,
-        "-m",
-        "launcher.submit",
-        "slurm",
-        *SHAPE,
-        *run,
-        *venv,
-        f"cluster.workdir={REPO}",
-        f"run.root={root}",
-        f"run.id={run_id}",
-        *extra,
-    ]
-    proc = subprocess.run(
-        cmd, env=cluster.env(**(env or {})), capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, explain(proc)
-    found = re.search(r"submitted Slurm job (\d+); run dir (\S+);", proc.stdout)
-    assert found, proc.stdout
-    assert proc.stdout.splitlines()[0] == str(root / run_id / "submit" / "job.sbatch")
-    return found.group(1), Path(found.group(2))
-
-
-def job_state(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
-    out = subprocess.run(
-        ["scontrol", "-o", "show", "job", job_id],
-        env=cluster.env(),
-        capture_output=True,
-        text=True,
-    ).stdout
-    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+    """The user's command of SHAPE and `run`, for real (slurm_cluster.submit)."""
+    return slurm_submit(cluster, root, run_id, [*SHAPE, *run], *extra, env=env)
 
 
 def wait_until(cluster: SlurmCluster, job_id: str, states: tuple[str, ...], timeout=120):
@@ -118,25 +87,7 @@ def wait_until(cluster: SlurmCluster, job_id: str, states: tuple[str, ...], time
 
 
 def wait_until_done(cluster: SlurmCluster, job_id: str, run_dir: Path, timeout=JOB_TIMEOUT):
-    """Poll until the job has ended. A requeued job waits (BeginTime) until its previous
-    start's credential has expired; once that has (`cred_expire` in the test slurm.conf),
-    it is let start at once rather than at Slurm's next scheduling pass. Earlier, Slurm
-    would kill it ("Job credential revoked")."""
-    deadline = time.monotonic() + timeout
-    pending_since = None
-    while time.monotonic() < deadline:
-        state = job_state(cluster, job_id)
-        if state.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
-            return state
-        if state.get("JobState") == "PENDING" and state.get("Reason") == "BeginTime":
-            pending_since = pending_since or time.monotonic()
-            if time.monotonic() - pending_since > CRED_EXPIRE_S + 2:
-                subprocess.run(
-                    ["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=cluster.env()
-                )
-        time.sleep(0.5)
-    output = "\n".join(p.read_text()[-3000:] for p in (run_dir / "submit").glob("slurm-*.out"))
-    raise AssertionError(f"job {job_id} did not end in {timeout} s:\n{output}")
+    return slurm_wait_until_done(cluster, job_id, run_dir, timeout)
 
 
 @pytest.fixture(scope="module")

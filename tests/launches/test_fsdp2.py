@@ -39,7 +39,7 @@ from launch import (
     summary,
     torchrun,
 )
-from reference import cut_at
+from reference import REORDERED, cut_at
 from reference_runs import STRATEGY_POINTS, STRATEGY_SCHEDULE, STRATEGY_STEPS
 
 STEPS = STRATEGY_STEPS
@@ -52,11 +52,6 @@ RESUME = [*FAST_USER_LOADER, *STRATEGY_SCHEDULE]
 
 
 POINTS = STRATEGY_POINTS
-
-
-# Reduction order differs with the world size (accumulation 2 x 2 ranks, or 4 x 1 rank):
-# fp32 rounding, not a different computation.
-REORDERED = 2e-5
 
 
 def cut_at_10(sweep: Path, point: str, dest: Path) -> Path:

@@ -62,8 +62,8 @@ def test_a_test_that_starts_a_process_at_any_depth_is_read_as_one(module, test, 
 
 @pytest.mark.parametrize(
     ("folder", "tier"),
-    [("unit/config", "unit"), ("unit", "unit"), ("launches", "launch"), ("cluster", "cluster"),
-     ("gpu", "gpu")],
+    [("unit/config", "unit"), ("unit", "unit"), ("launches", "launch"), ("scale", "scale"),
+     ("cluster", "cluster"), ("gpu", "gpu")],
 )  # fmt: skip
 def test_the_folder_is_the_tier(folder, tier):
     assert tiers.tier_of(tiers.TESTS / folder / "test_x.py") == tier
@@ -82,6 +82,8 @@ def test_a_file_outside_the_tier_folders_is_refused():
         ("launches", "test_pure", [], "starts no process: move it to tests/unit/<package>/"),
         ("unit/x", "test_pure", [], ""),
         ("launches", "test_direct", [], ""),
+        ("scale", "test_pure", [], "starts no process: move it to tests/unit/<package>/"),
+        ("scale", "test_direct", [], ""),
         ("cluster", "test_pure", [], ""),
     ],
 )
@@ -100,3 +102,10 @@ def test_this_test_runs_in_the_unit_tier_and_may_not_start_a_process(request):
     assert request.node.get_closest_marker("unit")
     with pytest.raises(AssertionError, match="unit tier started a process"):
         launch.refuse_in_unit_tier()  # what torchrun(), python_train() and start() call first
+
+
+def test_the_scale_tier_runs_whole_in_the_serial_part():
+    """16-rank launches fill both cores alone, and their timing verdicts (a hang's
+    allowance, the burn-in's outlier) are theirs only when nothing else runs."""
+    assert tiers.is_serial(tiers.TESTS / "scale" / "test_x.py", "test_any", [])
+    assert not tiers.is_serial(tiers.TESTS / "launches" / "test_x.py", "test_any", [])

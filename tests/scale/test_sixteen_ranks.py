@@ -1,0 +1,315 @@
+"""16 ranks of the default job on this machine (docs/scale.md): one torchrun of 16 processes,
+four torchrun agents of 4 ranks each as four nodes (a c10d rendezvous on localhost, each
+agent its own process tree and session), and a job of 4 nodes x 4 tasks on a real Slurm
+cluster of four slurmd on this machine (tests/slurm_cluster.py).
+
+Five launches, each read by several tests: the uninterrupted 16-rank run (the reference);
+the Slurm job, which must equal it;
+the 4 x 4 agents preempted as one node is (SIGTERM to one agent); its resume on 4 ranks; and
+back on 4 x 4 agents with the memory tier on, where one agent's whole tree is SIGKILLed twice
+(a lost node, replaced by a new agent as a scheduler would): first the tier restores its
+newer step, then, with the tier's folder removed, the durable checkpoint does. Every step's
+loss is the uninterrupted run's: exactly at 16 ranks, within REORDERED after 4 ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+from slurm_cluster import BASE, ClusterUnavailable, SlurmCluster, submit, wait_until_done
+
+from launcher.checkpoint import memory
+from launcher.resilience import exit_codes
+
+from launch import (
+    FAST_USER_LOADER,
+    LAUNCH_TIMEOUT,
+    explain,
+    finish,
+    kill_tree,
+    losses,
+    metrics,
+    start_agents,
+    summary,
+    torchrun,
+    wait_for,
+)
+from reference import REORDERED
+
+RANKS, NODES = 16, 4
+STEPS = 24
+DURABLE = 12  # trainer.checkpoint_interval: the durable checkpoints, and each leg's end
+MEMORY = 2  # trainer.memory_checkpoint_interval of the last leg
+# The default job (DataLoader workers on) shrunk: one sequence per rank, so the global batch
+# of 16 is one micro-step at 16 ranks and four at 4; the LR schedule fixed by lr_decay_steps,
+# so a leg that ends early takes the same LR at every step as the uninterrupted run.
+SCHEDULE = [
+    *FAST_USER_LOADER,
+    f"trainer.max_steps={STEPS}",
+    f"trainer.lr_decay_steps={STEPS}",
+    "trainer.global_batch_size=16",
+    "trainer.micro_batch_size=1",
+    f"trainer.checkpoint_interval={DURABLE}",
+    "trainer.eval_interval=1000",
+]
+
+
+def reached(run_dir: Path, step: int):
+    def check() -> bool:
+        path = run_dir / "metrics.jsonl"
+        return path.exists() and any(r.get("step", 0) >= step for r in metrics(run_dir))
+
+    return check
+
+
+def agents_run(args, tmp: Path, name: str, extra_args=()):
+    """Four agents of one job: (agents, their output files, start node i again)."""
+    outputs = [tmp / f"{name}.agent{i}.txt" for i in range(NODES)]
+    agents, again = start_agents(
+        args, outputs, nproc=RANKS // NODES, rdzv_id=name, extra_args=extra_args
+    )
+    return agents, outputs, again
+
+
+@contextlib.contextmanager
+def no_leftovers(agents):
+    """Whatever happens, no agent (nor a rank or loader worker below it) outlives the
+    fixture: the ranks run in sessions of their own, which killing an agent leaves."""
+    try:
+        yield
+    finally:
+        for agent in agents:
+            if agent.poll() is None:  # an ended agent's pid may be another process's now
+                kill_tree(agent.pid)
+
+
+def ended(agents, outputs) -> list[tuple[int, str]]:
+    """(exit code, output) of each agent, once all have ended."""
+    texts = [finish(a, out) for a, out in zip(agents, outputs, strict=True)]
+    return [(a.returncode, text) for a, text in zip(agents, texts, strict=True)]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("scale")
+
+
+@pytest.fixture(scope="module")
+def plain(root):
+    """`torchrun --standalone --nproc_per_node=16` of the schedule, uninterrupted."""
+    proc = torchrun([*SCHEDULE, f"run.root={root / 'plain'}", "run.id=p"], nproc=RANKS)
+    return proc, root / "plain" / "p"
+
+
+@pytest.fixture(scope="module")
+def slurm_job(root):
+    """The schedule as `python -m launcher.submit slurm cluster.nodes=4
+    cluster.procs_per_node=4` on a cluster of four slurmd (12 CPUs each: a rank and its two
+    loader workers each take one): (scontrol's view at the end, the run dir, the output)."""
+    nodes = tuple(f"n{i}" for i in range(1, NODES + 1))
+    cluster = SlurmCluster(BASE.with_name(f"{BASE.name}-scale"), nodes=nodes, cpus=12)
+    try:
+        cluster.start()
+    except ClusterUnavailable as exc:
+        cluster.stop()
+        pytest.skip(f"no Slurm cluster: {exc}")
+    try:
+        shape = [f"cluster.nodes={NODES}", f"cluster.procs_per_node={RANKS // NODES}",
+                 "cluster.slurm.mem_per_process=1G"]  # the tiny model's; 4 x 8G > this machine  # fmt: skip
+        job_id, run_dir = submit(cluster, root / "slurm", "s", [*shape, *SCHEDULE])
+        state = wait_until_done(cluster, job_id, run_dir, LAUNCH_TIMEOUT)
+        return state, run_dir, (run_dir / "submit" / f"slurm-{job_id}.out").read_text()
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def preempted(root):
+    """The schedule on 4 agents x 4 ranks; once step 3 is logged, node 2's agent gets
+    SIGTERM (a preemption of that node): {"codes", "outputs", "run_dir", "stop"}."""
+    run_dir = root / "agents" / "a"
+    args = [*SCHEDULE, f"run.root={run_dir.parent}", f"run.id={run_dir.name}"]
+    agents, outputs, _ = agents_run(args, root, "preempted")
+    with no_leftovers(agents):
+        wait_for(reached(run_dir, 3), agents[0], timeout=LAUNCH_TIMEOUT)
+        agents[2].send_signal(signal.SIGTERM)
+        codes, texts = zip(*ended(agents, outputs), strict=True)
+    return {"codes": codes, "outputs": texts, "run_dir": run_dir, "stop": summary(run_dir)["steps"]}
+
+
+@pytest.fixture(scope="module")
+def at_four(preempted):
+    """The preempted run resumed by one torchrun of 4 ranks, for 3 steps."""
+    run_dir, stop = preempted["run_dir"], preempted["stop"]
+    args = [*SCHEDULE, f"run.root={run_dir.parent}", f"run.id={run_dir.name}"]
+    proc = torchrun([*args, f"trainer.max_steps={stop + 3}"], nproc=4, runner="launcher.torchrun")
+    return proc, stop + 3
+
+
+def first_kill_step(after: int) -> int:
+    """The first memory step past `after` that the next durable checkpoint is at least two
+    steps behind: the agent is killed once it is sealed (a step later), before that durable
+    one could be written, so the tier holds the newer step."""
+    step = after + 1 + (after + 1) % MEMORY
+    while (-step) % DURABLE < 2 * MEMORY:
+        step += MEMORY
+    return step
+
+
+def sealed_everywhere(run_dir: Path, step: int):
+    def check() -> bool:
+        return all(
+            (memory.rank_folder("/dev/shm", run_dir, r) / f"step_{step:08d}" / "meta.json").exists()
+            for r in range(RANKS)
+        )
+
+    return check
+
+
+def workers_gone(run_dir: Path) -> bool:
+    """No rank of the run is alive (the survivors' agents wait in the rendezvous)."""
+    return not any(_is_rank_of(p, run_dir.parent) for p in Path("/proc").glob("[0-9]*/cmdline"))
+
+
+def _is_rank_of(cmdline: Path, root: Path) -> bool:
+    try:
+        words = cmdline.read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"run.root={root}".encode() in words and b"launcher.torchrun" not in words
+
+
+def lose_node(agents, again, run_dir: Path, node: int, then=lambda: None):
+    """SIGKILL node `node`'s agent and everything below it, wait until the survivors'
+    ranks are gone, run `then`, and start a new agent for the node."""
+    kill_tree(agents[node].pid)
+    agents[node].wait()
+    wait_for(lambda: workers_gone(run_dir), agents[0], timeout=LAUNCH_TIMEOUT)
+    then()
+    agents[node] = again(node)
+
+
+@pytest.fixture(scope="module")
+def back_at_sixteen(preempted, at_four, root):
+    """The run back on 4 agents x 4 ranks (--max-restarts=2) to its end, the memory tier
+    every 2 steps. Node 3 is lost once the tier sealed the step `first_kill_step` names;
+    after the restart resumed, node 3 is lost again once the tier sealed a step four or more
+    later, and this time the tier's folder is removed before the new agent starts (what a
+    lost node's memory is)."""
+    run_dir, (_, resumed) = preempted["run_dir"], at_four
+    args = [*SCHEDULE, f"run.root={run_dir.parent}", f"run.id={run_dir.name}"]
+    args += [f"trainer.memory_checkpoint_interval={MEMORY}"]
+    agents, outputs, again = agents_run(args, root, "back", ["--max-restarts=2"])
+    first = first_kill_step(resumed)
+    second = first + 2 * MEMORY
+    while second % DURABLE == 0:  # a durable step: the tier does not write it
+        second += MEMORY
+    assert second < STEPS, f"the 4-rank leg ended at {resumed}: too late for two losses"
+    with no_leftovers(agents):  # the list holds the replacements too
+        wait_for(sealed_everywhere(run_dir, first), agents[0], timeout=LAUNCH_TIMEOUT)
+        lose_node(agents, again, run_dir, 3)
+        wait_for(sealed_everywhere(run_dir, second), agents[0], timeout=LAUNCH_TIMEOUT)
+        tier = memory.rank_folder("/dev/shm", run_dir, 0).parent
+        lose_node(agents, again, run_dir, 3, lambda: shutil.rmtree(tier))
+        outcomes = ended(agents, outputs)
+    return {
+        "outcomes": outcomes,
+        "run_dir": run_dir,
+        "resumed": resumed,
+        "first": first,
+        "second": second,
+        "log": (run_dir / "logs" / "rank0.log").read_text(),
+    }
+
+
+def test_sixteen_processes_train_into_one_run_directory(plain):
+    proc, run_dir = plain
+    assert proc.returncode == 0, explain(proc)
+    assert [p.name for p in run_dir.parent.iterdir()] == ["p"]
+    logs = sorted(p.name for p in (run_dir / "logs").glob("rank*.log"))
+    assert logs == sorted(f"rank{r}.log" for r in range(RANKS))
+    records = [r for r in metrics(run_dir) if "loss" in r]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    # Aggregated over every rank: the global batch's tokens, the slowest of 16 named.
+    assert all(r["tokens"] == r["step"] * 16 * 64 for r in records)
+    slowest = {r["step_time_s/slowest_rank"] for r in records}
+    assert slowest <= set(range(RANKS)) and len(slowest) > 1, slowest
+    s = summary(run_dir)
+    assert (s["status"], s["steps"], s["world_size"]) == ("completed", STEPS, RANKS)
+
+
+def test_slurm_4_nodes_x_4_tasks_train_the_same_run(plain, slurm_job):
+    state, run_dir, out = slurm_job
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", out[-3000:]
+    assert f"nodes n[1-{NODES}]" in out
+    assert [p.name for p in run_dir.parent.iterdir()] == ["s"]
+    for rank in range(RANKS):  # four ranks on each node
+        log = (run_dir / "logs" / f"rank{rank}.log").read_text()
+        assert f"rank {rank}/{RANKS} (local {rank % (RANKS // NODES)}," in log
+    (codes,) = (run_dir / "logs" / "node_codes").iterdir()
+    assert {p.name: p.read_text() for p in codes.iterdir()} == {
+        f"n{i}": "0\n" for i in range(1, NODES + 1)
+    }
+    assert summary(run_dir)["world_size"] == RANKS
+    assert losses(run_dir) == losses(plain[1])  # the same 16 ranks, the same sums
+
+
+def test_a_preempted_node_stops_every_rank_with_a_checkpoint(preempted):
+    run_dir, stop = preempted["run_dir"], preempted["stop"]
+    for code, out in zip(preempted["codes"], preempted["outputs"], strict=True):
+        assert code == exit_codes.STOPPED, out
+        assert "Traceback" not in out, out
+    assert summary(run_dir)["status"] == "stopped"
+    assert 3 <= stop < STEPS
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{stop:08d}"
+    for rank in range(RANKS):
+        assert "ended with code 143" in (run_dir / "logs" / f"rank{rank}.log").read_text()
+    assert len(list(run_dir.parent.iterdir())) == 1  # four agents, one run directory
+
+
+def test_resumed_at_4_then_16_ranks_the_losses_are_the_uninterrupted_runs(
+    plain, preempted, at_four, back_at_sixteen
+):
+    four, _ = at_four
+    assert four.returncode == 0, explain(four)
+    assert f"resumed from step {preempted['stop']}" in four.stderr
+    assert "world size changed from 16 to 4 rank(s)" in four.stderr
+    for code, out in back_at_sixteen["outcomes"]:
+        assert code == 0, out
+    straight = losses(plain[1])
+    got = losses(preempted["run_dir"])
+    assert got.keys() == straight.keys()
+    stop = preempted["stop"]
+    assert {s: got[s] for s in range(1, stop + 1)} == {s: straight[s] for s in range(1, stop + 1)}
+    for step in range(stop + 1, STEPS + 1):
+        assert got[step] == pytest.approx(straight[step], rel=REORDERED), step
+    assert summary(preempted["run_dir"])["world_size"] == RANKS
+
+
+def test_a_lost_node_resumes_from_the_memory_tier(back_at_sixteen):
+    first, log = back_at_sixteen["first"], back_at_sixteen["log"]
+    durable = max(s for s in (back_at_sixteen["resumed"], first // DURABLE * DURABLE))
+    line = f"memory tier: step {first} is newer than the durable step_{durable:08d}"
+    assert line in log, log[-3000:]
+    assert f"resumed from step {first}" in log.split(line, 1)[1]
+
+
+def test_a_lost_nodes_memory_gone_falls_back_to_the_durable_checkpoint(back_at_sixteen):
+    """The tier's folder removed with the node: the restart finds no step newer than the
+    durable checkpoint, resumes from it, and redoes the steps since (the losses are still
+    the uninterrupted run's, above)."""
+    first, second, log = (back_at_sixteen[k] for k in ("first", "second", "log"))
+    after_first = log.split(f"resumed from step {first}", 1)[1]
+    durable = max(first // DURABLE * DURABLE, back_at_sixteen["resumed"])
+    durable = max(durable, second // DURABLE * DURABLE)
+    assert f"resumed from step {durable}" in after_first, after_first[-3000:]
+    last = after_first.split(f"resumed from step {durable}", 1)[0]
+    lost = max(int(s) for s in re.findall(rf"step (\d+)/{STEPS}", last)) - durable
+    assert lost >= second - durable  # the steps redone: what the lost memory held
+    assert "memory tier: step" not in after_first.split(f"resumed from step {durable}")[0]
+    assert summary(back_at_sixteen["run_dir"])["steps"] == STEPS
