@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -40,6 +41,13 @@ def record_step(line: str) -> int | None:
 
 class Sink:
     def log(self, record: dict) -> None: ...
+
+    def log_ranks(self, step: int, per_rank: dict[str, list[float]]) -> None:
+        """Each rank's figures of the interval ending at `step` (one value per rank per
+        name): kept out of `log`, so that no sink draws a series per rank."""
+
+    def log_images(self, images: dict[str, Path]) -> None:
+        """The run's pictures at its end (launcher.observe.report), by name."""
 
     def close(self, summary: dict) -> None: ...
 
@@ -106,6 +114,18 @@ class JsonlSink(Sink):
                 self.file.close()
 
 
+class RankFileSink(JsonlSink):
+    """ranks.jsonl: each log interval's per-rank figures (one value per rank per name), the
+    rank x interval heatmaps of report.png; cut back on resume as metrics.jsonl is."""
+
+    def log(self, record: dict) -> None:
+        return None
+
+    def log_ranks(self, step: int, per_rank: dict[str, list[float]]) -> None:
+        row = {name: [finite_or_none(v) for v in values] for name, values in per_rank.items()}
+        super().log({"step": step, **row})
+
+
 def write_summary(run_dir: Path, summary: dict) -> None:
     """summary.json, written whole under another name first so a reader never sees half."""
     text = json.dumps({k: finite_or_none(v) for k, v in summary.items()}, indent=1)
@@ -148,7 +168,8 @@ def progress_line(record: dict, max_steps: int) -> str:
 class ConsoleSink(Sink):
     """A progress bar on a terminal; plain lines when output goes to a file or a pipe."""
 
-    def __init__(self, max_steps: int, start_step: int, stream=None):
+    def __init__(self, max_steps: int, start_step: int, stream=None, run_dir: Path | None = None):
+        self.run_dir = run_dir  # for the closing block
         self.max_steps = max_steps
         self.stream = stream or sys.stderr
         self.bar = None
@@ -171,15 +192,54 @@ class ConsoleSink(Sink):
     def close(self, summary: dict) -> None:
         if self.bar is not None:
             self.bar.close()
-        log.info("summary: %s", summary_line(summary))
+        if self.run_dir is not None and summary:
+            log.info("%s", closing_block(self.run_dir, summary))
 
 
-def summary_line(summary: dict) -> str:
-    keys = ("status", "steps", "loss", "eval/loss", "tokens_per_s", "step_time_s/p50", "mfu")
-    return ", ".join(f"{k}={_short(summary.get(k))}" for k in keys)
+def process_seconds() -> float | None:
+    """How long this process has run (Linux's /proc), start-up and data preparation included:
+    the wall time a person waited, not only the loop's."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return uptime - ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _short(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+def _wall(seconds) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "?"
+    return f"{seconds:.1f} s" if seconds < 60 else _fmt_eta(seconds)
+
+
+def _figure(value, fmt: str) -> str:
+    return format(value, fmt) if isinstance(value, (int, float)) else "none"
+
+
+def closing_block(run_dir: Path, summary: dict) -> str:
+    """What a person reads at the end of a run: where it is, how long it took, what it
+    reached, and the commands that come next (a failed run: the error above says why)."""
+    status = str(summary.get("status", "?"))
+    steps = summary.get("steps")
+    head = f"run {run_dir}: {status.split(':')[0]}"
+    wall = process_seconds() or summary.get("wall_time_s")
+    lines = [f"{head}, {steps} steps in {_wall(wall)} wall time"]
+    if not status.startswith(("completed", "stopped")):  # the error above says why
+        return f"{lines[0]}; summary.json names the first failing rank, logs in {run_dir}/logs"
+    lines.append(
+        f"  loss {_figure(summary.get('loss'), '.4f')}, eval loss "
+        f"{_figure(summary.get('eval/loss'), '.4f')}, "
+        f"{_figure(summary.get('tokens_per_s'), ',.0f')} tokens/s, mfu "
+        + (
+            f"{summary['mfu'] * 100:.1f}%"
+            if isinstance(summary.get("mfu"), float)
+            else "none (no known peak FLOPs for this device: docs/metrics.md)"
+        )
+    )
+    lines.append(f"  report: {run_dir / 'report.png'}")
+    lines.append(f"  next: python -m launcher.analyze {run_dir}")
+    lines.append(f"        python -m launcher.export {run_dir} {run_dir}/export")
+    lines.append(f"        python -m launcher.generate {run_dir} --prompt 'def '")
+    lines.append(f"        resume: the same command with run.id={summary.get('run_id')}")
+    return "\n".join(lines)

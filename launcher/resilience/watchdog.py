@@ -129,6 +129,11 @@ class HangWatchdog:
         if cfg.enabled:
             self._thread.start()
 
+    @property
+    def step(self) -> int:
+        """The last step completed (the start step before the first)."""
+        return self._step
+
     def begin_steps(self, step: int) -> None:
         """Start-up is over: the first step of this launch comes (compilation, warm-up)."""
         with self._lock:

@@ -90,8 +90,9 @@ def run_point(launch: LaunchState, cfg: DictConfig, point: str | None) -> bool:
     `launch`; False when the launch must not go on to another point."""
     try:
         code = run(cfg, launch, point)
-    except Exception:
-        log.exception("the run failed")
+    except Exception as exc:
+        if not getattr(exc, "launcher_settled", False):  # else said once, traceback in the log
+            log.exception("the run failed")
         code = None
     if code is None:
         # The ranks may disagree about where they are: end the process (torchrun then

@@ -25,17 +25,19 @@ from launcher.data import TokenData, build_train_loader, prepare_data, shm_avail
 from launcher.data.cache import cache_root
 from launcher.model.build import build_model, count_params, flops_per_token, peak_flops
 from launcher.observe.nccl_transport import transport_recorders
-from launcher.observe.sinks import ConsoleSink, JsonlSink, write_summary
+from launcher.observe.report import RANKS, write_report
+from launcher.observe.sinks import ConsoleSink, JsonlSink, RankFileSink, write_summary
 from launcher.observe.tensorboard_sink import (  # imports no tensorboardX
     TensorBoardSink,
     code_block,
     tensorboard_enabled,
 )
 from launcher.observe.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
-from launcher.resilience import burnin, exit_codes
+from launcher.resilience import burnin, exit_codes, first_failure
 from launcher.resilience.faults import slow_phase
 from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime import disk, envinfo
+from launcher.runtime.latest import point_latest
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.lock import LockHeld, RunLock
 from launcher.runtime.paths import atomic_write
@@ -410,6 +412,7 @@ class Job:
         """Claim the run directory, build, resume, run the loop; the end-of-run summary."""
         cfg, rt = self.cfg, self.rt
         self.lock = claim_run_dir(rt)  # nothing in the run directory is written before this
+        first_failure.watch(rt.run_dir, rt.rank)
         self.watchdog = HangWatchdog(  # start-up, then the loop's phases (on_hang: the loop's)
             cfg.watchdog,
             rank=rt.rank,
@@ -470,8 +473,18 @@ class Job:
                 elif who == "main":
                     (log.error if rt.is_main else log.info)("%s", exc)
                 return code, self.loop.summary(status, exc.step)
-        status = f"failed: {type(exc).__name__}: {exc}"
-        return exit_codes.CRASH, {"status": status, "run_id": rt.run_id}
+        return exit_codes.CRASH, self._crashed(exc)
+
+    def _crashed(self, exc: Exception) -> dict:
+        """summary.json of a crash: the first failing rank of the job, its step and line
+        (launcher.resilience.first_failure), said once; the loop's figures so far."""
+        done = self.watchdog.step if self.watchdog is not None else None
+        failing = done + 1 if self.loop is not None and done is not None else None
+        failed = first_failure.settle(exc, failing, self.rt.is_main)
+        exc.launcher_settled = True  # the front door logs no traceback on the terminal again
+        ran = getattr(self.loop, "start_time", None) is not None  # the loop had started
+        figures = self.loop.summary(failed["status"], done) if ran else {}
+        return {**figures, **failed, "run_id": self.rt.run_id}
 
     def _hang_in_start_up(self, step: int) -> None:
         """Before the loop takes the watchdog over: rank 0's summary.json says so, as the
@@ -487,15 +500,18 @@ class Job:
         try:
             if self.watchdog is not None:
                 self.watchdog.close()  # the loop has, unless the job ended before it
+            images = write_report(rt.run_dir, summary) if rt.is_main and summary else {}
             for sink in self.sinks:
+                sink.log_images(images)
                 sink.close(summary)
             if rt.is_main and summary:
                 write_summary_if_room(rt.run_dir, summary)
             if self.strategy is not None:
                 self.strategy.close()
             self.strategy = self.loop = None
-            log.info("run %s ended with code %d", rt.run_id, code)
+            log.info("run %s ended with code %d", rt.run_id, code, extra=first_failure.FILE_ONLY)
         finally:
+            first_failure.forget()
             if self.lock is not None:
                 self.lock.release()
             if self.watchdog is not None:  # it holds the loop (on_hang), the loop the model
@@ -555,9 +571,11 @@ def rank0_sinks(
     """Rank 0's run files and sinks: config.yaml and env.json, metrics.jsonl, the console,
     and W&B and TensorBoard when enabled."""
     write_run_files(cfg, rt, start_step, gate)
+    point_latest(Path(cfg.run.root).expanduser(), rt.run_id)
     sinks = [
         JsonlSink(rt.run_dir / "metrics.jsonl", start_step),
-        ConsoleSink(cfg.trainer.max_steps, start_step),
+        RankFileSink(rt.run_dir / RANKS, start_step),
+        ConsoleSink(cfg.trainer.max_steps, start_step, run_dir=rt.run_dir),
     ]
     if wandb_enabled(cfg.logger):
         sinks.append(wandb_sink(cfg, rt, point))

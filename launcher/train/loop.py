@@ -615,6 +615,8 @@ class TrainLoop:
             self.interval, timer.drain(), self.strategy.drain_comm(), self.rt.device
         )
         agg = aggregate(self.rt.all_gather_objects(figures), self.rt.world_size)
+        for sink in self.sinks:
+            sink.log_ranks(step, agg.per_rank)
         if agg.nonfinite_ranks:
             self._nonfinite(step, agg.nonfinite_ranks)
         n = self.interval.steps
