@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from launcher.checkpoint import protocol as checkpoint
+from launcher.data.tokenizer import TOKENIZER_DIR
 from launcher.model.gpt2 import config_of, hf_config, to_hf_state_dict
 from launcher.runtime import disk
 from launcher.strategy.registry import format_of, formats
@@ -62,10 +63,28 @@ def newest_readable(source: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     raise ExportError(f"no checkpoint of {source} could be read ({' | '.join(problems)})")
 
 
+def run_tokenizer(source: Path) -> Path | None:
+    """The tokenizer folder the run of `source` (a run directory or one of its
+    checkpoints/step_<n>) saved, or None (a run of token ids: memmap, synthetic)."""
+    for run_dir in (source, source.parent.parent):
+        if (run_dir / TOKENIZER_DIR / "tokenizer.json").is_file():
+            return run_dir / TOKENIZER_DIR
+    return None
+
+
 def export(source: Path, out: Path) -> Path:
-    """Write the model of `source`'s checkpoint into `out`; returns the checkpoint used."""
+    """Write the model of `source`'s checkpoint, and its run's tokenizer, into `out`;
+    returns the checkpoint used."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out} exists and is not an empty folder; choose a new OUT_DIR")
+    folder, model, nbytes = hf_model(source)
+    write_whole(model, run_tokenizer(source), out, needed=nbytes)
+    return folder
+
+
+def hf_model(source: Path):
+    """(checkpoint used, transformers GPT2LMHeadModel, bytes of weights) of the newest
+    readable checkpoint of `source`."""
     folder, state = newest_readable(source)
     model_meta = (checkpoint.read_meta(folder) or {}).get("model") or {}
     if not model_meta.get("n_head"):
@@ -76,6 +95,9 @@ def export(source: Path, out: Path) -> Path:
     if model_meta.get("impl", "hf") == "native":
         state = to_hf_state_dict(state)
     from transformers import GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar per load and save of a 1-file model is noise
 
     model = GPT2LMHeadModel(hf_config(config_of(state, int(model_meta["n_head"]))))
     loaded = model.load_state_dict(state, strict=False)  # older transformers: mask buffers
@@ -86,17 +108,20 @@ def export(source: Path, out: Path) -> Path:
             f"{folder}: the weights do not fit a GPT-2 (first mismatch: {sorted(wrong)[0]}); "
             "export a checkpoint the launcher's GPT-2 wrote"
         )
-    write_whole(model, out, needed=sum(t.numel() * t.element_size() for t in state.values()))
-    return folder
+    return folder, model, sum(t.numel() * t.element_size() for t in state.values())
 
 
-def write_whole(model, out: Path, *, needed: int) -> None:
-    """`model.save_pretrained` into a temporary sibling, renamed to `out` when complete, so
-    a full disk (or any failure) leaves no half an export; a full disk is one line."""
+def write_whole(model, tokenizer: Path | None, out: Path, *, needed: int) -> None:
+    """`model.save_pretrained` (and the tokenizer's files beside it) into a temporary
+    sibling, renamed to `out` when complete, so a full disk (or any failure) leaves no half
+    an export; a full disk is one line."""
     tmp = out.with_name(f".tmp-{out.name}")
     shutil.rmtree(tmp, ignore_errors=True)  # a crashed export's leftover
     try:
         model.save_pretrained(tmp)
+        if tokenizer is not None:
+            for path in tokenizer.iterdir():
+                shutil.copyfile(path, tmp / path.name)
         os.rename(tmp, out)  # replaces an empty `out` (POSIX rename)
     except OSError as exc:
         if not disk.is_full(exc, out.parent):

@@ -125,10 +125,9 @@ def _figures(ax, records: list[dict]) -> None:
         ("slowest rank", last.get("step_time_s/slowest_rank")),
         ("comm share", last.get("comm/overhead_frac")),
     ]
-    text = "\n".join(
-        f"{name:<20}{value:.4g}" if isinstance(value, float) else f"{name:<20}{value}"
-        for name, value in rows
-    )
+    shown = [(n, f"{v:.4g}" if isinstance(v, float) else v) for n, v in rows]
+    shown = [(n, "none" if v is None else v) for n, v in shown]
+    text = "\n".join(f"{name:<20}{value}" for name, value in shown)
     ax.text(0, 1, "last interval\n\n" + text, va="top", family="monospace")
 
 

@@ -23,6 +23,7 @@ from launcher.config.secret_keys import is_secret_key
 from launcher.config.sweep import flatten
 from launcher.data import TokenData, build_train_loader, prepare_data, shm_available_bytes
 from launcher.data.cache import cache_root
+from launcher.data.tokenizer import TOKENIZER_DIR
 from launcher.model.build import build_model, count_params, flops_per_token, peak_flops
 from launcher.observe.nccl_transport import transport_recorders
 from launcher.observe.report import RANKS, write_report
@@ -424,6 +425,8 @@ class Job:
         slow_phase(cfg.fault, "start-up")
         self.gate = burnin.gate(cfg.burnin, cfg.fault, rt)  # a bad node costs seconds, no more
         data, model, fpt = build_data_and_model(cfg, rt)
+        if rt.is_main and data.save_tokenizer is not None:  # for launcher.generate and export
+            data.save_tokenizer(rt.run_dir / TOKENIZER_DIR)
         tier = memory_tier(cfg, rt, model)
         folders = plan_resume(cfg, rt, model, tier)
         if folders is None:
@@ -505,7 +508,7 @@ class Job:
                 sink.log_images(images)
                 sink.close(summary)
             if rt.is_main and summary:
-                write_summary_if_room(rt.run_dir, summary)
+                write_summary_if_room(rt.run_dir, {**summary, "exit_code": code})
             if self.strategy is not None:
                 self.strategy.close()
             self.strategy = self.loop = None
