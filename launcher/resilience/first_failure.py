@@ -45,12 +45,14 @@ class _Job:
 
     run_dir: Path | None = None
     rank: int = 0
-    started: float = 0.0  # a record older than this is an earlier launch's
+    # a record older than this process is an earlier launch's (every rank of this launch
+    # imported this module before any of them could fail)
+    started: float = time.time()
 
 
 def watch(run_dir: Path, rank: int) -> None:
     """From now on failures are recorded in `run_dir`'s logs/ (the job holds its lock)."""
-    _Job.run_dir, _Job.rank, _Job.started = run_dir, rank, time.time()
+    _Job.run_dir, _Job.rank = run_dir, rank
 
 
 def forget() -> None:
