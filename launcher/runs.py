@@ -28,7 +28,7 @@ COLUMNS = ("id", "status", "steps", "loss", "eval loss", "tokens/s", "mfu", "wal
            "world", "exit")  # fmt: skip
 
 # The end-of-run figures `compare` puts side by side, as summary.json names them.
-COMPARED = ("steps", "loss", "eval/loss", "tokens_per_s", "mfu", "step_time_s/p50",
+COMPARED = ("world_size", "steps", "loss", "eval/loss", "tokens_per_s", "mfu", "step_time_s/p50",
             "step_time_s/p90", "data_wait_s", "comm/exposed_s", "comm/overhead_frac",
             "mem/peak_gb", "mem/host_peak_gb", "wall_time_s")  # fmt: skip
 # Keys that differ between any two runs and say nothing about them.
