@@ -435,6 +435,22 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
         "docs/quickstart.md",
         "torchrun --standalone --nproc_per_node=2 -m launcher.train model=gpt2 trainer.seq_len=1024 trainer.precision=bf16 trainer.compile=default trainer.global_batch_size=64 trainer.micro_batch_size=8 data.num_workers=4",
     ): ("check", "composed and validated at its world size (a run takes minutes or a GPU)"),
+    ("docs/quickstart.md", "python -m launcher.runs"): (
+        "skip",
+        "lists runs/ of a finished run; tests/launches/test_person_sees.py lists the reference runs",
+    ),
+    ("docs/quickstart.md", "python -m launcher.runs compare runs/latest runs/<other_id>"): (
+        "skip",
+        "a template: placeholders to fill in (tests/launches/test_person_sees.py compares two runs)",
+    ),
+    (
+        "docs/quickstart.md",
+        "python -m launcher.generate runs/latest --prompt 'def ' --max-tokens 64 --temperature 0.8 --top-k 40",
+    ): ("skip", "needs a finished run; tests/launches/test_person_sees.py samples the reference run"),
+    (
+        "docs/quickstart.md",
+        "python -m launcher.export runs/latest gpt2-out && python -m launcher.generate gpt2-out --prompt 'import '",
+    ): ("skip", "needs a finished run; tests/launches/test_person_sees.py exports and samples it"),
     ("docs/quickstart.md", "python -m launcher.train --help"): ("run", "0"),
     ("docs/quickstart.md", "python -m launcher.train --cfg job"): ("run", "0"),
     ("docs/quickstart.md", "python -m launcher.doctor"): ("run", "0"),

@@ -72,7 +72,7 @@ def test_a_rank_that_exits_mid_run_is_the_one_cause(tmp_path):
     assert (tmp_path / "latest").resolve() == run_dir.resolve()
     assert f"run {run_dir}: failed, 3 steps in " in ours[-1]
     # the secondary error is in rank 0's own log, for whoever wants it
-    assert "Connection reset by peer" in (run_dir / "logs" / "rank0.log").read_text()
+    assert "by peer" in (run_dir / "logs" / "rank0.log").read_text()  # reset or closed
 
 
 def not_blank(path) -> float:
