@@ -446,7 +446,10 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
     (
         "docs/quickstart.md",
         "python -m launcher.generate runs/latest --prompt 'def ' --max-tokens 64 --temperature 0.8 --top-k 40",
-    ): ("skip", "needs a finished run; tests/launches/test_person_sees.py samples the reference run"),
+    ): (
+        "skip",
+        "needs a finished run; tests/launches/test_person_sees.py samples the reference run",
+    ),
     (
         "docs/quickstart.md",
         "python -m launcher.export runs/latest gpt2-out && python -m launcher.generate gpt2-out --prompt 'import '",
@@ -454,7 +457,10 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
     ("docs/quickstart.md", "python -m launcher.train --help"): ("run", "0"),
     ("docs/quickstart.md", "python -m launcher.train --cfg job"): ("run", "0"),
     ("docs/quickstart.md", "python -m launcher.doctor"): ("run", "0"),
-    ("docs/quickstart.md", ". .venv/bin/activate && pip install -e '.[test]' && python -m pytest"): (
+    (
+        "docs/quickstart.md",
+        ". .venv/bin/activate && pip install -e '.[test]' && python -m pytest",
+    ): (
         "skip",
         "the test suite itself (.ci/run and the lead run it)",
     ),
