@@ -109,7 +109,7 @@ def test_keep_only_what_beats_the_noise_within_the_loss_tolerance():
 
 def test_tuned_yaml_composes_the_winner(tmp_path):
     user = ["profiler=steps", "trainer.micro_batch_size=1", "data.num_workers=0", "run.id=x"]
-    user += ["tune.repeats=5", "data.persistent_workers=false"]
+    user += ["tune.repeats=5", "data.persistent_workers=false", "fault.kind=slow_data"]
     kept = {"trainer.micro_batch_size": 8, "strategy.bucket_cap_mb": 25.0}
     (tmp_path / "tune").mkdir()
     write_tuned_yaml(tmp_path / "tune" / "tuned.yaml", user, kept, tmp_path)
@@ -118,7 +118,7 @@ def test_tuned_yaml_composes_the_winner(tmp_path):
         ["profiler=steps", "trainer.micro_batch_size=8", "data.num_workers=0"]
         + ["data.persistent_workers=false", "strategy.bucket_cap_mb=25"]
     )
-    assert OmegaConf.to_container(fresh) == OmegaConf.to_container(winner)
+    assert OmegaConf.to_container(fresh) == OmegaConf.to_container(winner)  # no fault.* kept
 
 
 def test_bad_input_is_refused_before_anything_starts():
