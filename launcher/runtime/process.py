@@ -205,7 +205,7 @@ def open_run_dir(rt: Runtime) -> None:
         os.getpid(),
         socket.gethostname(),
         rt.device,
-        rt.backend,
+        rt.backend or "none (one process, no process group)",
         rt.run_dir,
     )
 

@@ -578,7 +578,9 @@ def rank0_sinks(
     sinks = [
         JsonlSink(rt.run_dir / "metrics.jsonl", start_step),
         RankFileSink(rt.run_dir / RANKS, start_step),
-        ConsoleSink(cfg.trainer.max_steps, start_step, run_dir=rt.run_dir),
+        ConsoleSink(
+            cfg.trainer.max_steps, start_step, run_dir=rt.run_dir, world_size=rt.world_size
+        ),
     ]
     if wandb_enabled(cfg.logger):
         sinks.append(wandb_sink(cfg, rt, point))
