@@ -140,16 +140,17 @@ def _fmt_eta(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def progress_line(record: dict, max_steps: int) -> str:
-    """The plain progress line: step, loss, tokens/s, step time, ETA (and eval when present)."""
+def progress_line(record: dict, max_steps: int, world_size: int = 2) -> str:
+    """The plain progress line: step, loss, tokens/s, step time (with the slowest rank when
+    there are several), ETA (and eval when present)."""
     parts = [f"step {record['step']}/{max_steps}"]
     if "loss" in record:
         parts.append(f"loss {record['loss']:.4f}")
         parts.append(f"tok/s {record['tokens_per_s']:,.0f}")
+        slowest = f", slowest rank {record['step_time_s/slowest_rank']}" if world_size > 1 else ""
         parts.append(
             f"step {record['step_time_s/p50'] * 1000:.1f} ms "
-            f"(p90 {record['step_time_s/p90'] * 1000:.1f}, slowest rank "
-            f"{record['step_time_s/slowest_rank']})"
+            f"(p90 {record['step_time_s/p90'] * 1000:.1f}{slowest})"
         )
         if record.get("comm/allreduce_s") is not None:
             parts.append(
@@ -168,8 +169,16 @@ def progress_line(record: dict, max_steps: int) -> str:
 class ConsoleSink(Sink):
     """A progress bar on a terminal; plain lines when output goes to a file or a pipe."""
 
-    def __init__(self, max_steps: int, start_step: int, stream=None, run_dir: Path | None = None):
+    def __init__(
+        self,
+        max_steps: int,
+        start_step: int,
+        stream=None,
+        run_dir: Path | None = None,
+        world_size: int = 2,
+    ):
         self.run_dir = run_dir  # for the closing block
+        self.world_size = world_size  # one process has no slowest rank to name
         self.max_steps = max_steps
         self.stream = stream or sys.stderr
         self.bar = None
@@ -181,7 +190,7 @@ class ConsoleSink(Sink):
             )
 
     def log(self, record: dict) -> None:
-        line = progress_line(record, self.max_steps)
+        line = progress_line(record, self.max_steps, self.world_size)
         if self.bar is None:
             log.info(line)
             return

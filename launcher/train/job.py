@@ -158,6 +158,8 @@ def decide_on_main(rt: Runtime, decide):
         except ConfigError as exc:
             outcome = ("bad", str(exc))
         except Exception as exc:
+            # recorded first: the others, raising on this, find rank 0 was the first to fail
+            first_failure.record(None, first_failure.one_line(exc))
             rt.broadcast_object(("crash", f"{type(exc).__name__} on rank 0: {exc}"))
             raise
     kind, value = rt.broadcast_object(outcome)
