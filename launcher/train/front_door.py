@@ -58,9 +58,32 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
+def hide_schema_options() -> None:
+    """Hydra's --help lists every option of a group, the schemas registered beside the
+    option files (`ddp_schema`, ...) too; list only what a user can choose (a schema given as
+    an option is refused: launcher.config.compose.refuse_schema_options)."""
+    from hydra._internal.hydra import Hydra  # Hydra builds $APP_CONFIG_GROUPS here (1.3)
+
+    listed = Hydra.format_config_groups
+
+    def choosable(self, predicate, compact=True):
+        lines = listed(self, predicate, compact).splitlines()
+        if not compact:
+            return "\n".join(ln for ln in lines if not ln.strip().endswith("_schema"))
+        out = []
+        for line in lines:
+            group, sep, options = line.partition(": ")
+            kept = [o for o in options.split(", ") if not o.endswith("_schema")]
+            out.append(f"{group}{sep}{', '.join(kept)}" if sep else line)
+        return "\n".join(out)
+
+    Hydra.format_config_groups = choosable
+
+
 def hydra_prints() -> None:
     """--help, --hydra-help, --info, --shell-completion, --cfg hydra|all: Hydra answers
     from the command line as given (the schemas registered first, for the group lists)."""
+    hide_schema_options()
 
     @hydra.main(config_path="pkg://launcher.conf", config_name="train", version_base="1.3")
     def answered(cfg: DictConfig) -> None:  # reached only by --cfg: Hydra prints and returns
