@@ -136,14 +136,14 @@ class WandbSink(Sink):
 
     def log_images(self, images: dict[str, Path]) -> None:
         """The run's pictures (report.png: with its rank x interval heatmaps, every rank
-        in one image rather than a series each) as images, in a row after the last record."""
+        in one image rather than a series each) as images in the run summary: a history
+        row would add a step after the last one."""
         if self.full or not images:
             return
         try:
             import wandb
 
-            logged = {name: wandb.Image(str(path)) for name, path in images.items()}
-            self.run.log(logged, commit=True)
+            self.run.summary.update({n: wandb.Image(str(p)) for n, p in images.items()})
         except Exception as exc:  # noqa: BLE001 - a picture must never fail the run's end
             log.warning("W&B: could not log %s: %s", ", ".join(map(str, images.values())), exc)
 

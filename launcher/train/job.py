@@ -505,12 +505,13 @@ class Job:
         try:
             if self.watchdog is not None:
                 self.watchdog.close()  # the loop has, unless the job ended before it
+            summary = {**summary, "exit_code": code} if summary else summary
             images = write_report(rt.run_dir, summary) if rt.is_main and summary else {}
             for sink in self.sinks:
                 sink.log_images(images)
                 sink.close(summary)
             if rt.is_main and summary:
-                write_summary_if_room(rt.run_dir, {**summary, "exit_code": code})
+                write_summary_if_room(rt.run_dir, summary)
             if self.strategy is not None:
                 self.strategy.close()
             self.strategy = self.loop = None

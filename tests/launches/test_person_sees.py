@@ -17,6 +17,8 @@ from launcher import export as export_cmd
 from launcher import generate, runs
 
 from launch import FAST_USER_LOADER, summary, torchrun
+from tb_readback import read_runs
+from wandb_readback import inspect_summary
 
 # torchrun's own lines ("W1205 18:00:01.764000 ... Sending process ...") and, once it has
 # reaped every worker, its ChildFailedError traceback: docs/faults.md explains them.
@@ -84,6 +86,14 @@ def not_blank(path) -> float:
 def test_a_finished_run_has_a_report_and_lists_and_compares(ddp_run, single_process, tmp_path,
                                                            capsys):  # fmt: skip
     assert not_blank(ddp_run / "report.png") > 0.05
+    # the same picture, heatmaps included, in TensorBoard (at the last step) and W&B (summary)
+    tb = read_runs(ddp_run / "tb")
+    ((step, (width, height, _png)),) = tb["."]["images"]["report"]
+    with Image.open(ddp_run / "report.png") as image:
+        assert (step, (width, height)) == (24, image.size)
+    (wandb_run,) = (ddp_run / "wandb").glob("offline-run-*")
+    state = inspect_summary(wandb_run, tmp_path)
+    assert state["summary"]["report"]["_type"] == "image-file"
     ranks = (ddp_run / "ranks.jsonl").read_text().splitlines()
     assert len(ranks) == 24  # one row per log interval, each rank's figures in it
     assert runs.main([str(ddp_run.parent)]) == 0

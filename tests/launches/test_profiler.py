@@ -437,7 +437,8 @@ def test_analysis_goes_to_the_runs_wandb_run(analyzed_run, tmp_path):
         if r["type"] == "artifact" and r["artifact"]["type"] == "trace-analysis"
     ]
     files = {c["path"] for c in artifact["manifest"]["contents"]}
-    assert files == {"report.json", "report.md", "merged_trace.json"}
+    assert files == {"report.json", "report.md", "merged_trace.json", "breakdown.png",
+                     "timeline.png"}  # fmt: skip
 
 
 def test_analysis_goes_to_tensorboard_beside_the_runs_curves(analyzed_run):
