@@ -182,12 +182,16 @@ class ConsoleSink(Sink):
         self.max_steps = max_steps
         self.stream = stream or sys.stderr
         self.bar = None
+        self._redirect = contextlib.ExitStack()
         if self.stream.isatty():
             from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
 
             self.bar = tqdm(
                 total=max_steps, initial=start_step, file=self.stream, dynamic_ncols=True
             )
+            # log lines ("checkpoint saved") go above the bar instead of onto its line
+            self._redirect.enter_context(logging_redirect_tqdm())
 
     def log(self, record: dict) -> None:
         line = progress_line(record, self.max_steps, self.world_size)
@@ -195,12 +199,14 @@ class ConsoleSink(Sink):
             log.info(line)
             return
         self.bar.update(record["step"] - self.bar.n)
-        if "loss" in record:
-            self.bar.set_postfix_str(line.split(" | ", 1)[1], refresh=True)
+        if "loss" in record:  # tqdm shows its own time left: no second, stale "eta"
+            parts = [p for p in line.split(" | ")[1:] if not p.startswith("eta ")]
+            self.bar.set_postfix_str(" | ".join(parts), refresh=True)
 
     def close(self, summary: dict) -> None:
         if self.bar is not None:
             self.bar.close()
+            self._redirect.close()
         if self.run_dir is not None and summary:
             log.info("%s", closing_block(self.run_dir, summary))
 
