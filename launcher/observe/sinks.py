@@ -176,8 +176,10 @@ class ConsoleSink(Sink):
         stream=None,
         run_dir: Path | None = None,
         world_size: int = 2,
+        brief: bool = False,
     ):
         self.run_dir = run_dir  # for the closing block
+        self.brief = brief  # a sweep point or tuning trial: its closing block's first line
         self.world_size = world_size  # one process has no slowest rank to name
         self.max_steps = max_steps
         self.stream = stream or sys.stderr
@@ -208,7 +210,8 @@ class ConsoleSink(Sink):
             self.bar.close()
             self._redirect.close()
         if self.run_dir is not None and summary:
-            log.info("%s", closing_block(self.run_dir, summary))
+            block = closing_block(self.run_dir, summary)
+            log.info("%s", block.splitlines()[0] if self.brief else block)
 
 
 def process_seconds() -> float | None:

@@ -582,7 +582,11 @@ def rank0_sinks(
         JsonlSink(rt.run_dir / "metrics.jsonl", start_step),
         RankFileSink(rt.run_dir / RANKS, start_step),
         ConsoleSink(
-            cfg.trainer.max_steps, start_step, run_dir=rt.run_dir, world_size=rt.world_size
+            cfg.trainer.max_steps,
+            start_step,
+            run_dir=rt.run_dir,
+            world_size=rt.world_size,
+            brief=point is not None,
         ),
     ]
     if wandb_enabled(cfg.logger):
