@@ -248,7 +248,7 @@ def closing_block(run_dir: Path, summary: dict) -> str:
     lines.append(
         f"  loss {_figure(summary.get('loss'), '.4f')}, eval loss "
         f"{_figure(summary.get('eval/loss'), '.4f')}, "
-        f"{_figure(summary.get('tokens_per_s'), ',.0f')} tokens/s, mfu "
+        f"tokens/s {_figure(summary.get('tokens_per_s'), ',.0f')}, mfu "
         + (
             f"{summary['mfu'] * 100:.1f}%"
             if isinstance(summary.get("mfu"), float)
@@ -259,5 +259,6 @@ def closing_block(run_dir: Path, summary: dict) -> str:
     lines.append(f"  next: python -m launcher.analyze {run_dir}")
     lines.append(f"        python -m launcher.export {run_dir} {run_dir}/export")
     lines.append(f"        python -m launcher.generate {run_dir} --prompt 'def '")
-    lines.append(f"        resume: the same command with run.id={summary.get('run_id')}")
+    more = f"trainer.max_steps=<more than {steps}>" if status.startswith("completed") else ""
+    lines.append(f"        continue: the same command with run.id={summary.get('run_id')} {more}".rstrip())
     return "\n".join(lines)

@@ -77,7 +77,7 @@ def test_closing_block_names_the_run_its_wall_time_and_what_comes_next(tmp_path)
     first, figures, *rest = text.splitlines()
     assert first.startswith(f"run {tmp_path / 'a'}: completed, 20 steps in ")
     assert first.endswith(" wall time")
-    assert "loss 5.0000, eval loss 5.1000, 1,010 tokens/s, mfu none (" in figures
+    assert "loss 5.0000, eval loss 5.1000, tokens/s 1,010, mfu none (" in figures
     assert any(f"python -m launcher.analyze {tmp_path / 'a'}" in line for line in rest)
     assert any("launcher.generate" in line for line in rest)
     failed = closing_block(tmp_path / "a", {**summary, "status": "failed: rank 1 at step 3: x"})
