@@ -260,5 +260,6 @@ def closing_block(run_dir: Path, summary: dict) -> str:
     lines.append(f"        python -m launcher.export {run_dir} {run_dir}/export")
     lines.append(f"        python -m launcher.generate {run_dir} --prompt 'def '")
     more = f"trainer.max_steps=<more than {steps}>" if status.startswith("completed") else ""
-    lines.append(f"        continue: the same command with run.id={summary.get('run_id')} {more}".rstrip())
+    again = f"        continue: the same command with run.id={summary.get('run_id')} {more}"
+    lines.append(again.rstrip())
     return "\n".join(lines)
