@@ -177,15 +177,17 @@ class ConsoleSink(Sink):
         run_dir: Path | None = None,
         world_size: int = 2,
         brief: bool = False,
+        quiet: bool = False,
     ):
         self.run_dir = run_dir  # for the closing block
         self.brief = brief  # a sweep point or tuning trial: its closing block's first line
+        self.quiet = quiet  # progress lines into the rank's log only, no bar
         self.world_size = world_size  # one process has no slowest rank to name
         self.max_steps = max_steps
         self.stream = stream or sys.stderr
         self.bar = None
         self._redirect = contextlib.ExitStack()
-        if self.stream.isatty():
+        if self.stream.isatty() and not quiet:
             from tqdm import tqdm
             from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -198,7 +200,7 @@ class ConsoleSink(Sink):
     def log(self, record: dict) -> None:
         line = progress_line(record, self.max_steps, self.world_size)
         if self.bar is None:
-            log.info(line)
+            log.info(line, extra={"file_only": self.quiet})
             return
         self.bar.update(record["step"] - self.bar.n)
         if "loss" in record:  # tqdm shows its own time left: no second, stale "eta"

@@ -587,6 +587,7 @@ def rank0_sinks(
             run_dir=rt.run_dir,
             world_size=rt.world_size,
             brief=point is not None,
+            quiet=rt.launch.quiet_progress,
         ),
     ]
     if wandb_enabled(cfg.logger):

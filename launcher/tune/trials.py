@@ -93,7 +93,9 @@ class Trials:
 
     def __init__(self, user_overrides: list[str], budget_s: float = float("inf")):
         self.user = list(user_overrides)
-        self.launch = LaunchState()  # the process group and run id the trials share
+        # the process group and run id the trials share; each trial's progress lines go to
+        # its logs/rank0.log, the console gets one line per trial (announce)
+        self.launch = LaunchState(quiet_progress=True)
         self.started = time.monotonic()
         self.elapsed_s = 0.0
         self.stopped = False
