@@ -14,7 +14,7 @@ def test_latest_points_at_the_newest_run_and_spares_a_real_folder(tmp_path):
         point_latest(tmp_path, run)
         assert os.readlink(tmp_path / LATEST) == run  # relative: the tree can move
         assert (tmp_path / LATEST).resolve() == (tmp_path / run).resolve()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [LATEST, "a", "sweep"]  # no temporary
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", LATEST, "sweep"]  # no temporary
     (tmp_path / LATEST).unlink()
     (tmp_path / LATEST).mkdir()  # a run named latest
     point_latest(tmp_path, "a")
