@@ -7,6 +7,7 @@ a clean process-group teardown behind, whatever happened.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -486,7 +487,8 @@ class Job:
         done = self.watchdog.step if self.watchdog is not None else None
         failing = done + 1 if self.loop is not None and done is not None else None
         failed = first_failure.settle(exc, failing, self.rt.is_main)
-        exc.launcher_settled = True  # the front door logs no traceback on the terminal again
+        with contextlib.suppress(AttributeError):  # an exception type without a __dict__
+            exc.launcher_settled = True  # the front door logs no traceback on the terminal
         ran = getattr(self.loop, "start_time", None) is not None  # the loop had started
         figures = self.loop.summary(failed["status"], done) if ran else {}
         return {**figures, **failed, "run_id": self.rt.run_id}
