@@ -212,7 +212,7 @@ class ConsoleSink(Sink):
             self.bar.close()
             self._redirect.close()
         if self.run_dir is not None and summary:
-            block = closing_block(self.run_dir, summary)
+            block = closing_block(self.run_dir, summary, whole_process=not self.brief)
             log.info("%s", block.splitlines()[0] if self.brief else block)
 
 
@@ -237,13 +237,15 @@ def _figure(value, fmt: str) -> str:
     return format(value, fmt) if isinstance(value, (int, float)) else "none"
 
 
-def closing_block(run_dir: Path, summary: dict) -> str:
+def closing_block(run_dir: Path, summary: dict, whole_process: bool = True) -> str:
     """What a person reads at the end of a run: where it is, how long it took, what it
-    reached, and the commands that come next (a failed run: the error above says why)."""
+    reached, and the commands that come next (a failed run: the error above says why).
+    The wall time is the process's (start-up included) when the run is the process's only
+    job, else the training loop's (a sweep point, a tuning trial)."""
     status = str(summary.get("status", "?"))
     steps = summary.get("steps")
     head = f"run {run_dir}: {status.split(':')[0]}"
-    wall = process_seconds() or summary.get("wall_time_s")
+    wall = (process_seconds() if whole_process else None) or summary.get("wall_time_s")
     lines = [f"{head}, {steps} steps in {_wall(wall)} wall time"]
     if not status.startswith(("completed", "stopped")):  # the error above says why
         return f"{lines[0]}; summary.json names the first failing rank, logs in {run_dir}/logs"
