@@ -579,7 +579,8 @@ def rank0_sinks(
     """Rank 0's run files and sinks: config.yaml and env.json, metrics.jsonl, the console,
     and W&B and TensorBoard when enabled."""
     write_run_files(cfg, rt, start_step, gate)
-    point_latest(Path(cfg.run.root).expanduser(), rt.run_id)
+    # a sweep's or tuning run's points: its folder, not the point of the moment
+    point_latest(Path(cfg.run.root).expanduser(), rt.run_id.split("/")[0])
     sinks = [
         JsonlSink(rt.run_dir / "metrics.jsonl", start_step),
         RankFileSink(rt.run_dir / RANKS, start_step),
