@@ -111,9 +111,14 @@ def is_peer_loss(exc: BaseException) -> bool:
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
-    """`Type: message` on one line, the message's first line only."""
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first}"[:limit] if first else type(exc).__name__
+    """`Type: message` on one line: the message's first line, and its last when it has
+    more (a DataLoader worker's error is "Caught X in DataLoader worker process 0", its
+    traceback, then the worker's own error: the cause is the last line)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return f"{type(exc).__name__}: {text}"[:limit]
 
 
 def failed_status(first: dict) -> dict:

@@ -22,7 +22,7 @@ def test_first_rank_records_and_the_peer_names_it(tmp_path, caplog):
     (tmp_path / "logs").mkdir()
     caplog.set_level(logging.INFO, logger="launcher")
     as_rank(tmp_path, 1)
-    mine = first_failure.settle(ValueError("bad shape\nsecond line"), 5, is_main=False)
+    mine = first_failure.settle(ValueError("bad shape"), 5, is_main=False)
     assert mine == {"status": "failed: rank 1 at step 5: ValueError: bad shape",
                     "failed_rank": 1, "failed_step": 5}  # fmt: skip
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
@@ -72,3 +72,14 @@ def test_an_earlier_launchs_record_is_not_this_ones(tmp_path):
     finally:
         first_failure._Job.started = started
         first_failure.forget()
+
+
+def test_a_wrapped_errors_line_keeps_its_cause():
+    worker = RuntimeError(
+        "Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most recent "
+        'call last):\n  File "x.py", line 1\nRuntimeError: fault.kind=loader_error at step 5'
+    )
+    assert first_failure.one_line(worker) == (
+        "RuntimeError: Caught RuntimeError in DataLoader worker process 0. ... "
+        "RuntimeError: fault.kind=loader_error at step 5"
+    )
