@@ -21,6 +21,7 @@ all-reduce, so that in a profiler trace every all-reduce is gradient communicati
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 
@@ -61,8 +62,11 @@ def _on_signal(signum, frame) -> None:
         log.warning("received %s: will checkpoint at the next step boundary and stop", name)
     else:
         # Said now: if torchrun's shutdown timeout kills this rank before the phase ends,
-        # nothing else will be, and the front door's exit code says it.
-        log.warning(
+        # nothing else will be, and the front door's exit code says it. Before this rank's
+        # job began (composing, joining) rank 0 says it for all: there a rank that is not
+        # rank 0 most often hears torchrun ending the launch after rank 0's bad-input line.
+        said_by_rank0 = not watchdog.job_started() and os.environ.get("RANK", "0") != "0"
+        (log.info if said_by_rank0 else log.warning)(
             "received %s during %s, which cannot be cut short: the stop checkpoint comes at "
             "the step boundary after it; if torchrun's --shutdown-timeout (30 s by default) "
             "ends this rank first, no stop checkpoint is written and the job exits %d "

@@ -57,6 +57,11 @@ DECLARED = "hang.declared"  # in logs/: the rank that declared a hang, and when
 _current: list[HangWatchdog] = []
 
 
+def job_started() -> bool:
+    """Whether this process's job has begun (its watchdog runs)."""
+    return bool(_current)
+
+
 def current_phase() -> str:
     """The phase this rank is in ("start-up" before its job's watchdog starts)."""
     return _current[-1].current_phase() if _current else "start-up"
