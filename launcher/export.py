@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     except ExportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_codes.BAD_INPUT
-    print(f"exported {folder} to {args.out} (GPT2LMHeadModel.from_pretrained reads it)")
+    print(f"exported {folder} to {args.out} (AutoModelForCausalLM and AutoTokenizer read it)")
     return 0
 
 

@@ -94,11 +94,11 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
     ): ("skip", "a rehearsal is minutes of launches; tests/launches/test_rehearse.py runs it"),
     (
         "README.md",
-        "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e '.[test]' && torchrun --standalone --nproc_per_node=2 -m launcher.train",
+        "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e . && torchrun --standalone --nproc_per_node=2 -m launcher.train",
     ): ("skip", "installs packages (.ci/run runs the README's install line in a fresh venv)"),
     (
         "README.md",
-        '. .venv/bin/activate && python -m pytest -n 3 -m "not serial" && python -m pytest -m serial',
+        ". .venv/bin/activate && pip install -e '.[test]' && python -m pytest -n 3 -m \"not serial\" && python -m pytest -m serial",
     ): ("skip", "the test suite itself (.ci/run and the lead run it)"),
     (
         "README.md",
@@ -419,7 +419,7 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
         "skip",
         "installs packages (.ci/run runs the README's install line in a fresh venv)",
     ),
-    ("docs/quickstart.md", "pip install torch==2.13.0 -e '.[test]'"): (
+    ("docs/quickstart.md", "pip install torch==2.13.0 -e ."): (
         "skip",
         "installs packages (.ci/run runs the README's install line in a fresh venv)",
     ),
@@ -435,6 +435,25 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
         "docs/quickstart.md",
         "torchrun --standalone --nproc_per_node=2 -m launcher.train model=gpt2 trainer.seq_len=1024 trainer.precision=bf16 trainer.compile=default trainer.global_batch_size=64 trainer.micro_batch_size=8 data.num_workers=4",
     ): ("check", "composed and validated at its world size (a run takes minutes or a GPU)"),
+    ("docs/quickstart.md", "python -m launcher.runs"): (
+        "skip",
+        "lists runs/ of a finished run; tests/launches/test_person_sees.py lists the reference runs",
+    ),
+    ("docs/quickstart.md", "python -m launcher.runs compare runs/latest runs/<other_id>"): (
+        "skip",
+        "a template: placeholders to fill in (tests/launches/test_person_sees.py compares two runs)",
+    ),
+    (
+        "docs/quickstart.md",
+        "python -m launcher.generate runs/latest --prompt 'def ' --max-tokens 64 --temperature 0.8 --top-k 40",
+    ): (
+        "skip",
+        "needs a finished run; tests/launches/test_person_sees.py samples the reference run",
+    ),
+    (
+        "docs/quickstart.md",
+        "python -m launcher.export runs/latest gpt2-out && python -m launcher.generate gpt2-out --prompt 'import '",
+    ): ("skip", "needs a finished run; tests/launches/test_person_sees.py exports and samples it"),
     ("docs/quickstart.md", "python -m launcher.train --help"): ("run", "0"),
     ("docs/quickstart.md", "python -m launcher.train --cfg job"): ("run", "0"),
     ("docs/quickstart.md", "python -m launcher.doctor"): ("run", "0"),
@@ -453,7 +472,10 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
         "skip",
         "runs/<id> stands for a run of yours; tests/unit/plan/test_forecast.py plans from measured figures",
     ),
-    ("docs/quickstart.md", ". .venv/bin/activate && python -m pytest"): (
+    (
+        "docs/quickstart.md",
+        ". .venv/bin/activate && pip install -e '.[test]' && python -m pytest",
+    ): (
         "skip",
         "the test suite itself (.ci/run and the lead run it)",
     ),

@@ -161,7 +161,7 @@ def finish(proc: subprocess.Popen, output) -> str:
 
 
 def run_dir_of(root):
-    dirs = [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+    dirs = [p for p in root.iterdir() if p.is_dir() and not p.is_symlink()] if root.is_dir() else []
     return dirs[0] if len(dirs) == 1 else None
 
 

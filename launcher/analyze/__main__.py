@@ -1,8 +1,10 @@
 """`python -m launcher.analyze RUN_DIR [RUN_DIR...]`: analyse the per-rank traces of a run
 (or of every point of a sweep directory) and write analysis/report.{md,json} and a
-merged trace into each run directory. A run that ended in a detected hang is explained
-first: which rank stopped, where, and what the others waited on (analysis/hang.md). When
-the run logged to W&B, the report also goes to its W&B run as tables and an artifact
+merged trace into each run directory, with two pictures beside them: each rank's step
+broken down (analysis/breakdown.png) and one step per rank on a timeline
+(analysis/timeline.png). A run that ended in a detected hang is explained first: which rank
+stopped, where, and what the others waited on (analysis/hang.md). When the run logged to
+W&B, the report also goes to its W&B run as tables and an artifact
 (launcher.analyze.to_wandb); when it wrote TensorBoard event files, to analysis/tb/ as text
 and per-rank scalars (launcher.analyze.to_tensorboard).
 
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from launcher.analyze import to_tensorboard, to_wandb
 from launcher.analyze.hang import analyze_hang, has_hang, markdown_hang, write_hang_report
+from launcher.analyze.images import write_images
 from launcher.analyze.report import analyze, markdown, write
 from launcher.analyze.trace import TraceError
 from launcher.runtime.lock import LockHeld, tool_lock
@@ -85,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
             if not (path / "traces").is_dir():
                 continue
         found = run_dirs(path)
+        if not path.is_dir():
+            print(f"error: {path}: no such folder; give a run directory (runs/<id>)",
+                  file=sys.stderr)  # fmt: skip
+            return 2
         if not found:
             print(
                 f"error: {path}: no traces/rank*/ here or in its sweep points; "
@@ -117,6 +124,7 @@ def analyze_run(run_dir: Path, args: argparse.Namespace) -> int:
     try:
         report = analyze(run_dir)
         written = write(run_dir, report)
+        written += write_images(run_dir, report)
     except (OSError, TraceError) as exc:  # FileNotFoundError: no profiled steps
         print(f"error: {exc}", file=sys.stderr)
         return 2

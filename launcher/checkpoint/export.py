@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from launcher.checkpoint import protocol as checkpoint
+from launcher.data.tokenizer import TOKENIZER_DIR
 from launcher.model.gpt2 import config_of, hf_config, to_hf_state_dict
 from launcher.runtime import disk
 from launcher.runtime.lock import LockHeld, tool_lock
@@ -64,8 +65,18 @@ def newest_readable(source: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     raise ExportError(f"no checkpoint of {source} could be read ({' | '.join(problems)})")
 
 
+def run_tokenizer(source: Path) -> Path | None:
+    """The tokenizer folder the run of `source` (a run directory or one of its
+    checkpoints/step_<n>) saved, or None (a run of token ids: memmap, synthetic)."""
+    for run_dir in (source, source.parent.parent):
+        if (run_dir / TOKENIZER_DIR / "tokenizer.json").is_file():
+            return run_dir / TOKENIZER_DIR
+    return None
+
+
 def export(source: Path, out: Path) -> Path:
-    """Write the model of `source`'s checkpoint into `out`; returns the checkpoint used.
+    """Write the model of `source`'s checkpoint, and its run's tokenizer, into `out`;
+    returns the checkpoint used.
 
     `out` is made beside itself and renamed into place, so its folder must be writable and
     `out` itself no mount point; the export holds `.<out>.export.lock` there meanwhile: a
@@ -86,7 +97,7 @@ def export(source: Path, out: Path) -> Path:
     try:
         with tool_lock(out.parent, "export", "choose another OUT_DIR", f".{out.name}.export.lock"):
             not_empty_problem(out)  # again, now that no other export can write it
-            write_whole(model, out, needed=needed)
+            write_whole(model, run_tokenizer(source), out, needed=needed)
     except LockHeld as exc:
         if exc.disk_full:
             raise ExportError(disk.no_space_line("the export", out, needed)) from exc
@@ -111,6 +122,9 @@ def model_of(source: Path):
     if model_meta.get("impl", "hf") == "native":
         state = to_hf_state_dict(state)
     from transformers import GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a bar per load and save of a 1-file model is noise
 
     model = GPT2LMHeadModel(hf_config(config_of(state, int(model_meta["n_head"]))))
     loaded = model.load_state_dict(state, strict=False)  # older transformers: mask buffers
@@ -124,13 +138,17 @@ def model_of(source: Path):
     return folder, model, sum(t.numel() * t.element_size() for t in state.values())
 
 
-def write_whole(model, out: Path, *, needed: int) -> None:
-    """`model.save_pretrained` into a temporary sibling, renamed to `out` when complete, so
-    a full disk (or any failure) leaves no half an export; a full disk is one line."""
+def write_whole(model, tokenizer: Path | None, out: Path, *, needed: int) -> None:
+    """`model.save_pretrained` (and the tokenizer's files beside it) into a temporary
+    sibling, renamed to `out` when complete, so a full disk (or any failure) leaves no half
+    an export; a full disk is one line."""
     tmp = out.with_name(f".tmp-{out.name}")
     shutil.rmtree(tmp, ignore_errors=True)  # a crashed export's leftover
     try:
         model.save_pretrained(tmp)
+        if tokenizer is not None:
+            for path in tokenizer.iterdir():
+                shutil.copyfile(path, tmp / path.name)
         os.rename(tmp, out)  # replaces an empty `out` (POSIX rename)
     except OSError as exc:
         if disk.is_full(exc, out.parent):

@@ -28,6 +28,7 @@ def compose(overrides: list[str], sweep: bool = False) -> DictConfig:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
+    refuse_schema_options(overrides)
     try:
         with config_loader():
             if not sweep:
@@ -40,6 +41,22 @@ def compose(overrides: list[str], sweep: bool = False) -> DictConfig:
             )
     except Exception as exc:  # noqa: BLE001 - every composition failure becomes one line
         raise ConfigError(describe_compose_error(exc)) from exc
+
+
+def refuse_schema_options(overrides: list[str]) -> None:
+    """`strategy=ddp_schema` names the typed schema an option file starts from (registered in
+    the same group, so Hydra would compose it), not an engine option: one line instead."""
+    for text in overrides:
+        key, _, value = text.partition("=")
+        if key.lstrip("+~") != "strategy":
+            continue
+        schemas = [v.strip() for v in value.strip("[]").split(",") if v.strip().endswith("_schema")]
+        if schemas:
+            raise ConfigError(
+                f"strategy={schemas[0]}: a schema the options are checked against, not an "
+                f"option; choose {schemas[0].removesuffix('_schema')} (python -m launcher.train "
+                "--help lists the options)"
+            )
 
 
 @contextlib.contextmanager

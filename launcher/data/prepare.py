@@ -45,6 +45,7 @@ class TokenData:
     eot_id: int | None
     description: str
     cache_path: str | None
+    save_tokenizer: Callable[[Path], None] | None = None  # see launcher.data.tokenizer
 
 
 def prepare_data(
@@ -139,7 +140,9 @@ def _text(d, *, seq_len: int, is_builder: bool, wait: Callable[[], None]) -> Tok
         f"{meta['source']}, tokenizer {meta['tokenizer']} (vocab {meta['vocab_size']:,}), "
         f"{_counts(train, val)}, cache {folder}"
     )
-    return TokenData(train, val, meta["vocab_size"], meta["eot_id"], description, str(folder))
+    return TokenData(
+        train, val, meta["vocab_size"], meta["eot_id"], description, str(folder), tokenizer.save
+    )
 
 
 def _text_source(d):

@@ -10,6 +10,7 @@ the spelling in the config) keys the token cache.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 EOT = "<|endoftext|>"
+TOKENIZER_DIR = "tokenizer"  # the run directory's copy of its tokenizer (save_for_transformers)
 GPT2_NAME = "gpt2"  # GPT-2's tokenizer on the Hugging Face hub
 # tiktoken's r50k_base is GPT-2's BPE; its published file and hash, as tiktoken caches it.
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
@@ -34,6 +36,9 @@ class Tokenizer:
     eot_id: int | None
     fingerprint: str
     encode_batch: Callable[[list[str]], list[list[int]]]
+    # writes the tokenizer as a folder transformers' AutoTokenizer loads (None: a tiktoken
+    # file, which has no such form; the run then has no tokenizer/ for launcher.generate)
+    save: Callable[[Path], None] | None = None
 
 
 def resolve_tokenizer(spec: str, *, bpe: Callable[[], Tokenizer]) -> Tokenizer:
@@ -193,7 +198,23 @@ def from_tokenizers(backend, description: str, eot_id: int | None) -> Tokenizer:
         eot_id=eot_id,
         fingerprint=_sha256(backend.to_str().encode()),
         encode_batch=encode_batch,
+        save=lambda folder: save_for_transformers(backend, eot_id, folder),
     )
+
+
+def save_for_transformers(backend, eot_id: int | None, folder: Path) -> None:
+    """tokenizer.json and tokenizer_config.json in `folder`: what `AutoTokenizer` (as a
+    PreTrainedTokenizerFast) and launcher.generate load, written without importing
+    transformers (seconds of start-up on every run otherwise)."""
+    eot = backend.id_to_token(eot_id) if eot_id is not None else None
+    specials = {"bos_token": eot, "eos_token": eot, "unk_token": eot} if eot else {}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **specials}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        backend.save(str(folder / "tokenizer.json"))
+        (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    except OSError as exc:  # a full disk: training goes on, generate then says what is missing
+        log.warning("could not save the tokenizer into %s: %s", folder, exc)
 
 
 def _sha256(data: bytes) -> str:

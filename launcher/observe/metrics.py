@@ -163,6 +163,9 @@ class Aggregate:
     slowest_interval_s: float
     step_time_p50: float
     figures: dict
+    # each rank's mean step time, exposed communication and data wait over the interval
+    # (NaN where not measured): the rank x interval picture of report.png, not a W&B series
+    per_rank: dict = field(default_factory=dict)
 
 
 def _spread(name: str, values: list[float], mean_as_bare: bool) -> dict:
@@ -220,7 +223,16 @@ def aggregate(per_rank: list[dict], world_size: int) -> Aggregate:
         slowest_interval_s=totals[slowest],
         step_time_p50=figures.get("step_time_s/p50", math.nan),
         figures=figures,
+        per_rank={name: [_mean(row) for row in series[name]] for name in PER_RANK},
     )
+
+
+PER_RANK = ("step_time_s", "comm/exposed_s", "data_wait_s")
+
+
+def _mean(values: list[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else math.nan
 
 
 def _finite_sum(values: list[float]) -> float:

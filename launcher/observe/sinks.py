@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -40,6 +41,13 @@ def record_step(line: str) -> int | None:
 
 class Sink:
     def log(self, record: dict) -> None: ...
+
+    def log_ranks(self, step: int, per_rank: dict[str, list[float]]) -> None:
+        """Each rank's figures of the interval ending at `step` (one value per rank per
+        name): kept out of `log`, so that no sink draws a series per rank."""
+
+    def log_images(self, images: dict[str, Path]) -> None:
+        """The run's pictures at its end (launcher.observe.report), by name."""
 
     def close(self, summary: dict) -> None: ...
 
@@ -106,6 +114,18 @@ class JsonlSink(Sink):
                 self.file.close()
 
 
+class RankFileSink(JsonlSink):
+    """ranks.jsonl: each log interval's per-rank figures (one value per rank per name), the
+    rank x interval heatmaps of report.png; cut back on resume as metrics.jsonl is."""
+
+    def log(self, record: dict) -> None:
+        return None
+
+    def log_ranks(self, step: int, per_rank: dict[str, list[float]]) -> None:
+        row = {name: [finite_or_none(v) for v in values] for name, values in per_rank.items()}
+        super().log({"step": step, **row})
+
+
 def write_summary(run_dir: Path, summary: dict) -> None:
     """summary.json, written whole under another name first so a reader never sees half."""
     text = json.dumps({k: finite_or_none(v) for k, v in summary.items()}, indent=1)
@@ -120,16 +140,17 @@ def _fmt_eta(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def progress_line(record: dict, max_steps: int) -> str:
-    """The plain progress line: step, loss, tokens/s, step time, ETA (and eval when present)."""
+def progress_line(record: dict, max_steps: int, world_size: int = 2) -> str:
+    """The plain progress line: step, loss, tokens/s, step time (with the slowest rank when
+    there are several), ETA (and eval when present)."""
     parts = [f"step {record['step']}/{max_steps}"]
     if "loss" in record:
         parts.append(f"loss {record['loss']:.4f}")
         parts.append(f"tok/s {record['tokens_per_s']:,.0f}")
+        slowest = f", slowest rank {record['step_time_s/slowest_rank']}" if world_size > 1 else ""
         parts.append(
             f"step {record['step_time_s/p50'] * 1000:.1f} ms "
-            f"(p90 {record['step_time_s/p90'] * 1000:.1f}, slowest rank "
-            f"{record['step_time_s/slowest_rank']})"
+            f"(p90 {record['step_time_s/p90'] * 1000:.1f}{slowest})"
         )
         if record.get("comm/allreduce_s") is not None:
             parts.append(
@@ -148,38 +169,101 @@ def progress_line(record: dict, max_steps: int) -> str:
 class ConsoleSink(Sink):
     """A progress bar on a terminal; plain lines when output goes to a file or a pipe."""
 
-    def __init__(self, max_steps: int, start_step: int, stream=None):
+    def __init__(
+        self,
+        max_steps: int,
+        start_step: int,
+        stream=None,
+        run_dir: Path | None = None,
+        world_size: int = 2,
+        brief: bool = False,
+        quiet: bool = False,
+    ):
+        self.run_dir = run_dir  # for the closing block
+        self.brief = brief  # a sweep point or tuning trial: its closing block's first line
+        self.quiet = quiet  # progress lines into the rank's log only, no bar
+        self.world_size = world_size  # one process has no slowest rank to name
         self.max_steps = max_steps
         self.stream = stream or sys.stderr
         self.bar = None
-        if self.stream.isatty():
+        self._redirect = contextlib.ExitStack()
+        if self.stream.isatty() and not quiet:
             from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
 
             self.bar = tqdm(
                 total=max_steps, initial=start_step, file=self.stream, dynamic_ncols=True
             )
+            # log lines ("checkpoint saved") go above the bar instead of onto its line
+            self._redirect.enter_context(logging_redirect_tqdm())
 
     def log(self, record: dict) -> None:
-        line = progress_line(record, self.max_steps)
+        line = progress_line(record, self.max_steps, self.world_size)
         if self.bar is None:
-            log.info(line)
+            log.info(line, extra={"file_only": self.quiet})
             return
         self.bar.update(record["step"] - self.bar.n)
-        if "loss" in record:
-            self.bar.set_postfix_str(line.split(" | ", 1)[1], refresh=True)
+        if "loss" in record:  # tqdm shows its own time left: no second, stale "eta"
+            parts = [p for p in line.split(" | ")[1:] if not p.startswith("eta ")]
+            self.bar.set_postfix_str(" | ".join(parts), refresh=True)
 
     def close(self, summary: dict) -> None:
         if self.bar is not None:
             self.bar.close()
-        log.info("summary: %s", summary_line(summary))
+            self._redirect.close()
+        if self.run_dir is not None and summary:
+            block = closing_block(self.run_dir, summary, whole_process=not self.brief)
+            log.info("%s", block.splitlines()[0] if self.brief else block)
 
 
-def summary_line(summary: dict) -> str:
-    keys = ("status", "steps", "loss", "eval/loss", "tokens_per_s", "step_time_s/p50", "mfu")
-    return ", ".join(f"{k}={_short(summary.get(k))}" for k in keys)
+def process_seconds() -> float | None:
+    """How long this process has run (Linux's /proc), start-up and data preparation included:
+    the wall time a person waited, not only the loop's."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return uptime - ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _short(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+def _wall(seconds) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "?"
+    return f"{seconds:.1f} s" if seconds < 60 else _fmt_eta(seconds)
+
+
+def _figure(value, fmt: str) -> str:
+    return format(value, fmt) if isinstance(value, (int, float)) else "none"
+
+
+def closing_block(run_dir: Path, summary: dict, whole_process: bool = True) -> str:
+    """What a person reads at the end of a run: where it is, how long it took, what it
+    reached, and the commands that come next (a failed run: the error above says why).
+    The wall time is the process's (start-up included) when the run is the process's only
+    job, else the training loop's (a sweep point, a tuning trial)."""
+    status = str(summary.get("status", "?"))
+    steps = summary.get("steps")
+    head = f"run {run_dir}: {status.split(':')[0]}"
+    wall = (process_seconds() if whole_process else None) or summary.get("wall_time_s")
+    lines = [f"{head}, {steps} steps in {_wall(wall)} wall time"]
+    if not status.startswith(("completed", "stopped")):  # the error above says why
+        return f"{lines[0]}; summary.json names the first failing rank, logs in {run_dir}/logs"
+    lines.append(
+        f"  loss {_figure(summary.get('loss'), '.4f')}, eval loss "
+        f"{_figure(summary.get('eval/loss'), '.4f')}, "
+        f"tokens/s {_figure(summary.get('tokens_per_s'), ',.0f')}, mfu "
+        + (
+            f"{summary['mfu'] * 100:.1f}%"
+            if isinstance(summary.get("mfu"), float)
+            else "none (no known peak FLOPs for this device: docs/metrics.md)"
+        )
+    )
+    lines.append(f"  report: {run_dir / 'report.png'}")
+    lines.append(f"  next: python -m launcher.analyze {run_dir}")
+    lines.append(f"        python -m launcher.export {run_dir} {run_dir}/export")
+    lines.append(f"        python -m launcher.generate {run_dir} --prompt 'def '")
+    more = f"trainer.max_steps=<more than {steps}>" if status.startswith("completed") else ""
+    again = f"        continue: the same command with run.id={summary.get('run_id')} {more}"
+    lines.append(again.rstrip())
+    return "\n".join(lines)

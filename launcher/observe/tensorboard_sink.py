@@ -98,6 +98,7 @@ class TensorBoardSink(Sink):
         # metrics.jsonl keeps the records up to start_step and drops later ones; TensorBoard
         # drops the earlier attempts' events from start_step + 1 on.
         self.writer = _writer(self.logdir, purge_step=start_step + 1)
+        self.last_step = start_step
         for tag, text in texts.items():
             self.writer.add_text(tag, text, start_step)
         self.writer.flush()
@@ -106,7 +107,7 @@ class TensorBoardSink(Sink):
     def log(self, record: dict) -> None:
         if self.writer is None:
             return  # the disk filled up: the run is stopping
-        step = record["step"]
+        step = self.last_step = record["step"]
         try:
             for tag, value in scalars(record).items():
                 self.writer.add_scalar(tag, value, step)
@@ -117,6 +118,18 @@ class TensorBoardSink(Sink):
             _abandon(self.writer)
             self.writer = None
             stop_for_full_disk(disk.no_space_line("TensorBoard event files", self.logdir, None))
+
+    def log_images(self, images: dict[str, Path]) -> None:
+        """The run's pictures (report.png, with its rank x interval heatmaps) as images at
+        the last step. A failure is logged, not raised."""
+        if self.writer is None:
+            return
+        try:
+            for name, path in images.items():
+                self.writer.add_image(name, _rgb(path), self.last_step, dataformats="HWC")
+            self.writer.flush()
+        except Exception as exc:  # noqa: BLE001 - a picture must never fail the run's end
+            log.warning("TensorBoard: could not add %s: %s", list(images), exc)
 
     def close(self, summary: dict) -> None:
         """summary.json's figures as a table at the last step. A failure here is logged,

@@ -134,6 +134,19 @@ class WandbSink(Sink):
             {k: finite_or_none(v) for k, v in record.items()}, step=record["step"], commit=True
         )
 
+    def log_images(self, images: dict[str, Path]) -> None:
+        """The run's pictures (report.png: with its rank x interval heatmaps, every rank
+        in one image rather than a series each) as images in the run summary: a history
+        row would add a step after the last one."""
+        if self.full or not images:
+            return
+        try:
+            import wandb
+
+            self.run.summary.update({n: wandb.Image(str(p)) for n, p in images.items()})
+        except Exception as exc:  # noqa: BLE001 - a picture must never fail the run's end
+            log.warning("W&B: could not log %s: %s", ", ".join(map(str, images.values())), exc)
+
     def close(self, summary: dict) -> None:
         """Summary into the run summary; a failed run finishes with exit code 1 (W&B shows
         it failed), a stopped (preempted) one is marked preempting, to be resumed.

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from torch.utils.data import Dataset
 
 from launcher.data.loader import StepBatchSampler
-from launcher.resilience import exit_codes
+from launcher.resilience import exit_codes, first_failure
 
 log = logging.getLogger("launcher")
 
@@ -86,6 +86,7 @@ class FaultInjector:
         elif kind == "sigstop":
             os.kill(os.getpid(), signal.SIGSTOP)
         elif kind == "exit":
+            first_failure.record(step, f"exited with code {cfg.exit_code} (fault.kind=exit)")
             exit_codes.report(cfg.exit_code, chosen=True)
             logging.shutdown()
             os._exit(cfg.exit_code)

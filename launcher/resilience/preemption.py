@@ -21,13 +21,14 @@ all-reduce, so that in a profiler trace every all-reduce is gradient communicati
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 
 import torch
 import torch.distributed as dist
 
-from launcher.resilience import exit_codes, watchdog
+from launcher.resilience import exit_codes, first_failure, watchdog
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class _Request:
     """The process's stop request: set by a signal handler, read at step boundaries."""
 
     signal_name: str | None = None
+    quiet: bool = False  # the job is ending on a cause said already: a signal says nothing
 
 
 def install_stop_handlers() -> None:
@@ -51,14 +53,20 @@ def install_stop_handlers() -> None:
 def _on_signal(signum, frame) -> None:
     name = signal.Signals(signum).name
     phase = watchdog.current_phase()
-    if _Request.signal_name is not None:
+    if _Request.quiet or first_failure.peer_failure() is not None:
+        # the job is ending already (bad input, a failed peer): that cause was said once
+        log.info("received %s: the job is ending already", name, extra=first_failure.FILE_ONLY)
+    elif _Request.signal_name is not None:
         log.warning("received %s again: already stopping at the next step boundary", name)
     elif watchdog.can_be_cut_short(phase):
         log.warning("received %s: will checkpoint at the next step boundary and stop", name)
     else:
         # Said now: if torchrun's shutdown timeout kills this rank before the phase ends,
-        # nothing else will be, and the front door's exit code says it.
-        log.warning(
+        # nothing else will be, and the front door's exit code says it. Before this rank's
+        # job began (composing, joining) rank 0 says it for all: there a rank that is not
+        # rank 0 most often hears torchrun ending the launch after rank 0's bad-input line.
+        said_by_rank0 = not watchdog.job_started() and os.environ.get("RANK", "0") != "0"
+        (log.info if said_by_rank0 else log.warning)(
             "received %s during %s, which cannot be cut short: the stop checkpoint comes at "
             "the step boundary after it; if torchrun's --shutdown-timeout (30 s by default) "
             "ends this rank first, no stop checkpoint is written and the job exits %d "
@@ -86,6 +94,12 @@ def stop_for_full_disk(line: str, *, announce: bool = True) -> None:
         "%s; stopping at the next step boundary with a checkpoint", line
     )
     request_stop("a full disk")
+
+
+def end_quietly() -> None:
+    """The job ends on a cause already said (bad input on rank 0): the stop signal torchrun
+    then sends is kept, and not explained again."""
+    _Request.quiet = True
 
 
 def stop_requested() -> bool:

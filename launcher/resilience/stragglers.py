@@ -4,9 +4,11 @@
 minus data wait minus exposed communication) is highest and how far it is above the
 median of the others. One slow interval is noise; the same rank above
 `watchdog.straggler_frac` for `watchdog.straggler_intervals` intervals in a row is a
-straggler, named in the record (`straggler/rank`, `straggler/excess_frac`) and, once per
-episode, on the console. No extra synchronisation: the figures come from the metrics
-gather that happens anyway.
+straggler, named in the record (`straggler/rank`, `straggler/excess_frac`) every interval
+it stays one, and on the console once per rank and process: on a busy shared host a rank
+that flaps in and out of a streak (or is slow again in each trial of a tune) is one warning,
+not one per episode. No extra synchronisation: the figures come from the metrics gather
+that happens anyway.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import logging
 from omegaconf import DictConfig
 
 log = logging.getLogger("launcher")
+
+_announced: set[int] = set()  # ranks named on the console by this process already
 
 
 class StragglerWatch:
@@ -36,11 +40,13 @@ class StragglerWatch:
         self._rank = rank
         if self._streak < self.needed:
             return {"straggler/rank": None, "straggler/excess_frac": None}
-        if self._streak == self.needed and self.announce:
+        if self._streak == self.needed and self.announce and rank not in _announced:
+            _announced.add(rank)
             log.warning(
                 "straggler: rank %d computes %.0f%% longer per step than the median of the "
                 "other ranks, for %d log intervals in a row; the others wait for it in every "
-                "collective (check that host: clocks, thermals, other jobs; docs/faults.md)",
+                "collective (check that host: clocks, thermals, other jobs; docs/faults.md); "
+                "said once: metrics.jsonl's straggler/rank names it while it lasts",
                 rank,
                 100 * excess,
                 self._streak,

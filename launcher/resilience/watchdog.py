@@ -59,6 +59,11 @@ DECLARED = "hang.declared"  # in logs/: the rank that declared a hang, and when
 _current: list[HangWatchdog] = []
 
 
+def job_started() -> bool:
+    """Whether this process's job has begun (its watchdog runs)."""
+    return bool(_current)
+
+
 def current_phase() -> str:
     """The phase this rank is in ("start-up" before its job's watchdog starts)."""
     return _current[-1].current_phase() if _current else "start-up"
@@ -130,6 +135,11 @@ class HangWatchdog:
         _current[:] = [self]
         if cfg.enabled:
             self._thread.start()
+
+    @property
+    def step(self) -> int:
+        """The last step completed (the start step before the first)."""
+        return self._step
 
     def begin_steps(self, step: int) -> None:
         """Start-up is over: the first step of this launch comes (compilation, warm-up)."""

@@ -28,6 +28,8 @@ class LaunchState:
     codes: list[int] = field(default_factory=list)  # each job's exit code, in order
     points: list[Path] = field(default_factory=list)  # sweep points' run directories
     last_cfg: Any = None  # the last job's config (where the sweep summary goes)
+    # the jobs' progress lines go to their logs only (a tuner's trials: its own line each)
+    quiet_progress: bool = False
 
     def forget_process_group(self) -> None:
         """After the group is destroyed: a later job of this process starts afresh."""

@@ -213,7 +213,7 @@ def open_run_dir(rt: Runtime) -> None:
         os.getpid(),
         socket.gethostname(),
         rt.device,
-        rt.backend,
+        rt.backend or "none (one process, no process group)",
         rt.run_dir,
     )
 
@@ -397,6 +397,8 @@ def _configure_console_logging(rank: int) -> None:
     console = logging.StreamHandler(sys.stderr)
     console.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     console.setFormatter(logging.Formatter(LOG_FORMAT.format(rank=rank), "%H:%M:%S"))
+    # records marked file_only (launcher.resilience.first_failure.FILE_ONLY) stay in the log
+    console.addFilter(lambda record: not getattr(record, "file_only", False))
     root.addHandler(console)
     logging.captureWarnings(True)
 

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from launcher.config import ConfigError
 from launcher.resilience import exit_codes
-from launcher.resilience.preemption import stop_requested
+from launcher.resilience.preemption import end_quietly, stop_requested
 from launcher.runtime.process import env_world, ranks_per_node
 from launcher.train.preflight import preflight
 
@@ -32,6 +32,7 @@ def fail_bad_input(exc: ConfigError) -> None:
     if rank == 0:
         print(f"error: {exc}", file=sys.stderr)
     else:
+        end_quietly()
         deadline = time.monotonic() + BAD_INPUT_LINGER_S
         while not stop_requested() and time.monotonic() < deadline:
             time.sleep(STOP_POLL_S)

@@ -59,9 +59,32 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)
 
 
+def hide_schema_options() -> None:
+    """Hydra's --help lists every option of a group, the schemas registered beside the
+    option files (`ddp_schema`, ...) too; list only what a user can choose (a schema given as
+    an option is refused: launcher.config.compose.refuse_schema_options)."""
+    from hydra._internal.hydra import Hydra  # Hydra builds $APP_CONFIG_GROUPS here (1.3)
+
+    listed = Hydra.format_config_groups
+
+    def choosable(self, predicate, compact=True):
+        lines = listed(self, predicate, compact).splitlines()
+        if not compact:
+            return "\n".join(ln for ln in lines if not ln.strip().endswith("_schema"))
+        out = []
+        for line in lines:
+            group, sep, options = line.partition(": ")
+            kept = [o for o in options.split(", ") if not o.endswith("_schema")]
+            out.append(f"{group}{sep}{', '.join(kept)}" if sep else line)
+        return "\n".join(out)
+
+    Hydra.format_config_groups = choosable
+
+
 def hydra_prints() -> None:
     """--help, --hydra-help, --info, --shell-completion, --cfg hydra|all: Hydra answers
     from the command line as given (the schemas registered first, for the group lists)."""
+    hide_schema_options()
 
     @hydra.main(config_path="pkg://launcher.conf", config_name="train", version_base="1.3")
     def answered(cfg: DictConfig) -> None:  # reached only by --cfg: Hydra prints and returns
@@ -91,8 +114,9 @@ def run_point(launch: LaunchState, cfg: DictConfig, point: str | None) -> bool:
     `launch`; False when the launch must not go on to another point."""
     try:
         code = run(cfg, launch, point)
-    except Exception:
-        log.exception("the run failed")
+    except Exception as exc:
+        if not getattr(exc, "launcher_settled", False):  # else said once, traceback in the log
+            log.exception("the run failed")
         code = None
     if code is None:
         # The ranks may disagree about where they are: end the process (torchrun then

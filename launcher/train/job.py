@@ -7,6 +7,7 @@ a clean process-group teardown behind, whatever happened.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -25,9 +26,11 @@ from launcher.config.secret_keys import is_secret_key
 from launcher.config.sweep import flatten
 from launcher.data import TokenData, build_train_loader, prepare_data, shm_available_bytes
 from launcher.data.cache import cache_root
+from launcher.data.tokenizer import TOKENIZER_DIR
 from launcher.model.build import build_model, count_params, flops_per_token, peak_flops
 from launcher.observe.nccl_transport import transport_recorders
-from launcher.observe.sinks import ConsoleSink, JsonlSink, write_summary
+from launcher.observe.report import RANKS, write_report
+from launcher.observe.sinks import ConsoleSink, JsonlSink, RankFileSink, write_summary
 from launcher.observe.tensorboard_sink import (  # imports no tensorboardX
     TensorBoardSink,
     code_block,
@@ -36,10 +39,11 @@ from launcher.observe.tensorboard_sink import (  # imports no tensorboardX
 from launcher.observe.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
 from launcher.plan import forecast as plan_forecast
 from launcher.plan.memory import shm_need
-from launcher.resilience import burnin, exit_codes
+from launcher.resilience import burnin, exit_codes, first_failure
 from launcher.resilience.faults import peer_left, slow_phase
 from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime import disk, envinfo
+from launcher.runtime.latest import point_latest
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.lock import LockHeld, RunLock
 from launcher.runtime.paths import atomic_write
@@ -159,6 +163,8 @@ def decide_on_main(rt: Runtime, decide):
         except ConfigError as exc:
             outcome = ("bad", str(exc))
         except Exception as exc:
+            # recorded first: the others, raising on this, find rank 0 was the first to fail
+            first_failure.record(None, first_failure.one_line(exc))
             rt.broadcast_object(("crash", f"{type(exc).__name__} on rank 0: {exc}"))
             raise
     kind, value = rt.broadcast_object(outcome)
@@ -440,6 +446,7 @@ class Job:
         """Claim the run directory, build, resume, run the loop; the end-of-run summary."""
         cfg, rt = self.cfg, self.rt
         self.lock = claim_run_dir(rt)  # nothing in the run directory is written before this
+        first_failure.watch(rt.run_dir, rt.rank)
         self.watchdog = HangWatchdog(  # start-up, then the loop's phases (on_hang: the loop's)
             cfg.watchdog,
             rank=rt.rank,
@@ -452,6 +459,8 @@ class Job:
         self.gate = burnin.gate(cfg.burnin, cfg.fault, rt)  # a bad node costs seconds, no more
         data, model, fpt = build_data_and_model(cfg, rt)
         self.forecast = forecast_of(cfg, rt, data.vocab_size)
+        if rt.is_main and data.save_tokenizer is not None:  # for launcher.generate and export
+            data.save_tokenizer(rt.run_dir / TOKENIZER_DIR)
         tier = memory_tier(cfg, rt, model)
         folders = plan_resume(cfg, rt, model, tier)
         if folders is None:
@@ -502,14 +511,22 @@ class Job:
                 elif who == "main":
                     (log.error if rt.is_main else log.info)("%s", exc)
                 return code, self.loop.summary(status, exc.step)
-        left = peer_left(rt.run_dir, rt.rank, self.started)
-        if left:  # this rank's collective failed because a peer left: no traceback
-            log.error("error: %s; this rank stopped too (%s)", left, _one_line(exc, 160))
-            self.peer_left = True
-        status = f"failed: {_one_line(exc)}"  # one line, as the console and summary show it
-        if self.loop is not None and self.loop.steps_done is not None:  # where it ended
-            return exit_codes.CRASH, self.loop.summary(status, self.loop.steps_done)
-        return exit_codes.CRASH, {"status": status, "run_id": rt.run_id}
+        # A peer that left on purpose (fault.kind=exit) broke the process group: no later
+        # sweep point can use it. What the job says is the first failure's (_crashed).
+        self.peer_left = peer_left(rt.run_dir, rt.rank, self.started) is not None
+        return exit_codes.CRASH, self._crashed(exc)
+
+    def _crashed(self, exc: Exception) -> dict:
+        """summary.json of a crash: the first failing rank of the job, its step and line
+        (launcher.resilience.first_failure), said once; the loop's figures so far."""
+        done = self.watchdog.step if self.watchdog is not None else None
+        failing = done + 1 if self.loop is not None and done is not None else None
+        failed = first_failure.settle(exc, failing, self.rt.is_main)
+        with contextlib.suppress(AttributeError):  # an exception type without a __dict__
+            exc.launcher_settled = True  # the front door logs no traceback on the terminal
+        ran = getattr(self.loop, "start_time", None) is not None  # the loop had started
+        figures = self.loop.summary(failed["status"], done) if ran else {}
+        return {**figures, **failed, "run_id": self.rt.run_id}
 
     def _hang_in_start_up(self, step: int) -> None:
         """Before the loop takes the watchdog over: rank 0's summary.json says so, as the
@@ -531,15 +548,19 @@ class Job:
         try:
             if self.watchdog is not None:
                 self.watchdog.close()  # the loop has, unless the job ended before it
+            summary = {**summary, "exit_code": code} if summary else summary
+            images = write_report(rt.run_dir, summary) if rt.is_main and summary else {}
             for sink in self.sinks:
+                sink.log_images(images)
                 sink.close(summary)
             if rt.is_main and summary and self.may_write_summary():
                 write_summary_if_room(rt.run_dir, {**summary, "forecast": self.forecast})
             if self.strategy is not None:
                 self.strategy.close()
             self.strategy = self.loop = None
-            log.info("run %s ended with code %d", rt.run_id, code)
+            log.info("run %s ended with code %d", rt.run_id, code, extra=first_failure.FILE_ONLY)
         finally:
+            first_failure.forget()
             if self.lock is not None:
                 self.lock.release()
             if self.watchdog is not None:  # it holds the loop (on_hang), the loop the model
@@ -599,9 +620,19 @@ def rank0_sinks(
     """Rank 0's run files and sinks: config.yaml and env.json, metrics.jsonl, the console,
     and W&B and TensorBoard when enabled."""
     write_run_files(cfg, rt, start_step, gate)
+    # a sweep's or tuning run's points: its folder, not the point of the moment
+    point_latest(Path(cfg.run.root).expanduser(), rt.run_id.split("/")[0])
     sinks = [
         JsonlSink(rt.run_dir / "metrics.jsonl", start_step),
-        ConsoleSink(cfg.trainer.max_steps, start_step),
+        RankFileSink(rt.run_dir / RANKS, start_step),
+        ConsoleSink(
+            cfg.trainer.max_steps,
+            start_step,
+            run_dir=rt.run_dir,
+            world_size=rt.world_size,
+            brief=point is not None,
+            quiet=rt.launch.quiet_progress,
+        ),
     ]
     if wandb_enabled(cfg.logger):
         sinks.append(wandb_sink(cfg, rt, point))

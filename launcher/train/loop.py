@@ -7,6 +7,7 @@ the non-finite flag accumulate as device tensors, and step times as events (see 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import random
@@ -618,10 +619,14 @@ class TrainLoop:
         figures = local_figures(
             self.interval, timer.drain(), self.strategy.drain_comm(), self.rt.device
         )
-        # Rank 0 merges every rank's samples; the others need only the merged figures (the
-        # non-finite verdict, the straggler's streak), not every rank's samples.
+        # Rank 0 merges every rank's samples and logs the per-rank figures (ranks.jsonl); the
+        # others need only the merged figures (the non-finite verdict, the straggler's streak).
         per_rank = self.rt.gather_objects(figures)
         merged = aggregate(per_rank, self.rt.world_size) if per_rank is not None else None
+        if merged is not None:
+            for sink in self.sinks:
+                sink.log_ranks(step, merged.per_rank)
+            merged = dataclasses.replace(merged, per_rank={})
         agg = self.rt.broadcast_object(merged)
         if agg.nonfinite_ranks:
             self._nonfinite(step, agg.nonfinite_ranks)

@@ -25,7 +25,9 @@ from omegaconf import OmegaConf
 from launcher.observe import wandb_sink
 from launcher.tune.trials import merged
 
-NOT_TUNED = ("run", "resume", "tune", "hydra")
+# Keys of the tuning launch that are not the experiment: where it ran, how it tuned, and a
+# rehearsed fault (`fault.*`, such as slow storage planted to tune against).
+NOT_TUNED = ("run", "resume", "tune", "hydra", "fault")
 
 
 def config_groups() -> set[str]:

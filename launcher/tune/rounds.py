@@ -40,7 +40,7 @@ class Tuner:
 
     def __init__(self, cfg: DictConfig, user_overrides: list[str]):
         self.tune = cfg.tune
-        self.trials = Trials(user_overrides)
+        self.trials = Trials(user_overrides, cfg.tune.budget_s)
         self.kept: dict[str, Any] = {}
         self.rounds: list[dict] = []
         self.baseline_s: float | None = None
@@ -71,6 +71,7 @@ class Tuner:
     def round(self, n: int) -> bool:
         """One round; True when a change was kept (worth another round)."""
         steps = self.tune.trial_steps
+        self.trials.plan(f"round {n} profile", 1)
         profile = self.trials.run(f"r{n}-profile", self.kept, steps, self.warmup, profile=True)
         record: dict = {"round": n, "incumbent_changes": dict(self.kept), "profile": profile.label}
         self.rounds.append(record)
@@ -178,6 +179,7 @@ class Tuner:
             (c.name, {**self.kept, **c.changes}) for c in cands
         ]
         estimate = 0.0
+        self.trials.plan(f"round {n}", self.tune.repeats * len(plan))
         for rep in range(1, self.tune.repeats + 1):
             for name, changes in plan:
                 if self.stopped:
@@ -197,6 +199,7 @@ class Tuner:
     def confirm(self) -> None:
         """The baseline and the winner, each once, `tune.confirm_steps` long."""
         steps = self.tune.confirm_steps
+        self.trials.plan("confirmation", 2)
         base = self.trials.run("confirm-baseline", {}, steps, self.warmup)
         win = self.trials.run("confirm-winner", self.kept, steps, self.warmup)
         self.confirmation = {

@@ -60,6 +60,13 @@ def profile_settings(warmup: int) -> list[str]:
     ]
 
 
+def clock(seconds: float) -> str:
+    """m:ss (h:mm:ss from an hour on)."""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
 def one_line(exc: BaseException) -> str:
     """An exception as one line: its type and the first line of its message."""
     text = str(exc).strip().splitlines()
@@ -84,14 +91,38 @@ class Trials:
     """Runs trials one after another in this process and keeps the launch's clock: the
     elapsed time and a stop request are rank 0's and any rank's, the same on every rank."""
 
-    def __init__(self, user_overrides: list[str]):
+    def __init__(self, user_overrides: list[str], budget_s: float = float("inf")):
         self.user = list(user_overrides)
-        self.launch = LaunchState()  # the process group and run id the trials share
+        # the process group and run id the trials share; each trial's progress lines go to
+        # its logs/rank0.log, the console gets one line per trial (announce)
+        self.launch = LaunchState(quiet_progress=True)
         self.started = time.monotonic()
         self.elapsed_s = 0.0
         self.stopped = False
         self.run_dir: Path | None = None  # the tuning run's directory, once the first job ran
         self.last_cfg: DictConfig | None = None
+        self.planned: tuple[str, int, int, float] | None = None  # see plan()
+        self.budget_s = budget_s
+
+    def plan(self, what: str, trials: int) -> None:
+        """The next `trials` trials are `what` (a round's measurements, the confirmation):
+        each one's start then says which of them it is and about how long the rest take."""
+        self.planned = (what, trials, 0, time.monotonic())
+
+    def announce(self, label: str) -> None:
+        """One line per trial on rank 0: `tune: <what>, trial k of N (label); elapsed, left`."""
+        if self.planned is None or runtime.env_world()[0] != 0:
+            return
+        what, total, done, since = self.planned
+        self.planned = (what, total, done + 1, since)
+        elapsed = time.monotonic() - self.started
+        left = ""
+        if done:  # the mean trial so far, times the trials still to come (the budget bounds it)
+            mean = (time.monotonic() - since) / done
+            rest = min((total - done) * mean, max(self.budget_s - elapsed, 0.0))
+            left = f", about {clock(rest)} left in it"
+        log.info("tune: %s, trial %d of %d (%s); %s elapsed%s", what, min(done + 1, total),
+                 total, label, clock(elapsed), left)  # fmt: skip
 
     def config(
         self, changes: dict[str, Any], steps: int, warmup: int, profile: bool = False
@@ -112,6 +143,7 @@ class Trials:
         trial, not the end of the tuning: its job has torn itself down and written its
         summary, and every rank gets rank 0's reading of it, so all ranks reject it alike.
         """
+        self.announce(label)
         try:
             cfg = self.config(changes, steps, warmup, profile)
         except ConfigError as exc:

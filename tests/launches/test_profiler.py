@@ -294,6 +294,17 @@ def test_analyze_writes_report_and_merged_trace(analyzed):
         merged = json.loads((run / "analysis" / "merged_trace.json").read_text())
         lanes = {e["pid"] for e in merged["traceEvents"] if e.get("ph") == "X"}
         assert lanes == {0, 1}
+        for picture in ("breakdown.png", "timeline.png"):  # beside the tables, not blank
+            assert drawn_share(run / "analysis" / picture) > 0.02, picture
+
+
+def drawn_share(png) -> float:
+    """The share of a picture's pixels that are not white background."""
+    from PIL import Image
+
+    with Image.open(png) as image:
+        rgb = np.asarray(image.convert("RGB")).astype(int)
+    return float((rgb.sum(axis=2) < 3 * 250).mean())
 
 
 def assert_kernel_classes(report: dict, run) -> None:
@@ -426,7 +437,8 @@ def test_analysis_goes_to_the_runs_wandb_run(analyzed_run, tmp_path):
         if r["type"] == "artifact" and r["artifact"]["type"] == "trace-analysis"
     ]
     files = {c["path"] for c in artifact["manifest"]["contents"]}
-    assert files == {"report.json", "report.md", "merged_trace.json"}
+    assert files == {"report.json", "report.md", "merged_trace.json", "breakdown.png",
+                     "timeline.png"}  # fmt: skip
 
 
 def test_analysis_goes_to_tensorboard_beside_the_runs_curves(analyzed_run):
@@ -457,6 +469,13 @@ def test_analyze_refuses_a_directory_without_traces(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=base_env())
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "profiler=steps" in proc.stderr
+    missing = subprocess.run([*cmd[:-1], str(tmp_path / "nope")], capture_output=True,
+                             text=True, timeout=120, env=base_env())  # fmt: skip
+    assert missing.returncode == 2
+    assert (
+        missing.stderr
+        == f"error: {tmp_path / 'nope'}: no such folder; give a run directory (runs/<id>)\n"
+    )
 
 
 def test_advice_names_accumulation_beyond_need_unless_memory_is_the_problem(tmp_path):

@@ -31,7 +31,7 @@ CONTRACT_METRICS = {
 
 
 def only_run(root):
-    runs = [p for p in root.iterdir() if p.is_dir()]
+    runs = [p for p in root.iterdir() if p.is_dir() and not p.is_symlink()]  # not runs/latest
     assert len(runs) == 1, runs
     return runs[0]
 
@@ -78,7 +78,10 @@ def test_run_directory_layout_and_metrics(ws2_run):
     assert env["world_size"] == 2 and env["backend"] == "gloo"
     assert env["versions"]["torch"] and env["shm"]["need_bytes"] == 0
     # Progress on rank 0 only, as plain lines (stderr is not a terminal here), and a summary.
-    assert "step 24/24 | loss" in output and "summary: status=completed" in output
+    assert "step 24/24 | loss" in output
+    # The closing block: where the run is, its wall time, and the commands that come next.
+    closing = output[output.index(f"run {run_dir}: completed, 24 steps in ") :]
+    assert "wall time" in closing and f"python -m launcher.analyze {run_dir}" in closing
     assert "[rank 1] INFO" not in output
     assert "rank 1/2" in (run_dir / "logs" / "rank1.log").read_text()
 

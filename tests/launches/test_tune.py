@@ -95,7 +95,7 @@ def test_tuned_yaml_reproduces_the_winner_in_a_fresh_launch(slow_start, tmp_path
     import subprocess
 
     run_dir, args, _ = slow_start
-    base = [a for a in args if not a.startswith(("tune.", "run.", "logger"))]
+    base = [a for a in args if not a.startswith(("tune.", "run.", "logger", "fault."))]
     fresh = [f"hydra.searchpath=[file://{run_dir}]", "+tune=tuned", f"run.root={tmp_path}"]
     fresh += ["run.id=fresh", "trainer.max_steps=8", "trainer.log_interval=1"]
     fresh += ["trainer.eval_interval=0", "trainer.checkpoint_interval=0"]

@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "runtime.run_dir_check",
             "resilience.preemption", "observe.memory_snapshot", "config.secret_keys",
             "resilience.watchdog", "resilience.bad_steps", "data", "data.*", "strategy",
-            "strategy.registry",
+            "strategy.registry", "resilience.first_failure", "runtime.latest", "observe.report",
         ),
     ),
     ("config", ("config", "config.compose", "config.errors", "config.schema", "config.validate",
@@ -56,7 +56,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "train", "train.front_door", "train.__main__", "torchrun", "doctor", "commbench",
             "export", "submit", "submit.*", "analyze", "analyze.*", "tune", "tune.*",
-            "rehearse", "rehearse.*",
+            "rehearse", "rehearse.*", "runs", "generate",
         ),
     ),
 ]  # fmt: skip

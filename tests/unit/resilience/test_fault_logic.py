@@ -296,3 +296,17 @@ def test_a_peers_record_of_this_job_makes_a_rank_write_its_own(tmp_path):
     assert 2.0 <= time.monotonic() - started < 5.0
     (logs / "hang.rank2.json").write_text(json.dumps({"time": time.time()}))
     assert dog.await_peers(3) == [] and dog.await_peers(1) == []
+
+
+def test_a_straggler_is_said_once_per_rank_however_often_it_flaps(caplog):
+    from launcher.resilience import stragglers
+
+    stragglers._announced.clear()
+    watch = StragglerWatch(OmegaConf.structured(WatchdogConfig), announce=True)
+    for excess in [0.5, 0.5, 0.5, 0.1, 0.5, 0.5, 0.5]:  # two streaks of rank 1
+        watch.update(_figures(1, excess))
+    again = StragglerWatch(OmegaConf.structured(WatchdogConfig), announce=True)  # a next trial
+    for _ in range(3):
+        again.update(_figures(1, 0.5))
+    assert sum("straggler: rank 1" in r.getMessage() for r in caplog.records) == 1
+    stragglers._announced.clear()

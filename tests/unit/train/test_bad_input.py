@@ -98,6 +98,7 @@ CASES = [
         ["nccl=nvlnk"],
         "nccl=nvlnk: no such option; choose one of: debug, default, ethernet, infiniband, nvlink",
     ),
+    (["strategy=ddp_schema"], "strategy=ddp_schema: a schema the options are checked against"),
     # issue 14's named cases: legal to the schema, not to the trainer
     (["model.n_head=0"], "model.n_head=0: must be at least 1"),
     (["trainer.lr=nan"], "trainer.lr=nan: must be a finite number greater than 0"),

@@ -109,7 +109,7 @@ def test_keep_only_what_beats_the_noise_within_the_loss_tolerance():
 
 def test_tuned_yaml_composes_the_winner(tmp_path):
     user = ["profiler=steps", "trainer.micro_batch_size=1", "data.num_workers=0", "run.id=x"]
-    user += ["tune.repeats=5", "data.persistent_workers=false"]
+    user += ["tune.repeats=5", "data.persistent_workers=false", "fault.kind=slow_data"]
     kept = {"trainer.micro_batch_size": 8, "strategy.bucket_cap_mb": 25.0}
     (tmp_path / "tune").mkdir()
     write_tuned_yaml(tmp_path / "tune" / "tuned.yaml", user, kept, tmp_path)
@@ -118,7 +118,7 @@ def test_tuned_yaml_composes_the_winner(tmp_path):
         ["profiler=steps", "trainer.micro_batch_size=8", "data.num_workers=0"]
         + ["data.persistent_workers=false", "strategy.bucket_cap_mb=25"]
     )
-    assert OmegaConf.to_container(fresh) == OmegaConf.to_container(winner)
+    assert OmegaConf.to_container(fresh) == OmegaConf.to_container(winner)  # no fault.* kept
 
 
 def test_bad_input_is_refused_before_anything_starts():
@@ -138,3 +138,20 @@ def test_submit_renders_the_tuner_on_every_node(tmp_path, capfd):
     assert "launcher.tune" in manifests and "launcher.train" not in manifests
     assert submit_main(["slurm", "--dry-run", "--tune", *args, "+exp=bucket_sweep"]) == 2
     assert "tunes one experiment" in capfd.readouterr().err
+
+
+def test_each_trial_says_which_of_how_many_and_about_how_long_is_left(caplog):
+    import logging
+
+    from launcher.tune.trials import Trials
+
+    caplog.set_level(logging.INFO, logger="launcher")
+    trials = Trials([], budget_s=3600)
+    trials.plan("round 1", 3)
+    for label in ("r1-incumbent-1", "r1-x-1", "r1-incumbent-2"):
+        trials.announce(label)
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith("tune: round 1, trial 1 of 3 (r1-incumbent-1); 0:0")
+    assert "left" not in said[0]  # nothing measured yet to estimate from
+    assert said[2].startswith("tune: round 1, trial 3 of 3 (r1-incumbent-2); ")
+    assert said[2].endswith(" left in it")
