@@ -121,6 +121,16 @@ def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def analyze_cli(run_dir: Path) -> subprocess.CompletedProcess:
+    """`python -m launcher.analyze RUN_DIR --no-wandb`, as a user runs it after a job."""
+    return subprocess.run(
+        [sys.executable, "-m", "launcher.analyze", str(run_dir), "--no-wandb"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def explain(proc: subprocess.CompletedProcess) -> str:
     out, err = proc.stdout[-4000:], proc.stderr[-6000:]
     return f"exit {proc.returncode}\n--- stdout\n{out}\n--- stderr\n{err}"

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -24,6 +23,7 @@ from launcher.resilience import exit_codes
 
 from launch import (
     FAST_USER_LOADER,
+    analyze_cli,
     checkpointed,
     explain,
     finish,
@@ -352,12 +352,7 @@ def test_stopped_process_is_named_by_its_silence(tmp_path):
     assert ended - hang["time"] < 15, explain(proc)
     (killed,) = [ln for ln in proc.stderr.splitlines() if "is stopped (SIGSTOP)" in ln]
     assert "rank 1 (pid " in killed
-    cli = subprocess.run(
-        [sys.executable, "-m", "launcher.analyze", str(tmp_path / "frozen"), "--no-wandb"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    cli = analyze_cli(tmp_path / "frozen")
     assert cli.returncode == 0, cli.stderr
     assert "Culprit: rank 1" in cli.stdout and "could not run" in cli.stdout
     report = json.loads((tmp_path / "frozen" / "analysis" / "hang.json").read_text())

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import time
 
 from launcher.resilience import exit_codes
 
-from launch import FAST_USER_LOADER, explain, summary, torchrun
+from launch import FAST_USER_LOADER, analyze_cli, explain, summary, torchrun
 
 RANKS = 16
 JOB = [*FAST_USER_LOADER, "trainer.global_batch_size=16", "trainer.micro_batch_size=1"]
@@ -50,12 +48,7 @@ def test_a_rank_frozen_among_16_is_named_by_its_silence(tmp_path):
     (killed,) = [ln for ln in proc.stderr.splitlines() if "is stopped (SIGSTOP)" in ln]
     assert f"rank {FROZEN} (pid " in killed
     assert summary(tmp_path / "frozen")["status"] == "failed: hang detected"
-    cli = subprocess.run(
-        [sys.executable, "-m", "launcher.analyze", str(tmp_path / "frozen"), "--no-wandb"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    cli = analyze_cli(tmp_path / "frozen")
     assert cli.returncode == 0, cli.stderr
     assert f"Culprit: rank {FROZEN}" in cli.stdout and "could not run" in cli.stdout
     report = json.loads((tmp_path / "frozen" / "analysis" / "hang.json").read_text())
