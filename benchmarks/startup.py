@@ -155,7 +155,8 @@ def model_vocab(run_root: Path) -> int:
     checkpoint it wrote: the bare loop's embedding is the same size."""
     import torch
 
-    (model_file,) = run_root.glob("*/checkpoints/step_*/model.pt")
+    run_dirs = [p for p in run_root.iterdir() if p.is_dir() and not p.is_symlink()]  # not latest
+    (model_file,) = [f for d in run_dirs for f in d.glob("checkpoints/step_*/model.pt")]
     state = torch.load(model_file, map_location="cpu", weights_only=True)
     return state["transformer.wte.weight"].shape[0]
 

@@ -360,7 +360,11 @@ def at_start(cfg, world_size: int, ranks_per_node: int, device_name: str | None,
     if (Path(run_dir) / "summary.json").is_file():
         with contextlib.suppress(ValueError):
             measured = measured_from(run_dir)
-    plan = build(cfg, target, measured, vocab_size=vocab_size, engines=False)
+    try:
+        plan = build(cfg, target, measured, vocab_size=vocab_size, engines=False)
+    except ValueError as exc:  # an added engine that declares nothing to the plan
+        return {"step_time_s": None, "tokens_per_s": None, "mfu": None, "time_s": None,
+                "gpu_hours": None, "basis": str(exc)}  # fmt: skip
     step, totals = plan["step"], plan["totals"]
     return {
         "step_time_s": step.get("time_s"),

@@ -39,6 +39,9 @@ def peer_left(run_dir: Path, rank: int, since: float) -> str | None:
     return None
 
 
+ON_PURPOSE = "left the job on purpose (fault.kind=exit with exit code 0)"
+
+
 class InjectedFault(RuntimeError):
     """Raised by `fault.kind=loader_error` inside a DataLoader worker."""
 
@@ -86,7 +89,8 @@ class FaultInjector:
         elif kind == "sigstop":
             os.kill(os.getpid(), signal.SIGSTOP)
         elif kind == "exit":
-            first_failure.record(step, f"exited with code {cfg.exit_code} (fault.kind=exit)")
+            first_failure.record(step, f"exited with code {cfg.exit_code} (fault.kind=exit)"
+                                 if cfg.exit_code else ON_PURPOSE)  # fmt: skip
             exit_codes.report(cfg.exit_code, chosen=True)
             logging.shutdown()
             os._exit(cfg.exit_code)

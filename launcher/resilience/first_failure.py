@@ -140,7 +140,8 @@ def settle(exc: BaseException, step: int | None, is_main: bool) -> dict:
     log.info("traceback of the failure", exc_info=exc, extra=FILE_ONLY)
     peer = peer_failure(PEER_RECORD_WAIT_S if is_peer_loss(exc) else 0.0)
     if peer is not None:
-        (log.warning if is_main else log.info)("stopping: rank %d failed", peer["rank"])
+        why = "left the job on purpose" if "on purpose" in str(peer.get("line")) else "failed"
+        (log.warning if is_main else log.info)("stopping: rank %d %s", peer["rank"], why)
         return failed_status(peer)
     if is_peer_loss(exc):  # a peer killed before it could say why (SIGKILL, the OOM killer)
         line = f"lost a peer rank ({one_line(exc)}); the rank logs under logs/ say which"

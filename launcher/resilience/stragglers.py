@@ -5,9 +5,9 @@ minus data wait minus exposed communication) is highest and how far it is above 
 median of the others. One slow interval is noise; the same rank above
 `watchdog.straggler_frac` for `watchdog.straggler_intervals` intervals in a row is a
 straggler, named in the record (`straggler/rank`, `straggler/excess_frac`) every interval
-it stays one, and on the console once per rank and process: on a busy shared host a rank
-that flaps in and out of a streak (or is slow again in each trial of a tune) is one warning,
-not one per episode. No extra synchronisation: the figures come from the metrics gather
+it stays one, and on the console once per rank and run: on a busy shared host a rank that
+flaps in and out of a streak is one warning, not one per episode (a tune's trials print
+their lines to their own logs). No extra synchronisation: the figures come from the metrics gather
 that happens anyway.
 """
 
@@ -19,8 +19,6 @@ from omegaconf import DictConfig
 
 log = logging.getLogger("launcher")
 
-_announced: set[int] = set()  # ranks named on the console by this process already
-
 
 class StragglerWatch:
     def __init__(self, cfg: DictConfig, *, announce: bool):
@@ -29,6 +27,7 @@ class StragglerWatch:
         self.needed = cfg.straggler_intervals
         self._rank: int | None = None
         self._streak = 0
+        self._announced: set[int] = set()  # ranks named on the console in this run already
 
     def update(self, figures: dict) -> dict:
         """The straggler fields for this interval's record (None when there is none)."""
@@ -40,8 +39,8 @@ class StragglerWatch:
         self._rank = rank
         if self._streak < self.needed:
             return {"straggler/rank": None, "straggler/excess_frac": None}
-        if self._streak == self.needed and self.announce and rank not in _announced:
-            _announced.add(rank)
+        if self._streak == self.needed and self.announce and rank not in self._announced:
+            self._announced.add(rank)
             log.warning(
                 "straggler: rank %d computes %.0f%% longer per step than the median of the "
                 "other ranks, for %d log intervals in a row; the others wait for it in every "

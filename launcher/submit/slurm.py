@@ -546,30 +546,32 @@ def _bad_node_block(job: SubmitJob) -> list[str]:
         f'if [ "$code" -eq {code} ]; then',
         f'  bad=$(paste -sd, "$run_dir"/{BAD_HOSTS} 2>/dev/null)',
         '  marker="$run_dir/submit/burnin-requeued.$SLURM_JOB_ID"',
-        '  excluded=$(scontrol -o show job "$SLURM_JOB_ID" | grep -o "ExcNodeList=[^ ]*" '
-        "| cut -d= -f2)",
-        '  [ "$excluded" = "(null)" ] && excluded=""',
-        '  exclude=$({ [ -n "$excluded" ] && scontrol show hostnames "$excluded"; '
-        'scontrol show hostnames "$bad"; } | sort -u | paste -sd, -)',
-        '  left=$(sinfo -h -N -p "$SLURM_JOB_PARTITION" -o %N | sort -u '
-        '| grep -vxF -f <(tr , "\\n" <<< "$exclude") | wc -l)',
         '  if [ -z "$bad" ]; then',
         f'    echo "launcher: not requeued: exit {code} but no $run_dir/{BAD_HOSTS} names a host"',
         '  elif [ -e "$marker" ]; then',
         '    echo "launcher: not requeued: the burn-in gate refused a node again after its one '
         'requeue (refused so far: $bad)"',
-        f'  elif [ "$left" -lt {job.nodes} ]; then',
-        '    echo "launcher: not requeued: without the node(s) the burn-in gate refused '
+        "  else",
+        '    excluded=$(scontrol -o show job "$SLURM_JOB_ID" | grep -o "ExcNodeList=[^ ]*" '
+        "| cut -d= -f2)",
+        '    [ "$excluded" = "(null)" ] && excluded=""',
+        '    exclude=$({ [ -n "$excluded" ] && scontrol show hostnames "$excluded"; '
+        'scontrol show hostnames "$bad"; } | sort -u | paste -sd, -)',
+        '    left=$(sinfo -h -N -p "$SLURM_JOB_PARTITION" -o %N | sort -u '
+        '| grep -vxF -f <(tr , "\\n" <<< "$exclude") | wc -l)',
+        f'    if [ "$left" -lt {job.nodes} ]; then',
+        '      echo "launcher: not requeued: without the node(s) the burn-in gate refused '
         f"($exclude) partition $SLURM_JOB_PARTITION has $left node(s) and the job needs "
         f'{job.nodes}; fix or replace those nodes, or lower cluster.nodes"',
-        "  else",
-        '    echo "launcher: requeueing job $SLURM_JOB_ID once without the node(s) the burn-in '
-        'gate refused: --exclude=$exclude"',
-        '    touch "$marker"',
-        '    trap "" TERM',
-        '    scontrol requeuehold "$SLURM_JOB_ID" && scontrol update JobId="$SLURM_JOB_ID" '
+        "    else",
+        '      echo "launcher: requeueing job $SLURM_JOB_ID once without the node(s) the '
+        'burn-in gate refused: --exclude=$exclude"',
+        '      touch "$marker"',
+        '      trap "" TERM',
+        '      scontrol requeuehold "$SLURM_JOB_ID" && scontrol update JobId="$SLURM_JOB_ID" '
         'ExcNodeList="$exclude" && scontrol release "$SLURM_JOB_ID"',
-        "    exit 0",
+        "      exit 0",
+        "    fi",
         "  fi",
         "fi",
     ]

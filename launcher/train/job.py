@@ -459,8 +459,6 @@ class Job:
         self.gate = burnin.gate(cfg.burnin, cfg.fault, rt)  # a bad node costs seconds, no more
         data, model, fpt = build_data_and_model(cfg, rt)
         self.forecast = forecast_of(cfg, rt, data.vocab_size)
-        if rt.is_main and data.save_tokenizer is not None:  # for launcher.generate and export
-            data.save_tokenizer(rt.run_dir / TOKENIZER_DIR)
         tier = memory_tier(cfg, rt, model)
         folders = plan_resume(cfg, rt, model, tier)
         if folders is None:
@@ -483,6 +481,8 @@ class Job:
         start_step = restore(self.loop, rt, [newer, *folders] if newer else folders)
         if tier is not None:
             tier.keep_only(newer if newer and start_step == checkpoint.step_of(newer) else None)
+        if rt.is_main and data.save_tokenizer is not None:  # for launcher.generate and export
+            data.save_tokenizer(rt.run_dir / TOKENIZER_DIR)  # once the run is this launch's
         self.sinks += open_rank0_sinks(cfg, rt, self.point, start_step, self.gate)
         summary = self.loop.run(start_step, self.watchdog)
         if self.gate is not None:
@@ -548,13 +548,14 @@ class Job:
         try:
             if self.watchdog is not None:
                 self.watchdog.close()  # the loop has, unless the job ended before it
-            summary = {**summary, "exit_code": code} if summary else summary
+            if summary:  # the plan's forecast beside what the run measured, in every sink
+                summary = {**summary, "exit_code": code, "forecast": self.forecast}
             images = write_report(rt.run_dir, summary) if rt.is_main and summary else {}
             for sink in self.sinks:
                 sink.log_images(images)
                 sink.close(summary)
             if rt.is_main and summary and self.may_write_summary():
-                write_summary_if_room(rt.run_dir, {**summary, "forecast": self.forecast})
+                write_summary_if_room(rt.run_dir, summary)
             if self.strategy is not None:
                 self.strategy.close()
             self.strategy = self.loop = None

@@ -144,7 +144,7 @@ def test_warned_job_checkpoints_requeues_and_resumes(cluster, reference, tmp_pat
     assert "launcher: USR1" in out and "launcher: requeueing job" in out
     assert f"launcher: job {job_id}, start 1" in out
     assert "launcher: training ended with exit code 143 (stopped with a checkpoint)" in out
-    stopped = re.search(r"checkpoint saved: .*step_(\d+)\n.*status=stopped", out)
+    stopped = re.search(r"checkpoint saved: .*step_(\d+)\n.*: stopped, \d+ steps in", out)
     assert stopped, out[-4000:]
     stop_step = int(stopped.group(1))
     assert 5 <= stop_step < 100
@@ -422,7 +422,8 @@ def test_cancelled_job_checkpoints_without_scancel_errors(cluster, tmp_path):
     out = slurm_output(run_dir, job_id)
     assert state["JobState"] == "CANCELLED" and state["Restarts"] == "0", out
     assert "launcher: TERM at" in out and "scancel: error" not in out, out
-    assert "status=stopped" in out, out[-3000:]  # the stop checkpoint was written
+    stopped = re.search(r": stopped, \d+ steps in", out)  # the stop checkpoint was written
+    assert stopped, out[-3000:]
 
 
 def queued(cluster: SlurmCluster) -> str:

@@ -81,7 +81,7 @@ def test_the_gate_names_the_slow_rank_then_warns_or_refuses(tmp_path):
 
 def bad_node_block(script: str) -> str:
     start = script.index("# The burn-in gate refused a node")
-    return script[start : script.index("# Requeue after Slurm's warning")]
+    return script[start : script.index("# Requeue after a preemption")]
 
 
 # A stand-in scontrol: the job already excludes n9; hostnames of a comma list; every other

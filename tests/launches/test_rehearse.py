@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 from launcher.config import compose
+from launcher.plan.forecast import checkpoint_bytes
 from launcher.rehearse import report
 from launcher.rehearse.cases import NAMES
-from launcher.submit import stop_time
 
 from launch import base_env, none_left, refuse_in_unit_tier
 from paths import TESTS
@@ -53,7 +53,7 @@ def test_default_experiment_passes_every_row(tmp_path):
     ckpt = got["stop_checkpoint"]
     assert ckpt["measured_s"] > 0 and ckpt["shrunk_bytes"] > 0
     # gpt2-tiny as launcher.submit sizes it: GPT-2's vocabulary, 12 bytes a parameter
-    assert ckpt["real_bytes"] == stop_time.param_count(compose([]).model) * 12
+    assert ckpt["real_bytes"] == checkpoint_bytes(compose([]), 1)["total"]  # launcher.plan's
     assert ckpt["extrapolated_s"] == round(
         report.extrapolate(ckpt["measured_s"], ckpt["shrunk_bytes"], ckpt["real_bytes"]), 3
     )

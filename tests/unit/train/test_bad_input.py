@@ -187,7 +187,8 @@ def test_bad_override_is_one_line(monkeypatch, capsys, args, expected):
 
 
 @pytest.mark.skipif(
-    torch.cuda.is_available() or cpu_has_fp16(), reason="needs a machine DeepSpeed refuses fp16 on"
+    torch.cuda.is_available() or cpu_has_fp16(),
+    reason="needs a CPU without fp16 (DeepSpeed refuses fp16 there); this one has it",
 )
 def test_deepspeed_fp16_on_this_cpu_is_refused(monkeypatch, capsys):
     code, err = run_main(monkeypatch, capsys, ["strategy=zero1", "trainer.precision=fp16"])
