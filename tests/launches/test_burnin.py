@@ -85,8 +85,10 @@ def bad_node_block(script: str) -> str:
 
 
 # A stand-in scontrol: the job already excludes n9; hostnames of a comma list; every other
-# call is recorded, so the test sees what would have been asked of Slurm.
+# call is recorded, so the test sees what would have been asked of Slurm. A stand-in sinfo:
+# the partition's four nodes (one is left once n1, n2 and n9 are excluded).
 SCONTROL = """
+sinfo() { printf 'n1\\nn2\\nn3\\nn9\\n'; }
 scontrol() {
   case "$1 $2" in
     "-o show") echo "JobId=7 JobName=x ExcNodeList=$EXCLUDED Reason=None" ;;
