@@ -144,9 +144,10 @@ def test_warned_job_checkpoints_requeues_and_resumes(cluster, reference, tmp_pat
     assert "launcher: USR1" in out and "launcher: requeueing job" in out
     assert f"launcher: job {job_id}, start 1" in out
     assert "launcher: training ended with exit code 143 (stopped with a checkpoint)" in out
-    stopped = re.search(r"checkpoint saved: .*step_(\d+)\n.*: stopped, \d+ steps in", out)
+    stopped = re.search(r": stopped, (\d+) steps in", out)  # the closing line of the stop
     assert stopped, out[-4000:]
     stop_step = int(stopped.group(1))
+    assert f"checkpoint saved: {run_dir}/checkpoints/step_{stop_step:08d}" in out
     assert 5 <= stop_step < 100
     assert f"resumed from step {stop_step}" in (run_dir / "logs" / "rank0.log").read_text()
     assert summary(run_dir)["status"] == "completed"
