@@ -349,13 +349,7 @@ class Peers:
         except OSError as exc:
             log.warning("memory tier: step %d not copied to rank %s (%s)", step, self.peer, exc)
             blob = None
-        sizes = [0] * self.tier.rt.world_size
-        dist.all_gather_object(sizes, 0 if blob is None else blob.numel(), group=self.group)
-        frm = self.ward if sizes[self.ward] else None
-        got = peer_copy.exchange(blob, self.peer if blob is not None else None, sizes, frm,
-                                 self.group)  # fmt: skip
-        if got is not None:
-            peer_copy.unpack(got, self.ward_folder / checkpoint.step_name(step))
+        if self._swap(blob, self.peer, self.ward, self.ward_folder / checkpoint.step_name(step)):
             peer_copy.keep_newest(self.ward_folder, step)
 
     def copies(self, lineage: str | None) -> list[int]:
@@ -370,10 +364,16 @@ class Peers:
         send = None
         if self.ward in missing:
             send = peer_copy.pack(self.ward_folder / checkpoint.step_name(step))
-        sizes = [0] * self.tier.rt.world_size
-        dist.all_gather_object(sizes, 0 if send is None else send.numel(), group=self.group)
-        to = self.ward if send is not None else None
         frm = self.peer if self.tier.rt.rank in missing else None
-        got = peer_copy.exchange(send, to, sizes, frm, self.group)
+        self._swap(send, self.ward, frm, self.tier.folder / checkpoint.step_name(step))
+
+    def _swap(self, blob, to: int | None, frm: int | None, dest: Path) -> bool:
+        """Send `blob` (None: nothing) to rank `to` while receiving from rank `frm` into the
+        folder `dest` (a collective: every rank tells its size first); whether one came."""
+        sizes = [0] * self.tier.rt.world_size
+        dist.all_gather_object(sizes, 0 if blob is None else blob.numel(), group=self.group)
+        frm = frm if frm is not None and sizes[frm] else None
+        got = peer_copy.exchange(blob, to if blob is not None else None, sizes, frm, self.group)
         if got is not None:
-            peer_copy.unpack(got, self.tier.folder / checkpoint.step_name(step))
+            peer_copy.unpack(got, dest)
+        return got is not None

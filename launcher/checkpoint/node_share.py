@@ -40,9 +40,18 @@ class NodeShare:
 ALONE = NodeShare(0, (0,))  # a rank that shares its node with no other
 
 
+def nodes(node_of_rank: list[str]) -> list[tuple[int, ...]]:
+    """The ranks of each node, from every rank's node key: nodes in the order of their first
+    rank, each node's ranks in rank order."""
+    grouped: dict[str, list[int]] = {}
+    for rank, key in enumerate(node_of_rank):
+        grouped.setdefault(key, []).append(rank)
+    return [tuple(ranks) for ranks in grouped.values()]
+
+
 def shares(node_of_rank: list[str], rank: int) -> NodeShare:
     """`rank`'s share, from every rank's node key (the ranks with its key, in rank order)."""
-    ranks = tuple(r for r, key in enumerate(node_of_rank) if key == node_of_rank[rank])
+    ranks = next(node for node in nodes(node_of_rank) if rank in node)
     return NodeShare(ranks.index(rank), ranks)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from launcher.checkpoint import node_share
 from launcher.checkpoint import protocol as checkpoint
 
 PREFIX = "peer-of-rank"  # <tier folder>/peer-of-rank<w>/step_<n>/: rank w's copy
@@ -31,10 +32,7 @@ def ring(node_of_rank: list[str]) -> dict[int, int] | None:
     """rank -> its peer: the rank at the same place on the next node (nodes ordered by
     their first rank). None where a peer copy cannot survive a node's loss: one node, or
     nodes of different numbers of ranks."""
-    nodes: dict[str, list[int]] = {}
-    for rank, key in enumerate(node_of_rank):
-        nodes.setdefault(key, []).append(rank)
-    groups = list(nodes.values())
+    groups = node_share.nodes(node_of_rank)
     if len(groups) < 2 or len({len(g) for g in groups}) > 1:
         return None
     return {

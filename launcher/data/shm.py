@@ -40,7 +40,7 @@ def shm_available_bytes(path: str = "/dev/shm") -> tuple[int, int] | None:
     return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
 
 
-def check_shm(*, need: int, path: str = "/dev/shm", who: str = "data loader workers") -> str | None:
+def check_shm(*, need: int, path: str = "/dev/shm") -> str | None:
     """None if `need` bytes fit in the free shared memory, else the one-line error to show.
 
     A missing `path` (a platform without /dev/shm) passes: there is nothing to measure.
@@ -53,12 +53,11 @@ def check_shm(*, need: int, path: str = "/dev/shm", who: str = "data loader work
         return None
     suggest_gib = max(1, math.ceil(2 * need / 2**30))
     return (
-        f"{who} need about {human_bytes(need)} of shared memory but {path} has "
+        f"data loader workers need about {human_bytes(need)} of shared memory but {path} has "
         f"{human_bytes(free)} free (of {human_bytes(size)}); give the container more "
         f"(docker run --shm-size={suggest_gib}g, or --ipc=host; in Kubernetes mount an emptyDir "
         f"with medium: Memory and sizeLimit: {suggest_gib}Gi at {path}), or lower "
         f"data.num_workers / data.prefetch_factor"
-        + (", or set trainer.memory_checkpoint_interval=0" if "memory tier" in who else "")
     )
 
 

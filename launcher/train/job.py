@@ -224,15 +224,17 @@ def plan_resume(
     return None if folders is None else [Path(p) for p in folders]
 
 
-def forecast_of(cfg: TrainConfig, rt: Runtime, vocab_size: int) -> dict:
+def forecast_of(cfg: TrainConfig, rt: Runtime, vocab_size: int) -> dict | None:
     """The plan's forecast of this run (launcher.plan.forecast.at_start), said in one line:
-    summary.json keeps it beside what the run measured."""
+    summary.json keeps it beside what the run measured. Rank 0's alone, which says and writes
+    both: no other rank reads the run directory's earlier figures for it."""
+    if not rt.is_main:
+        return None
     on_gpu = rt.device.type == "cuda"
     name = torch.cuda.get_device_name(rt.device) if on_gpu else None
     made = plan_forecast.at_start(cfg, rt.world_size, ranks_per_node(), name, vocab_size,
                                   rt.run_dir)  # fmt: skip
-    if rt.is_main:
-        log.info("%s", plan_forecast.line(made))
+    log.info("%s", plan_forecast.line(made))
     return made
 
 

@@ -55,7 +55,8 @@ def tier_room(
     state = memory.node_state_bytes(cfg, ranks_per_node, world_size)
     what = (
         f"the memory tier needs {human_bytes(tier)} of /dev/shm on a node of {ranks_per_node} "
-        f"rank(s) (two copies of {human_bytes(state)} of state) and the DataLoader workers "
+        f"rank(s) ({tier // state} copies of {human_bytes(state)} of state) and the DataLoader "
+        "workers "
         f"{human_bytes(loaders)}, but /dev/shm has {human_bytes(free)} for them"
     )
     if t.memory_checkpoint_interval is None:
