@@ -12,6 +12,7 @@ together (divisible, within `model.n_positions`) are in `launcher.config.validat
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
@@ -74,15 +75,17 @@ def ranged(default: Any = MISSING, allowed: Range | None = None, *, factory=None
 CHOICES = "choices"  # the dataclass field metadata key that holds a string key's values
 
 
-def one_of(default: str, choices: tuple[str, ...]) -> Any:
+def one_of(default: str, choices: tuple[str, ...] | Callable[[], tuple[str, ...]]) -> Any:
     """A schema field whose allowed values sit beside its default: `precision: str =
-    one_of("fp32", PRECISIONS)`; anything else is refused by name before start."""
+    one_of("fp32", PRECISIONS)`; anything else is refused by name before start. `choices`
+    may be a function, read when checked: the values of a registry that grows."""
     return field(default=default, metadata={CHOICES: choices})
 
 
 def choices_of(schema: type, prefix: str = "") -> dict[str, tuple[str, ...]]:
     """`prefix.key` -> its values for every `one_of` field of a schema, nested sections too."""
-    return _walk(schema, prefix, CHOICES)
+    found = _walk(schema, prefix, CHOICES)
+    return {key: values() if callable(values) else values for key, values in found.items()}
 
 
 def ranges_of(schema: type, prefix: str = "") -> dict[str, Range]:

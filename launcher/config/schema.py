@@ -29,6 +29,7 @@ from launcher.config.ranges import (
     ranged,
     ranges_of,
 )
+from launcher.resilience.faults import kind_names
 from launcher.strategy.registry import StrategyConfig, engines
 
 CONFIG_MODULE = "launcher.conf"
@@ -43,11 +44,6 @@ BACKENDS = ("auto", "gloo", "nccl")
 PROFILERS = ("off", "steps", "full")
 MODEL_IMPLS = ("native", "hf")
 ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
-FAULT_KINDS = (
-    "none", "stall", "sigstop", "exit", "oom", "loader_error", "slow", "slow_data", "nonfinite",
-    "slow_device",
-    "slow_phase",
-)  # fmt: skip
 BURNIN_ACTIONS = ("warn", "refuse")
 NONFINITE_POLICIES = ("stop", "skip", "rewind")
 OOM_POLICIES = ("stop", "retry")
@@ -202,7 +198,7 @@ class FaultConfig:
     first step, eval, checkpoint, profiler flush, end of run), each time it comes.
     """
 
-    kind: str = one_of("none", FAULT_KINDS)
+    kind: str = one_of("none", kind_names)  # the kinds launcher.resilience.faults declares
     rank: int = ranged(0, NON_NEGATIVE)
     step: int = ranged(1, AT_LEAST_1)
     seconds: float = ranged(60.0, NON_NEGATIVE)

@@ -15,7 +15,7 @@ from launcher.config.compose import unknown_key_line
 from launcher.config.errors import ConfigError, check_choice
 from launcher.config.ranges import range_problem
 from launcher.config.schema import all_choices, all_ranges
-from launcher.resilience.watchdog import PHASES
+from launcher.resilience.faults import fault_problem
 from launcher.strategy.registry import engine, engines, schemas
 from launcher.train.batch import AUTO, BatchPlan, micro_batch_problem
 
@@ -133,7 +133,9 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     _validate_data_source(d)
     _validate_profiler(cfg.profiler, t.max_steps, world_size)
     _validate_watchdog(cfg.watchdog, cfg.dist.timeout_s)
-    _validate_fault(cfg, world_size)
+    problem = fault_problem(cfg.fault, world_size, t.max_steps)  # the kind's own rules
+    if problem:
+        raise ConfigError(problem)
     chosen = engine(cfg.strategy.name)
     if t.async_checkpoint and not chosen.async_checkpoint:
         able = [e.name for e in engines().values() if e.async_checkpoint]
@@ -228,27 +230,6 @@ def _validate_watchdog(w: DictConfig, dist_timeout_s: int) -> None:
                 "collective would time out before the hang is explained; lower it or raise "
                 "dist.timeout_s"
             )
-
-
-def _validate_fault(cfg: DictConfig, world_size: int) -> None:
-    f = cfg.fault
-    if f.kind == "none":
-        return
-    unknown = [p for p in f.phases if p not in PHASES]
-    if f.kind == "slow_phase" and (unknown or not f.phases):
-        raise ConfigError(
-            f"fault.phases={list(f.phases)}: fault.kind=slow_phase needs phases from "
-            f"{', '.join(PHASES)}"
-        )
-    if not 0 <= f.rank < world_size:
-        raise ConfigError(
-            f"fault.rank={f.rank}: no such rank in a job of {world_size}; give 0..{world_size - 1}"
-        )
-    if not 1 <= f.step <= cfg.trainer.max_steps:
-        raise ConfigError(
-            f"fault.step={f.step}: the fault would never fire; give a step within "
-            f"1..trainer.max_steps={cfg.trainer.max_steps}"
-        )
 
 
 def _reject_unknown_keys(node: DictConfig, prefix: str) -> None:

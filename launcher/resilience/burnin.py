@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from launcher.config.schema import BurninConfig, FaultConfig
+from launcher.config.schema import BurninConfig
 from launcher.observe.comm_stats import bus_bandwidth, time_allreduce
-from launcher.resilience.faults import device_delay
+from launcher.resilience.faults import FaultInjector
 from launcher.runtime.paths import atomic_write, keep_aside
 from launcher.runtime.process import Runtime
 
@@ -159,12 +159,12 @@ def allreduce_figures(rt: Runtime, group, ranks: int, iters: int) -> dict | None
     return {"seconds": seconds, "busbw_gbps": bus_bandwidth(nbytes / seconds / 1e9, ranks)}
 
 
-def measure(cfg: BurninConfig, fault: FaultConfig, rt: Runtime, started: float) -> dict:
+def measure(cfg: BurninConfig, faults: FaultInjector, rt: Runtime, started: float) -> dict:
     """This rank's figures: its host, its matmul and its node's and the job's all-reduce."""
     host = host_name()
     hosts = rt.all_gather_objects(host)
     n = cfg.matmul_size or MATMUL_N["cuda" if rt.device.type == "cuda" else "cpu"]
-    delay = device_delay(fault, rank=rt.rank, run_dir=rt.run_dir)
+    delay = faults.burnin_delay()
     matmul = time_matmul(rt.device, n, cfg.iters, delay, started + cfg.budget_s / 2)
     nodes = len(set(hosts))
     mine = [r for r, h in enumerate(hosts) if h == host]
@@ -268,13 +268,13 @@ def keep_earlier_verdict(run_dir: Path) -> None:
         log.info("burn-in: the earlier gate's figures moved to %s", keep_aside(run_dir, earlier))
 
 
-def gate(cfg: BurninConfig, fault: FaultConfig, rt: Runtime) -> dict | None:
+def gate(cfg: BurninConfig, faults: FaultInjector, rt: Runtime) -> dict | None:
     """Run the gate on every rank (None when burnin.enabled is off); raise BadNode on every
     rank when it refuses. Rank 0 writes burnin.json (and bad_hosts on a refusal) and logs."""
     if not cfg.enabled:
         return None
     started = time.perf_counter()
-    figures = measure(cfg, fault, rt, started)
+    figures = measure(cfg, faults, rt, started)
     ranks = rt.all_gather_objects(figures)
     slow_ranks, slow_nodes = judge(ranks, cfg.tolerance)
     bad = list(dict.fromkeys([s["host"] for s in slow_ranks] + [s["host"] for s in slow_nodes]))

@@ -2,6 +2,11 @@
 cluster and see what the launcher, torchrun and the scheduler do: the tests use the same
 keys. Off by default; docs/faults.md lists the kinds.
 
+Each kind is declared once, in `KINDS`: the hook points where it fires (the job and the loop
+call the injector at those points and know no kind) and the config rules it needs. The
+choices of `fault.kind` and its validation are read from here, so a new kind is one
+`register(FaultKind(...))`.
+
 With `fault.once=true` a fault fires in one attempt only: the rank leaves
 `logs/fault.rank<r>` when it fires, so a restarted or requeued job resumes past it.
 """
@@ -10,18 +15,255 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
+from signal import SIGSTOP
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from torch.utils.data import Dataset
 
-from launcher.data.loader import StepBatchSampler
 from launcher.resilience import exit_codes, first_failure
+from launcher.resilience.watchdog import PHASES
 
 log = logging.getLogger("launcher")
+
+# The hook points: where the job and the loop call the injector (1-based steps).
+PHASE = "phase"  # each time a watched phase begins (watchdog.PHASES), every rank
+BURN_IN = "burn-in"  # the burn-in gate's device timing: the seconds each matmul takes more
+DATA = "data"  # the training loader opens: its windows may be replaced
+BEFORE_STEP = "before step"  # inside the timed step, before its first micro-batch
+FORWARD = "forward"  # before each forward, with the micro-batch's size
+LOSS = "loss"  # each micro-batch's loss, which the hook may replace
+AFTER_STEP = "after step"  # the step's micro-batches are done
+
+# hook(injector, value, **context) -> the value the point goes on with (None: unchanged
+# where the point carries no value: DATA's windows, LOSS's loss and BURN_IN's seconds do)
+Hook = Callable[..., Any]
+# rule(fault config, world size, trainer.max_steps) -> the one-line problem, or None
+Rule = Callable[[Any, int, int], "str | None"]
+
+
+def rank_in_job(f, world_size: int, max_steps: int) -> str | None:
+    if 0 <= f.rank < world_size:
+        return None
+    return f"fault.rank={f.rank}: no such rank in a job of {world_size}; give 0..{world_size - 1}"
+
+
+def step_in_run(f, world_size: int, max_steps: int) -> str | None:
+    if 1 <= f.step <= max_steps:
+        return None
+    return (
+        f"fault.step={f.step}: the fault would never fire; give a step within "
+        f"1..trainer.max_steps={max_steps}"
+    )
+
+
+def phases_named(f, world_size: int, max_steps: int) -> str | None:
+    if f.phases and all(p in PHASES for p in f.phases):
+        return None
+    return (
+        f"fault.phases={list(f.phases)}: fault.kind={f.kind} needs phases from {', '.join(PHASES)}"
+    )
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    """One `fault.kind`: what it does at each hook point, on which ranks it is armed, and the
+    rules its config must keep (checked with the config, before anything starts)."""
+
+    name: str
+    hooks: Mapping[str, Hook] = field(default_factory=dict)
+    every_rank: bool = False  # armed on every rank, not on fault.rank alone
+    rules: tuple[Rule, ...] = (rank_in_job, step_in_run)
+    # whether a config makes it a lasting condition, which `fault.once` does not end
+    lasting: Callable[[Any], bool] = lambda f: False
+
+
+KINDS: dict[str, FaultKind] = {}
+
+
+def register(kind: FaultKind) -> FaultKind:
+    """Declare a fault kind: `fault.kind=<name>` is then accepted and fires at its hooks."""
+    KINDS[kind.name] = kind
+    return kind
+
+
+def kind_names() -> tuple[str, ...]:
+    """The values `fault.kind` takes (the schema's choices)."""
+    return tuple(KINDS)
+
+
+def fault_problem(f, world_size: int, max_steps: int) -> str | None:
+    """The first rule of the chosen kind that the `fault` section breaks, or None."""
+    for rule in KINDS[f.kind].rules:
+        problem = rule(f, world_size, max_steps)
+        if problem:
+            return problem
+    return None
+
+
+class FaultInjector:
+    """This rank's configured fault, fired at the hook points the job and the loop call."""
+
+    def __init__(self, cfg, *, rank: int, run_dir: Path):
+        self.cfg, self.kind = cfg, KINDS[cfg.kind]
+        self.marker = run_dir / "logs" / f"fault.rank{rank}"
+        self.armed = bool(self.kind.hooks) and (self.kind.every_rank or rank == cfg.rank)
+        if self.armed and cfg.once and not self.kind.lasting(cfg) and self.marker.exists():
+            log.info("fault.kind=%s already fired in an earlier attempt; not again", cfg.kind)
+            self.armed = False
+
+    def _fire(self, point: str, value: Any = None, **context) -> Any:
+        hook = self.kind.hooks.get(point) if self.armed else None
+        if hook is None:
+            return value
+        fired = hook(self, value, **context)
+        return value if fired is None else fired
+
+    def fired_at(self, step: int) -> None:
+        """A one-off fault fires now: disarmed, its marker left for the attempts after."""
+        self.armed = False
+        self.marker.write_text(f"{self.cfg.kind} at step {step}\n")
+        log.warning("fault.kind=%s: injecting at step %d", self.cfg.kind, step)
+
+    def phase(self, phase: str) -> None:
+        """A watched phase (watchdog.PHASES) begins."""
+        self._fire(PHASE, phase=phase)
+
+    def burnin_delay(self) -> float:
+        """The seconds each of this rank's burn-in matmuls takes more (0: none)."""
+        return self._fire(BURN_IN, 0.0)
+
+    def wrap_windows(self, windows: Dataset, sampler) -> Dataset:
+        """The training windows the loader reads (`sampler`: its StepBatchSampler)."""
+        return self._fire(DATA, windows, sampler=sampler)
+
+    def before_step(self, step: int) -> None:
+        self._fire(BEFORE_STEP, step=step)
+
+    def before_forward(self, step: int, micro_batch: int) -> None:
+        self._fire(FORWARD, step=step, micro_batch=micro_batch)
+
+    def poison(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        return self._fire(LOSS, loss, step=step)
+
+    def end_step(self, step: int) -> None:
+        self._fire(AFTER_STEP, step=step)
+
+
+# -- the kinds --------------------------------------------------------------------------
+def at_step(act: Callable[[FaultInjector, int], None]) -> Hook:
+    """A one-off fault that fires on its rank when step `fault.step` starts."""
+
+    def hook(fault: FaultInjector, _, step: int) -> None:
+        if step == fault.cfg.step:
+            fault.fired_at(step)
+            act(fault, step)
+
+    return hook
+
+
+def _exit(fault: FaultInjector, step: int) -> None:
+    code = fault.cfg.exit_code
+    first_failure.record(step, f"exited with code {code} (fault.kind=exit)" if code else ON_PURPOSE)
+    exit_codes.report(code, chosen=True)
+    logging.shutdown()
+    os._exit(code)
+
+
+def _oom_at_step(fault: FaultInjector, _, step: int) -> None:
+    if fault.cfg.micro_batch is None:  # else a capacity (FORWARD), no one-off event
+        at_step(_raise_oom)(fault, None, step)
+
+
+def _raise_oom(fault: FaultInjector, step: int) -> None:
+    raise torch.OutOfMemoryError(f"injected by fault.kind=oom at step {step}")
+
+
+def _capacity(fault: FaultInjector, _, step: int, micro_batch: int) -> None:
+    """With `micro_batch`: from step `fault.step` on, a forward of more sequences than that
+    raises the device's out-of-memory error, as a device too small for them would (memory
+    that fragmentation or a longer input took, mid-run)."""
+    capacity = fault.cfg.micro_batch
+    if capacity is not None and step >= fault.cfg.step and micro_batch > capacity:
+        raise torch.OutOfMemoryError(
+            f"injected by fault.kind=oom: a micro-batch of {micro_batch} is above "
+            f"fault.micro_batch={capacity}"
+        )
+
+
+def _poison(fault: FaultInjector, loss: torch.Tensor, step: int) -> torch.Tensor | None:
+    """Step `fault.step`'s loss on the fault's rank becomes NaN (so do its gradients, and
+    after the all-reduce every rank's), as a bad batch or an overflow makes it."""
+    if step != fault.cfg.step:
+        return None
+    if not fault.marker.exists():
+        fault.marker.write_text(f"nonfinite at step {step}\n")
+        log.warning("fault.kind=nonfinite: the loss of step %d is NaN", step)
+    return loss * float("nan")
+
+
+def _disarm_after(fault: FaultInjector, _, step: int) -> None:
+    """A loss fault has fired and is not armed for another step."""
+    if step == fault.cfg.step:
+        fault.armed = False
+
+
+def _slow(fault: FaultInjector, _, step: int) -> None:
+    if step >= fault.cfg.step:
+        time.sleep(fault.cfg.seconds)
+
+
+def _failing_windows(fault: FaultInjector, windows: Dataset, sampler) -> Dataset:
+    poisoned = sampler.rank_batch(fault.cfg.step - 1)[: sampler.micro_batch]
+    return _FailingWindows(windows, poisoned, fault.marker)
+
+
+def _slow_device(fault: FaultInjector, _) -> float:
+    """The gate's outlier, without a slow GPU to hand; with `once` it fires in the gate of
+    one attempt only (a requeued job on other nodes then passes)."""
+    fault.marker.write_text("slow_device in the burn-in gate\n")
+    log.warning("fault.kind=slow_device: every burn-in matmul takes %g s more", fault.cfg.seconds)
+    return float(fault.cfg.seconds)
+
+
+def _slow_phase(fault: FaultInjector, _, phase: str) -> None:
+    """A slow but healthy job (a long eval, a slow checkpoint or trace write, a slow first
+    compile or data preparation), which the hang watchdog must not kill, or a stalled one
+    when `seconds` is past the phase's allowance."""
+    if phase in fault.cfg.phases:
+        log.warning("fault.kind=slow_phase: %s takes %g s more", phase, fault.cfg.seconds)
+        time.sleep(fault.cfg.seconds)
+
+
+register(FaultKind("none", rules=()))
+register(FaultKind("stall", {BEFORE_STEP: at_step(lambda f, _: time.sleep(f.cfg.seconds))}))
+register(
+    FaultKind("sigstop", {BEFORE_STEP: at_step(lambda *_: os.kill(os.getpid(), signal.SIGSTOP))})
+)  # noqa: E501 fmt: skip
+register(FaultKind("exit", {BEFORE_STEP: at_step(_exit)}))
+register(
+    FaultKind(
+        "oom", {BEFORE_STEP: _oom_at_step, FORWARD: _capacity},
+        lasting=lambda f: f.micro_batch is not None,  # a device's size holds in every attempt
+    )
+)  # fmt: skip
+register(FaultKind("loader_error", {DATA: _failing_windows}))
+register(FaultKind("slow", {BEFORE_STEP: _slow}))
+register(FaultKind("slow_data", {DATA: lambda f, w, sampler: _SlowWindows(w, f.cfg.seconds)},
+                   every_rank=True))  # fmt: skip
+register(FaultKind("nonfinite", {LOSS: _poison, AFTER_STEP: _disarm_after}))
+register(FaultKind("slow_device", {BURN_IN: _slow_device}))
+register(
+    FaultKind(
+        "slow_phase", {PHASE: _slow_phase}, every_rank=True,
+        rules=(phases_named, rank_in_job, step_in_run),
+        lasting=lambda f: True,  # each time a named phase comes, in every attempt
+    )
+)  # fmt: skip
 
 
 def peer_left(run_dir: Path, rank: int, since: float) -> str | None:
@@ -44,121 +286,6 @@ ON_PURPOSE = "left the job on purpose (fault.kind=exit with exit code 0)"
 
 class InjectedFault(RuntimeError):
     """Raised by `fault.kind=loader_error` inside a DataLoader worker."""
-
-
-class FaultInjector:
-    """Fires the configured fault on its rank when its step starts (1-based steps)."""
-
-    def __init__(self, cfg: DictConfig, *, rank: int, run_dir: Path):
-        self.cfg = cfg
-        self.marker = run_dir / "logs" / f"fault.rank{rank}"
-        self.armed = cfg.kind == "slow_data" or (cfg.kind != "none" and rank == cfg.rank)
-        # kind=oom with micro_batch: a device's size, not an event; it holds in every attempt
-        self.capacity = cfg.micro_batch if cfg.kind == "oom" else None
-        if self.armed and cfg.once and self.capacity is None and self.marker.exists():
-            log.info("fault.kind=%s already fired in an earlier attempt; not again", cfg.kind)
-            self.armed = False
-
-    def before_step(self, step: int) -> None:
-        """Called inside the timed step, before its first micro-batch."""
-        if not self.armed:
-            return
-        kind, cfg = self.cfg.kind, self.cfg
-        if kind == "slow":
-            if step >= cfg.step:
-                time.sleep(cfg.seconds)
-            return
-        if (
-            step != cfg.step
-            or self.capacity is not None
-            or kind
-            in (
-                "loader_error",
-                "slow_data",
-                "nonfinite",
-                "slow_device",
-                "slow_phase",
-            )
-        ):
-            return  # those fire in the loader, in the loss (`poison`), the burn-in gate or a phase
-        self.armed = False
-        self.marker.write_text(f"{kind} at step {step}\n")
-        log.warning("fault.kind=%s: injecting at step %d", kind, step)
-        if kind == "stall":
-            time.sleep(cfg.seconds)
-        elif kind == "sigstop":
-            os.kill(os.getpid(), signal.SIGSTOP)
-        elif kind == "exit":
-            first_failure.record(step, f"exited with code {cfg.exit_code} (fault.kind=exit)"
-                                 if cfg.exit_code else ON_PURPOSE)  # fmt: skip
-            exit_codes.report(cfg.exit_code, chosen=True)
-            logging.shutdown()
-            os._exit(cfg.exit_code)
-        elif kind == "oom":
-            raise torch.OutOfMemoryError(f"injected by fault.kind=oom at step {step}")
-
-    def before_forward(self, step: int, micro_batch: int) -> None:
-        """With `kind=oom` and `micro_batch`: from step `fault.step` on, a forward of more
-        sequences than that raises the device's out-of-memory error, as a device too small
-        for them would (memory that fragmentation or a longer input took, mid-run)."""
-        capacity = self.capacity
-        if self.armed and capacity is not None and step >= self.cfg.step and micro_batch > capacity:
-            raise torch.OutOfMemoryError(
-                f"injected by fault.kind=oom: a micro-batch of {micro_batch} is above "
-                f"fault.micro_batch={capacity}"
-            )
-
-    def poison(self, step: int, loss: torch.Tensor) -> torch.Tensor:
-        """With `kind=nonfinite`, step `step`'s loss on the fault's rank becomes NaN (so do
-        its gradients, and after the all-reduce every rank's), as a bad batch or an
-        overflow makes it; every other loss passes through unchanged."""
-        if not (self.armed and self.cfg.kind == "nonfinite" and step == self.cfg.step):
-            return loss
-        if not self.marker.exists():
-            self.marker.write_text(f"nonfinite at step {step}\n")
-            log.warning("fault.kind=nonfinite: the loss of step %d is NaN", step)
-        return loss * float("nan")
-
-    def end_step(self, step: int) -> None:
-        """After step `step`: a loss fault has fired and is not armed for another step."""
-        if self.armed and self.cfg.kind == "nonfinite" and step == self.cfg.step:
-            self.armed = False
-
-    def wrap_windows(self, windows: Dataset, sampler: StepBatchSampler) -> Dataset:
-        """With `kind=loader_error`, the dataset whose worker fails on the fault's step;
-        with `kind=slow_data`, one whose every micro-batch read takes `seconds`."""
-        if self.armed and self.cfg.kind == "slow_data":
-            return _SlowWindows(windows, self.cfg.seconds)
-        if not (self.armed and self.cfg.kind == "loader_error"):
-            return windows
-        poisoned = sampler.rank_batch(self.cfg.step - 1)[: sampler.micro_batch]
-        return _FailingWindows(windows, poisoned, self.marker)
-
-
-def device_delay(cfg: DictConfig, *, rank: int, run_dir: Path) -> float:
-    """With `kind=slow_device`, the seconds each of this rank's burn-in matmuls takes more
-    (0 elsewhere): the gate's outlier, without a slow GPU to hand. It fires in the gate of
-    one attempt only with `once` (a requeued job on other nodes then passes)."""
-    if cfg.kind != "slow_device" or rank != cfg.rank:
-        return 0.0
-    marker = run_dir / "logs" / f"fault.rank{rank}"
-    if cfg.once and marker.exists():
-        log.info("fault.kind=slow_device already fired in an earlier attempt; not again")
-        return 0.0
-    marker.write_text("slow_device in the burn-in gate\n")
-    log.warning("fault.kind=slow_device: every burn-in matmul takes %g s more", cfg.seconds)
-    return float(cfg.seconds)
-
-
-def slow_phase(cfg: DictConfig, phase: str) -> None:
-    """With `kind=slow_phase`, every rank spends `seconds` more in each phase named in
-    `fault.phases` (watchdog.PHASES), each time it comes: a slow but healthy job (a long
-    eval, a slow checkpoint or trace write, a slow first compile or data preparation),
-    which the hang watchdog must not kill, or a stalled one when `seconds` is past the
-    phase's allowance."""
-    if cfg.kind == "slow_phase" and phase in cfg.phases:
-        log.warning("fault.kind=slow_phase: %s takes %g s more", phase, cfg.seconds)
-        time.sleep(cfg.seconds)
 
 
 class _FailingWindows(Dataset):

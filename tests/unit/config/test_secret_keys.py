@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from launcher.config import compose, typed
-from launcher.config.secret_keys import secret_in
-from launcher.train.job import is_secret_key, redacted
+from launcher.config.secret_keys import is_secret_key, secret_in
+from launcher.observe.run_files import redacted
 
 
 @pytest.mark.parametrize(
