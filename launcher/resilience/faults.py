@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import logging
 import os
-from signal import SIGSTOP
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from signal import SIGSTOP
 from typing import Any
 
 import torch
@@ -241,9 +241,7 @@ def _slow_phase(fault: FaultInjector, _, phase: str) -> None:
 
 register(FaultKind("none", rules=()))
 register(FaultKind("stall", {BEFORE_STEP: at_step(lambda f, _: time.sleep(f.cfg.seconds))}))
-register(
-    FaultKind("sigstop", {BEFORE_STEP: at_step(lambda *_: os.kill(os.getpid(), signal.SIGSTOP))})
-)  # noqa: E501 fmt: skip
+register(FaultKind("sigstop", {BEFORE_STEP: at_step(lambda *_: os.kill(os.getpid(), SIGSTOP))}))
 register(FaultKind("exit", {BEFORE_STEP: at_step(_exit)}))
 register(
     FaultKind(
