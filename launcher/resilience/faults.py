@@ -69,6 +69,10 @@ def phases_named(f, world_size: int, max_steps: int) -> str | None:
     )
 
 
+# The rules of a fault that fires on rank `fault.rank` at step `fault.step`.
+AT_ITS_RANK_AND_STEP: tuple[Rule, ...] = (rank_in_job, step_in_run)
+
+
 @dataclass(frozen=True)
 class FaultKind:
     """One `fault.kind`: what it does at each hook point, on which ranks it is armed, and the
@@ -77,7 +81,7 @@ class FaultKind:
     name: str
     hooks: Mapping[str, Hook] = field(default_factory=dict)
     every_rank: bool = False  # armed on every rank, not on fault.rank alone
-    rules: tuple[Rule, ...] = (rank_in_job, step_in_run)
+    rules: tuple[Rule, ...] = AT_ITS_RANK_AND_STEP
     # whether a config makes it a lasting condition, which `fault.once` does not end
     lasting: Callable[[Any], bool] = lambda f: False
 
@@ -258,7 +262,7 @@ register(FaultKind("slow_device", {BURN_IN: _slow_device}))
 register(
     FaultKind(
         "slow_phase", {PHASE: _slow_phase}, every_rank=True,
-        rules=(phases_named, rank_in_job, step_in_run),
+        rules=(phases_named, *AT_ITS_RANK_AND_STEP),
         lasting=lambda f: True,  # each time a named phase comes, in every attempt
     )
 )  # fmt: skip

@@ -1,0 +1,92 @@
+"""The checkpoint manager on one rank: a save and a restore carry the engine's state, the
+RNG and the data position; the ranks agree on what they resume (an unreadable checkpoint
+falls back to the one before); the rewind target is the newest complete checkpoint."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from launcher.checkpoint.manager import CheckpointManager
+from launcher.config import ConfigError
+from launcher.runtime.process import Runtime
+from launcher.train.batch import BatchPlan
+
+from in_process import CPU, trainer
+
+
+class Engine:
+    """An engine whose state is one tensor in one file per rank."""
+
+    def __init__(self):
+        self.state = torch.zeros(3)
+
+    def save(self, folder: Path, rank: int):
+        torch.save(self.state, folder / f"model_rank{rank}.pt")
+
+    def snapshot(self, rank: int, share):
+        state = self.state.clone()
+        return lambda folder: torch.save(state, folder / f"model_rank{rank}.pt")
+
+    def load(self, folder: Path) -> None:
+        self.state = torch.load(folder / "model_rank0.pt")
+
+    def files_to_load(self, folder: Path) -> list[Path]:
+        return [folder / "model_rank0.pt"]
+
+
+BATCH = BatchPlan(global_batch=4, micro_batch=2, world_size=1, seq_len=8)
+
+
+def manager(run_dir: Path, engine: Engine) -> CheckpointManager:
+    rt = Runtime(0, 0, 1, CPU, None, run_dir=run_dir)
+    return CheckpointManager(rt, engine, trainer(keep_checkpoints=3), {"lineage": "L1"})
+
+
+def test_a_restore_brings_back_state_rng_and_data_position(tmp_path):
+    engine = Engine()
+    saving = manager(tmp_path, engine)
+    saving.data_step = 5  # one window ahead of step 4: a rewind skipped one
+    engine.state = torch.arange(3.0)
+    random.seed(7)
+    saving.save(4, BATCH, wait=True)
+    expected = random.random()
+
+    restored = Engine()
+    loading = manager(tmp_path, restored)
+    folder = loading.last_good()
+    assert folder is not None and folder.name.endswith("4")
+    assert {p.name for p in loading.files_to_load(folder)} == {"model_rank0.pt", "rng_rank0.pt"}
+    random.seed(99)
+    assert loading.resume([folder], auto=True, batch=BATCH) == 4
+    assert torch.equal(restored.state, torch.arange(3.0))
+    assert loading.data_step == 5
+    assert random.random() == expected
+    assert loading.rewind_target() == folder
+
+
+def test_an_unreadable_checkpoint_falls_back_and_none_left_stops(tmp_path):
+    engine = Engine()
+    saving = manager(tmp_path, engine)
+    saving.data_step = 2
+    saving.save(2, BATCH, wait=True)
+    good = saving.last_good()
+    saving.data_step = 4
+    saving.save(4, BATCH, wait=True)
+    newest = saving.last_good()
+    (newest / "model_rank0.pt").write_bytes(b"not a torch file")
+
+    loading = manager(tmp_path, Engine())
+    assert loading.resume([newest, good], auto=False, batch=BATCH) == 2
+    with pytest.raises(ConfigError, match="could be loaded"):
+        manager(tmp_path, Engine()).resume([newest], auto=False, batch=BATCH)
+
+
+def test_a_fresh_start_has_nothing_to_restore_or_rewind_to(tmp_path):
+    fresh = manager(tmp_path, Engine())
+    assert fresh.resume([], auto=True, batch=BATCH) == 0
+    assert fresh.rewind_target() is None
+    assert not fresh.memory_due(10)  # no memory tier
