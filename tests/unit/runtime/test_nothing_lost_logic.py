@@ -112,7 +112,7 @@ def digest(folder: Path) -> dict[str, str]:
 def test_an_unreadable_last_checkpoint_is_not_a_finished_run(tmp_path):
     """Full size but not a torch file (as after a crash while the disk wrote it): the run is
     not finished; the launch resumes with that checkpoint first, and the loader falls back
-    from it to the previous one (launcher.train.job.restore, tests/launches/test_faults.py)."""
+    from it to the previous one (launcher.checkpoint.manager, tests/launches/test_faults.py)."""
     run = tmp_path / "run"
     STATES["completed, checkpointed"](run)
     model = run / "checkpoints" / checkpoint.step_name(4) / "model.pt"
