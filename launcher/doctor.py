@@ -43,11 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     facts = envinfo.collect(need)
     problems = []
     try:  # what the trainer refuses, in the order it would: the config, then this machine
-        check_config(cfg, world)
+        checked = check_config(cfg, world)
     except ConfigError as exc:
         problems.append(str(exc))
     else:
-        problems += machine_problems(cfg, ranks_per_node(), world)
+        problems += machine_problems(checked, ranks_per_node(), world)
     facts["problems"] = problems
     if as_json:
         print(json.dumps(facts, indent=1))

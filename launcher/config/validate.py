@@ -14,7 +14,16 @@ from omegaconf import DictConfig, OmegaConf
 from launcher.config.compose import unknown_key_line
 from launcher.config.errors import ConfigError, check_choice
 from launcher.config.ranges import range_problem
-from launcher.config.schema import all_choices, all_ranges
+from launcher.config.schema import (
+    DataConfig,
+    ModelConfig,
+    ProfilerConfig,
+    TrainConfig,
+    WatchdogConfig,
+    all_choices,
+    all_ranges,
+    typed,
+)
 from launcher.resilience.faults import fault_problem
 from launcher.strategy.registry import engine, engines, schemas
 from launcher.train.batch import AUTO, BatchPlan, micro_batch_problem
@@ -44,7 +53,7 @@ def normalize(cfg: DictConfig, world_size: int) -> None:
         cfg.strategy.powersgd_warmup_steps = cfg.trainer.warmup_steps
 
 
-def _validate_model_bias(m: DictConfig) -> None:
+def _validate_model_bias(m: ModelConfig) -> None:
     """Biases can be left out of the native GPT-2 only: transformers' has them always, and
     so do the weights model.init_from loads."""
     if m.bias:
@@ -92,19 +101,21 @@ def run_id_problem(run_id, key: str = "run.id") -> str | None:
     )
 
 
-def validate(cfg: DictConfig, world_size: int) -> None:
-    """Reject impossible values and combinations before any process group or worker starts.
+def validate(cfg: DictConfig, world_size: int) -> TrainConfig:
+    """Reject impossible values and combinations before any process group or worker starts;
+    the checked config as the schema's dataclasses (`typed`), what the job's parts read.
 
     Order matters: unknown keys, then every numeric key's range (docs/configuration.md),
     then choices, then the rules that relate keys, so that each later check may assume
-    the earlier ones held (no division by a zero `model.n_head`).
+    the earlier ones held (no division by a zero `model.n_head`). The first checks read
+    the composed config (its keys and nodes); the rules read the typed sections, as the
+    job's parts do.
     """
     normalize(cfg, world_size)
     _reject_unknown_keys(cfg, "")
     problem = range_problem(cfg, all_ranges())
     if problem:
         raise ConfigError(problem)
-    t, d, m = cfg.trainer, cfg.data, cfg.model
     problem = run_id_problem(cfg.run.id)
     if cfg.run.id is None and os.environ.get("LAUNCHER_RUN_ID"):
         problem = run_id_problem(os.environ["LAUNCHER_RUN_ID"], "LAUNCHER_RUN_ID")
@@ -113,8 +124,16 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     for key, allowed in all_choices().items():
         if OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT:  # the chosen engine's
             check_choice(key, OmegaConf.select(cfg, key), allowed)
-    _validate_model_bias(m)
     _validate_engine(cfg)
+    checked = typed(cfg)
+    _validate_rules(checked, world_size)
+    return checked
+
+
+def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
+    """The rules that relate keys, within a section and across sections."""
+    t, d, m = cfg.trainer, cfg.data, cfg.model
+    _validate_model_bias(m)
     problem = micro_batch_problem(t, world_size) or BatchPlan.of(t, world_size).problem()
     if problem:
         raise ConfigError(problem)
@@ -164,8 +183,8 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             f"strategy={cfg.strategy.name} (its engine owns the optimizer step); use "
             f"trainer.on_nonfinite=stop, or strategy={' or '.join(able)}"
         )
-    resizing = [f"trainer.{k}={t[k]}" for k, v in (("micro_batch_size", AUTO),
-                ("on_oom", "retry")) if t[k] == v]  # fmt: skip
+    resizing = [f"trainer.{k}={getattr(t, k)}" for k, v in (("micro_batch_size", AUTO),
+                ("on_oom", "retry")) if getattr(t, k) == v]  # fmt: skip
     if resizing and not chosen.resizes_micro_batch:
         able = [e.name for e in engines().values() if e.resizes_micro_batch]
         raise ConfigError(
@@ -191,7 +210,7 @@ def _validate_engine(cfg: DictConfig) -> None:
         )
 
 
-def _validate_profiler(p: DictConfig, max_steps: int, world_size: int) -> None:
+def _validate_profiler(p: ProfilerConfig, max_steps: int, world_size: int) -> None:
     outside = [r for r in p.ranks if not r < world_size]
     if outside:
         raise ConfigError(
@@ -219,14 +238,14 @@ def _validate_profiler(p: DictConfig, max_steps: int, world_size: int) -> None:
     )
 
 
-def _validate_watchdog(w: DictConfig, dist_timeout_s: int) -> None:
+def _validate_watchdog(w: WatchdogConfig, dist_timeout_s: int) -> None:
     """The allowances must end before a collective times out (ranges are in ranges.py)."""
     if not w.enabled:
         return
     for key in ("min_s", "startup_s", "first_step_s", "checkpoint_s"):
-        if w[key] >= dist_timeout_s:
+        if getattr(w, key) >= dist_timeout_s:
             raise ConfigError(
-                f"watchdog.{key}={w[key]} is not below dist.timeout_s={dist_timeout_s}: a "
+                f"watchdog.{key}={getattr(w, key)} is not below dist.timeout_s={dist_timeout_s}: a "
                 "collective would time out before the hang is explained; lower it or raise "
                 "dist.timeout_s"
             )
@@ -248,7 +267,7 @@ def _reject_unknown_keys(node: DictConfig, prefix: str) -> None:
             _reject_unknown_keys(child, f"{path}.")
 
 
-def _validate_data_source(d: DictConfig) -> None:
+def _validate_data_source(d: DataConfig) -> None:
     """What each data source needs set (whether its files exist is launcher.train.preflight's)."""
     wanted = {
         "text_files": "text file globs, e.g. data.paths=[a/*.txt]",

@@ -22,8 +22,8 @@ from omegaconf import DictConfig
 
 from launcher.checkpoint import memory
 from launcher.checkpoint.protocol import find_resumable
-from launcher.config import ConfigError, typed, validate
-from launcher.config.schema import TrainConfig
+from launcher.config import ConfigError, validate
+from launcher.config.schema import DataConfig, LoggerConfig, TrainConfig
 from launcher.data.cache import CACHE_ENV, cache_root
 from launcher.data.shm import check_shm, human_bytes, shm_available_bytes
 from launcher.data.tokenizer import tokenizer_path_problem
@@ -37,7 +37,7 @@ WANDB_DEFAULT_HOST = "https://api.wandb.ai"
 
 
 def tier_room(
-    cfg: DictConfig | TrainConfig,
+    cfg: TrainConfig,
     ranks_per_node: int,
     world_size: int,
     free: int,
@@ -68,26 +68,29 @@ def tier_room(
     )
 
 
-def preflight(cfg: DictConfig, world_size: int, ranks_per_node: int) -> None:
-    """Raise ConfigError, worded for the user, on anything that would fail later."""
-    check_config(cfg, world_size)
-    problems = machine_problems(cfg, ranks_per_node, world_size)
+def preflight(cfg: DictConfig, world_size: int, ranks_per_node: int) -> TrainConfig:
+    """Raise ConfigError, worded for the user, on anything that would fail later; the
+    checked config as the job's parts read it."""
+    checked = check_config(cfg, world_size)
+    problems = machine_problems(checked, ranks_per_node, world_size)
     if problems:
         raise ConfigError(problems[0])
+    return checked
 
 
-def check_config(cfg: DictConfig, world_size: int) -> None:
+def check_config(cfg: DictConfig, world_size: int) -> TrainConfig:
     """The config alone (`validate`, which normalises it too), then the engine's own config
     as these keys build it (DeepSpeed's, with `strategy.extra`): what a submission checks
-    before it reaches the cluster."""
-    validate(cfg, world_size)
-    check = engine(cfg.strategy.name).config_check
+    before it reaches the cluster. The checked config as the schema's dataclasses."""
+    checked = validate(cfg, world_size)
+    check = engine(checked.strategy.name).config_check
     if check is not None:
-        check(typed(cfg), world_size)  # the dataclasses the strategy will get
+        check(checked, world_size)  # the dataclasses the strategy will get
+    return checked
 
 
 def machine_problems(
-    cfg: DictConfig, ranks_per_node: int, world_size: int | None = None
+    cfg: TrainConfig, ranks_per_node: int, world_size: int | None = None
 ) -> list[str]:
     """Every reason this machine cannot run a validated config, one line each (`world_size`:
     the job's, else this node's ranks)."""
@@ -101,7 +104,7 @@ def machine_problems(
     return [*problems, shm] if shm else problems
 
 
-def shm_problem(cfg: DictConfig, ranks_per_node: int, world_size: int) -> str | None:
+def shm_problem(cfg: TrainConfig, ranks_per_node: int, world_size: int) -> str | None:
     """What this machine's /dev/shm cannot hold: the DataLoader workers' batches, or a memory
     tier asked for by trainer.memory_checkpoint_interval that exceeds its whole size (the
     job's start checks the free space, counting what the run's tier holds already, and turns
@@ -113,7 +116,7 @@ def shm_problem(cfg: DictConfig, ranks_per_node: int, world_size: int) -> str | 
     return tier_room(cfg, ranks_per_node, world_size, available[0])[1]
 
 
-def device_problems(cfg: DictConfig) -> list[str]:
+def device_problems(cfg: TrainConfig) -> list[str]:
     """A CUDA device or NCCL asked for on a machine without a visible GPU; what the engine
     cannot do on this device (fp16 DeepSpeed on a CPU that DeepSpeed refuses it on); an
     attention kernel the device or precision does not have."""
@@ -155,7 +158,7 @@ def attention_problem(attention: str, on_cpu: bool, precision: str) -> str | Non
     return None
 
 
-def path_problems(cfg: DictConfig) -> list[str]:
+def path_problems(cfg: TrainConfig) -> list[str]:
     """The folders the run writes (run.root, the token cache, W&B's files) and the local
     files it reads (data, a checkpoint to resume, pretrained weights, a tokenizer) exist or
     can be made."""
@@ -175,7 +178,7 @@ def path_problems(cfg: DictConfig) -> list[str]:
     return [p for p in problems if p]
 
 
-def data_file_problems(d: DictConfig) -> list[str]:
+def data_file_problems(d: DataConfig) -> list[str]:
     """Every text glob matches a file; every pre-tokenized file is there."""
     if d.source == "text_files":
         return [
@@ -237,7 +240,7 @@ def init_from_problem(value: str) -> str | None:
     return None
 
 
-def package_problems(cfg: DictConfig) -> list[str]:
+def package_problems(cfg: TrainConfig) -> list[str]:
     """Optional packages the chosen settings import later."""
     strategy = cfg.strategy.name
     needs = [(p, f"strategy={strategy}", fix) for p, fix in engine(strategy).packages]
@@ -253,7 +256,7 @@ def missing_package(package: str, setting: str, fix: str) -> str | None:
     return f"{setting} needs the {package} package, which is not installed: {fix}"
 
 
-def logger_problems(logger: DictConfig) -> list[str]:
+def logger_problems(logger: LoggerConfig) -> list[str]:
     """What the chosen loggers need from this machine: their packages and, for W&B online,
     an API key in WANDB_API_KEY or in the netrc file `wandb login` writes."""
     problems = []
@@ -268,7 +271,7 @@ def logger_problems(logger: DictConfig) -> list[str]:
     return [p for p in problems if p] + _wandb_problems(logger)
 
 
-def _wandb_problems(logger: DictConfig) -> list[str]:
+def _wandb_problems(logger: LoggerConfig) -> list[str]:
     if logger.mode == "disabled":
         return []
     problem = missing_package(
