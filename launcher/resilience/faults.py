@@ -158,7 +158,7 @@ class FaultInjector:
         self._fire(AFTER_STEP, step=step)
 
 
-# -- the kinds --------------------------------------------------------------------------
+# -- the kinds: each one block, what it rehearses, its hooks and its rules ------------------
 def at_step(act: Callable[[FaultInjector, int], None]) -> Hook:
     """A one-off fault that fires on its rank when step `fault.step` starts."""
 
@@ -170,6 +170,26 @@ def at_step(act: Callable[[FaultInjector, int], None]) -> Hook:
     return hook
 
 
+register(FaultKind("none", rules=()))
+
+
+# stall: rank `rank` sleeps `seconds` when step `step` starts (a hung rank)
+def _stall(fault: FaultInjector, step: int) -> None:
+    time.sleep(fault.cfg.seconds)
+
+
+register(FaultKind("stall", {BEFORE_STEP: at_step(_stall)}))
+
+
+# sigstop: it stops itself, frozen, as a process stuck in a driver is
+def _sigstop(fault: FaultInjector, step: int) -> None:
+    os.kill(os.getpid(), SIGSTOP)
+
+
+register(FaultKind("sigstop", {BEFORE_STEP: at_step(_sigstop)}))
+
+
+# exit: it exits with `exit_code` (0: it left the job on purpose, see `peer_left`)
 def _exit(fault: FaultInjector, step: int) -> None:
     code = fault.cfg.exit_code
     first_failure.record(step, f"exited with code {code} (fault.kind=exit)" if code else ON_PURPOSE)
@@ -178,6 +198,11 @@ def _exit(fault: FaultInjector, step: int) -> None:
     os._exit(code)
 
 
+register(FaultKind("exit", {BEFORE_STEP: at_step(_exit)}))
+
+
+# oom: it raises the device's out-of-memory error at `step`; with `micro_batch`, in every
+# forward of a larger micro-batch from `step` on (a device that size, in every attempt)
 def _oom_at_step(fault: FaultInjector, _, step: int) -> None:
     if fault.cfg.micro_batch is None:  # else a capacity (FORWARD), no one-off event
         at_step(_raise_oom)(fault, None, step)
@@ -188,9 +213,6 @@ def _raise_oom(fault: FaultInjector, step: int) -> None:
 
 
 def _capacity(fault: FaultInjector, _, step: int, micro_batch: int) -> None:
-    """With `micro_batch`: from step `fault.step` on, a forward of more sequences than that
-    raises the device's out-of-memory error, as a device too small for them would (memory
-    that fragmentation or a longer input took, mid-run)."""
     capacity = fault.cfg.micro_batch
     if capacity is not None and step >= fault.cfg.step and micro_batch > capacity:
         raise torch.OutOfMemoryError(
@@ -199,9 +221,45 @@ def _capacity(fault: FaultInjector, _, step: int, micro_batch: int) -> None:
         )
 
 
+register(
+    FaultKind(
+        "oom",
+        {BEFORE_STEP: _oom_at_step, FORWARD: _capacity},
+        lasting=lambda f: f.micro_batch is not None,
+    )
+)
+
+
+# loader_error: its DataLoader worker raises reading step `step`'s first micro-batch
+def _failing_windows(fault: FaultInjector, windows: Dataset, sampler) -> Dataset:
+    poisoned = sampler.rank_batch(fault.cfg.step - 1)[: sampler.micro_batch]
+    return _FailingWindows(windows, poisoned, fault.marker)
+
+
+register(FaultKind("loader_error", {DATA: _failing_windows}))
+
+
+# slow: it spends `seconds` more in every step from `step` on (a straggler)
+def _slow(fault: FaultInjector, _, step: int) -> None:
+    if step >= fault.cfg.step:
+        time.sleep(fault.cfg.seconds)
+
+
+register(FaultKind("slow", {BEFORE_STEP: _slow}))
+
+
+# slow_data: every rank's data source takes `seconds` for each micro-batch it reads (storage
+# with a high latency, such as a busy network file system)
+def _slow_windows(fault: FaultInjector, windows: Dataset, sampler) -> Dataset:
+    return _SlowWindows(windows, fault.cfg.seconds)
+
+
+register(FaultKind("slow_data", {DATA: _slow_windows}, every_rank=True))
+
+
+# nonfinite: its loss in step `step` is NaN (so are its gradients, and after the all-reduce
+# every rank's), as a bad batch or an overflow makes it
 def _poison(fault: FaultInjector, loss: torch.Tensor, step: int) -> torch.Tensor | None:
-    """Step `fault.step`'s loss on the fault's rank becomes NaN (so do its gradients, and
-    after the all-reduce every rank's), as a bad batch or an overflow makes it."""
     if step != fault.cfg.step:
         return None
     if not fault.marker.exists():
@@ -211,61 +269,42 @@ def _poison(fault: FaultInjector, loss: torch.Tensor, step: int) -> torch.Tensor
 
 
 def _disarm_after(fault: FaultInjector, _, step: int) -> None:
-    """A loss fault has fired and is not armed for another step."""
-    if step == fault.cfg.step:
+    if step == fault.cfg.step:  # it has fired and is not armed for another step
         fault.armed = False
 
 
-def _slow(fault: FaultInjector, _, step: int) -> None:
-    if step >= fault.cfg.step:
-        time.sleep(fault.cfg.seconds)
+register(FaultKind("nonfinite", {LOSS: _poison, AFTER_STEP: _disarm_after}))
 
 
-def _failing_windows(fault: FaultInjector, windows: Dataset, sampler) -> Dataset:
-    poisoned = sampler.rank_batch(fault.cfg.step - 1)[: sampler.micro_batch]
-    return _FailingWindows(windows, poisoned, fault.marker)
-
-
+# slow_device: each of its burn-in matmuls takes `seconds` more (the gate's outlier without
+# a slow GPU to hand); with `once`, in one attempt's gate (a requeue elsewhere then passes)
 def _slow_device(fault: FaultInjector, _) -> float:
-    """The gate's outlier, without a slow GPU to hand; with `once` it fires in the gate of
-    one attempt only (a requeued job on other nodes then passes)."""
     fault.marker.write_text("slow_device in the burn-in gate\n")
     log.warning("fault.kind=slow_device: every burn-in matmul takes %g s more", fault.cfg.seconds)
     return float(fault.cfg.seconds)
 
 
+register(FaultKind("slow_device", {BURN_IN: _slow_device}))
+
+
+# slow_phase: every rank spends `seconds` more in each phase named in `phases`, each time it
+# comes: a slow but healthy phase the hang watchdog must not kill, or a stalled one past
+# the phase's allowance
 def _slow_phase(fault: FaultInjector, _, phase: str) -> None:
-    """A slow but healthy job (a long eval, a slow checkpoint or trace write, a slow first
-    compile or data preparation), which the hang watchdog must not kill, or a stalled one
-    when `seconds` is past the phase's allowance."""
     if phase in fault.cfg.phases:
         log.warning("fault.kind=slow_phase: %s takes %g s more", phase, fault.cfg.seconds)
         time.sleep(fault.cfg.seconds)
 
 
-register(FaultKind("none", rules=()))
-register(FaultKind("stall", {BEFORE_STEP: at_step(lambda f, _: time.sleep(f.cfg.seconds))}))
-register(FaultKind("sigstop", {BEFORE_STEP: at_step(lambda *_: os.kill(os.getpid(), SIGSTOP))}))
-register(FaultKind("exit", {BEFORE_STEP: at_step(_exit)}))
 register(
     FaultKind(
-        "oom", {BEFORE_STEP: _oom_at_step, FORWARD: _capacity},
-        lasting=lambda f: f.micro_batch is not None,  # a device's size holds in every attempt
-    )
-)  # fmt: skip
-register(FaultKind("loader_error", {DATA: _failing_windows}))
-register(FaultKind("slow", {BEFORE_STEP: _slow}))
-register(FaultKind("slow_data", {DATA: lambda f, w, sampler: _SlowWindows(w, f.cfg.seconds)},
-                   every_rank=True))  # fmt: skip
-register(FaultKind("nonfinite", {LOSS: _poison, AFTER_STEP: _disarm_after}))
-register(FaultKind("slow_device", {BURN_IN: _slow_device}))
-register(
-    FaultKind(
-        "slow_phase", {PHASE: _slow_phase}, every_rank=True,
+        "slow_phase",
+        {PHASE: _slow_phase},
+        every_rank=True,
         rules=(phases_named, *AT_ITS_RANK_AND_STEP),
-        lasting=lambda f: True,  # each time a named phase comes, in every attempt
+        lasting=lambda f: True,
     )
-)  # fmt: skip
+)
 
 
 def peer_left(run_dir: Path, rank: int, since: float) -> str | None:
