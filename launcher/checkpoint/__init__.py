@@ -1,3 +1,4 @@
 """Checkpoints: the atomic protocol every engine writes through (`protocol`), the resume
-decision (`resume`): which checkpoint a launch may start from, or why it must not start, and
-`export`: a checkpoint of any engine as a transformers folder."""
+decision (`resume`): which checkpoint a launch may start from, or why it must not start, a
+run's checkpoints from that decision to the last save (`manager`), the memory tier (`memory`),
+and `export`: a checkpoint of any engine as a transformers folder."""

@@ -94,6 +94,8 @@ OpenLoader = Callable[..., DataLoader]
 
 
 class TrainLoop:
+    """One job's steps: built by the job with its parts, run once (`run`)."""
+
     def __init__(
         self,
         cfg: LoopConfig,
@@ -146,6 +148,8 @@ class TrainLoop:
         return self.recorder.summary("completed", self.step)
 
     def _begin(self, start_step: int, watchdog: HangWatchdog) -> None:
+        """Before the first step: the micro-batch that fits (auto), the loader at the data
+        window the run continues from, the peaks reset, the watchdog's steps begun."""
         if self.checkpoints.data_step is None:
             self.checkpoints.data_step = start_step
         self.timer = StepTimer(self.rt.device)
@@ -166,6 +170,7 @@ class TrainLoop:
         watchdog.begin_steps(start_step)
 
     def _end(self, profiler) -> None:
+        """Whatever happened: the watchdog closed, the loader's workers ended."""
         self.checkpoints.close_memory(remove=False)  # kept for the restart that resumes from it
         self.watchdog.close()
         snapshots = profiler is not None and self.cfg.profiler.memory_snapshot
@@ -183,6 +188,7 @@ class TrainLoop:
             yield
 
     def _one_step(self, profiler) -> None:
+        """Train the next step and do what comes after it; a rewind goes back instead."""
         try:
             with step_region(profiler, self.step + 1):
                 self._train_step(self.step)

@@ -1,5 +1,6 @@
 """The micro-batch that fits the device: trainer.micro_batch_size=auto's search at start,
-and trainer.on_oom=retry's next size after a step ran out of memory (docs/faults.md).
+and trainer.on_oom=retry's next size after a step ran out of memory (docs/faults.md), with
+the forward and backward passes both run (`MicroSteps`) and the out-of-memory ending.
 
 Both keep the global batch (accumulation makes up the rest: launcher.train.batch) and both
 decide together: every rank's verdict is gathered, so that all ranks run one micro-batch
