@@ -22,7 +22,6 @@ from torch.utils.data import DataLoader, Dataset
 
 from launcher.checkpoint.manager import CheckpointManager
 from launcher.config.schema import (
-    FaultConfig,
     ProfilerConfig,
     TrainConfig,
     TrainerConfig,
@@ -71,20 +70,19 @@ def lr_at(step: int, tcfg: TrainerConfig) -> float:
 @dataclass
 class LoopConfig:
     """The sections of the checked config the loop reads: its own numbers (`trainer`), how
-    to profile, to watch for hangs and to rehearse faults, and which GPT-2 computes the
-    loss. The data it reads comes as a loader, built by the job."""
+    to profile and to watch for stragglers, and which GPT-2 computes the loss. The data it
+    reads comes as a loader, the rehearsed fault as an injector, both built by the job."""
 
     trainer: TrainerConfig
     profiler: ProfilerConfig
     watchdog: WatchdogConfig
-    fault: FaultConfig
     impl: str  # model.impl
     attention: str  # model.attention
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> LoopConfig:
         m = cfg.model
-        return cls(cfg.trainer, cfg.profiler, cfg.watchdog, cfg.fault, m.impl, m.attention)
+        return cls(cfg.trainer, cfg.profiler, cfg.watchdog, m.impl, m.attention)
 
 
 # open_loader(plan, start_step=..., wrap_windows=...): this rank's training batches of `plan`
