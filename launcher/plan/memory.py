@@ -9,8 +9,8 @@ the Slurm and Kubernetes renderers request it (docs/plan.md, "One arithmetic").
 from __future__ import annotations
 
 from launcher.checkpoint import memory as tier
+from launcher.config.model_shape import GPT2_VOCAB, padded_vocab_size, param_count
 from launcher.data.shm import INT64_BYTES, shm_need_bytes
-from launcher.model.build import GPT2_VOCAB, padded_vocab_size, param_count
 from launcher.strategy.registry import engine
 from launcher.train.batch import AUTO
 

@@ -159,7 +159,7 @@ def start(
     as a run id would be.
     """
     rank, local_rank, world = env_world()
-    _configure_console_logging(rank)
+    _configure_console_logging(rank, launch.console_logger if launch.quiet_progress else None)
     device = pick_device(cfg.device, local_rank)
     # DeepSpeed picks its accelerator when first imported, from this variable if set: a
     # CPU run on a GPU machine stays on the CPU.
@@ -390,7 +390,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _configure_console_logging(rank: int) -> None:
+def _configure_console_logging(rank: int, only: str | None = None) -> None:
+    """Rank 0's INFO lines and every rank's warnings on stderr; with `only`, INFO lines of
+    that logger alone (a tuner's trial is a job whose start-up the tuner's line replaces)."""
     root = logging.getLogger()
     root.handlers.clear()
     root.setLevel(logging.INFO)
@@ -399,6 +401,8 @@ def _configure_console_logging(rank: int) -> None:
     console.setFormatter(logging.Formatter(LOG_FORMAT.format(rank=rank), "%H:%M:%S"))
     # records marked file_only (launcher.resilience.first_failure.FILE_ONLY) stay in the log
     console.addFilter(lambda record: not getattr(record, "file_only", False))
+    if only is not None:
+        console.addFilter(lambda r: r.levelno >= logging.WARNING or r.name == only)
     root.addHandler(console)
     logging.captureWarnings(True)
 

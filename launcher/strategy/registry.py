@@ -113,6 +113,9 @@ class Engine:
     # Strategy.zero_grad between micro-steps: trainer.micro_batch_size=auto and
     # trainer.on_oom=retry (the micro-batch changes in-process) allowed
     resizes_micro_batch: bool = False
+    # The key (MiB) that sizes the engine's gradient buckets, if one does: the tuner tries
+    # the sizes the plan's bucket model (launcher.plan.comm.bucket_sizes) predicts best
+    bucket_key: str | None = None
     # (cfg) -> [(changes, changes_math)]: what the tuner may try against exposed communication
     tune_candidates: Callable[[Any], list[tuple[dict, bool]]] = lambda _cfg: []
 

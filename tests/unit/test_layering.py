@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "runtime", "runtime.paths", "runtime.disk", "runtime.fork_guard", "runtime.args_file",
             "observe",
             "observe.peaks", "observe.intervals", "resilience", "resilience.exit_codes",
-            "config.ranges", "config.nccl_vars", "observe.nccl_log", "train.batch", "observe.clock",
+            "config.ranges", "config.nccl_vars", "config.model_shape", "observe.nccl_log", "train.batch", "observe.clock",
             "observe.comm_stats", "runtime.lock", "runtime.process_tree", "resilience.stragglers",
             "runtime.run_dir_check",
             "resilience.preemption", "observe.memory_snapshot", "config.secret_keys",

@@ -18,7 +18,7 @@ import torch
 from launcher.checkpoint import memory
 from launcher.checkpoint.resume import identity
 from launcher.config import ConfigError, compose
-from launcher.model.build import param_count
+from launcher.config.model_shape import param_count
 from launcher.plan.memory import shm_need
 from launcher.runtime.process import Runtime
 from launcher.strategy import fsdp2

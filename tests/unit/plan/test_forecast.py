@@ -9,7 +9,7 @@ import json
 import pytest
 
 from launcher.config import compose
-from launcher.model.build import param_count
+from launcher.config.model_shape import param_count, param_sizes
 from launcher.plan import comm, forecast, memory
 from launcher.plan.__main__ import main as plan_main
 from launcher.plan.presets import LINKS, Link
@@ -61,7 +61,9 @@ def test_ddp_all_reduces_a_bucket_at_a_time():
     params = param_count(cfg.model)
     rows = comm.step_comm(cfg, 8, LINKS["nvlink"])["collectives"]
     assert sum(r["bytes"] * r["times"] for r in rows) == params * 4
-    assert rows[0] == {**rows[0], "op": "all_reduce", "bytes": 25 * 2**20}
+    cap, largest = 25 * 2**20, max(param_sizes(cfg.model)) * 4
+    assert all(r["op"] == "all_reduce" and r["times"] == 1 for r in rows)
+    assert all(cap <= r["bytes"] < cap + largest for r in rows[:-1])  # whole tensors
     half = comm.step_comm(compose(["model=gpt2", "strategy.comm_hook=bf16"]), 8, LINKS["nvlink"])
     assert half["bytes"] == params * 2
     bigger = compose(["model=gpt2", "strategy.bucket_cap_mb=100"])
