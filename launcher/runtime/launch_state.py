@@ -30,8 +30,8 @@ class LaunchState:
     last_cfg: Any = None  # the last job's config (where the sweep summary goes)
     # the jobs' progress lines go to their logs only (a tuner's trials: its own line each)
     quiet_progress: bool = False
-    # with quiet_progress, the one logger whose lines still reach the console (the tuner's);
-    # the jobs' own start-up, closing and warning lines stay in their logs, errors show
+    # with quiet_progress, the one logger whose INFO lines still reach the console (the
+    # tuner's); the jobs' own start-up and closing lines stay in their logs, warnings show
     console_logger: str | None = None
 
     def forget_process_group(self) -> None:

@@ -391,10 +391,9 @@ def seed_everything(seed: int) -> None:
 
 
 def _configure_console_logging(rank: int, only: str | None = None) -> None:
-    """Rank 0's INFO lines and every rank's warnings on stderr; with `only`, that logger's
-    lines and errors alone: a tuner's trial is a job whose start-up the tuner's line
-    replaces, and whose warnings (a straggler among busy trials, PyTorch's advice on a
-    candidate's worker count) stay in the trial's log, where its report points."""
+    """Rank 0's INFO lines and every rank's warnings on stderr; with `only`, INFO lines of
+    that logger alone (a tuner's trial is a job whose start-up the tuner's line replaces;
+    its warnings still show: a trial folder moved aside, a straggler)."""
     root = logging.getLogger()
     root.handlers.clear()
     root.setLevel(logging.INFO)
@@ -404,7 +403,7 @@ def _configure_console_logging(rank: int, only: str | None = None) -> None:
     # records marked file_only (launcher.resilience.first_failure.FILE_ONLY) stay in the log
     console.addFilter(lambda record: not getattr(record, "file_only", False))
     if only is not None:
-        console.addFilter(lambda r: r.levelno >= logging.ERROR or r.name == only)
+        console.addFilter(lambda r: r.levelno >= logging.WARNING or r.name == only)
     root.addHandler(console)
     logging.captureWarnings(True)
 
