@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("config", ("config", "config.compose", "config.errors", "config.schema", "config.validate",
-                "config.sweep", "strategy.ddp", "strategy.deepspeed", "strategy.fsdp2",
+                "config.sweep", "config.backends", "config.backends.*", "strategy.ddp", "strategy.deepspeed", "strategy.fsdp2",
                 "strategy.deepspeed.ds_config")),
     (
         "process",

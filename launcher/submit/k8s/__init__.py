@@ -25,10 +25,11 @@ import subprocess
 from pathlib import Path
 
 import yaml
+from omegaconf import DictConfig
 
 from launcher.config import ConfigError
 from launcher.resilience.burnin import BAD_HOSTS, read_bad_hosts
-from launcher.submit import k8s_check
+from launcher.submit import k8s_check, stop_time
 from launcher.submit.job import SubmitJob
 from launcher.submit.k8s import job as indexed_job
 from launcher.submit.k8s import jobset, pytorchjob, trainjob
@@ -52,6 +53,7 @@ __all__ = [
     "expectations",
     "notes",
     "pod_failure_policy",
+    "rehearse",
     "render",
     "service_owner_patch",
     "submit",
@@ -132,6 +134,18 @@ def notes(job: SubmitJob) -> list[str]:
     if k.gang == "volcano":
         lines.append("needs: Volcano (1.12 or later for a plain Job's group-min-member)")
     return lines + kind.remove(job)
+
+
+def rehearse(seen, k: DictConfig, key: str, write: stop_time.WriteTime) -> None:
+    """launcher.rehearse's cluster case: the grace period holds the stop checkpoint's
+    write, and a replaced pod re-rendezvouses, a limited number of times."""
+    seen.ok(
+        f"termination_grace_s={k.termination_grace_s} holds the {write.seconds:.1f} s "
+        f"stop checkpoint ({write.why})"
+    )
+    seen.require(k.max_restarts >= 1, f"{key}.max_restarts=0: a replaced pod ends the job")
+    seen.ok(f"restarts limited to torchrun --max-restarts={k.max_restarts}, "
+            f"{k.backoff_limit_per_node} failed pods per node")  # fmt: skip
 
 
 def to_yaml(obj: dict, job: SubmitJob) -> str:
