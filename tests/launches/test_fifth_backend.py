@@ -11,7 +11,6 @@ module level but the backend.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -57,26 +56,15 @@ BACKEND = Backend(
 )
 
 
-def install(site: Path) -> Path:
-    """What `pip install` of a package declaring the entry point leaves on the path."""
-    info = site / "fifth_backend-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fifth-backend\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[launcher.backends]\n{NAME} = {__name__}\n")
-    return site
-
-
 def run(tmp_path: Path, *args: str, env: Mapping[str, str] = {}) -> subprocess.CompletedProcess:
-    from launch import base_env
+    """`python *args` with this backend installed (an entry point of launcher.backends)."""
+    from entry_points import installed_env
 
-    site = tmp_path / "site"
-    if not site.exists():
-        install(site)
-    paths = [str(site), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
-    environ = base_env(PYTHONPATH=os.pathsep.join(p for p in paths if p), **env)
+    environ = installed_env(tmp_path, "fifth-backend", "launcher.backends", NAME, __name__)
     return subprocess.run(
-        [sys.executable, *args], env=environ, capture_output=True, text=True, timeout=120
-    )
+        [sys.executable, *args], env={**environ, **env}, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
 
 
 def test_a_fifth_backend_renders_and_is_listed(tmp_path):

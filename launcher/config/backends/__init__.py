@@ -54,13 +54,13 @@ class Backend:
 
 
 def _declared(modules) -> dict[str, Backend]:
-    found: dict[str, Backend] = {}
-    for module in modules:
-        backend = importlib.import_module(module).BACKEND
-        if backend.name in found:
-            raise RuntimeError(f"backend {backend.name} is declared twice (again by {module})")
-        found[backend.name] = backend
-    return found
+    """The BACKEND of each module, by name; a name declared twice is refused."""
+    declared = [importlib.import_module(module).BACKEND for module in modules]
+    names = [b.name for b in declared]
+    twice = [name for name in names if names.count(name) > 1]
+    if twice:
+        raise RuntimeError(f"backend {twice[0]} is declared twice (by {', '.join(modules)})")
+    return {b.name: b for b in declared}
 
 
 def builtin() -> dict[str, Backend]:
