@@ -4,7 +4,9 @@ is declared by the engine (launcher.strategy.registry).
 Hydra composes `conf/train.yaml` from its groups on top of `TrainConfig` (registered in
 Hydra's ConfigStore as `train_schema`), so a wrong key or type is rejected while composing.
 The `strategy` node takes the chosen engine's schema (`conf/strategy/<engine>.yaml` names
-`<engine>_schema` first), so a key of another engine is an unknown key.
+`<engine>_schema` first), so a key of another engine is an unknown key. The `cluster` node
+holds a section per built-in backend, and an added backend's when it is chosen
+(launcher.config.backends).
 """
 
 from __future__ import annotations

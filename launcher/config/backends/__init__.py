@@ -77,7 +77,8 @@ def backends() -> dict[str, Backend]:
 
 def added() -> list[Backend]:
     """The backends other packages added (entry points)."""
-    return [b for name, b in backends().items() if name not in builtin()]
+    own = builtin()
+    return [b for name, b in backends().items() if name not in own]
 
 
 def backend(name: str) -> Backend:
