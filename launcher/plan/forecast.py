@@ -371,9 +371,11 @@ def _write_rate(cfg, measured: Measured | None) -> tuple[float, dict]:
             True, f"{measured.write_bytes_per_s / 1e6:.0f} MB/s, the last checkpoint of "
             f"{measured.source}"
         )  # fmt: skip
-    group = cfg.cluster.k8s if cfg.cluster.name == "k8s" else cfg.cluster.slurm
-    key = "cluster.k8s" if cfg.cluster.name == "k8s" else "cluster.slurm"
-    rate = float(group.checkpoint_write_mb_s)
+    # the chosen backend's figure, where its section has one; else (cluster=local) Slurm's
+    name = str(cfg.cluster.name)
+    name = name if hasattr(getattr(cfg.cluster, name, None), "checkpoint_write_mb_s") else "slurm"
+    key = f"cluster.{name}"
+    rate = float(getattr(cfg.cluster, name).checkpoint_write_mb_s)
     return rate * 1e6, _basis(False, f"{key}.checkpoint_write_mb_s={rate:g} (configured)")
 
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from launcher.config import backends
 from launcher.config.schema import DistConfig, NcclConfig, RunConfig, TrainConfig
 from launcher.observe import nccl_log
 from launcher.resilience.watchdog import enable_flight_recorder
@@ -353,9 +354,9 @@ def apply_nccl_env(nccl: NcclConfig) -> None:
 
 def launch_key() -> str | None:
     """An id that every rank of this launch shares and a restart of it keeps, if any."""
-    if os.environ.get("SLURM_JOB_ID"):
-        array = os.environ.get("SLURM_ARRAY_TASK_ID")
-        return f"slurm{os.environ['SLURM_JOB_ID']}" + (f"_{array}" if array else "")
+    scheduled = backends.job_key(os.environ)  # a cluster backend's job id (Slurm's)
+    if scheduled:
+        return scheduled
     elastic = os.environ.get("TORCHELASTIC_RUN_ID", "")
     if elastic and elastic != "none":
         return elastic

@@ -686,3 +686,16 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["--example"]:
         sys.exit("usage: python -m launcher.submit.slurm --example > slurm/job.sbatch")
     sys.stdout.write(render_example())
+
+
+def rehearse(seen, s: DictConfig, key: str, write: stop_time.WriteTime) -> None:
+    """launcher.rehearse's cluster case: the signal lead holds the stop checkpoint's write,
+    and a preempted job is requeued, a limited number of times."""
+    seen.ok(
+        f"signal_lead_s={s.signal_lead_s} holds the {write.seconds:.1f} s "
+        f"stop checkpoint ({write.why})"
+    )
+    seen.require(bool(s.requeue), f"{key}.requeue=false: a preempted job is not requeued")
+    seen.require(s.max_requeues is not None,
+                 f"{key}.max_requeues=null: a failing job requeues forever")  # fmt: skip
+    seen.ok(f"requeue limited to {s.max_requeues}")

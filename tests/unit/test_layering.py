@@ -36,8 +36,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("config", ("config", "config.compose", "config.errors", "config.schema", "config.validate",
-                "config.sweep", "strategy.ddp", "strategy.deepspeed", "strategy.fsdp2",
-                "strategy.deepspeed.ds_config")),
+                "config.sweep", "config.backends", "config.backends.*", "strategy.ddp",
+                "strategy.deepspeed", "strategy.fsdp2", "strategy.deepspeed.ds_config")),
     (
         "process",
         (
