@@ -24,7 +24,7 @@ from launcher.checkpoint.protocol import find_resumable, read_meta
 from launcher.config import compose
 from launcher.config.model_shape import param_count, shape_flops_per_token
 from launcher.data.tokenizer import TOKENIZER_DIR, saved_vocab_size
-from launcher.plan import comm, memory
+from launcher.plan import comm, memory, stop
 from launcher.plan.presets import DEFAULT_DEVICE, DEVICES, Device, Link, link_for
 from launcher.strategy.registry import engine
 
@@ -280,7 +280,11 @@ def build(cfg, target: Target, measured: Measured | None = None, restarts: int |
             "bytes_per_rank": ckpt["per_rank"],
             "bytes_total": ckpt["total"],
             "write_s": write_s,
-            "stop": stop_budget(cfg, write_s, step["time_s"] if step else None),
+            "stop": {
+                "write_s": write_s,
+                "step_s": step["time_s"] if step else None,
+                "by_backend": stop.budgets(cfg, write_s, step["time_s"] if step else None),
+            },
         },
         "step": {
             **(step or {"time_s": None, "tokens_per_s": None, "comm_s": comms["time_s"]}),
@@ -377,20 +381,6 @@ def _write_rate(cfg, measured: Measured | None) -> tuple[float, dict]:
     key = f"cluster.{name}"
     rate = float(getattr(cfg.cluster, name).checkpoint_write_mb_s)
     return rate * 1e6, _basis(False, f"{key}.checkpoint_write_mb_s={rate:g} (configured)")
-
-
-def stop_budget(cfg, write_s: float, step_s: float | None) -> dict:
-    """What a stop needs (the step in flight, then the checkpoint's write) against what
-    the scheduler gives: Kubernetes' grace period, Slurm's signal lead."""
-    need = write_s + (step_s or 0.0)
-    c = cfg.cluster
-    return {
-        "need_s": need,
-        "k8s_grace_s": int(c.k8s.termination_grace_s),
-        "k8s_fits": need <= int(c.k8s.termination_grace_s),
-        "slurm_signal_lead_s": int(c.slurm.signal_lead_s),
-        "slurm_fits": need <= int(c.slurm.signal_lead_s),
-    }
 
 
 def at_start(cfg, world_size: int, ranks_per_node: int, device_name: str | None,

@@ -48,6 +48,10 @@ class Backend:
     # job shares it, a requeue keeps it): the key a run directory is found again by; None:
     # not a job of this backend
     job_key: Callable[[Mapping[str, str]], str | None] = _no_key
+    # The section's key holding the seconds a stop has from the scheduler's signal to its
+    # kill (a step, the stop checkpoint and stop_margin_s must fit: launcher.plan.stop)
+    stop_window: str | None = None
+    stop_margin_s: int = 0  # of that window, what the scheduler's launcher needs to end
 
     def module(self):
         return importlib.import_module(self.renderer)

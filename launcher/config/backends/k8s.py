@@ -82,4 +82,9 @@ BACKEND = Backend(
     secret_way="give it through a Secret (cluster.k8s.wandb_secret names the one holding "
     "WANDB_API_KEY)",
     schema=K8sConfig,
+    stop_window="termination_grace_s",
+    # torchrun's agent must have ended (its workers checkpointed and exited) this long
+    # before the kubelet's SIGKILL at terminationGracePeriodSeconds, so the pod exits with
+    # its code (TORCH_ELASTIC_SHUTDOWN_TIMEOUT is the grace less this)
+    stop_margin_s=10,
 )

@@ -74,4 +74,5 @@ BACKEND = Backend(
     schema=SlurmConfig,
     shell_text=("modules", "extra_sbatch", "container_mounts"),
     job_key=job_key,
+    stop_window="signal_lead_s",
 )

@@ -7,11 +7,13 @@ from __future__ import annotations
 import dataclasses
 
 from launcher.config import ConfigError
+from launcher.config.backends.k8s import BACKEND
 from launcher.plan.memory import loader_shm_need
+from launcher.plan.stop import budget
 from launcher.submit import k8s_check, stop_time
 from launcher.submit.job import SubmitJob, check_interval_fits
 from launcher.submit.k8s.names import deadline_s
-from launcher.submit.k8s.pod import SHUTDOWN_MARGIN_S, cpu_request, floating, image_pull_policy
+from launcher.submit.k8s.pod import cpu_request, floating, image_pull_policy
 from launcher.submit.node_memory import NodeMemory, node_memory
 
 GANGS = ("none", "kueue", "volcano")
@@ -72,16 +74,14 @@ def _check_grace(job: SubmitJob) -> None:
     (stop_time: measured, given or estimated from the model) and torchrun's own shutdown:
     SIGTERM arrives mid-step, the ranks finish it, checkpoint, and exit."""
     k = job.cluster.k8s
-    step = float(k.step_time_s or 0)
     write = stop_time.checkpoint_write(job, k, "cluster.k8s")
-    need = step + write.seconds + SHUTDOWN_MARGIN_S
-    if k.termination_grace_s < need:
+    stop = budget(job.cfg, BACKEND, write.seconds, k.step_time_s)
+    if not stop.fits:
         measured = f"cluster.k8s.step_time_s={k.step_time_s} + " if k.step_time_s else ""
         raise ConfigError(
-            f"cluster.k8s.termination_grace_s={k.termination_grace_s} is too short to stop "
-            f"with a checkpoint: {measured}a {write.seconds:.0f} s checkpoint write "
-            f"({write.why}) + {SHUTDOWN_MARGIN_S} s for torchrun to end = {need:.0f} s; "
-            "raise termination_grace_s"
+            f"{stop.key}={stop.window_s} is too short to stop with a checkpoint: {measured}a "
+            f"{write.seconds:.0f} s checkpoint write ({write.why}) + {stop.margin_s} s for "
+            f"torchrun to end = {stop.need_s:.0f} s; raise termination_grace_s"
         )
 
 

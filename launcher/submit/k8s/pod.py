@@ -9,6 +9,7 @@ import shlex
 
 from omegaconf import OmegaConf
 
+from launcher.config.backends.k8s import BACKEND
 from launcher.resilience.burnin import read_bad_hosts
 from launcher.submit import k8s_check
 from launcher.submit.job import FRONT_DOOR, SubmitJob
@@ -22,9 +23,6 @@ RUNS_VOLUME = "runs"
 HOME_VOLUME, HOME_DIR = "home", "/home/launcher"
 TMP_VOLUME, TMP_DIR = "tmp", "/tmp"
 RANK_PLACEHOLDER = "@NODE_RANK@"
-# torchrun's agent must have ended (its workers checkpointed and exited) this long before
-# the kubelet's SIGKILL at terminationGracePeriodSeconds, so the pod exits with its code.
-SHUTDOWN_MARGIN_S = 10
 VOLCANO_QUEUE = "scheduling.volcano.sh/queue-name"  # on the pods
 ISTIO_INJECT = "sidecar.istio.io/inject"
 
@@ -257,7 +255,7 @@ def container_env(job: SubmitJob) -> list[dict]:
     env += [{"name": name, "value": value} for name, value in job.env().items()]
     # torchrun's agent lets its workers checkpoint this long after SIGTERM (its default is
     # 30 s), ending before the kubelet's SIGKILL at terminationGracePeriodSeconds.
-    shutdown = int(k.termination_grace_s) - SHUTDOWN_MARGIN_S
+    shutdown = int(k.termination_grace_s) - BACKEND.stop_margin_s
     env.append({"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(shutdown)})
     if k.wandb_secret:
         ref = {"name": str(k.wandb_secret), "key": str(k.wandb_secret_key)}
