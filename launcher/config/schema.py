@@ -1,5 +1,5 @@
 """The typed configuration schema: one dataclass per config group; each strategy engine's
-is declared by the engine (launcher.strategy.registry).
+is declared by the engine (launcher.config.registry).
 
 Hydra composes `conf/train.yaml` from its groups on top of `TrainConfig` (registered in
 Hydra's ConfigStore as `train_schema`), so a wrong key or type is rejected while composing.
@@ -29,7 +29,7 @@ from launcher.config.ranges import (
     ranged,
     ranges_of,
 )
-from launcher.strategy.registry import StrategyConfig, engines
+from launcher.config.registry import StrategyConfig, engines
 
 CONFIG_MODULE = "launcher.conf"
 CONFIG_NAME = "train"

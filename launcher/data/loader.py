@@ -20,9 +20,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from launcher.config.batch import BatchPlan
 from launcher.resilience import preemption
 from launcher.runtime.fork_guard import guard_forks
-from launcher.train.batch import BatchPlan
 
 
 class StepBatchSampler(Sampler[list[int]]):

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 
+from launcher.config.registry import engine
 from launcher.model.build import param_count
 from launcher.plan.presets import Link
-from launcher.strategy.registry import engine
 
 
 def collective_s(op: str, size: int, ranks: int, link: Link) -> float:

@@ -21,10 +21,10 @@ from types import SimpleNamespace
 
 from launcher.checkpoint.protocol import find_resumable, read_meta
 from launcher.config import compose
+from launcher.config.registry import engine
 from launcher.model.build import param_count, shape_flops_per_token
 from launcher.plan import comm, memory
 from launcher.plan.presets import DEFAULT_DEVICE, DEVICES, Device, Link, link_for
-from launcher.strategy.registry import engine
 
 # DDP's gradient all-reduce hidden behind backward, where no profiled run measured it: the
 # buckets of the last layers' gradients go out while earlier layers' backward runs (assumed;

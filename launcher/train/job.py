@@ -22,6 +22,7 @@ from launcher.checkpoint import memory, resume
 from launcher.checkpoint import protocol as checkpoint
 from launcher.checkpoint.memory import MemoryTier
 from launcher.config import ConfigError, TrainConfig, normalize, typed
+from launcher.config.registry import build_strategy, engine
 from launcher.config.secret_keys import is_secret_key
 from launcher.config.sweep import flatten
 from launcher.data import TokenData, build_train_loader, prepare_data, shm_available_bytes
@@ -58,7 +59,6 @@ from launcher.runtime.process import (
     ranks_per_node,
     start,
 )
-from launcher.strategy.registry import build_strategy, engine
 from launcher.train.loop import LoopConfig, NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
 from launcher.train.preflight import tier_room
 

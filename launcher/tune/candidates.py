@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from launcher.analyze.advice import FUSED_ATTENTION, NEXT_COMPILE
-from launcher.strategy.registry import engine
+from launcher.config.registry import engine
 
 
 @dataclass

@@ -172,7 +172,7 @@ def torch_state(folder: Path, model: torch.nn.Module, optimizer) -> tuple[dict, 
 
 
 def load_into(folder: Path, model: torch.nn.Module, optimizer, load_whole) -> None:
-    """The format reader's entry (launcher.strategy.registry.Format): the whole state from
+    """The format reader's entry (launcher.config.registry.Format): the whole state from
     the universal conversion (made by `prepare` on rank 0), into another engine."""
     load_whole(*torch_state(folder, model, optimizer))
 

@@ -17,9 +17,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from launcher.config import ConfigError, compose, normalize, validate
+from launcher.config.registry import schemas
 from launcher.config.schema import TrainConfig
 from launcher.strategy.deepspeed import cpu_has_fp16
-from launcher.strategy.registry import schemas
 from launcher.train.preflight import preflight
 
 from knob_rows import ENGINE_FREE, GROUPS, ROWS

@@ -22,6 +22,7 @@ import torch
 from omegaconf import OmegaConf
 
 from launcher.config import DataConfig
+from launcher.config.batch import BatchPlan
 from launcher.data import (
     TokenWindows,
     build_eval_batches,
@@ -40,7 +41,6 @@ from launcher.data.shm import human_bytes
 from launcher.data.tokenizer import cached_gpt2_tiktoken, resolve_tokenizer
 from launcher.data.wikitext import articles
 from launcher.data.windows import Segment, SyntheticWindows, split_tail
-from launcher.train.batch import BatchPlan
 
 from text_corpus import article_folder, prose
 
