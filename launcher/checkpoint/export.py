@@ -19,9 +19,9 @@ from launcher.checkpoint import protocol as checkpoint
 from launcher.config.registry import format_of, formats
 from launcher.data.tokenizer import TOKENIZER_DIR
 from launcher.model.gpt2 import config_of, hf_config, to_hf_state_dict
+from launcher.paths import is_mount_point, writable_dir_problem
 from launcher.runtime import disk
 from launcher.runtime.lock import LockHeld, tool_lock
-from launcher.runtime.paths import is_mount_point, writable_dir_problem
 
 
 class ExportError(ValueError):

@@ -28,8 +28,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.paths import atomic_write
 from launcher.runtime import disk
-from launcher.runtime.paths import atomic_write
 
 log = logging.getLogger(__name__)
 

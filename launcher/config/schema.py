@@ -159,6 +159,12 @@ class DistConfig:
     )
 
 
+# The phases a rank goes through, each with its own hang allowance (docs/faults.md), that
+# cannot be cut short by a stop request (launcher.resilience.watchdog.CUT_SHORT lists those
+# that can); `fault.phases` names some of them.
+PHASES = ("start-up", "first step", "eval", "checkpoint", "profiler flush", "end of run")
+
+
 @dataclass
 class WatchdogConfig:
     """Hang detection on every rank (docs/faults.md). A hang is no completed step for

@@ -25,13 +25,13 @@ import torch
 import torch.distributed as dist
 
 from launcher.config.schema import DistConfig, NcclConfig, RunConfig, TrainConfig
-from launcher.observe import nccl_log
-from launcher.resilience.watchdog import enable_flight_recorder
-from launcher.runtime import disk
+from launcher.runtime import disk, nccl_capture
 from launcher.runtime.launch_state import LaunchState
 
 log = logging.getLogger("launcher")
 
+FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"  # the flight recorder's size (recent collectives)
+FR_LEGACY_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # the NCCL-only name older torch reads
 LOG_FORMAT = "%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"
 
 
@@ -169,7 +169,7 @@ def start(
         launch.backend = pick_backend(cfg.dist.backend, device)
         apply_nccl_env(cfg.nccl)
         enable_flight_recorder(cfg.flight_recorder_entries)
-        launch.nccl_capture = nccl_log.stage_debug_file(
+        launch.nccl_capture = nccl_capture.stage_debug_file(
             cfg.run.root, launch.backend, rank, launch.nccl_capture
         )
         timeout = dt.timedelta(seconds=cfg.dist.timeout_s)
@@ -203,7 +203,7 @@ def open_run_dir(rt: Runtime) -> None:
     if rt.is_main:
         (rt.run_dir / "logs").mkdir(exist_ok=True)
     rt.barrier()
-    nccl_log.adopt_debug_file(rt.launch.nccl_capture, rt.run_dir)
+    nccl_capture.adopt_debug_file(rt.launch.nccl_capture, rt.run_dir)
     rt.log_file = _add_file_logging(rt)
     log.info(
         "rank %d/%d (local %d, pid %d) on host %s, device %s, backend %s, run dir %s",
@@ -342,6 +342,15 @@ def pick_backend(choice: str, device: torch.device) -> str:
     if choice != "auto":
         return choice
     return "nccl" if device.type == "cuda" else "gloo"
+
+
+def enable_flight_recorder(entries: int) -> None:
+    """Ask the process group (created after this) to keep its last `entries` collectives.
+
+    Only when the user set neither variable: theirs wins. Must run before the group exists.
+    """
+    if entries > 0 and FR_BUFFER_ENV not in os.environ and FR_LEGACY_ENV not in os.environ:
+        os.environ[FR_BUFFER_ENV] = str(entries)
 
 
 def apply_nccl_env(nccl: NcclConfig) -> None:

@@ -38,6 +38,7 @@ from launcher.observe.tensorboard_sink import (  # imports no tensorboardX
     tensorboard_enabled,
 )
 from launcher.observe.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
+from launcher.paths import atomic_write
 from launcher.plan import forecast as plan_forecast
 from launcher.plan.memory import shm_need
 from launcher.resilience import burnin, exit_codes, first_failure
@@ -47,7 +48,6 @@ from launcher.runtime import disk, envinfo
 from launcher.runtime.latest import point_latest
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.lock import LockHeld, RunLock
-from launcher.runtime.paths import atomic_write
 from launcher.runtime.process import (
     Runtime,
     RuntimeConfig,

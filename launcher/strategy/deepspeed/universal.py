@@ -26,7 +26,7 @@ import torch
 
 from launcher.checkpoint import protocol as checkpoint
 from launcher.config import ConfigError
-from launcher.runtime.paths import atomic_write
+from launcher.paths import atomic_write
 from launcher.strategy.deepspeed.ds_import import import_deepspeed
 
 log = logging.getLogger("launcher")
