@@ -258,6 +258,47 @@ def test_cycle_finder(graph, expected):
     assert cycles(graph) == expected
 
 
+TESTS = REPO / "tests"
+TEST_INDEX = TESTS / "unit" / "README.md"
+
+
+def has_logic(path: Path) -> bool:
+    return any(
+        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        for node in ast.walk(ast.parse(path.read_text()))
+    )
+
+
+def named_test_file(module: str) -> Path:
+    """`checkpoint.memory` -> unit/checkpoint/test_memory.py, `strategy.fsdp2` ->
+    unit/strategy/test_fsdp2.py, `doctor` -> unit/test_doctor.py (tests/unit/README.md)."""
+    parts = module.split(".")
+    return TESTS / "unit" / Path(*parts[:-1][:1]) / f"test_{parts[-1]}.py"
+
+
+def indexed_tests() -> dict[str, list[str]]:
+    """tests/unit/README.md's table: module -> the test files it names (under tests/)."""
+    rows = {}
+    for line in TEST_INDEX.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 2:
+            rows[cells[0].strip("`")] = re.findall(r"`([^`]+)`", cells[1])
+    return rows
+
+
+def test_every_module_has_tests_by_name_or_in_the_index():
+    index = indexed_tests()
+    found = {m for m, path in module_names().items() if has_logic(path)}
+    by_name = {m for m in found if named_test_file(m).is_file()}
+    assert sorted(found - by_name - set(index)) == []
+    assert sorted(set(index) - found) == []  # a row for a module gone, or without logic
+    assert sorted(set(index) & by_name) == []  # its tests are found by name
+    missing = [
+        f"{m}: {f}" for m, files in index.items() for f in files if not (TESTS / f).is_file()
+    ]
+    assert missing == []
+
+
 def test_every_package_ships_in_a_wheel():
     """pyproject.toml lists packages by name: a new subpackage missing there works in the
     editable install the tests use and is absent from a wheel (an image's `pip install .`)."""
