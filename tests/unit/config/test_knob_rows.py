@@ -130,4 +130,4 @@ def test_refused_before_start_in_one_line(r, engine, monkeypatch):
     with pytest.raises(ConfigError) as exc:
         preflight(cfg, 2, 2)
     line = str(exc.value)
-    assert r.refusal in line and "\n" not in line, line
+    assert r.refusal.format(engine=engine) in line and "\n" not in line, line
