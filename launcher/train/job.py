@@ -25,7 +25,7 @@ from launcher.config import ConfigError, TrainConfig, normalize, typed
 from launcher.config.registry import build_strategy, engine
 from launcher.config.secret_keys import is_secret_key
 from launcher.config.sweep import flatten
-from launcher.data import TokenData, build_train_loader, prepare_data, shm_available_bytes
+from launcher.data import TokenData, build_train_loader, prepare_data
 from launcher.data.cache import cache_root
 from launcher.data.tokenizer import TOKENIZER_DIR
 from launcher.model.build import build_model, count_params, flops_per_token, peak_flops
@@ -45,6 +45,7 @@ from launcher.resilience import burnin, exit_codes, first_failure
 from launcher.resilience.faults import peer_left, slow_phase
 from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime import disk, envinfo
+from launcher.runtime.disk import shm_available_bytes
 from launcher.runtime.latest import point_latest
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.lock import LockHeld, RunLock

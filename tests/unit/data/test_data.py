@@ -29,7 +29,6 @@ from launcher.data import (
     build_train_loader,
     check_shm,
     prepare_data,
-    shm_available_bytes,
     shm_need_bytes,
 )
 from launcher.data.bpe import train_bpe
@@ -41,6 +40,7 @@ from launcher.data.shm import human_bytes
 from launcher.data.tokenizer import cached_gpt2_tiktoken, resolve_tokenizer
 from launcher.data.wikitext import articles
 from launcher.data.windows import Segment, SyntheticWindows, split_tail
+from launcher.runtime.disk import shm_available_bytes
 
 from text_corpus import article_folder, prose
 
