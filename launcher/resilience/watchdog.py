@@ -45,7 +45,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from launcher.resilience import exit_codes
-from launcher.runtime.process import FR_BUFFER_ENV, FR_LEGACY_ENV
+from launcher.runtime.nccl_capture import FR_BUFFER_ENV, FR_LEGACY_ENV
 from launcher.runtime.process_tree import stopped_workers
 
 log = logging.getLogger("launcher")

@@ -1,6 +1,8 @@
-"""Each rank's NCCL INFO log, staged before the process group and moved into the run
-directory after it (`stage_debug_file`, `adopt_debug_file`, `read_own_log`; the whole way
-is told in launcher.observe.nccl_log, which parses the log)."""
+"""What a rank keeps of its collectives for later: NCCL's INFO log, staged before the process
+group and moved into the run directory after it (`stage_debug_file`, `adopt_debug_file`,
+`read_own_log`; the whole way is told in launcher.observe.nccl_log, which parses the log),
+and the flight recorder's buffer of recent collectives (`enable_flight_recorder`; the hang
+watchdog dumps it)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ log = logging.getLogger("launcher")
 
 STAGING_DIR = ".nccl-logs"
 LOGGING_LEVELS = ("INFO", "TRACE")  # the levels that print channel connections
+FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"  # the flight recorder's size (recent collectives)
+FR_LEGACY_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # the NCCL-only name older torch reads
 
 
 @dataclass
@@ -111,3 +115,12 @@ def read_own_log(capture: Capture | None) -> str | None:
     with open(capture.path, "rb") as f:
         f.seek(capture.offset)
         return f.read().decode("utf-8", errors="replace")
+
+
+def enable_flight_recorder(entries: int) -> None:
+    """Ask the process group (created after this) to keep its last `entries` collectives.
+
+    Only when the user set neither variable: theirs wins. Must run before the group exists.
+    """
+    if entries > 0 and FR_BUFFER_ENV not in os.environ and FR_LEGACY_ENV not in os.environ:
+        os.environ[FR_BUFFER_ENV] = str(entries)

@@ -30,8 +30,6 @@ from launcher.runtime.launch_state import LaunchState
 
 log = logging.getLogger("launcher")
 
-FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"  # the flight recorder's size (recent collectives)
-FR_LEGACY_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # the NCCL-only name older torch reads
 LOG_FORMAT = "%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"
 
 
@@ -168,7 +166,7 @@ def start(
     if (launched or needs_group) and not dist.is_initialized():
         launch.backend = pick_backend(cfg.dist.backend, device)
         apply_nccl_env(cfg.nccl)
-        enable_flight_recorder(cfg.flight_recorder_entries)
+        nccl_capture.enable_flight_recorder(cfg.flight_recorder_entries)
         launch.nccl_capture = nccl_capture.stage_debug_file(
             cfg.run.root, launch.backend, rank, launch.nccl_capture
         )
@@ -342,15 +340,6 @@ def pick_backend(choice: str, device: torch.device) -> str:
     if choice != "auto":
         return choice
     return "nccl" if device.type == "cuda" else "gloo"
-
-
-def enable_flight_recorder(entries: int) -> None:
-    """Ask the process group (created after this) to keep its last `entries` collectives.
-
-    Only when the user set neither variable: theirs wins. Must run before the group exists.
-    """
-    if entries > 0 and FR_BUFFER_ENV not in os.environ and FR_LEGACY_ENV not in os.environ:
-        os.environ[FR_BUFFER_ENV] = str(entries)
 
 
 def apply_nccl_env(nccl: NcclConfig) -> None:
