@@ -35,8 +35,8 @@ from launcher.checkpoint import node_share, peer_copy
 from launcher.checkpoint import protocol as checkpoint
 from launcher.checkpoint.resume import differences
 from launcher.config.model_shape import param_count
+from launcher.config.registry import engine
 from launcher.runtime.process import Runtime, launch_key
-from launcher.strategy.registry import engine
 
 log = logging.getLogger("launcher")
 

@@ -13,8 +13,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from launcher.config import backends
 from launcher.config.errors import ConfigError
+from launcher.config.registry import schemas
 from launcher.config.schema import CONFIG_MODULE, CONFIG_NAME, TrainConfig, register_schema
-from launcher.strategy.registry import schemas
 
 
 def compose(overrides: list[str], sweep: bool = False) -> DictConfig:

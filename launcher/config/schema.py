@@ -1,5 +1,5 @@
 """The typed configuration schema: one dataclass per config group; each strategy engine's
-is declared by the engine (launcher.strategy.registry).
+is declared by the engine (launcher.config.registry).
 
 Hydra composes `conf/train.yaml` from its groups on top of `TrainConfig` (registered in
 Hydra's ConfigStore as `train_schema`), so a wrong key or type is rejected while composing.
@@ -32,7 +32,7 @@ from launcher.config.ranges import (
     ranged,
     ranges_of,
 )
-from launcher.strategy.registry import StrategyConfig, engines
+from launcher.config.registry import StrategyConfig, engines
 
 CONFIG_MODULE = "launcher.conf"
 CONFIG_NAME = "train"
@@ -160,6 +160,12 @@ class DistConfig:
     timeout_s: int = ranged(
         900, Range(low=1, high=2_147_483, why="the sockets' limit, 2^31 - 1 ms (about 24 days)")
     )
+
+
+# The phases a rank goes through, each with its own hang allowance (docs/faults.md), that
+# cannot be cut short by a stop request (launcher.resilience.watchdog.CUT_SHORT lists those
+# that can); `fault.phases` names some of them.
+PHASES = ("start-up", "first step", "eval", "checkpoint", "profiler flush", "end of run")
 
 
 @dataclass

@@ -11,13 +11,12 @@ from dataclasses import fields, is_dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.config.batch import AUTO, BatchPlan, micro_batch_problem
 from launcher.config.compose import unknown_key_line
 from launcher.config.errors import ConfigError, check_choice
 from launcher.config.ranges import range_problem
-from launcher.config.schema import all_choices, all_ranges
-from launcher.resilience.watchdog import PHASES
-from launcher.strategy.registry import engine, engines, schemas
-from launcher.train.batch import AUTO, BatchPlan, micro_batch_problem
+from launcher.config.registry import engine, engines, schemas
+from launcher.config.schema import PHASES, all_choices, all_ranges
 
 _ABSENT = object()
 

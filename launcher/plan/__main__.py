@@ -16,10 +16,10 @@ from pathlib import Path
 
 from launcher.config import ConfigError, compose, friendly_overrides
 from launcher.data.shm import human_bytes
+from launcher.paths import atomic_write
 from launcher.plan import forecast
 from launcher.runtime import run_dir_check
 from launcher.runtime.lock import LockHeld, tool_lock
-from launcher.runtime.paths import atomic_write
 
 USAGE = """usage: python -m launcher.plan [--from RUN_DIR] [--mfu F] [--busbw-gbps G]
                               [--overlap F] [--json] [overrides...]

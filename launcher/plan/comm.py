@@ -15,8 +15,8 @@ import math
 from omegaconf import OmegaConf
 
 from launcher.config.model_shape import param_count
+from launcher.config.registry import engine
 from launcher.plan.presets import Link
-from launcher.strategy.registry import engine
 
 
 def collective_s(op: str, size: int, ranks: int, link: Link) -> float:

@@ -23,10 +23,10 @@ from types import SimpleNamespace
 from launcher.checkpoint.protocol import find_resumable, read_meta
 from launcher.config import compose
 from launcher.config.model_shape import param_count, shape_flops_per_token
+from launcher.config.registry import engine
 from launcher.data.tokenizer import TOKENIZER_DIR, saved_vocab_size
 from launcher.plan import comm, memory, stop
 from launcher.plan.presets import DEFAULT_DEVICE, DEVICES, Device, Link, link_for
-from launcher.strategy.registry import engine
 
 ENGINES = (  # the engines and ZeRO stages set beside the configured one
     ("ddp", ["strategy=ddp"]),

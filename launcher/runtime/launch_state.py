@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.observe.nccl_log import Capture
+from launcher.runtime.nccl_capture import Capture
 
 
 @dataclass

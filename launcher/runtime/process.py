@@ -26,9 +26,7 @@ import torch.distributed as dist
 
 from launcher.config import backends
 from launcher.config.schema import DistConfig, NcclConfig, RunConfig, TrainConfig
-from launcher.observe import nccl_log
-from launcher.resilience.watchdog import enable_flight_recorder
-from launcher.runtime import disk
+from launcher.runtime import disk, nccl_capture
 from launcher.runtime.launch_state import LaunchState
 
 log = logging.getLogger("launcher")
@@ -169,8 +167,8 @@ def start(
     if (launched or needs_group) and not dist.is_initialized():
         launch.backend = pick_backend(cfg.dist.backend, device)
         apply_nccl_env(cfg.nccl)
-        enable_flight_recorder(cfg.flight_recorder_entries)
-        launch.nccl_capture = nccl_log.stage_debug_file(
+        nccl_capture.enable_flight_recorder(cfg.flight_recorder_entries)
+        launch.nccl_capture = nccl_capture.stage_debug_file(
             cfg.run.root, launch.backend, rank, launch.nccl_capture
         )
         timeout = dt.timedelta(seconds=cfg.dist.timeout_s)
@@ -204,7 +202,7 @@ def open_run_dir(rt: Runtime) -> None:
     if rt.is_main:
         (rt.run_dir / "logs").mkdir(exist_ok=True)
     rt.barrier()
-    nccl_log.adopt_debug_file(rt.launch.nccl_capture, rt.run_dir)
+    nccl_capture.adopt_debug_file(rt.launch.nccl_capture, rt.run_dir)
     rt.log_file = _add_file_logging(rt)
     log.info(
         "rank %d/%d (local %d, pid %d) on host %s, device %s, backend %s, run dir %s",

@@ -29,9 +29,9 @@ from launcher.config import ConfigError, sweep
 from launcher.config.backends import backend, shell_text_keys
 from launcher.config.secret_keys import is_secret_key, secret_in
 from launcher.data.tokenizer import tokenizer_path_problem
+from launcher.paths import can_create_in
 from launcher.runtime import run_dir_check
 from launcher.runtime.lock import LockHeld, tool_lock
-from launcher.runtime.paths import can_create_in
 from launcher.train.preflight import (
     check_config,
     data_file_problems,

@@ -1,4 +1,4 @@
 """Training: the front door (`python -m launcher.train`, `front_door`), the job that builds a
-run in order and chooses its ending (`job`), the one strategy-agnostic loop (`loop`), the batch
-arithmetic (`batch`), the checks that must pass before anything starts (`preflight`) and how
-a front door ends on bad input (`bad_input`)."""
+run in order and chooses its ending (`job`), the one strategy-agnostic loop (`loop`), the
+checks that must pass before anything starts (`preflight`) and how a front door ends on bad
+input (`bad_input`)."""

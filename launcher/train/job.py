@@ -22,9 +22,10 @@ from launcher.checkpoint import memory, resume
 from launcher.checkpoint import protocol as checkpoint
 from launcher.checkpoint.memory import MemoryTier
 from launcher.config import ConfigError, TrainConfig, normalize, typed
+from launcher.config.registry import build_strategy, engine
 from launcher.config.secret_keys import is_secret_key
 from launcher.config.sweep import flatten
-from launcher.data import TokenData, build_train_loader, prepare_data, shm_available_bytes
+from launcher.data import TokenData, build_train_loader, prepare_data
 from launcher.data.cache import cache_root
 from launcher.data.tokenizer import TOKENIZER_DIR
 from launcher.model.build import build_model, count_params, flops_per_token, peak_flops
@@ -37,16 +38,17 @@ from launcher.observe.tensorboard_sink import (  # imports no tensorboardX
     tensorboard_enabled,
 )
 from launcher.observe.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
+from launcher.paths import atomic_write
 from launcher.plan import forecast as plan_forecast
 from launcher.plan.memory import shm_need
 from launcher.resilience import burnin, exit_codes, first_failure
 from launcher.resilience.faults import peer_left, slow_phase
 from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime import disk, envinfo
+from launcher.runtime.disk import shm_available_bytes
 from launcher.runtime.latest import point_latest
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.lock import LockHeld, RunLock
-from launcher.runtime.paths import atomic_write
 from launcher.runtime.process import (
     Runtime,
     RuntimeConfig,
@@ -58,7 +60,6 @@ from launcher.runtime.process import (
     ranks_per_node,
     start,
 )
-from launcher.strategy.registry import build_strategy, engine
 from launcher.train.loop import LoopConfig, NonFiniteLoss, OutOfMemory, Stopped, TrainLoop
 from launcher.train.preflight import tier_room
 

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from launcher.checkpoint import protocol as checkpoint
 from launcher.checkpoint.memory import MemoryTier
+from launcher.config.batch import AUTO, BatchPlan
 from launcher.config.schema import (
     FaultConfig,
     ProfilerConfig,
@@ -53,7 +54,6 @@ from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime.process import Runtime
 from launcher.strategy.base import Strategy
 from launcher.train import micro_batch
-from launcher.train.batch import AUTO, BatchPlan
 
 log = logging.getLogger("launcher")
 

@@ -1,7 +1,7 @@
 """The micro-batch that fits the device: trainer.micro_batch_size=auto's search at start,
 and trainer.on_oom=retry's next size after a step ran out of memory (docs/faults.md).
 
-Both keep the global batch (accumulation makes up the rest: launcher.train.batch) and both
+Both keep the global batch (accumulation makes up the rest: launcher.config.batch) and both
 decide together: every rank's verdict is gathered, so that all ranks run one micro-batch
 and enter the same collectives.
 """
@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import torch
 
+from launcher.config.batch import BatchPlan
 from launcher.runtime.process import Runtime
-from launcher.train.batch import BatchPlan
 
 log = logging.getLogger("launcher")
 

@@ -19,11 +19,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.analyze.advice import FUSED_ATTENTION, NEXT_COMPILE
 from launcher.config.model_shape import param_count
+from launcher.config.registry import engine
 from launcher.plan import comm
 from launcher.plan.forecast import Measured, backward_s, measured_link
 from launcher.plan.presets import link_for
 from launcher.runtime.process import ranks_per_node
-from launcher.strategy.registry import engine
 
 
 @dataclass

@@ -17,9 +17,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.config.registry import Engine
 from launcher.strategy.ddp import FORMAT, DDPConfig, rules
 from launcher.strategy.ddp.engine import DDPStrategy
-from launcher.strategy.registry import Engine
 
 
 @dataclass

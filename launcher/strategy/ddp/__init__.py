@@ -1,6 +1,6 @@
 """strategy=ddp: PyTorch DistributedDataParallel (`engine`), its gradient compression hooks
 (`comm_hooks`, `powersgd`) and their timing (`comm_timing`). This module is what the rest
-of the launcher knows of the engine (launcher.strategy.registry): its config and rules, and
+of the launcher knows of the engine (launcher.config.registry): its config and rules, and
 its checkpoint format, `model.pt` + `optimizer.pt` written by rank 0 (every rank holds the
 whole model), which it and FSDP2 load at any world size."""
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from launcher.config.errors import ConfigError
 from launcher.config.model_shape import param_sizes
 from launcher.config.ranges import Range, one_of, ranged
-from launcher.strategy.registry import Engine, Format, StrategyConfig
+from launcher.config.registry import Engine, Format, StrategyConfig
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 DEFAULT_BUCKET_MB = 25.0
