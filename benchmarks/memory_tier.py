@@ -45,7 +45,8 @@ from overhead import (  # benchmarks/ is on the path
 
 from launcher.checkpoint import memory, node_share
 from launcher.config import compose
-from launcher.model.build import GPT2_VOCAB, build_model, param_count
+from launcher.config.model_shape import GPT2_VOCAB, param_count
+from launcher.model.build import build_model
 from launcher.runtime.process import pick_device
 from launcher.strategy.base import host_copy
 

@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 from launcher.config import compose
+from launcher.config.batch import BatchPlan
 from launcher.data import prepare_data
 from launcher.data.loader import StepBatchSampler
 from launcher.model.build import build_model, model_loss
@@ -51,7 +52,6 @@ from launcher.strategy.base import compile_mode
 from launcher.strategy.ddp.engine import AUTOCAST_DTYPES
 from launcher.strategy.optim import build_optimizer
 from launcher.train.bad_input import check_or_exit
-from launcher.train.batch import BatchPlan
 from launcher.train.job import run
 from launcher.train.loop import lr_at
 

@@ -127,7 +127,7 @@ def launch(cmd: list[str], log: Path) -> tuple[float, float]:
 
 def bare_command(cfg, nproc: int, vocab: int, out_dir: Path) -> list[str]:
     """The bare loop of `cfg`'s shape: model, batch over `nproc` ranks, eval, precision."""
-    from launcher.train.batch import BatchPlan
+    from launcher.config.batch import BatchPlan
 
     t, m = cfg.trainer, cfg.model
     accum = BatchPlan.of(t, nproc).accum

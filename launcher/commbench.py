@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from launcher.observe.comm_stats import bus_bandwidth, time_allreduce
+from launcher.runtime.allreduce import bus_bandwidth, time_allreduce
 from launcher.runtime.process import env_world, init_process_group, pick_backend, pick_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

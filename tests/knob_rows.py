@@ -15,13 +15,38 @@ step), on each engine that accepts it, and what the run must show against the la
 tests/unit/config/test_knob_rows.py derives the knobs from launcher/config/schema.py itself
 (every bool field, and every string key validate refuses with "not one of") and fails for any
 (engine, key, value) no row covers: a new knob arrives with its row.
+
+The engines are the registry's (launcher.config.registry), so a new engine is in the matrix
+and its knobs need rows; a row about what an engine declares (an asynchronous save, dropping
+a step, resizing the micro-batch, compiling, the memory tier) takes its engines from the
+declarations, so a new engine gets that row, run or refused, without an edit here. A
+refusal's `{engine}` is the engine it is checked on.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-ENGINES = ("ddp", "deepspeed", "fsdp2")
+from launcher.config.registry import Engine, engines
+
+ENGINES = tuple(engines())
+
+
+def declaring(allows: Callable[[Engine], bool]) -> tuple[str, ...]:
+    """The engines whose declaration `allows`."""
+    return tuple(name for name, e in engines().items() if allows(e))
+
+
+def not_declaring(allows: Callable[[Engine], bool]) -> tuple[str, ...]:
+    return tuple(name for name in ENGINES if name not in declaring(allows))
+
+
+ASYNC_SAVE = declaring(lambda e: e.async_checkpoint)
+DROPS_STEPS = declaring(lambda e: e.drops_steps)
+RESIZES = declaring(lambda e: e.resizes_micro_batch)
+COMPILES = declaring(lambda e: e.compiles)
+MEMORY_TIER = declaring(lambda e: e.memory_checkpoint is not None)
 # The groups whose knobs the matrix must cover (the other groups are launch-wide, cluster
 # or fault settings: tests/launches/test_comm.py, test_slurm.py, test_k8s.py, test_faults.py).
 GROUPS = ("strategy", "trainer", "model", "data", "profiler", "logger", "burnin")
@@ -29,7 +54,7 @@ GROUPS = ("strategy", "trainer", "model", "data", "profiler", "logger", "burnin"
 # sources (and their dtype) are launched on DDP, and one of them (synthetic) on every engine.
 # The burn-in gate runs before any engine is built: launched on DDP.
 ENGINE_FREE = ("data.source", "data.dtype", "burnin.enabled", "burnin.action")
-DATA_ENGINES = ("ddp",)
+DATA_ENGINES = ENGINES[:1]  # DDP, the first built-in
 
 # On top of tests/launch.py's FAST_USER_LOADER (workers on): short, no eval, no checkpoints.
 BASE = [
@@ -277,15 +302,15 @@ ROWS: list[Row] = [
         ["trainer.async_checkpoint=true", "trainer.checkpoint_interval=2"],
         "equal",
         "checkpoint files written while training goes on",
-        engines=("fsdp2",),
+        engines=ASYNC_SAVE,
     ),
     row(
         "async_checkpoint_refused",
         ["trainer.async_checkpoint=true"],
         "refused",
-        "DCP's asynchronous save is FSDP2's",
-        engines=("ddp", "deepspeed"),
-        refusal="trainer.async_checkpoint=true needs strategy=fsdp2",
+        "its engine writes its checkpoints synchronously",
+        engines=not_declaring(lambda e: e.async_checkpoint),
+        refusal=f"trainer.async_checkpoint=true needs strategy={' or '.join(ASYNC_SAVE)}",
     ),
     row(
         "memory_tier",
@@ -293,6 +318,15 @@ ROWS: list[Row] = [
         "equal",
         "the memory tier copies each rank's state (FSDP2's shards, ZeRO's partition) between "
         "steps and writes it from a thread",
+        engines=MEMORY_TIER,
+    ),
+    row(
+        "memory_tier_refused",
+        ["trainer.memory_checkpoint_interval=2"],
+        "refused",
+        "its engine declares no memory snapshot",
+        engines=not_declaring(lambda e: e.memory_checkpoint is not None),
+        refusal=f"trainer.memory_checkpoint_interval=2 needs strategy={' or '.join(MEMORY_TIER)}",
     ),
     row(
         "memory_tier_peer",
@@ -300,59 +334,62 @@ ROWS: list[Row] = [
         "equal",
         "one node: no peer to copy to, said in one line (two nodes' copies and a lost node's "
         "restore from them: tests/launches/test_memory_tier.py)",
+        engines=MEMORY_TIER,
     ),
     row(
         "on_nonfinite_skip",
         ["trainer.on_nonfinite=skip"],
         "equal",
         "no bad step: the per-step check drops nothing (tests/launches/test_faults.py injects one)",
-        engines=("ddp", "fsdp2"),
+        engines=DROPS_STEPS,
     ),
     row(
         "on_nonfinite_skip_refused",
         ["trainer.on_nonfinite=skip"],
         "refused",
-        "DeepSpeed's engine owns the optimizer step",
-        engines=("deepspeed",),
-        refusal="trainer.on_nonfinite=skip is not supported with strategy=deepspeed",
+        "its engine owns the optimizer step",
+        engines=not_declaring(lambda e: e.drops_steps),
+        refusal="trainer.on_nonfinite=skip is not supported with strategy={engine}",
     ),
     row(
         "on_nonfinite_rewind",
         ["trainer.on_nonfinite=rewind"],
         "equal",
         "no bad step: nothing rewound (tests/launches/test_faults.py injects one)",
-        engines=("ddp", "fsdp2"),
+        engines=DROPS_STEPS,
     ),
     row(
         "on_nonfinite_rewind_refused",
         ["trainer.on_nonfinite=rewind"],
         "refused",
-        "DeepSpeed's engine owns the optimizer step",
-        engines=("deepspeed",),
-        refusal="trainer.on_nonfinite=rewind is not supported with strategy=deepspeed",
+        "its engine owns the optimizer step",
+        engines=not_declaring(lambda e: e.drops_steps),
+        refusal="trainer.on_nonfinite=rewind is not supported with strategy={engine}",
     ),
     row(
         "on_oom_retry",
         ["trainer.on_oom=retry"],
         "equal",
         "no out-of-memory: one vote per step, nothing halved (test_oom.py injects one)",
-        engines=("ddp",),
+        engines=RESIZES,
     ),
     row(
         "on_oom_retry_refused",
         ["trainer.on_oom=retry"],
         "refused",
-        "DeepSpeed fixes its micro-batch in its config; FSDP2 cannot redo a step part-way",
-        engines=("deepspeed", "fsdp2"),
-        refusal="trainer.on_oom=retry is not supported with strategy=",
+        "its engine cannot redo a step part-way at another micro-batch (DeepSpeed fixes it in "
+        "its config)",
+        engines=not_declaring(lambda e: e.resizes_micro_batch),
+        refusal="trainer.on_oom=retry is not supported with strategy={engine}",
     ),
     row(
         "micro_batch_auto_refused",
         ["trainer.micro_batch_size=auto"],
         "refused",
-        "DeepSpeed fixes its micro-batch in its config; FSDP2 cannot redo a step part-way",
-        engines=("deepspeed", "fsdp2"),
-        refusal="trainer.micro_batch_size=auto is not supported with strategy=",
+        "its engine cannot redo a step part-way at another micro-batch (DeepSpeed fixes it in "
+        "its config)",
+        engines=not_declaring(lambda e: e.resizes_micro_batch),
+        refusal="trainer.micro_batch_size=auto is not supported with strategy={engine}",
     ),
     # Knobs that change the numbers.
     row(
@@ -362,7 +399,7 @@ ROWS: list[Row] = [
         "the search finds the whole per-rank batch fits (4, accumulation 1 instead of 2): the "
         "same sequences per step, summed in another order",
         rel=1e-6,  # measured 3.9e-8
-        engines=("ddp",),
+        engines=RESIZES,
     ),
     row(
         "bf16",
@@ -491,7 +528,7 @@ ROWS: list[Row] = [
         "equal",
         "inductor's kernels: the same operators fused, other rounding",
         rel=1e-4,
-        engines=("ddp", "fsdp2"),
+        engines=COMPILES,
     ),
     row(
         "compile_reduce_overhead",
@@ -500,7 +537,7 @@ ROWS: list[Row] = [
         "CUDA graphs are a GPU's: off CUDA the launcher compiles the default mode "
         "(launcher.strategy.base.compile_mode), from the graphs the compile row cached",
         rel=1e-4,
-        engines=("ddp", "fsdp2"),
+        engines=COMPILES,
     ),
     row(
         "compile_max_autotune",
@@ -508,16 +545,16 @@ ROWS: list[Row] = [
         "equal",
         "autotuned kernels: other rounding (off CUDA: max-autotune-no-cudagraphs)",
         rel=1e-4,
-        engines=("ddp", "fsdp2"),
+        engines=COMPILES,
     ),
     *[
         row(
-            f"compile_{mode}_deepspeed",
+            f"compile_{mode}_refused",
             [f"trainer.compile={mode}"],
             "refused",
-            "DeepSpeed's engine is not compiled here",
-            engines=("deepspeed",),
-            refusal=f"trainer.compile={mode} is not supported with strategy=deepspeed",
+            "its engine is not compiled here (DeepSpeed's)",
+            engines=not_declaring(lambda e: e.compiles),
+            refusal=f"trainer.compile={mode} is not supported with strategy={{engine}}",
         )
         for mode in ("default", "reduce-overhead", "max-autotune")
     ],

@@ -21,8 +21,8 @@ from launcher.analyze.hang import analyze_hang, has_hang, markdown_hang, write_h
 from launcher.analyze.images import write_images
 from launcher.analyze.report import analyze, markdown, write
 from launcher.analyze.trace import TraceError
+from launcher.paths import writable_dir_problem
 from launcher.runtime.lock import LockHeld, tool_lock
-from launcher.runtime.paths import writable_dir_problem
 
 
 def run_dirs(path: Path) -> list[Path]:

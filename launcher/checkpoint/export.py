@@ -2,7 +2,7 @@
 `GPT2LMHeadModel.from_pretrained` reads (the `python -m launcher.export` front door's work).
 
 The newest complete checkpoint whose weights load is used, as a resume would choose it; the
-weights are read by the reader their format declares (launcher.strategy.registry), the native
+weights are read by the reader their format declares (launcher.config.registry), the native
 module's converted (launcher.model.gpt2), transformers' copied.
 """
 
@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 
 from launcher.checkpoint import protocol as checkpoint
+from launcher.config.registry import format_of, formats
 from launcher.data.tokenizer import TOKENIZER_DIR
 from launcher.model.gpt2 import config_of, hf_config, to_hf_state_dict
+from launcher.paths import is_mount_point, writable_dir_problem
 from launcher.runtime import disk
 from launcher.runtime.lock import LockHeld, tool_lock
-from launcher.runtime.paths import is_mount_point, writable_dir_problem
-from launcher.strategy.registry import format_of, formats
 
 
 class ExportError(ValueError):
@@ -30,7 +30,7 @@ class ExportError(ValueError):
 
 def read_state(folder: Path) -> dict[str, torch.Tensor]:
     """The whole model's state dict from a checkpoint of any engine, on the CPU, read by the
-    reader its format declares (launcher.strategy.registry)."""
+    reader its format declares (launcher.config.registry)."""
     fmt = format_of(folder)
     if fmt is None:
         markers = ", ".join(f.marker for f in formats().values())

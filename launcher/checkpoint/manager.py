@@ -18,10 +18,10 @@ from launcher.checkpoint import protocol as checkpoint
 from launcher.checkpoint import resume
 from launcher.checkpoint.memory import MemoryTier
 from launcher.config import ConfigError, TrainConfig
+from launcher.config.batch import BatchPlan
 from launcher.config.schema import TrainerConfig
 from launcher.resilience.decide import decide_on_main
 from launcher.runtime.process import Runtime
-from launcher.train.batch import BatchPlan
 
 log = logging.getLogger("launcher")
 

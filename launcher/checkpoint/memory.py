@@ -34,9 +34,9 @@ import torch.distributed as dist
 from launcher.checkpoint import node_share, peer_copy
 from launcher.checkpoint import protocol as checkpoint
 from launcher.checkpoint.resume import differences
-from launcher.model.build import param_count
+from launcher.config.model_shape import param_count
+from launcher.config.registry import engine
 from launcher.runtime.process import Runtime, launch_key
-from launcher.strategy.registry import engine
 
 log = logging.getLogger("launcher")
 

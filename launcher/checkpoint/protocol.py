@@ -28,8 +28,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.paths import atomic_write
 from launcher.runtime import disk
-from launcher.runtime.paths import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +279,7 @@ def unsealed_problem(tmp: Path) -> str | None:
     missing = [r for r in range(ranks) if not (tmp / WRITTEN.format(rank=r)).exists()]
     if missing:
         return f"rank(s) {missing} had not finished writing their files"
-    from launcher.strategy.registry import format_of  # the engines' formats, when needed
+    from launcher.config.registry import format_of  # the engines' formats, when needed
 
     fmt = format_of(tmp)
     check = getattr(fmt.module(), "incomplete", None) if fmt else None

@@ -33,9 +33,9 @@ import yaml
 
 from launcher.checkpoint import protocol as checkpoint
 from launcher.config import ConfigError
+from launcher.config.batch import BatchPlan
+from launcher.config.registry import engine, engines, format_of
 from launcher.runtime import run_dir_check, run_history
-from launcher.strategy.registry import engine, engines, format_of
-from launcher.train.batch import BatchPlan
 
 log = logging.getLogger("launcher")
 
@@ -167,7 +167,7 @@ def differences(saved: dict, now: dict) -> list[Difference]:
 def _engine_differences(ss: dict, ns: dict) -> list[Difference]:
     """What the engines say of a checkpoint's strategy `ss` and a launch's `ns`: within one
     engine, its own rules (DeepSpeed's stage and precision); across two, whether the launch's
-    engine reads the checkpoint's format (launcher.strategy.registry)."""
+    engine reads the checkpoint's format (launcher.config.registry)."""
     now = engine(ns["name"])
     if not ss.get("name") or ss["name"] == ns["name"]:
         return [Difference(what, fix) for what, fix in now.own_differences(ss, ns)]

@@ -1,6 +1,7 @@
 """The configuration: its typed schema (`schema`), composition and one-line error wording
 (`compose`), the semantic check of a composed config (`validate`), every numeric key's range
-(`ranges`), the `nccl` group's variables (`nccl_vars`), which keys hold secrets
+(`ranges`), the engines a run can name and what each declares (`registry`), the batch
+arithmetic (`batch`), the `nccl` group's variables (`nccl_vars`), which keys hold secrets
 (`secret_keys`) and the points of a sweep and their summary (`sweep`). Checks that need the
 machine, files or other layers are launcher.train.preflight's."""
 

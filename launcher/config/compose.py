@@ -11,9 +11,10 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from launcher.config import backends
 from launcher.config.errors import ConfigError
+from launcher.config.registry import schemas
 from launcher.config.schema import CONFIG_MODULE, CONFIG_NAME, TrainConfig, register_schema
-from launcher.strategy.registry import schemas
 
 
 def compose(overrides: list[str], sweep: bool = False) -> DictConfig:
@@ -116,12 +117,17 @@ def _schema_tree(schema: type) -> DictConfig:
 
 
 def _schema_node(key: str) -> Any:
-    """The schema's node at a dotted key (engine keys looked up in every engine), or None."""
+    """The schema's node at a dotted key (engine keys looked up in every engine, an added
+    backend's in its section), or None."""
     head, _, rest = key.partition(".")
     if head == "strategy" and rest:
         engines = map(_schema_tree, schemas().values())
         nodes = (e._get_node(rest, validate_access=False) for e in engines)
         return next((n for n in nodes if n is not None), None)
+    section, _, inner = rest.partition(".")
+    added = {b.name: b.schema for b in backends.added() if b.schema}
+    if head == "cluster" and section in added and inner:
+        return _schema_tree(added[section])._get_node(inner, validate_access=False)
     parent, _, leaf = key.rpartition(".")
     root = _schema_tree(TrainConfig)
     holder = OmegaConf.select(root, parent, default=None) if parent else root

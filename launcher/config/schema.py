@@ -1,10 +1,12 @@
 """The typed configuration schema: one dataclass per config group; each strategy engine's
-is declared by the engine (launcher.strategy.registry).
+is declared by the engine (launcher.config.registry).
 
 Hydra composes `conf/train.yaml` from its groups on top of `TrainConfig` (registered in
 Hydra's ConfigStore as `train_schema`), so a wrong key or type is rejected while composing.
 The `strategy` node takes the chosen engine's schema (`conf/strategy/<engine>.yaml` names
-`<engine>_schema` first), so a key of another engine is an unknown key.
+`<engine>_schema` first), so a key of another engine is an unknown key. The `cluster` node
+holds a section per built-in backend, and an added backend's when it is chosen
+(launcher.config.backends).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from launcher.config import backends
+from launcher.config.fault_kinds import kind_names
 from launcher.config.nccl_vars import NcclEnv
 from launcher.config.ranges import (
     AT_LEAST_1,
@@ -29,8 +33,7 @@ from launcher.config.ranges import (
     ranged,
     ranges_of,
 )
-from launcher.resilience.faults import kind_names
-from launcher.strategy.registry import StrategyConfig, engines
+from launcher.config.registry import StrategyConfig, engines
 
 CONFIG_MODULE = "launcher.conf"
 CONFIG_NAME = "train"
@@ -155,6 +158,12 @@ class DistConfig:
     )
 
 
+# The phases a rank goes through, each with its own hang allowance (docs/faults.md), that
+# cannot be cut short by a stop request (launcher.resilience.watchdog.CUT_SHORT lists those
+# that can); `fault.phases` names some of them.
+PHASES = ("start-up", "first step", "eval", "checkpoint", "profiler flush", "end of run")
+
+
 @dataclass
 class WatchdogConfig:
     """Hang detection on every rank (docs/faults.md). A hang is no completed step for
@@ -198,7 +207,7 @@ class FaultConfig:
     first step, eval, checkpoint, profiler flush, end of run), each time it comes.
     """
 
-    kind: str = one_of("none", kind_names)  # the kinds launcher.resilience.faults declares
+    kind: str = one_of("none", kind_names)  # the kinds launcher.config.fault_kinds declares
     rank: int = ranged(0, NON_NEGATIVE)
     step: int = ranged(1, AT_LEAST_1)
     seconds: float = ranged(60.0, NON_NEGATIVE)
@@ -271,115 +280,10 @@ class LoggerConfig:
 
 
 @dataclass
-class SlurmConfig:
-    """sbatch settings (cluster=slurm); see docs/slurm.md. A null leaves the choice to the
-    cluster's defaults (no `#SBATCH` line is written for it)."""
-
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    cpus_per_task: int | None = ranged(None, AT_LEAST_1)  # null: processes x (1 + data.num_workers)
-    # per node, as sbatch takes it: 500G, 0 (all of the node's); null: exclusive=true asks
-    # for all of it (--mem=0), else the job's need (mem_per_process x processes + /dev/shm)
-    mem: str | None = None
-    mem_per_process: str = "8G"  # host memory a rank and its loader workers use besides /dev/shm
-    shm_margin: str = "1G"  # in --mem on top of /dev/shm's need: NCCL's shared memory etc.
-    exclusive: bool = False  # whole nodes: --exclusive, and --mem=0 unless mem is given
-    constraint: str | None = None
-    gpu_request: str = "gpus-per-node"  # or gres: --gres=gpu:N (clusters without cons_tres)
-    extra_sbatch: list[str] = field(default_factory=list)  # more `#SBATCH` options, verbatim
-    container_image: str | None = None  # an image (pyxis/enroot) or .sif file (apptainer)
-    container_runtime: str = "pyxis"  # pyxis (srun --container-image), apptainer, singularity
-    container_name: str | None = None  # pyxis --container-name; null: one per image
-    container_mounts: list[str] = field(default_factory=list)  # more than the ones made
-    modules: list[str] = field(default_factory=list)  # `module load` each, in order
-    # more variables of the submitting shell to pass to the job (sbatch --export), by name
-    export: list[str] = field(default_factory=list)
-    resv_ports: bool = False  # rendezvous on a port Slurm reserves (srun --resv-ports; MpiParams)
-    venv: str | None = None  # a virtual environment to activate on every node
-    # Slurm warns (USR1) this long before the time limit
-    signal_lead_s: int = ranged(300, AT_LEAST_1)
-    requeue: bool = True  # on the warning or a hang: requeue while the checkpoint advances
-    # requeues of one job (SLURM_RESTART_COUNT); null: no cap
-    max_requeues: int | None = ranged(20, NON_NEGATIVE)
-    # rendezvous port: cluster.rdzv_port + job id mod this
-    rdzv_port_range: int = ranged(
-        1000, Range(low=1, high=64535, why="ports above cluster.rdzv_port")
-    )
-    # a measured step time: checks time_limit (docs/slurm.md)
-    step_time_s: float | None = ranged(None, POSITIVE)
-    # one checkpoint write; null: estimated (docs)
-    checkpoint_write_s: float | None = ranged(None, NON_NEGATIVE)
-    # write bandwidth to run.root (measure yours)
-    checkpoint_write_mb_s: float = ranged(100, POSITIVE)
-
-
-@dataclass
-class K8sConfig:
-    """Kubernetes manifest settings (cluster=k8s); see docs/kubernetes.md.
-
-    Every pod runs one torchrun for one node; memory and /dev/shm are per pod.
-    """
-
-    kind: str = "job"  # job (Indexed Job + headless Service), jobset, pytorchjob, trainjob
-    runtime: str = "torch-distributed"  # trainjob: the Kubeflow Trainer (Cluster)TrainingRuntime
-    name: str | None = None  # the objects' name; null: <cluster.job_name>-<run id>
-    namespace: str | None = None  # null: kubectl's current namespace
-    image: str = "launcher:0.1.0"  # an image with this project and its torch; a tag or digest
-    allow_floating_image: bool = False  # accept :latest or no tag (warned): nodes may differ
-    image_pull_policy: str | None = None  # null: Always for :latest/untagged, else IfNotPresent
-    image_pull_secrets: list[str] = field(default_factory=list)
-    service_account: str | None = None
-    cpu: str | None = None  # CPU request per pod; null: processes x (1 + DataLoader workers)
-    memory: str = "64Gi"  # for the processes; the container limit adds /dev/shm's size
-    guaranteed: bool = False  # Guaranteed QoS: CPU limit = request (whole CPUs)
-    gpu_resource: str = "nvidia.com/gpu"  # the extended resource cluster.gpus_per_node counts
-    rdma_resource: str | None = None  # e.g. rdma/ib: RDMA devices for nccl=infiniband
-    rdma_per_node: int = ranged(1, AT_LEAST_1)  # how many of rdma_resource each pod requests
-    shm_size: str | None = None  # /dev/shm sizeLimit; null: the loaders' need + shm_margin
-    shm_margin: str = "1Gi"  # on top of the loaders' need: NCCL's shared-memory transport etc.
-    runs_pvc: str = "launcher-runs"  # PersistentVolumeClaim (ReadWriteMany) mounted at run.root
-    wandb_secret: str | None = "wandb"  # Secret holding WANDB_API_KEY; null: none
-    wandb_secret_key: str = "api-key"  # the key inside that Secret
-    node_selector: dict[str, str] = field(default_factory=dict)
-    tolerations: list[Any] = field(default_factory=list)
-    gpu_toleration: bool = True  # tolerate the GPU nodes' taint (gpu_resource:NoSchedule)
-    # spread the pods one per value of this node label (kubernetes.io/hostname: one per node)
-    topology_spread_key: str | None = None
-    affinity: dict[str, Any] = field(default_factory=dict)
-    priority_class: str | None = None
-    labels: dict[str, str] = field(default_factory=dict)  # added to every object and pod
-    annotations: dict[str, str] = field(default_factory=dict)  # added to the pods
-    security: str = "restricted"  # Pod Security 'restricted'; root: the image's user, no context
-    # the UID (GID, fsGroup) with security=restricted
-    run_as_user: int = ranged(1000, Range(low=1, why="a non-root UID"))
-    home_size: str = "10Gi"  # restricted: the writable HOME emptyDir (caches, data cache)
-    tmp_size: str = "2Gi"  # restricted: the writable /tmp emptyDir
-    gang: str = "none"  # none, kueue (queue-name label, suspended) or volcano (min members)
-    queue: str | None = None  # the Kueue LocalQueue or the Volcano queue
-    # failed pods tolerated per node (disruptions not counted)
-    backoff_limit_per_node: int = ranged(3, NON_NEGATIVE)
-    # torchrun --max-restarts: re-rendezvous when a peer pod is replaced
-    max_restarts: int = ranged(3, NON_NEGATIVE)
-    # how long torchrun waits for all pods to join (join_timeout)
-    rdzv_timeout_s: int = ranged(900, AT_LEAST_1)
-    # SIGTERM -> SIGKILL: time to write the stop checkpoint
-    termination_grace_s: int = ranged(120, NON_NEGATIVE)
-    # a measured step time: checks termination_grace_s
-    step_time_s: float | None = ranged(None, POSITIVE)
-    # one checkpoint write; null: estimated (docs)
-    checkpoint_write_s: float | None = ranged(None, NON_NEGATIVE)
-    # write bandwidth to the runs volume (measure yours)
-    checkpoint_write_mb_s: float = ranged(100, POSITIVE)
-    # delete the finished Job after this long
-    ttl_after_finished_s: int | None = ranged(None, NON_NEGATIVE)
-    version: str | None = None  # the cluster's Kubernetes (1.30); older than 1.29 is refused
-
-
-@dataclass
-class ClusterConfig:
-    """Where the job runs. `local` is torchrun on this machine; `slurm` and `k8s` are what
-    `python -m launcher.submit` renders (docs/slurm.md, docs/kubernetes.md)."""
+class ClusterBase:
+    """Where the job runs. `local` is torchrun on this machine; every other option is a
+    backend that `python -m launcher.submit` renders for (launcher.config.backends), whose
+    section `cluster.<backend>` holds its own keys."""
 
     name: str = "local"
     nodes: int = ranged(1, AT_LEAST_1)
@@ -397,8 +301,10 @@ class ClusterConfig:
     workdir: str | None = None  # where the job starts (the checkout); null: submit's cwd
     setup: list[str] = field(default_factory=list)  # shell lines run before torchrun
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables
-    slurm: SlurmConfig = field(default_factory=SlurmConfig)
-    k8s: K8sConfig = field(default_factory=K8sConfig)
+
+
+# The built-in backends' sections (cluster.slurm, cluster.k8s) are there whatever the cluster.
+ClusterConfig = backends.with_sections(ClusterBase, list(backends.builtin().values()))
 
 
 @dataclass
@@ -472,7 +378,8 @@ class TrainConfig:
 def register_schema() -> None:
     """Register `TrainConfig` so `train.yaml` can name it first in its defaults list, and
     each engine's schema for its `strategy` option to name first in its own (an engine from
-    another package, without a YAML, gets its schema as the option itself).
+    another package, without a YAML, gets its schema as the option itself); a backend from
+    another package gets its `cluster` option: the cluster schema with its section.
 
     Called by whatever composes, before Hydra reads the config module (compose, the train
     front door), not on import: an engine's package imports this layer, and may be imported
@@ -483,22 +390,34 @@ def register_schema() -> None:
         store.store(group="strategy", name=f"{name}_schema", node=engine.schema)
         if not engine.has_yaml:
             store.store(group="strategy", name=name, node=engine.schema)
+    for added in backends.added():
+        option = backends.with_sections(ClusterConfig, [added], name=added.name)
+        store.store(group="cluster", name=added.name, node=option)
+
+
+def _sections():
+    """(schema, key prefix) of the sections that are not in TrainConfig's own tree: every
+    engine's `strategy`, and the added backends' `cluster.<name>`."""
+    yield from ((engine.schema, "strategy.") for engine in engines().values())
+    yield from ((b.schema, f"cluster.{b.name}.") for b in backends.added() if b.schema)
 
 
 def all_ranges() -> dict[str, Range]:
     """Every numeric key's range, read from the fields of the schema and of every engine's
-    (a `strategy.` key absent from the chosen engine's schema is skipped when checked)."""
+    and added backend's (a key absent from the chosen one's schema is skipped when
+    checked)."""
     found = ranges_of(TrainConfig)
-    for engine in engines().values():
-        found.update(ranges_of(engine.schema, "strategy."))
+    for schema, prefix in _sections():
+        found.update(ranges_of(schema, prefix))
     return found
 
 
 def all_choices() -> dict[str, tuple[str, ...]]:
-    """Every string key with a fixed set of values, the engines' `strategy.` keys included."""
+    """Every string key with a fixed set of values, the engines' `strategy.` keys and the
+    added backends' sections included."""
     found = choices_of(TrainConfig)
-    for engine in engines().values():
-        found.update(choices_of(engine.schema, "strategy."))
+    for schema, prefix in _sections():
+        found.update(choices_of(schema, prefix))
     return found
 
 

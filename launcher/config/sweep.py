@@ -27,7 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config import ConfigError, compose
 from launcher.config.compose import config_loader
-from launcher.runtime.paths import writable_dir_problem
+from launcher.paths import writable_dir_problem
 
 # Summary columns after the point's label and varied keys: (column, summary.json key).
 FIGURES = (

@@ -11,9 +11,12 @@ from dataclasses import fields, is_dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
+from launcher.config.batch import AUTO, BatchPlan, micro_batch_problem
 from launcher.config.compose import unknown_key_line
 from launcher.config.errors import ConfigError, check_choice
+from launcher.config.fault_kinds import fault_problem
 from launcher.config.ranges import range_problem
+from launcher.config.registry import engine, engines, schemas
 from launcher.config.schema import (
     DataConfig,
     ModelConfig,
@@ -24,9 +27,6 @@ from launcher.config.schema import (
     all_ranges,
     typed,
 )
-from launcher.resilience.faults import fault_problem
-from launcher.strategy.registry import engine, engines, schemas
-from launcher.train.batch import AUTO, BatchPlan, micro_batch_problem
 
 _ABSENT = object()
 

@@ -7,7 +7,7 @@ shared memory the loader's workers need.
 
 from launcher.data.loader import build_eval_batches, build_train_loader
 from launcher.data.prepare import TokenData, prepare_data
-from launcher.data.shm import check_shm, shm_available_bytes, shm_need_bytes
+from launcher.data.shm import check_shm, shm_need_bytes
 from launcher.data.windows import TokenWindows
 
 __all__ = [
@@ -17,6 +17,5 @@ __all__ = [
     "build_train_loader",
     "check_shm",
     "prepare_data",
-    "shm_available_bytes",
     "shm_need_bytes",
 ]

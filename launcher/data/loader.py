@@ -20,9 +20,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from launcher.resilience import preemption
+from launcher.config.batch import BatchPlan
 from launcher.runtime.fork_guard import guard_forks
-from launcher.train.batch import BatchPlan
+from launcher.runtime.process_tree import STOP_SIGNALS as TRAINER_STOP_SIGNALS
 
 
 class StepBatchSampler(Sampler[list[int]]):
@@ -88,7 +88,7 @@ class StepBatchSampler(Sampler[list[int]]):
 # every process of a step, and a terminal sends on Ctrl-C. The trainer turns them into a
 # checkpoint at the next step boundary; that needs its loader workers alive until then.
 # SIGQUIT ends the trainer at once; its workers then end by themselves (parent gone).
-STOP_SIGNALS = (*preemption.STOP_SIGNALS, signal.SIGQUIT)
+STOP_SIGNALS = (*TRAINER_STOP_SIGNALS, signal.SIGQUIT)
 
 
 def ignore_stop_signals(_worker_id: int) -> None:

@@ -9,7 +9,8 @@ up front turns that into one line that says what to change.
 from __future__ import annotations
 
 import math
-import os
+
+from launcher.runtime.disk import shm_available_bytes
 
 INT64_BYTES = 8
 
@@ -30,14 +31,6 @@ def shm_need_bytes(
         return 0
     batch_bytes = 2 * micro_batch * seq_len * INT64_BYTES
     return num_workers * prefetch_factor * batch_bytes * 2
-
-
-def shm_available_bytes(path: str = "/dev/shm") -> tuple[int, int] | None:
-    """(size, free) of the filesystem at `path` in bytes, or None where it does not exist."""
-    if not os.path.exists(path):
-        return None
-    st = os.statvfs(path)
-    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
 
 
 def check_shm(*, need: int, path: str = "/dev/shm") -> str | None:

@@ -202,6 +202,20 @@ def from_tokenizers(backend, description: str, eot_id: int | None) -> Tokenizer:
     )
 
 
+def saved_vocab_size(folder: Path) -> int | None:
+    """The vocabulary of a tokenizer saved by save_for_transformers (a run directory's
+    tokenizer/), with its added tokens as the model counts them; None without one."""
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer as Backend
+
+    try:
+        return Backend.from_file(str(path)).get_vocab_size(with_added_tokens=True)
+    except Exception:  # noqa: BLE001 - tokenizers raises its own kinds for a damaged file
+        return None
+
+
 def save_for_transformers(backend, eot_id: int | None, folder: Path) -> None:
     """tokenizer.json and tokenizer_config.json in `folder`: what `AutoTokenizer` (as a
     PreTrainedTokenizerFast) and launcher.generate load, written without importing

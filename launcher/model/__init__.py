@@ -1,2 +1,2 @@
 """GPT-2: the project's own module (`gpt2`) or transformers' (`build` chooses, and counts the
-FLOPs MFU divides by), and the `save_pretrained` folders it starts from (`pretrained`)."""
+FLOPs MFU divides by)."""

@@ -10,35 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 
 import torch
 import torch.nn.functional as F
 
 from launcher.config.errors import ConfigError
+from launcher.config.model_shape import padded_vocab_size, training_flops
 from launcher.config.schema import ModelConfig
 from launcher.model.gpt2 import GPT2, from_hf_state_dict
 from launcher.model.gpt2 import GPT2Config as NativeConfig
 from launcher.observe.peaks import peak_for_name
 
 log = logging.getLogger(__name__)
-
-
-def padded_vocab_size(vocab_size: int, multiple: int) -> int:
-    """Round the vocabulary up so the embedding and LM-head matmuls get tensor-core shapes."""
-    return int(math.ceil(vocab_size / multiple) * multiple)
-
-
-GPT2_VOCAB = 50257  # the vocabulary of GPT-2's tokenizer, the largest the data configs use
-
-
-def param_count(m) -> int:
-    """GPT-2's parameters from its shape (`model` config): embeddings (tied LM head), and
-    per layer the attention's and MLP's weights and biases and two LayerNorms. Without a
-    model.vocab_size, GPT-2's vocabulary: an upper bound for what is sized from it."""
-    d, layers = int(m.n_embd), int(m.n_layer)
-    vocab = padded_vocab_size(int(m.vocab_size or GPT2_VOCAB), int(m.vocab_multiple))
-    return vocab * d + int(m.n_positions) * d + layers * (12 * d * d + 13 * d) + 2 * d
 
 
 def build_model(
@@ -197,22 +180,9 @@ def count_params(model: torch.nn.Module, *, exclude_position_embeddings: bool = 
 
 
 def flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
-    """Training FLOPs per token of a built model (launcher.model.build.training_flops)."""
+    """Training FLOPs per token of a built model (launcher.config.model_shape.training_flops)."""
     cfg = model.config
     return training_flops(count_params(model), cfg.n_layer, cfg.n_embd, seq_len)
-
-
-def shape_flops_per_token(m, seq_len: int) -> float:
-    """Training FLOPs per token of the `model` config's shape, before any model is built
-    (the plan): the same formula on param_count without the position embeddings."""
-    params = param_count(m) - int(m.n_positions) * int(m.n_embd)
-    return training_flops(params, int(m.n_layer), int(m.n_embd), seq_len)
-
-
-def training_flops(params: int, layers: int, width: int, seq_len: int) -> float:
-    """nanoGPT's formula (PaLM appendix B): 6N + 12*L*H*Q*T, H*Q the model width, N the
-    parameters without the position embeddings."""
-    return 6 * params + 12 * layers * width * seq_len
 
 
 def peak_flops(device: torch.device) -> float | None:

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from launcher.observe.clock import EventClock
-from launcher.observe.comm_stats import StepComm, bus_bandwidth
+from launcher.observe.comm_stats import StepComm
+from launcher.runtime.allreduce import bus_bandwidth
 
 
 class StepTimer:

@@ -6,9 +6,9 @@ network it uses and one line per channel connection saying how it reaches the pe
     host:1234:1290 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read
     host:1234:1290 [0] NCCL INFO Channel 02/0 : 2[0] -> 0[0] [receive] via NET/IB/0/GDRDMA
 
-How the launcher gets each rank's log (the run directory is only known once the process
-group exists, and PyTorch creates the NCCL communicator inside `init_process_group` when it
-is given a device, which opens NCCL's log file):
+How the launcher gets each rank's log (launcher.runtime.nccl_capture: the run directory is
+only known once the process group exists, and PyTorch creates the NCCL communicator inside
+`init_process_group` when it is given a device, which opens NCCL's log file):
 
 1. `stage_debug_file`, before the process group: unless the user chose `NCCL_DEBUG_FILE`,
    point it at `<run.root>/.nccl-logs/nccl.rank<r>.<host>.<pid>.log` (same file system as
@@ -30,21 +30,15 @@ opens its log once per process, so a later job of a sweep must know the earlier 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
-import os
 import re
-import socket
 import sys
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("launcher")
 
-STAGING_DIR = ".nccl-logs"
-LOGGING_LEVELS = ("INFO", "TRACE")  # the levels that print channel connections
 
 # `host:pid:tid [dev] NCCL INFO <message>`; anything before it (timestamps, torchrun's
 # `[default0]:` prefixes) is ignored.
@@ -167,104 +161,6 @@ def merge(entries: list[dict]) -> dict:
         "collnet": any(e["collnet"] for e in found),
         "nodes": max((e["nodes"] for e in found if e.get("nodes")), default=None),
     }
-
-
-# -- getting each rank's log ------------------------------------------------------------
-
-
-@dataclass
-class Capture:
-    """Where this process's NCCL writes its INFO log, and from where the lines are this
-    job's."""
-
-    path: Path  # where this process's NCCL writes its log
-    offset: int  # bytes already there when this job's process group was created
-
-
-def _short_host() -> str:
-    """The host name as NCCL writes it in %h: up to the first dot, '%' and '/' as '-'."""
-    return socket.gethostname().split(".")[0].replace("%", "-").replace("/", "-")
-
-
-def expand_debug_file(pattern: str) -> Path:
-    """NCCL_DEBUG_FILE with NCCL's %h (host), %p (pid) and %% expanded, as NCCL opens it."""
-    expanded = re.sub(
-        r"%([hp%])",
-        lambda m: {"h": _short_host(), "p": str(os.getpid()), "%": "%"}[m[1]],
-        pattern,
-    )
-    return Path(expanded)
-
-
-def _literal(path: Path) -> str:
-    """`path` as an NCCL_DEBUG_FILE value that NCCL expands to exactly this path."""
-    return str(path).replace("%", "%%")
-
-
-def logs_to_file(backend: str | None) -> bool:
-    """Whether this process's NCCL will write an INFO log the launcher can read."""
-    level = os.environ.get("NCCL_DEBUG", "").strip().upper()
-    return backend == "nccl" and level in LOGGING_LEVELS
-
-
-def stage_debug_file(
-    run_root: str, backend: str | None, rank: int, earlier: Capture | None = None
-) -> Capture | None:
-    """Before the process group exists: give NCCL's INFO log a file of this process's own;
-    None when NCCL will not log to a file the launcher reads.
-
-    A user's NCCL_DEBUG_FILE is kept. The process group, and so this, comes once per
-    process (a sweep's points share it); should a process create another one (`earlier`
-    is the first one's capture), NCCL keeps appending to the file it opened first, and only
-    the lines after its present size are the new group's.
-    """
-    if not logs_to_file(backend):
-        return None
-    if not os.environ.get("NCCL_DEBUG_FILE"):
-        staging = Path(run_root).expanduser().resolve() / STAGING_DIR
-        staging.mkdir(parents=True, exist_ok=True)
-        name = f"nccl.rank{rank}.{_short_host()}.{os.getpid()}.log"
-        os.environ["NCCL_DEBUG_FILE"] = _literal(staging / name)
-    path = expand_debug_file(os.environ["NCCL_DEBUG_FILE"]).absolute()
-    # NCCL opens (and truncates) its file once per process: only a file an earlier job of
-    # this process already logged to holds lines that are not this job's.
-    still_open = earlier is not None and earlier.path == path and path.exists()
-    return Capture(path, path.stat().st_size if still_open else 0)
-
-
-def adopt_debug_file(capture: Capture | None, run_dir: Path) -> Path | None:
-    """Once the run directory exists: move a staged NCCL log into `<run_dir>/logs/`
-    (`capture` follows it).
-
-    NCCL keeps writing to the renamed file. If NCCL has not opened it yet, pointing the
-    variable at the final place is enough (NCCL reads it when it first logs).
-    """
-    if capture is None:
-        return None
-    staged = capture.path
-    if staged.parent.name == STAGING_DIR:
-        final = (run_dir / "logs" / staged.name).absolute()
-        try:
-            if staged.exists():
-                staged.replace(final)
-        except OSError as exc:  # e.g. a run directory on another file system
-            log.warning("NCCL's log stays at %s: moving it to %s failed: %s", staged, final, exc)
-            return staged
-        os.environ["NCCL_DEBUG_FILE"] = _literal(final)
-        capture.path = final
-        with contextlib.suppress(OSError):  # the last rank to move its log removes the folder
-            staged.parent.rmdir()
-    log.info("NCCL's INFO log goes to %s (one file per rank)", capture.path)
-    return capture.path
-
-
-def read_own_log(capture: Capture | None) -> str | None:
-    """What this process's NCCL has logged since this job's process group was created."""
-    if capture is None or not capture.path.exists():
-        return None
-    with open(capture.path, "rb") as f:
-        f.seek(capture.offset)
-        return f.read().decode("utf-8", errors="replace")
 
 
 # -- python -m launcher.observe.nccl_log FILE... --------------------------------------------------

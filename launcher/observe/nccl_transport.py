@@ -7,9 +7,10 @@ import json
 import socket
 from pathlib import Path
 
-from launcher.observe.nccl_log import merge, parse_nccl_log, read_own_log
+from launcher.observe.nccl_log import merge, parse_nccl_log
 from launcher.observe.sinks import Sink
-from launcher.runtime.paths import atomic_write
+from launcher.paths import atomic_write
+from launcher.runtime.nccl_capture import read_own_log
 from launcher.runtime.process import Runtime
 
 

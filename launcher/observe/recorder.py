@@ -8,16 +8,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 
+from launcher.config.batch import AUTO
 from launcher.config.schema import TrainerConfig
-from launcher.model.build import mfu
 from launcher.observe.metrics import KIND_STEMS, KIND_SUFFIXES, Aggregate, aggregate
 from launcher.observe.sinks import Sink
 from launcher.resilience.bad_steps import BadSteps
 from launcher.runtime.process import Runtime
-from launcher.train.batch import AUTO
 
 log = logging.getLogger("launcher")
 
@@ -42,12 +42,12 @@ class Recorder:
         sinks: list[Sink],
         tokens_per_step: int,
         flops_per_token: float,
-        peak_flops: float | None,
+        mfu: Callable[[float], float | None],  # the job's MFU at a rate of tokens/s
         micro_batch: int,
     ):
         self.rt, self.t, self.sinks = rt, trainer, sinks
         self.tokens_per_step = tokens_per_step
-        self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
+        self.flops_per_token, self.mfu = flops_per_token, mfu
         self.records: list[dict] = []
         self.start_time: float | None = None  # set when the steps begin
         self.start_step = 0
@@ -84,7 +84,7 @@ class Recorder:
             "lr": lr,
             "tokens": step * self.tokens_per_step,
             "tokens_per_s": tokens_per_s,
-            "mfu": mfu(tokens_per_s, self.flops_per_token, self.peak_flops, self.rt.world_size),
+            "mfu": self.mfu(tokens_per_s),
             **agg.figures,
             **stragglers,
             "comm/buckets": buckets,

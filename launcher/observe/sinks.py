@@ -15,9 +15,10 @@ import os
 import sys
 from pathlib import Path
 
+from launcher.paths import atomic_write
 from launcher.resilience.preemption import stop_for_full_disk
 from launcher.runtime import disk
-from launcher.runtime.paths import atomic_write
+from launcher.runtime.run_history import record_step
 
 log = logging.getLogger("launcher")
 
@@ -27,16 +28,6 @@ def finite_or_none(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
-def record_step(line: str) -> int | None:
-    """The step of a metrics.jsonl line, or None when the line is not a record."""
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    step = record.get("step") if isinstance(record, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 class Sink:

@@ -158,12 +158,28 @@ class WandbSink(Sink):
         if self.full:
             _drop_file_logs(self.directory)
         try:
-            self.run.summary.update({k: finite_or_none(v) for k, v in summary.items()})
+            self.run.summary.update(headline_first(summary))
             if status == "stopped":
                 self.run.mark_preempting()
             self.run.finish(exit_code=0 if status in ("completed", "stopped") else 1)
         except Exception as exc:  # noqa: BLE001 - see the docstring
             log.warning("W&B: could not finish run %s: %s", self.run.id, exc)
+
+
+# What a person looks for first in a run's W&B summary, in this order; W&B lists a summary
+# as it was written, and summary.json's order puts comm/* before loss's place in the table.
+HEADLINE = ("status", "loss", "eval/loss", "eval/ppl", "tokens_per_s", "mfu",
+            "step_time_s/p50", "wall_time_s", "steps", "tokens", "world_size")  # fmt: skip
+
+
+def headline_first(summary: dict) -> dict:
+    """summary.json's figures for W&B's run summary: the headline first (a non-finite loss
+    as null, still in its place), then the rest as summary.json orders them, without the
+    figures this run has none of (another engine's collectives), which W&B would list as
+    empty rows."""
+    first = {k: finite_or_none(summary[k]) for k in HEADLINE if k in summary}
+    rest = {k: finite_or_none(v) for k, v in summary.items() if k not in first}
+    return {**first, **{k: v for k, v in rest.items() if v is not None}}
 
 
 def _drop_file_logs(directory: Path) -> None:

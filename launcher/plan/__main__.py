@@ -16,10 +16,10 @@ from pathlib import Path
 
 from launcher.config import ConfigError, compose, friendly_overrides
 from launcher.data.shm import human_bytes
+from launcher.paths import atomic_write
 from launcher.plan import forecast
 from launcher.runtime import run_dir_check
 from launcher.runtime.lock import LockHeld, tool_lock
-from launcher.runtime.paths import atomic_write
 
 USAGE = """usage: python -m launcher.plan [--from RUN_DIR] [--mfu F] [--busbw-gbps G]
                               [--overlap F] [--json] [overrides...]
@@ -160,11 +160,11 @@ def table(plan: dict) -> str:
         f"host memory per node {_b(m['host_per_node_bytes'])} (of which /dev/shm "
         f"{_b(m['shm_per_node_bytes'])})",
         f"checkpoint: {_b(c['bytes_per_rank'])} on the largest rank, {_b(c['bytes_total'])} in "
-        f"all, written in {_s(c['write_s'])}; a stop needs {_s(stop['need_s'])}: Kubernetes "
-        f"grace {stop['k8s_grace_s']} s ({'ok' if stop['k8s_fits'] else 'TOO SHORT'}), Slurm "
-        f"signal lead {stop['slurm_signal_lead_s']} s "
-        f"({'ok' if stop['slurm_fits'] else 'TOO SHORT'})",
-    ]
+        f"all, written in {_s(c['write_s'])}; a stop needs "
+        + ", ".join(f"{_s(b['need_s'])} of {b['key']}={b['window_s']} "
+                    f"({'ok' if b['fits'] else 'TOO SHORT'})"
+                    for b in stop["by_backend"].values()),
+    ]  # fmt: skip
     if s.get("time_s"):
         mfu = f", MFU {s['mfu']:.1%}" if s.get("mfu") else ""
         lines.append(

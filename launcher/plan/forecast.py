@@ -7,7 +7,8 @@ the target hardware (its compute rate: the step's time less its exposed communic
 data wait). Communication is the engine's declared collectives on the link's alpha-beta
 model (launcher.plan.comm), of which the exposed part is (1 - overlap); the overlap, the
 link's bandwidth and the checkpoint write speed are measured by `--from` where its run
-recorded them. docs/plan.md gives the formulas, their sources and the checks.
+recorded them, the overlap otherwise modelled as the buckets' pipeline over backward.
+docs/plan.md gives the formulas, their sources and the checks.
 """
 
 from __future__ import annotations
@@ -21,15 +22,12 @@ from types import SimpleNamespace
 
 from launcher.checkpoint.protocol import find_resumable, read_meta
 from launcher.config import compose
-from launcher.model.build import param_count, shape_flops_per_token
-from launcher.plan import comm, memory
+from launcher.config.model_shape import param_count, shape_flops_per_token
+from launcher.config.registry import engine
+from launcher.data.tokenizer import TOKENIZER_DIR, saved_vocab_size
+from launcher.plan import comm, memory, stop
 from launcher.plan.presets import DEFAULT_DEVICE, DEVICES, Device, Link, link_for
-from launcher.strategy.registry import engine
 
-# DDP's gradient all-reduce hidden behind backward, where no profiled run measured it: the
-# buckets of the last layers' gradients go out while earlier layers' backward runs (assumed;
-# docs/plan.md).
-DEFAULT_OVERLAP = 0.7
 ENGINES = (  # the engines and ZeRO stages set beside the configured one
     ("ddp", ["strategy=ddp"]),
     ("fsdp2", ["strategy=fsdp2"]),
@@ -47,7 +45,9 @@ class Measured:
     world_size: int
     flops_per_s: float | None = None  # compute FLOP/s of one rank
     overlap: float | None = None
-    busbw: float | None = None  # bytes/s
+    busbw: float | None = None  # bytes/s: the all-reduces' effective bus bandwidth
+    comm_bytes: float | None = None  # all-reduced bytes a step (comm/bytes)
+    collectives: int | None = None  # all-reduces a step (comm/buckets)
     data_wait_s: float | None = None
     write_bytes_per_s: float | None = None
     device: str | None = None
@@ -134,12 +134,16 @@ def measured_from(run_dir: Path) -> Measured:
         out.overlap = max(0.0, 1.0 - exposed / reduce)
     if summary.get("comm/busbw_gbps"):
         out.busbw = float(summary["comm/busbw_gbps"]) * 1e9
+        out.comm_bytes = summary.get("comm/bytes")
+        out.collectives = summary.get("comm/buckets")
     env = _json(run_dir / "env.json")
     devices = env.get("devices") or []
     out.device = devices[0].get("name") if devices and isinstance(devices[0], dict) else None
     last = find_resumable(run_dir)
     meta = (read_meta(last) or {}) if last else {}
-    out.vocab_size = (meta.get("model") or {}).get("vocab_size")
+    out.vocab_size = (meta.get("model") or {}).get("vocab_size") or saved_vocab_size(
+        run_dir / TOKENIZER_DIR
+    )
     if meta.get("write_s"):
         size = sum(int(n) for n in (meta.get("files") or {}).values())
         out.write_bytes_per_s = size / float(meta["write_s"])
@@ -215,28 +219,16 @@ def build(cfg, target: Target, measured: Measured | None = None, restarts: int |
 
     flops, flops_why = _flop_rate(target, measured)
     basis["step.compute_s"] = flops_why
-    link = target.link
-    if measured and measured.busbw and measured.world_size > 1:
-        link = Link(link.name, measured.busbw, link.alpha, f"measured in {measured.source}")
-        basis["link"] = _basis(True, f"bus bandwidth {measured.busbw / 1e9:.3g} GB/s measured "
-                               f"in {measured.source}")  # fmt: skip
+    link = measured_link(target.link, measured, basis)
     comms = comm.step_comm(cfg, world, link)
-    if target.overlap is not None:
-        overlap, basis["step.overlap"] = target.overlap, _basis(False, "--overlap, given")
-    elif measured and measured.overlap is not None:
-        overlap = measured.overlap
-        basis["step.overlap"] = _basis(True, f"measured in {measured.source}")
-    else:
-        overlap = DEFAULT_OVERLAP
-        basis["step.overlap"] = _basis(
-            False, f"{DEFAULT_OVERLAP:.0%} of the communication hidden behind backward"
-        )
     wait = measured.data_wait_s if measured and measured.data_wait_s is not None else 0.0
-    step = None
+    overlap, step = None, None
+    basis["step.overlap"] = _basis(False, "no compute rate to hide the communication behind")
     if flops:
         compute = tokens_step / world * fpt / flops
         if t.grad_checkpointing:
             compute *= 4 / 3  # the forward again in backward
+        overlap = _overlap(target, measured, comms, link, backward_s(cfg, world, flops), basis)
         exposed = comms["time_s"] * (1 - overlap)
         time_s = compute + exposed + wait
         tokens_per_s = tokens_step / time_s
@@ -288,7 +280,11 @@ def build(cfg, target: Target, measured: Measured | None = None, restarts: int |
             "bytes_per_rank": ckpt["per_rank"],
             "bytes_total": ckpt["total"],
             "write_s": write_s,
-            "stop": stop_budget(cfg, write_s, step["time_s"] if step else None),
+            "stop": {
+                "write_s": write_s,
+                "step_s": step["time_s"] if step else None,
+                "by_backend": stop.budgets(cfg, write_s, step["time_s"] if step else None),
+            },
         },
         "step": {
             **(step or {"time_s": None, "tokens_per_s": None, "comm_s": comms["time_s"]}),
@@ -304,6 +300,58 @@ def _with(cfg, overrides: list[str]):
     """`cfg` (its model, trainer and data) under another engine at its defaults."""
     other = compose(overrides).strategy
     return SimpleNamespace(model=cfg.model, trainer=cfg.trainer, data=cfg.data, strategy=other)
+
+
+def measured_link(link: Link, measured: Measured | None, basis: dict | None = None) -> Link:
+    """`link` as a run on it measured it: its alpha and bandwidth scaled to the run's
+    all-reduces (launcher.plan.comm.fitted), or, where the run did not record its layout,
+    the run's bus bandwidth in place of the preset's."""
+    if not measured or not measured.busbw or measured.world_size < 2:
+        return link
+    source = f"measured in {measured.source}"
+    if measured.comm_bytes and measured.collectives:
+        link = comm.fitted(link, measured.busbw, measured.comm_bytes, int(measured.collectives),
+                           measured.world_size, source)  # fmt: skip
+        why = (
+            f"alpha {link.alpha * 1e6:.3g} us, bus bandwidth {link.busbw / 1e9:.3g} GB/s: the "
+            f"preset scaled to the {measured.collectives} all-reduce(s) a step {source}"
+        )
+    else:
+        link = replace(link, busbw=measured.busbw, source=source)
+        why = f"bus bandwidth {measured.busbw / 1e9:.3g} GB/s {source}"
+    if basis is not None:
+        basis["link"] = _basis(True, why)
+    return link
+
+
+def backward_s(cfg, world_size: int, flops_per_s: float) -> float:
+    """One micro-step's backward on a rank: the window the gradient collectives can hide
+    in (they go out on the last micro-step only). Backward is two thirds of the 6N FLOPs a
+    token; with gradient checkpointing it runs the forward again, the whole of them."""
+    micro = memory.micro_batch(cfg, world_size)
+    t = cfg.trainer
+    whole = micro * int(t.seq_len) * shape_flops_per_token(cfg.model, int(t.seq_len)) / flops_per_s
+    return whole if t.grad_checkpointing else whole * 2 / 3
+
+
+def _overlap(target: Target, measured: Measured | None, comms: dict, link: Link,
+             backward: float, basis: dict) -> float:  # fmt: skip
+    """The share of the step's communication hidden behind backward: given (--overlap),
+    measured by the run of --from, else the bucket pipeline's (launcher.plan.comm)."""
+    if target.overlap is not None:
+        basis["step.overlap"] = _basis(False, "--overlap, given")
+        return target.overlap
+    if measured and measured.overlap is not None:
+        basis["step.overlap"] = _basis(True, f"measured in {measured.source}")
+        return measured.overlap
+    rows = [(c["op"], c["bytes"], c["times"]) for c in comms["collectives"]]
+    backward = backward if target.on_gpu else 0.0  # CPU collectives take the cores' time
+    exposed = comm.exposed_s(rows, target.world_size, link, backward)
+    basis["step.overlap"] = _basis(
+        False, f"the collectives as a pipeline over a {backward * 1e3:.3g} ms backward "
+        "(buckets ready at an even rate, one at a time)"
+    )  # fmt: skip
+    return 1.0 - exposed / comms["time_s"] if comms["time_s"] else 1.0
 
 
 def _flop_rate(target: Target, measured: Measured | None) -> tuple[float | None, dict]:
@@ -327,24 +375,12 @@ def _write_rate(cfg, measured: Measured | None) -> tuple[float, dict]:
             True, f"{measured.write_bytes_per_s / 1e6:.0f} MB/s, the last checkpoint of "
             f"{measured.source}"
         )  # fmt: skip
-    group = cfg.cluster.k8s if cfg.cluster.name == "k8s" else cfg.cluster.slurm
-    key = "cluster.k8s" if cfg.cluster.name == "k8s" else "cluster.slurm"
-    rate = float(group.checkpoint_write_mb_s)
+    # the chosen backend's figure, where its section has one; else (cluster=local) Slurm's
+    name = str(cfg.cluster.name)
+    name = name if hasattr(getattr(cfg.cluster, name, None), "checkpoint_write_mb_s") else "slurm"
+    key = f"cluster.{name}"
+    rate = float(getattr(cfg.cluster, name).checkpoint_write_mb_s)
     return rate * 1e6, _basis(False, f"{key}.checkpoint_write_mb_s={rate:g} (configured)")
-
-
-def stop_budget(cfg, write_s: float, step_s: float | None) -> dict:
-    """What a stop needs (the step in flight, then the checkpoint's write) against what
-    the scheduler gives: Kubernetes' grace period, Slurm's signal lead."""
-    need = write_s + (step_s or 0.0)
-    c = cfg.cluster
-    return {
-        "need_s": need,
-        "k8s_grace_s": int(c.k8s.termination_grace_s),
-        "k8s_fits": need <= int(c.k8s.termination_grace_s),
-        "slurm_signal_lead_s": int(c.slurm.signal_lead_s),
-        "slurm_fits": need <= int(c.slurm.signal_lead_s),
-    }
 
 
 def at_start(cfg, world_size: int, ranks_per_node: int, device_name: str | None,

@@ -9,10 +9,10 @@ the Slurm and Kubernetes renderers request it (docs/plan.md, "One arithmetic").
 from __future__ import annotations
 
 from launcher.checkpoint import memory as tier
+from launcher.config.batch import AUTO
+from launcher.config.model_shape import GPT2_VOCAB, padded_vocab_size, param_count
+from launcher.config.registry import engine
 from launcher.data.shm import INT64_BYTES, shm_need_bytes
-from launcher.model.build import GPT2_VOCAB, padded_vocab_size, param_count
-from launcher.strategy.registry import engine
-from launcher.train.batch import AUTO
 
 HEADROOM = 0.10  # of the device's total: the caching allocator's fragmentation (assumed)
 CONTEXT_BYTES = 1 * 10**9  # CUDA context, cuBLAS/NCCL workspaces, per rank (assumed)

@@ -9,7 +9,6 @@ returns is the row's observation.
 
 from __future__ import annotations
 
-import importlib
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from launcher.analyze.hang import analyze_hang, write_hang_report
 from launcher.checkpoint.protocol import read_meta, step_name
 from launcher.config import ConfigError
+from launcher.config.backends import backend
 from launcher.plan.forecast import checkpoint_bytes
 from launcher.rehearse.launches import (
     CaseFailed,
@@ -228,7 +228,7 @@ def cluster(r: Rehearsal) -> str:
     """The job launcher.submit would render, with the checks it makes against the stop
     checkpoint's time (the rehearsal's figure, when the stop case ran, else submit's own)."""
     seen, target = Seen(), str(r.cfg.cluster.name)
-    renderer = importlib.import_module(f"launcher.submit.{target}")
+    renderer = backend(target).module()
     try:
         job = prepare(target, [*r.user_overrides, f"run.root={r.run_dir.parent}",
                                f"run.id={r.run_dir.name}"])  # fmt: skip
@@ -241,24 +241,9 @@ def cluster(r: Rehearsal) -> str:
         (out / name).write_text(text)
     key = f"cluster.{target}"
     group = r.cfg.cluster[target]
-    write = stop_time.checkpoint_write(job, group, key)
-    if target == "slurm":
-        seen.ok(
-            f"signal_lead_s={group.signal_lead_s} holds the {write.seconds:.1f} s "
-            f"stop checkpoint ({write.why})"
-        )
-        seen.require(bool(group.requeue), f"{key}.requeue=false: a preempted job is not requeued")
-        seen.require(group.max_requeues is not None,
-                     f"{key}.max_requeues=null: a failing job requeues forever")  # fmt: skip
-        seen.ok(f"requeue limited to {group.max_requeues}")
-    else:
-        seen.ok(
-            f"termination_grace_s={group.termination_grace_s} holds the {write.seconds:.1f} s "
-            f"stop checkpoint ({write.why})"
-        )
-        seen.require(group.max_restarts >= 1, f"{key}.max_restarts=0: a replaced pod ends the job")
-        seen.ok(f"restarts limited to torchrun --max-restarts={group.max_restarts}, "
-                f"{group.backoff_limit_per_node} failed pods per node")  # fmt: skip
+    checks = getattr(renderer, "rehearse", None)  # the backend's, of its section
+    if checks:
+        checks(seen, group, key, stop_time.checkpoint_write(job, group, key))
     return str(seen)
 
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from launcher.runtime.paths import atomic_write
+from launcher.paths import atomic_write
 from launcher.submit.stop_time import REHEARSAL_REPORT
 
 COLUMNS = ("fault", "expected", "observed", "verdict", "evidence path")

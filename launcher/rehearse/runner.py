@@ -23,6 +23,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from launcher.config import ConfigError, compose, sweep
+from launcher.config.backends import backends
+from launcher.paths import keep_aside
 from launcher.rehearse import report
 from launcher.rehearse.cases import CASES, NAMES, Case
 from launcher.rehearse.launches import CaseFailed, kill_leftovers
@@ -31,7 +33,6 @@ from launcher.rehearse.shrink import KEPT, shrunk
 from launcher.runtime import process as runtime
 from launcher.runtime import run_dir_check
 from launcher.runtime.lock import LockHeld, tool_lock
-from launcher.runtime.paths import keep_aside
 from launcher.train.preflight import preflight
 
 log = logging.getLogger("launcher.rehearse")
@@ -64,7 +65,7 @@ def selected(cfg: DictConfig) -> list[Case]:
     if "cluster" in only and not has_cluster:
         raise ConfigError(
             "rehearse.only names cluster, but cluster=local renders no job; "
-            "set cluster=slurm or cluster=k8s"
+            f"set {' or '.join(f'cluster={name}' for name in backends())}"
         )
     cases = [c for c in CASES if (not only or c.name in only) and c.name not in skip]
     cases = [c for c in cases if has_cluster or not c.needs_cluster]

@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 
 from launcher.config.schema import BurninConfig
-from launcher.observe.comm_stats import bus_bandwidth, time_allreduce
+from launcher.paths import atomic_write, keep_aside
 from launcher.resilience.faults import FaultInjector
-from launcher.runtime.paths import atomic_write, keep_aside
+from launcher.runtime.allreduce import bus_bandwidth, time_allreduce
 from launcher.runtime.process import Runtime
 
 log = logging.getLogger("launcher")

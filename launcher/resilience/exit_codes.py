@@ -16,7 +16,7 @@ import socket
 import sys
 from pathlib import Path
 
-from launcher.runtime.paths import atomic_write
+from launcher.paths import atomic_write
 
 DONE = 0
 CRASH = 1  # an unexpected error: a traceback is in logs/rank<r>.log

@@ -2,10 +2,10 @@
 cluster and see what the launcher, torchrun and the scheduler do: the tests use the same
 keys. Off by default; docs/faults.md lists the kinds.
 
-Each kind is declared once, in `KINDS`: the hook points where it fires (the job and the loop
-call the injector at those points and know no kind) and the config rules it needs. The
-choices of `fault.kind` and its validation are read from here, so a new kind is one
-`register(FaultKind(...))`.
+Each kind is declared once (launcher.config.fault_kinds' registry; the built-in ones below):
+the hook points where it fires (the job and the loop call the injector at those points and
+know no kind) and the config rules it needs. The choices of `fault.kind` and its validation
+read the registry, so a new kind is one `register(FaultKind(...))`.
 
 With `fault.once=true` a fault fires in one attempt only: the rank leaves
 `logs/fault.rank<r>` when it fires, so a restarted or requeued job resumes past it.
@@ -16,8 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from signal import SIGSTOP
 from typing import Any
@@ -25,95 +24,31 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from launcher.config.fault_kinds import (
+    AFTER_STEP,
+    AT_ITS_RANK_AND_STEP,
+    BEFORE_STEP,
+    BURN_IN,
+    DATA,
+    FORWARD,
+    LOSS,
+    PHASE,
+    FaultKind,
+    Hook,
+    kinds,
+    register,
+)
+from launcher.config.schema import PHASES
 from launcher.resilience import exit_codes, first_failure
-from launcher.resilience.watchdog import PHASES
 
 log = logging.getLogger("launcher")
-
-# The hook points: where the job and the loop call the injector (1-based steps).
-PHASE = "phase"  # each time a watched phase begins (watchdog.PHASES), every rank
-BURN_IN = "burn-in"  # the burn-in gate's device timing: the seconds each matmul takes more
-DATA = "data"  # the training loader opens: its windows may be replaced
-BEFORE_STEP = "before step"  # inside the timed step, before its first micro-batch
-FORWARD = "forward"  # before each forward, with the micro-batch's size
-LOSS = "loss"  # each micro-batch's loss, which the hook may replace
-AFTER_STEP = "after step"  # the step's micro-batches are done
-
-# hook(injector, value, **context) -> the value the point goes on with (None: unchanged
-# where the point carries no value: DATA's windows, LOSS's loss and BURN_IN's seconds do)
-Hook = Callable[..., Any]
-# rule(fault config, world size, trainer.max_steps) -> the one-line problem, or None
-Rule = Callable[[Any, int, int], "str | None"]
-
-
-def rank_in_job(f, world_size: int, max_steps: int) -> str | None:
-    if 0 <= f.rank < world_size:
-        return None
-    return f"fault.rank={f.rank}: no such rank in a job of {world_size}; give 0..{world_size - 1}"
-
-
-def step_in_run(f, world_size: int, max_steps: int) -> str | None:
-    if 1 <= f.step <= max_steps:
-        return None
-    return (
-        f"fault.step={f.step}: the fault would never fire; give a step within "
-        f"1..trainer.max_steps={max_steps}"
-    )
-
-
-def phases_named(f, world_size: int, max_steps: int) -> str | None:
-    if f.phases and all(p in PHASES for p in f.phases):
-        return None
-    return (
-        f"fault.phases={list(f.phases)}: fault.kind={f.kind} needs phases from {', '.join(PHASES)}"
-    )
-
-
-# The rules of a fault that fires on rank `fault.rank` at step `fault.step`.
-AT_ITS_RANK_AND_STEP: tuple[Rule, ...] = (rank_in_job, step_in_run)
-
-
-@dataclass(frozen=True)
-class FaultKind:
-    """One `fault.kind`: what it does at each hook point, on which ranks it is armed, and the
-    rules its config must keep (checked with the config, before anything starts)."""
-
-    name: str
-    hooks: Mapping[str, Hook] = field(default_factory=dict)
-    every_rank: bool = False  # armed on every rank, not on fault.rank alone
-    rules: tuple[Rule, ...] = AT_ITS_RANK_AND_STEP
-    # whether a config makes it a lasting condition, which `fault.once` does not end
-    lasting: Callable[[Any], bool] = lambda f: False
-
-
-KINDS: dict[str, FaultKind] = {}
-
-
-def register(kind: FaultKind) -> FaultKind:
-    """Declare a fault kind: `fault.kind=<name>` is then accepted and fires at its hooks."""
-    KINDS[kind.name] = kind
-    return kind
-
-
-def kind_names() -> tuple[str, ...]:
-    """The values `fault.kind` takes (the schema's choices)."""
-    return tuple(KINDS)
-
-
-def fault_problem(f, world_size: int, max_steps: int) -> str | None:
-    """The first rule of the chosen kind that the `fault` section breaks, or None."""
-    for rule in KINDS[f.kind].rules:
-        problem = rule(f, world_size, max_steps)
-        if problem:
-            return problem
-    return None
 
 
 class FaultInjector:
     """This rank's configured fault, fired at the hook points the job and the loop call."""
 
     def __init__(self, cfg, *, rank: int, run_dir: Path):
-        self.cfg, self.kind = cfg, KINDS[cfg.kind]
+        self.cfg, self.kind = cfg, kinds()[cfg.kind]
         self.marker = run_dir / "logs" / f"fault.rank{rank}"
         self.armed = bool(self.kind.hooks) and (self.kind.every_rank or rank == cfg.rank)
         if self.armed and cfg.once and not self.kind.lasting(cfg) and self.marker.exists():
@@ -285,6 +220,14 @@ def _slow_device(fault: FaultInjector, _) -> float:
 
 
 register(FaultKind("slow_device", {BURN_IN: _slow_device}))
+
+
+def phases_named(f, world_size: int, max_steps: int) -> str | None:
+    if f.phases and all(p in PHASES for p in f.phases):
+        return None
+    return (
+        f"fault.phases={list(f.phases)}: fault.kind={f.kind} needs phases from {', '.join(PHASES)}"
+    )
 
 
 # slow_phase: every rank spends `seconds` more in each phase named in `phases`, each time it

@@ -17,7 +17,7 @@ import logging
 import time
 from pathlib import Path
 
-from launcher.runtime.paths import atomic_write
+from launcher.paths import atomic_write
 
 log = logging.getLogger("launcher")
 

@@ -29,10 +29,9 @@ import torch
 import torch.distributed as dist
 
 from launcher.resilience import exit_codes, first_failure, watchdog
+from launcher.runtime.process_tree import STOP_SIGNALS
 
 log = logging.getLogger(__name__)
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class _Request:

@@ -45,12 +45,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from launcher.resilience import exit_codes
+from launcher.runtime.nccl_capture import FR_BUFFER_ENV, FR_LEGACY_ENV
 from launcher.runtime.process_tree import stopped_workers
 
 log = logging.getLogger("launcher")
 
-FR_BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
-FR_LEGACY_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # the NCCL-only name older torch reads
 DECLARED = "hang.declared"  # in logs/: the rank that declared a hang, and when
 
 
@@ -69,19 +68,8 @@ def current_phase() -> str:
     return _current[-1].current_phase() if _current else "start-up"
 
 
-def enable_flight_recorder(entries: int) -> None:
-    """Ask the process group (created after this) to keep its last `entries` collectives.
-
-    Only when the user set neither variable: theirs wins. Must run before the group exists.
-    """
-    if entries > 0 and FR_BUFFER_ENV not in os.environ and FR_LEGACY_ENV not in os.environ:
-        os.environ[FR_BUFFER_ENV] = str(entries)
-
-
-# The phases a rank goes through, each with its own allowance (docs/faults.md): the ones that
-# cannot be cut short by a stop request (CUT_SHORT lists those that can: a step ends within
-# a step, an eval between two batches).
-PHASES = ("start-up", "first step", "eval", "checkpoint", "profiler flush", "end of run")
+# The phases a stop request cuts short (a step ends within a step, an eval between two
+# batches); the others (config.schema.PHASES) each have their own allowance (docs/faults.md).
 CUT_SHORT = ("training", "eval")
 
 

@@ -6,15 +6,19 @@ the run resumes from its last complete checkpoint. It shows in more than one way
 OSError with ENOSPC or EDQUOT from Python's own writes, but torch.save's zip writer
 reports only a short write ("unexpected pos 6784 vs 6676", "file write failed"), so a
 write error while the file system has next to nothing free counts too.
+
+The size and free space of the shared-memory file system (`shm_available_bytes`: the data
+loader's sizing, env.json) are read the same way.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from pathlib import Path
 
-from launcher.runtime.paths import nearest_existing
+from launcher.paths import nearest_existing
 
 NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 # Errors that name another cause than space: a read-only mount, permissions, a path that
@@ -73,3 +77,11 @@ def no_space_line(what: str, path: Path, needed: int | None) -> str:
         f"no space left on device writing {what} ({path}): {need}{mb(free_bytes(path))} free "
         f"there; free some space or point run.root at another file system, then relaunch"
     )
+
+
+def shm_available_bytes(path: str = "/dev/shm") -> tuple[int, int] | None:
+    """(size, free) of the filesystem at `path` in bytes, or None where it does not exist."""
+    if not os.path.exists(path):
+        return None
+    st = os.statvfs(path)
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize

@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from launcher.data.shm import shm_available_bytes
+from launcher.runtime.disk import shm_available_bytes
 
 PACKAGES = (
     "torch",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.observe.nccl_log import Capture
+from launcher.runtime.nccl_capture import Capture
 
 
 @dataclass
@@ -30,6 +30,9 @@ class LaunchState:
     last_cfg: Any = None  # the last job's config (where the sweep summary goes)
     # the jobs' progress lines go to their logs only (a tuner's trials: its own line each)
     quiet_progress: bool = False
+    # with quiet_progress, the one logger whose INFO lines still reach the console (the
+    # tuner's); the jobs' own start-up and closing lines stay in their logs, warnings show
+    console_logger: str | None = None
 
     def forget_process_group(self) -> None:
         """After the group is destroyed: a later job of this process starts afresh."""

@@ -24,10 +24,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from launcher.config import backends
 from launcher.config.schema import DistConfig, NcclConfig, RunConfig, TrainConfig
-from launcher.observe import nccl_log
-from launcher.resilience.watchdog import enable_flight_recorder
-from launcher.runtime import disk
+from launcher.runtime import disk, nccl_capture
 from launcher.runtime.launch_state import LaunchState
 
 log = logging.getLogger("launcher")
@@ -159,7 +158,7 @@ def start(
     as a run id would be.
     """
     rank, local_rank, world = env_world()
-    _configure_console_logging(rank)
+    _configure_console_logging(rank, launch.console_logger if launch.quiet_progress else None)
     device = pick_device(cfg.device, local_rank)
     # DeepSpeed picks its accelerator when first imported, from this variable if set: a
     # CPU run on a GPU machine stays on the CPU.
@@ -168,8 +167,8 @@ def start(
     if (launched or needs_group) and not dist.is_initialized():
         launch.backend = pick_backend(cfg.dist.backend, device)
         apply_nccl_env(cfg.nccl)
-        enable_flight_recorder(cfg.flight_recorder_entries)
-        launch.nccl_capture = nccl_log.stage_debug_file(
+        nccl_capture.enable_flight_recorder(cfg.flight_recorder_entries)
+        launch.nccl_capture = nccl_capture.stage_debug_file(
             cfg.run.root, launch.backend, rank, launch.nccl_capture
         )
         timeout = dt.timedelta(seconds=cfg.dist.timeout_s)
@@ -203,7 +202,7 @@ def open_run_dir(rt: Runtime) -> None:
     if rt.is_main:
         (rt.run_dir / "logs").mkdir(exist_ok=True)
     rt.barrier()
-    nccl_log.adopt_debug_file(rt.launch.nccl_capture, rt.run_dir)
+    nccl_capture.adopt_debug_file(rt.launch.nccl_capture, rt.run_dir)
     rt.log_file = _add_file_logging(rt)
     log.info(
         "rank %d/%d (local %d, pid %d) on host %s, device %s, backend %s, run dir %s",
@@ -353,9 +352,9 @@ def apply_nccl_env(nccl: NcclConfig) -> None:
 
 def launch_key() -> str | None:
     """An id that every rank of this launch shares and a restart of it keeps, if any."""
-    if os.environ.get("SLURM_JOB_ID"):
-        array = os.environ.get("SLURM_ARRAY_TASK_ID")
-        return f"slurm{os.environ['SLURM_JOB_ID']}" + (f"_{array}" if array else "")
+    scheduled = backends.job_key(os.environ)  # a cluster backend's job id (Slurm's)
+    if scheduled:
+        return scheduled
     elastic = os.environ.get("TORCHELASTIC_RUN_ID", "")
     if elastic and elastic != "none":
         return elastic
@@ -390,7 +389,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _configure_console_logging(rank: int) -> None:
+def _configure_console_logging(rank: int, only: str | None = None) -> None:
+    """Rank 0's INFO lines and every rank's warnings on stderr; with `only`, INFO lines of
+    that logger alone (a tuner's trial is a job whose start-up the tuner's line replaces;
+    its warnings still show: a trial folder moved aside, a straggler)."""
     root = logging.getLogger()
     root.handlers.clear()
     root.setLevel(logging.INFO)
@@ -399,6 +401,8 @@ def _configure_console_logging(rank: int) -> None:
     console.setFormatter(logging.Formatter(LOG_FORMAT.format(rank=rank), "%H:%M:%S"))
     # records marked file_only (launcher.resilience.first_failure.FILE_ONLY) stay in the log
     console.addFilter(lambda record: not getattr(record, "file_only", False))
+    if only is not None:
+        console.addFilter(lambda r: r.levelno >= logging.WARNING or r.name == only)
     root.addHandler(console)
     logging.captureWarnings(True)
 

@@ -13,6 +13,11 @@ import os
 import signal
 from pathlib import Path
 
+# What torchrun forwards to its workers, Slurm sends to every process of a step and a
+# terminal sends on Ctrl-C: each rank turns them into a checkpoint at the next step boundary
+# (launcher.resilience.preemption), and its data-loader workers leave them to it.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
 
 def children(pid: int) -> list[int]:
     """The live children of `pid` (of each of its threads)."""

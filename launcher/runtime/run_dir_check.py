@@ -18,8 +18,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from launcher.paths import can_create_in, nearest_existing
 from launcher.runtime.disk import NO_SPACE
-from launcher.runtime.paths import can_create_in, nearest_existing
 
 FOLDER, FILE = "folder", "file"
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.config import ConfigError
-from launcher.observe.sinks import record_step
 
 
 @dataclass
@@ -85,3 +84,13 @@ def fresh_start_over(history: History, run_dir: Path, resume: str, hint: str) ->
             f"continue it from (it ran with trainer.checkpoint_interval=0), so this launch "
             f"would start over and overwrite it; {hint}"
         )
+
+
+def record_step(line: str) -> int | None:
+    """The step of a metrics.jsonl line, or None when the line is not a record."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from launcher.checkpoint.node_share import memory_key
+from launcher.config.registry import format_of
 from launcher.observe.comm_stats import StepComm
-from launcher.strategy.registry import format_of
 
 if TYPE_CHECKING:
     from launcher.checkpoint.node_share import NodeShare
@@ -42,7 +42,7 @@ def compile_mode(compile: str, device: torch.device) -> str | None:
 
 def load_other_format(folder: Path, model: torch.nn.Module, optimizer, load_whole) -> None:
     """Another engine's checkpoint into this one, through the reader its format declares
-    (launcher.strategy.registry.Format): a reader of a whole state hands it to
+    (launcher.config.registry.Format): a reader of a whole state hands it to
     `load_whole(model_sd, optim_sd)` (the optimizer state keyed by position, as
     launcher.strategy.optim.build_optimizer orders the parameters); DCP's loads into the
     model and optimizer as they are, sharded or whole."""

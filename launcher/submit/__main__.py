@@ -1,49 +1,60 @@
-"""`python -m launcher.submit {slurm,k8s} [--dry-run] [overrides...]`.
+"""`python -m launcher.submit <backend> [--dry-run] [overrides...]`, a backend one of
+launcher.config.backends' (slurm, k8s, and those other packages add).
 
-Each target is a module with `render(job) -> {file name: text}` (which also checks what it
-rendered, raising ConfigError) and `submit(job, paths) -> str` (hands the files to the
-cluster and returns what identifies the job there), and may have `notes(job) -> [line]`:
-what must exist before the job can run, and how to remove it. The files go into the run
-directory's submit/ folder and their paths are printed on stdout, one per line; warnings
-and notes go to stderr.
+Each backend names a renderer module with `render(job) -> {file name: text}` (which also
+checks what it rendered, raising ConfigError) and `submit(job, paths) -> str` (hands the
+files to the cluster and returns what identifies the job there), and may have
+`notes(job) -> [line]`: what must exist before the job can run, and how to remove it. The
+files go into the run directory's submit/ folder and their paths are printed on stdout, one
+per line; warnings and notes go to stderr.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
+import textwrap
 
 from launcher.config import ConfigError
+from launcher.config.backends import backends
 from launcher.resilience import exit_codes
 from launcher.submit.job import prepare
 
-TARGETS = {"slurm": "launcher.submit.slurm", "k8s": "launcher.submit.k8s"}
 
-USAGE = """usage: python -m launcher.submit {slurm,k8s} [--dry-run] [--tune] [overrides...]
+def usage() -> str:
+    """--help, naming every backend: what it renders, its tool and its docs."""
+    found = backends().values()
+    names = ",".join(b.name for b in found)
+    text = (
+        "Render the training experiment (the same overrides launcher.train takes, sweeps "
+        "included) as a cluster job: "
+        + " or ".join(f"{b.summary} ({b.name})" for b in found)
+        + ". The files go to <run.root>/<run.id>/submit/; without --dry-run they are "
+        f"submitted ({', '.join(b.tool for b in found)}). --tune: every node runs "
+        "launcher.tune instead of launcher.train (tuning rounds, docs/tuning.md). Cluster "
+        f"settings are the cluster.* keys: {', '.join(b.docs for b in found)}."
+    )
+    head = f"usage: python -m launcher.submit {{{names}}} [--dry-run] [--tune] [overrides...]"
+    return f"{head}\n\n{textwrap.fill(text, 90)}"
 
-Render the training experiment (the same overrides launcher.train takes, sweeps included)
-as a cluster job: an sbatch script (slurm) or an Indexed Job and its Service (k8s). The
-files go to <run.root>/<run.id>/submit/; without --dry-run they are submitted (sbatch,
-kubectl apply). --tune: every node runs launcher.tune instead of launcher.train (tuning
-rounds, docs/tuning.md). Cluster settings are the cluster.* keys: docs/slurm.md,
-docs/kubernetes.md."""
+
 TUNE_MODULE = "launcher.tune"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") or "--help" in argv:
-        print(USAGE)
+        print(usage())
         return 0 if argv else exit_codes.BAD_INPUT
     target, rest = argv[0], argv[1:]
-    if target not in TARGETS:
+    if target not in backends():
         print(
-            f"error: unknown target {target!r}; use one of: {', '.join(TARGETS)}", file=sys.stderr
+            f"error: unknown target {target!r}; use one of: {', '.join(backends())}",
+            file=sys.stderr,
         )
         return exit_codes.BAD_INPUT
     dry_run, tune = "--dry-run" in rest, "--tune" in rest
     overrides = [a for a in rest if a not in ("--dry-run", "--tune")]
-    renderer = importlib.import_module(TARGETS[target])
+    renderer = backends()[target].module()
     try:
         job = prepare(target, overrides)
         if tune:

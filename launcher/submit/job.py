@@ -26,11 +26,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config import ConfigError, sweep
+from launcher.config.backends import backend, shell_text_keys
 from launcher.config.secret_keys import is_secret_key, secret_in
 from launcher.data.tokenizer import tokenizer_path_problem
+from launcher.paths import can_create_in
 from launcher.runtime import run_dir_check
 from launcher.runtime.lock import LockHeld, tool_lock
-from launcher.runtime.paths import can_create_in
 from launcher.train.preflight import (
     check_config,
     data_file_problems,
@@ -42,30 +43,16 @@ SUBMIT_DIR = "submit"
 # What each node runs in place of `torchrun` (same arguments; exits with the contract code).
 FRONT_DOOR = ("python", "-m", "launcher.torchrun")
 DEFAULT_JOB_NAME = "launcher"
-# Keys whose values become shell text in the job (exports, setup lines, sbatch options).
-SHELL_TEXT_KEYS = (
-    "cluster.setup",
-    "cluster.env",
-    "nccl.env",
-    "cluster.slurm.modules",
-    "cluster.slurm.extra_sbatch",
-    "cluster.slurm.container_mounts",
-)
-# How each cluster gets a secret to the job without writing it down (refusal's fix).
-SECRET_WAYS = {
-    "slurm": "export it in the shell you submit from (submit passes the variables of that "
-    "shell named as secrets to the job by name, sbatch --export) or keep it in a file only "
-    "you can read (wandb login writes ~/.netrc)",
-    "k8s": "give it through a Secret (cluster.k8s.wandb_secret names the one holding "
-    "WANDB_API_KEY)",
-}
+# Keys whose values become shell text in the job (exports, setup lines), and each backend's
+# (sbatch options...: launcher.config.backends.shell_text_keys).
+SHELL_TEXT_KEYS = ("cluster.setup", "cluster.env", "nccl.env")
 
 
 @dataclass
 class SubmitJob:
     """One experiment (a single run or a sweep) as a multi-node job."""
 
-    target: str  # slurm or k8s
+    target: str  # the backend's name (launcher.config.backends)
     cfg: DictConfig  # the first point's composed config (cluster.* is the same for all)
     overrides: list[str]  # as the user gave them; the trainer composes them again
     run_id: str
@@ -332,7 +319,7 @@ def check_shell_text(overrides: list[str]) -> None:
     for override in overrides:
         key, _, raw = override.partition("=")
         key = key.lstrip("+~")
-        if not any(key == k or key.startswith(f"{k}.") for k in SHELL_TEXT_KEYS):
+        if not any(key == k or key.startswith(f"{k}.") for k in shell_texts()):
             continue
         typed = _retyped(parser.parse_override(override).value(), raw)
         if typed:
@@ -347,9 +334,9 @@ def check_shell_text(overrides: list[str]) -> None:
 def check_interpolations(cfg: DictConfig) -> None:
     """A shell `${VAR}` in those keys is an OmegaConf interpolation, which fails (or takes
     a config value) when the renderer reads it; say how to write it for the shell."""
-    for key in SHELL_TEXT_KEYS:
+    for key in shell_texts():
         try:
-            OmegaConf.to_container(OmegaConf.select(cfg, key), resolve=True)
+            OmegaConf.to_container(OmegaConf.select(cfg, key, default=[]), resolve=True)
         except OmegaConfBaseException as exc:
             where = getattr(exc, "full_key", None) or key
             raise ConfigError(
@@ -401,15 +388,20 @@ def check_secrets(target: str, overrides: list[str], configs: list[DictConfig]) 
 def _secret_fix(target: str) -> str:
     return (
         "it would be written into the job's files and every rank's command line; remove it "
-        f"and {SECRET_WAYS[target]}"
+        f"and {backend(target).secret_way}"
     )
 
 
+def shell_texts() -> tuple[str, ...]:
+    """The keys whose values become shell text: SHELL_TEXT_KEYS and every backend's."""
+    return (*SHELL_TEXT_KEYS, *shell_text_keys())
+
+
 def _shell_texts(configs: list[DictConfig]):
-    """(key, text) of every value that becomes shell text in the job (SHELL_TEXT_KEYS);
+    """(key, text) of every value that becomes shell text in the job (shell_texts());
     an environment variable as `NAME=value`, so that its name counts too."""
     for cfg in configs:
-        for key in SHELL_TEXT_KEYS:
+        for key in shell_texts():
             node = OmegaConf.select(cfg, key)
             if node is None:
                 continue

@@ -28,8 +28,10 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from launcher.config import ConfigError
+from launcher.config.backends.slurm import BACKEND
 from launcher.config.secret_keys import is_secret_key
 from launcher.data.cache import cache_root
+from launcher.plan.stop import budget
 from launcher.resilience import exit_codes
 from launcher.resilience.burnin import BAD_HOSTS, read_bad_hosts
 from launcher.runtime.args_file import ARGS_FILE_ENV
@@ -177,13 +179,13 @@ def _check_lead(job: SubmitJob) -> None:
     step and the stop checkpoint's write (stop_time: measured, given or estimated)."""
     s = job.cluster.slurm
     write = stop_time.checkpoint_write(job, s, "cluster.slurm")
-    step = float(s.step_time_s or 0)
-    if s.signal_lead_s < step + write.seconds:
+    stop = budget(job.cfg, BACKEND, write.seconds, s.step_time_s)
+    if not stop.fits:
         measured = f"cluster.slurm.step_time_s={s.step_time_s} + " if s.step_time_s else ""
         raise ConfigError(
-            f"cluster.slurm.signal_lead_s={s.signal_lead_s} is too short to stop with a "
-            f"checkpoint: {measured}a {write.seconds:.0f} s checkpoint write ({write.why}) = "
-            f"{step + write.seconds:.0f} s; raise signal_lead_s"
+            f"{stop.key}={stop.window_s} is too short to stop with a checkpoint: {measured}a "
+            f"{write.seconds:.0f} s checkpoint write ({write.why}) = {stop.need_s:.0f} s; "
+            "raise signal_lead_s"
         )
 
 
@@ -686,3 +688,16 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["--example"]:
         sys.exit("usage: python -m launcher.submit.slurm --example > slurm/job.sbatch")
     sys.stdout.write(render_example())
+
+
+def rehearse(seen, s: DictConfig, key: str, write: stop_time.WriteTime) -> None:
+    """launcher.rehearse's cluster case: the signal lead holds the stop checkpoint's write,
+    and a preempted job is requeued, a limited number of times."""
+    seen.ok(
+        f"signal_lead_s={s.signal_lead_s} holds the {write.seconds:.1f} s "
+        f"stop checkpoint ({write.why})"
+    )
+    seen.require(bool(s.requeue), f"{key}.requeue=false: a preempted job is not requeued")
+    seen.require(s.max_requeues is not None,
+                 f"{key}.max_requeues=null: a failing job requeues forever")  # fmt: skip
+    seen.ok(f"requeue limited to {s.max_requeues}")

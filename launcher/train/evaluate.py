@@ -11,11 +11,11 @@ from collections.abc import Callable
 import torch
 from torch.utils.data import Dataset
 
+from launcher.config.batch import BatchPlan
 from launcher.data import build_eval_batches
 from launcher.model.build import attention_backend, model_loss
 from launcher.runtime.process import Runtime
 from launcher.strategy.base import Strategy
-from launcher.train.batch import BatchPlan
 
 log = logging.getLogger("launcher")
 

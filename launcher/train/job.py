@@ -2,7 +2,7 @@
 
 Claims the run directory, builds data, model and strategy in order, resumes, runs the loop,
 and always leaves summary.json and a clean process-group teardown behind, whatever happened.
-Each part is another package's (checkpoint.manager, observe.run_files, observe.recorder,
+Each part is another package's (checkpoint.manager, train.run_files, observe.recorder,
 resilience.faults): the job says in which order they come and how a job that raised ends.
 """
 
@@ -21,24 +21,21 @@ from launcher.checkpoint import protocol as checkpoint
 from launcher.checkpoint.manager import CheckpointManager, plan_resume
 from launcher.checkpoint.memory import MemoryTier
 from launcher.config import ConfigError, TrainConfig, typed
-from launcher.data import TokenData, build_train_loader, prepare_data, shm_available_bytes
+from launcher.config.batch import BatchPlan
+from launcher.config.registry import build_strategy, engine
+from launcher.data import TokenData, build_train_loader, prepare_data
 from launcher.data.cache import cache_root
 from launcher.data.tokenizer import TOKENIZER_DIR
-from launcher.model.build import build_model, count_params, flops_per_token, peak_flops
+from launcher.model.build import build_model, count_params, flops_per_token, mfu, peak_flops
 from launcher.observe.nccl_transport import transport_recorders
 from launcher.observe.recorder import Recorder
 from launcher.observe.report import write_report
-from launcher.observe.run_files import (
-    already_completed,
-    claim_run_dir,
-    open_rank0_sinks,
-    write_summary_if_room,
-)
 from launcher.plan import forecast as plan_forecast
 from launcher.resilience import burnin, exit_codes, first_failure
 from launcher.resilience.faults import FaultInjector, peer_left
 from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime import disk
+from launcher.runtime.disk import shm_available_bytes
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.lock import RunLock
 from launcher.runtime.process import (
@@ -49,12 +46,16 @@ from launcher.runtime.process import (
     ranks_per_node,
     start,
 )
-from launcher.strategy.registry import build_strategy, engine
-from launcher.train.batch import BatchPlan
 from launcher.train.loop import LoopConfig, Stopped, TrainLoop
 from launcher.train.micro_batch import OutOfMemory
 from launcher.train.nonfinite import NonFiniteLoss
 from launcher.train.preflight import tier_room
+from launcher.train.run_files import (
+    already_completed,
+    claim_run_dir,
+    open_rank0_sinks,
+    write_summary_if_room,
+)
 
 log = logging.getLogger("launcher")
 
@@ -219,8 +220,10 @@ class Job:
         identity = resume.identity(cfg, model, rt.world_size)
         checkpoints = CheckpointManager(rt, self.strategy, cfg.trainer, identity, tier)
         batch = BatchPlan.of(cfg.trainer, rt.world_size)
+        peak = peak_flops(rt.device)
         self.recorder = Recorder(rt, cfg.trainer, self.sinks, batch.tokens_per_step, fpt,
-                                 peak_flops(rt.device), batch.micro_batch)  # fmt: skip
+                                 lambda tps: mfu(tps, fpt, peak, rt.world_size),
+                                 batch.micro_batch)  # fmt: skip
         self.loop = TrainLoop(LoopConfig.of(cfg), rt, self.strategy, loader_opener(cfg, rt, data),
                               data.val, self.recorder, checkpoints, faults)  # fmt: skip
         start_step = checkpoints.resume(folders, cfg.resume == "auto", batch)

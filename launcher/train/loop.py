@@ -21,6 +21,7 @@ from torch.profiler import ProfilerAction
 from torch.utils.data import DataLoader, Dataset
 
 from launcher.checkpoint.manager import CheckpointManager
+from launcher.config.batch import AUTO, BatchPlan
 from launcher.config.schema import (
     ProfilerConfig,
     TrainConfig,
@@ -40,7 +41,6 @@ from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime.process import Runtime
 from launcher.strategy.base import Strategy
 from launcher.train import micro_batch
-from launcher.train.batch import AUTO, BatchPlan
 from launcher.train.evaluate import Evaluator
 from launcher.train.nonfinite import NonFinite, Rewound
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from launcher.config.batch import BatchPlan
 from launcher.model.build import attention_backend, model_loss
 from launcher.observe import memory_snapshot
 from launcher.observe.metrics import Interval
@@ -23,7 +24,6 @@ from launcher.observe.profiling import trace_dir
 from launcher.resilience.faults import FaultInjector
 from launcher.runtime.process import Runtime
 from launcher.strategy.base import Strategy
-from launcher.train.batch import BatchPlan
 
 log = logging.getLogger("launcher")
 

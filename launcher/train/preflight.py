@@ -20,18 +20,18 @@ from urllib.parse import urlsplit
 
 from omegaconf import DictConfig
 
-from launcher.checkpoint import memory
+from launcher.checkpoint import memory, pretrained
 from launcher.checkpoint.protocol import find_resumable
 from launcher.config import ConfigError, validate
+from launcher.config.registry import engine
 from launcher.config.schema import DataConfig, LoggerConfig, TrainConfig
 from launcher.data.cache import CACHE_ENV, cache_root
-from launcher.data.shm import check_shm, human_bytes, shm_available_bytes
+from launcher.data.shm import check_shm, human_bytes
 from launcher.data.tokenizer import tokenizer_path_problem
-from launcher.model import pretrained
 from launcher.observe.tensorboard_sink import WRITER_PACKAGE, tensorboard_enabled
+from launcher.paths import creatable_dir_problem, writable_dir_problem
 from launcher.plan.memory import loader_shm_need
-from launcher.runtime.paths import creatable_dir_problem, writable_dir_problem
-from launcher.strategy.registry import engine
+from launcher.runtime.disk import shm_available_bytes
 
 WANDB_DEFAULT_HOST = "https://api.wandb.ai"
 

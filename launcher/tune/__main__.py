@@ -29,9 +29,9 @@ from launcher.train.bad_input import fail_bad_input
 from launcher.train.preflight import preflight
 from launcher.tune.report import markdown, report_dict, write_all
 from launcher.tune.rounds import Tuner
-from launcher.tune.trials import PROFILED_STEPS, Trials
+from launcher.tune.trials import PROFILED_STEPS, TUNE_LOGGER, Trials
 
-log = logging.getLogger("launcher")
+log = logging.getLogger(TUNE_LOGGER)
 
 USAGE = """usage: torchrun [--standalone --nproc_per_node=N] -m launcher.tune [overrides...]
 

@@ -12,12 +12,18 @@ decision checks their loss.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from launcher.analyze.advice import FUSED_ATTENTION, NEXT_COMPILE
-from launcher.strategy.registry import engine
+from launcher.config.model_shape import param_count
+from launcher.config.registry import engine
+from launcher.plan import comm
+from launcher.plan.forecast import Measured, backward_s, measured_link
+from launcher.plan.presets import link_for
+from launcher.runtime.process import ranks_per_node
 
 
 @dataclass
@@ -27,6 +33,7 @@ class Candidate:
     changes: dict[str, Any]
     evidence: str  # the advice kind that pointed here
     changes_math: bool = False
+    predicted_exposed_s: float | None = None  # the plan's figure, for a bucket size
 
     @property
     def name(self) -> str:
@@ -40,13 +47,16 @@ def override_value(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def propose(advice: list[dict], cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
+def propose(advice: list[dict], cfg: DictConfig, world_size: int, gpu: bool,
+            measured: Measured | None = None) -> list[Candidate]:  # fmt: skip
     """The candidates that `advice` (report.json's list) points at for the incumbent `cfg`,
-    each once, in the order of the findings; none that changes a key in `tune.skip`."""
+    each once, in the order of the findings; none that changes a key in `tune.skip`.
+    `measured`: the profiled incumbent's figures (launcher.plan.forecast.measured_from),
+    from which the plan sizes the gradient buckets."""
     rules = {
         "data_wait": _data_wait,
         "pageable_copies": _pinned,
-        "exposed_comm": _exposed_comm,
+        "exposed_comm": partial(_exposed_comm, measured=measured),
         "launch_bound": _launch_bound,
         "fp32_matmuls": _precision,
         "memory_bound": _memory_bound,
@@ -77,11 +87,41 @@ def _pinned(cfg: DictConfig, world_size: int, gpu: bool, kind="pageable_copies")
     return [Candidate({"data.pin_memory": True}, kind)]
 
 
-def _exposed_comm(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
-    """What the engine offers against exposed communication (DDP: its bucket size, the two
-    flags that save copies and re-planning, bf16 compression of the gradients)."""
+def _exposed_comm(cfg: DictConfig, world_size: int, gpu: bool,
+                  measured: Measured | None = None) -> list[Candidate]:  # fmt: skip
+    """What the engine offers against exposed communication: the bucket sizes the plan
+    predicts to expose the least, then the engine's own (DDP: the two flags that save
+    copies and re-planning, bf16 compression of the gradients)."""
     offered = engine(cfg.strategy.name).tune_candidates(cfg)
-    return [Candidate(changes, "exposed_comm", changes_math=m) for changes, m in offered]
+    return _bucket_sizes(cfg, world_size, gpu, measured) + [
+        Candidate(changes, "exposed_comm", changes_math=m) for changes, m in offered
+    ]
+
+
+def _bucket_sizes(cfg: DictConfig, world_size: int, gpu: bool,
+                  measured: Measured | None) -> list[Candidate]:  # fmt: skip
+    """The plan's two best bucket sizes (launcher.plan.comm.bucket_sizes) at the compute
+    rate and bus bandwidth the profiled incumbent measured, behind as much of backward as
+    that run hid (none on a CPU, whose collectives take the cores' time even when they
+    overlap): none without that run's compute rate, or for an engine without buckets."""
+    declared = engine(cfg.strategy.name)
+    key = declared.bucket_key
+    if not key or world_size < 2 or not measured or not measured.flops_per_s:
+        return []
+    nodes = max(1, world_size // ranks_per_node())
+    link = measured_link(link_for(str(cfg.nccl.name), nodes, gpu), measured)
+    if measured.vocab_size and cfg.model.vocab_size is None:  # the data's, as the run built it
+        cfg = OmegaConf.merge(cfg, {"model": {"vocab_size": measured.vocab_size}})
+    default = float(getattr(declared.schema(), key.rsplit(".", 1)[1]))
+    # On CPUs the collectives share the cores that compute: hidden is not free there.
+    backward = backward_s(cfg, world_size, measured.flops_per_s) if gpu else 0.0
+    if gpu and measured.overlap is not None:  # as much as hid in the profiled run
+        rows = declared.step_collectives(cfg, param_count(cfg.model), world_size)
+        comm_s = comm.step_comm(cfg, world_size, link)["time_s"]
+        exposed = (1 - measured.overlap) * comm_s
+        backward = comm.hidden_window(rows, world_size, link, backward, exposed)
+    sizes = comm.bucket_sizes(cfg, key, default, world_size, link, backward)[:2]
+    return [Candidate({key: mb}, "exposed_comm", predicted_exposed_s=s) for mb, s in sizes]
 
 
 def _launch_bound(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:

@@ -21,12 +21,15 @@ from omegaconf import DictConfig
 
 from launcher.analyze.report import analyze, write
 from launcher.analyze.trace import TraceError
+from launcher.plan import forecast
 from launcher.runtime import process as runtime
 from launcher.tune.candidates import Candidate, propose
 from launcher.tune.decision import Measured, Trial, Verdict, best, judge
-from launcher.tune.trials import TRIALS, Trials
+from launcher.tune.trials import TRIALS, TUNE_LOGGER, Trials
 
-log = logging.getLogger("launcher")
+# the analyser's advice, whether the trial ran on a GPU, why there is none, the plan's figures
+Evidence = tuple[list[dict], bool, str | None, forecast.Measured | None]
+log = logging.getLogger(TUNE_LOGGER)
 
 INCUMBENT = "incumbent"
 
@@ -82,17 +85,18 @@ class Tuner:
                 else (f"the profiled run of the incumbent failed ({profile.status})")
             )
             return False
-        advice, gpu, problem = self.evidence(profile.label)
+        advice, gpu, problem, figures = self.evidence(profile.label)
         record["evidence"] = advice
         if problem:
             record["evidence_error"] = problem
-        cands = propose(advice, self.trials.last_cfg, runtime.env_world()[2], gpu)
+        cands = propose(advice, self.trials.last_cfg, runtime.env_world()[2], gpu, figures)
         record["candidates"] = [
             {
                 "name": c.name,
                 "changes": c.changes,
                 "evidence": c.evidence,
                 "changes_math": c.changes_math,
+                "predicted_exposed_s": c.predicted_exposed_s,
             }
             for c in cands
         ]
@@ -156,18 +160,25 @@ class Tuner:
             self.baseline_s / step_s if self.baseline_s and step_s else None
         )
 
-    def evidence(self, label: str) -> tuple[list[dict], bool, str | None]:
-        """The analyser's advice for the profiled trial (rank 0 analyses, all get it)."""
+    def evidence(self, label: str) -> Evidence:
+        """The analyser's advice for the profiled trial and the figures the plan reads from
+        it (rank 0 analyses, all get it)."""
         rt = runtime.launch_runtime(self.trials.launch)
-        found: tuple[list[dict], bool, str | None] = ([], False, None)
+        found: tuple[list[dict], bool, str | None, forecast.Measured | None] = (
+            [],
+            False,
+            None,
+            None,
+        )
         if rt.is_main:
             run_dir = self.trials.run_dir / TRIALS / label
             try:
                 report = analyze(run_dir)
                 write(run_dir, report)
-                found = (report["advice"], report["device"] == "gpu", None)
             except (OSError, TraceError) as exc:
-                found = ([], False, f"{type(exc).__name__}: {exc}")
+                found = ([], False, f"{type(exc).__name__}: {exc}", None)
+            else:
+                found = (report["advice"], report["device"] == "gpu", None, _figures(run_dir))
         return rt.broadcast_object(found)
 
     def measure(self, n: int, cands: list[Candidate]) -> dict[str, Measured]:
@@ -213,3 +224,12 @@ class Tuner:
                 else None
             ),
         }
+
+
+def _figures(run_dir) -> forecast.Measured | None:
+    """What the profiled trial measured, as the plan reads a run (None where its summary
+    cannot be read: the tuner then proposes no bucket size)."""
+    try:
+        return forecast.measured_from(run_dir)
+    except ValueError:
+        return None

@@ -31,7 +31,8 @@ from launcher.train.preflight import preflight
 from launcher.tune.candidates import override_value
 from launcher.tune.decision import Trial
 
-log = logging.getLogger("launcher")
+TUNE_LOGGER = "launcher.tune"  # its INFO lines alone reach the console during trials
+log = logging.getLogger(TUNE_LOGGER)
 
 TRIALS = "tune/trials"
 # What makes a trial a measurement: fresh, every step logged, nothing else in the steps.
@@ -95,7 +96,7 @@ class Trials:
         self.user = list(user_overrides)
         # the process group and run id the trials share; each trial's progress lines go to
         # its logs/rank0.log, the console gets one line per trial (announce)
-        self.launch = LaunchState(quiet_progress=True)
+        self.launch = LaunchState(quiet_progress=True, console_logger=TUNE_LOGGER)
         self.started = time.monotonic()
         self.elapsed_s = 0.0
         self.stopped = False

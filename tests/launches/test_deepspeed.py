@@ -212,7 +212,7 @@ import sys, torch
 from launcher.config import compose, validate
 from launcher.model.build import build_model
 from launcher.runtime.process import Runtime
-from launcher.strategy.registry import build_strategy
+from launcher.config.registry import build_strategy
 from launcher import train  # every module a DDP run imports
 from launcher.train import job
 from launcher.train import loop

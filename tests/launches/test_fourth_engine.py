@@ -12,15 +12,14 @@ point, so it holds nothing at module level but the engine.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.config.registry import Engine
 from launcher.strategy.ddp import FORMAT, DDPConfig, rules
 from launcher.strategy.ddp.engine import DDPStrategy
-from launcher.strategy.registry import Engine
 
 
 @dataclass
@@ -52,22 +51,10 @@ ENGINE = Engine(
 )
 
 
-def install(site: Path) -> Path:
-    """What `pip install` of a package declaring the entry point leaves on the path."""
-    info = site / "fourth_engine-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fourth-engine\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[launcher.engines]\nfourth = {__name__}\n")
-    return site
-
-
 def env_with_engine(tmp_path: Path) -> dict:
-    from launch import base_env
+    from entry_points import installed_env
 
-    site = install(tmp_path / "site")
-    here = str(Path(__file__).parent)
-    paths = [str(site), here, os.environ.get("PYTHONPATH", "")]
-    return base_env(PYTHONPATH=os.pathsep.join(p for p in paths if p))
+    return installed_env(tmp_path, "fourth-engine", "launcher.engines", "fourth", __name__)
 
 
 def test_a_fourth_engine_trains_checkpoints_and_resumes_at_another_world_size(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 from launcher.config import compose, typed, validate
 from launcher.model.build import build_model, model_loss
 from launcher.runtime.process import Runtime, init_single_process_group
-from launcher.strategy.registry import build_strategy
+from launcher.config.registry import build_strategy
 
 # What the runtime gives a one-process run whose engine needs a group (DeepSpeed, FSDP2).
 init_single_process_group("gloo", datetime.timedelta(seconds=60), torch.device("cpu"))

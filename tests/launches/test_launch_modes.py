@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from launcher.data.shm import shm_available_bytes
+from launcher.runtime.disk import shm_available_bytes
 
 from launch import FAST, LAUNCH_TIMEOUT, base_env, free_port, losses, summary
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from launcher.observe import nccl_log
+from launcher.runtime import nccl_capture
 
 from launch import FAST, base_env, explain, free_port, python_train
 
@@ -33,4 +33,4 @@ def test_gloo_run_with_nccl_debug_claims_no_transport(tmp_path):
     assert "nccl_transport" not in facts
     assert facts["nccl_env"]["NCCL_DEBUG"] == "INFO" and "NCCL_DEBUG_FILE" not in facts["nccl_env"]
     assert not list((run_dir / "logs").glob("nccl*"))
-    assert not (tmp_path / nccl_log.STAGING_DIR).exists()
+    assert not (tmp_path / nccl_capture.STAGING_DIR).exists()

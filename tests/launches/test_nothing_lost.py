@@ -7,7 +7,7 @@ trainer.max_steps it continues and appends; a finished run without checkpoints i
 started over; a checkpoint whose every rank had written its files before a crash is
 resumed after it (FSDP2's asynchronous save seals itself; a save whose seal never ran is
 sealed by the relaunch, FSDP2 and DeepSpeed). The decision table itself is in
-test_nothing_lost_logic.py, the run directory's forms in test_run_dir_forms.py.
+test_nothing_lost_logic.py, the run directory's forms in test_run_dir_check.py.
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ import signal
 import pytest
 from omegaconf import OmegaConf
 
+from launcher.config import compose
+from launcher.plan.comm import step_comm
+from launcher.plan.presets import LINKS
+
 from launch import base_env, explain, finish, losses, start, summary, torchrun_cmd, wait_for
 from tune_runs import SMALL, report, tune_launch
 from wandb_readback import private_wandb_env, records
@@ -125,6 +129,14 @@ def test_tiny_buckets_kept_bigger_and_compression_rejected_for_its_loss(tmp_path
     rep = report(tmp_path / "buckets")
     (r,) = rep["rounds"]
     assert "exposed_comm" in {a["kind"] for a in r["evidence"]}
+    sized = [c for c in r["candidates"] if "bucket_cap_mb" in c["name"]]
+    assert sized[0]["name"] == "strategy.bucket_cap_mb=25"  # the plan's best: one bucket
+    assert all(c["predicted_exposed_s"] for c in sized)
+    for cand in sized:  # the plan cuts the buckets as DDP did
+        trial = summary(tmp_path / "buckets" / "tune" / "trials" / f"r1-{cand['name']}-1")
+        # the vocabulary: SMALL's data.bpe_vocab_size
+        cfg = compose([f"{k}={v}" for k, v in cand["changes"].items()] + ["model.vocab_size=512"])
+        assert trial["comm/buckets"] == len(step_comm(cfg, 2, LINKS["gloo"])["collectives"])
     assert rep["kept"] == {"strategy.bucket_cap_mb": 25.0}
     hook = next(c for c in r["candidates"] if c["name"] == "strategy.comm_hook=bf16")
     assert hook["verdict"] == "rejected" and "tune.loss_tolerance=0" in hook["reason"]

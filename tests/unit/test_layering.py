@@ -1,15 +1,19 @@
-"""The module map of docs/architecture.md, kept true: every module of `launcher` sits in one
-layer, imports only its own layer or lower ones, and no import cycle exists.
+"""The package map of docs/architecture.md, kept true: every package of `launcher` is in one
+layer of that table, imports only packages of its own layer or of a lower one, and no two
+packages import each other (nor does a longer circle of them exist).
 
-The import graph is read from the source with `ast` (every `import`, also those inside
-functions, which are still dependencies), so the test needs no imports of its own.
+The doc's table is the one map: the test parses it. A front door that is one module
+(`launcher/doctor.py`) is a package of its own. The import graph is read from the source
+with `ast` (every `import`, also those inside functions, which are still dependencies), so
+the test needs no imports of its own; a module found by name at run time (`importlib`, as
+the engine registry finds the engines) is not an import.
 """
 
 from __future__ import annotations
 
 import ast
-import fnmatch
 import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -17,51 +21,31 @@ import pytest
 from paths import REPO
 
 PACKAGE = REPO / "launcher"
+ARCHITECTURE = REPO / "docs" / "architecture.md"
 
-# Lowest first. A module may import modules of its own layer or of a lower one. Patterns
-# are module names under `launcher.` (fnmatch); a package's `__init__` is the package name.
-LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    (
-        "foundations",
-        (
-            "runtime", "runtime.paths", "runtime.disk", "runtime.fork_guard", "runtime.args_file",
-            "observe",
-            "observe.peaks", "observe.intervals", "resilience", "resilience.exit_codes",
-            "config.ranges", "config.nccl_vars", "observe.nccl_log", "train.batch", "observe.clock",
-            "observe.comm_stats", "runtime.lock", "runtime.process_tree", "resilience.stragglers",
-            "runtime.run_dir_check",
-            "resilience.preemption", "observe.memory_snapshot", "config.secret_keys",
-            "resilience.watchdog", "resilience.bad_steps", "resilience.faults", "data", "data.*",
-            "strategy",
-            "strategy.registry", "resilience.first_failure", "runtime.latest", "observe.report",
-        ),
-    ),
-    ("config", ("config", "config.compose", "config.errors", "config.schema", "config.validate",
-                "config.sweep", "strategy.ddp", "strategy.deepspeed", "strategy.fsdp2",
-                "strategy.deepspeed.ds_config")),
-    (
-        "process",
-        (
-            "runtime.launch_state", "runtime.process", "model", "model.*", "runtime.envinfo",
-            "checkpoint", "checkpoint.*", "runtime.run_history", "resilience.decide",
-            "resilience.burnin",
-            "observe.sinks", "observe.metrics", "observe.profiling", "plan", "plan.*",
-        ),
-    ),
-    ("engines and outputs", ("strategy", "strategy.*", "observe.wandb_sink",
-                             "observe.tensorboard_sink", "observe.nccl_transport",
-                             "observe.recorder", "observe.run_files")),
-    ("loop", ("train.loop", "train.micro_batch", "train.nonfinite", "train.evaluate")),
-    ("job", ("train.job", "train.preflight", "train.bad_input")),
-    (
-        "front doors",
-        (
-            "train", "train.front_door", "train.__main__", "torchrun", "doctor", "commbench",
-            "export", "submit", "submit.*", "analyze", "analyze.*", "tune", "tune.*",
-            "rehearse", "rehearse.*", "runs", "generate",
-        ),
-    ),
-]  # fmt: skip
+
+@functools.cache
+def layer_table() -> list[tuple[str, str]]:
+    """(layer, package) per row of the table headed `| layer | package | ...`, in the
+    doc's order (layers lowest first); `config/` is the package `config`."""
+    rows, inside = [], False
+    for line in ARCHITECTURE.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[:2] == ["layer", "package"]:
+            inside = True
+        elif inside and not line.startswith("|"):
+            break
+        elif inside and not set(cells[0]) <= set("- "):
+            rows += [(cells[0], name) for name in re.findall(r"`(\w+)/?`", cells[1])]
+    return rows
+
+
+def layer_names() -> list[str]:
+    return list(dict.fromkeys(layer for layer, _ in layer_table()))
+
+
+def layer_of(package: str) -> int:
+    return layer_names().index(dict((p, layer) for layer, p in layer_table())[package])
 
 
 def module_names() -> dict[str, Path]:
@@ -96,13 +80,6 @@ def import_graph() -> dict[str, set[str]]:
             if d.startswith("launcher.") and d.removeprefix("launcher.") in names
         } - {name}
     return graph
-
-
-def layer_of(module: str) -> int | None:
-    for index, (_, patterns) in enumerate(LAYERS):
-        if any(fnmatch.fnmatchcase(module, p) for p in patterns):
-            return index
-    return None
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -140,23 +117,49 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_every_module_has_a_layer():
-    """A new module is placed in the map (here and in docs/architecture.md) when added."""
-    assert [m for m in sorted(module_names()) if layer_of(m) is None] == []
+def package_of(module: str) -> str:
+    return module.split(".")[0]
+
+
+@functools.cache
+def package_graph() -> dict[str, set[str]]:
+    """package -> the other launcher packages its modules import."""
+    graph: dict[str, set[str]] = {package_of(m): set() for m in module_names()}
+    for module, deps in import_graph().items():
+        graph[package_of(module)] |= {package_of(d) for d in deps} - {package_of(module)}
+    return graph
+
+
+def test_every_package_is_in_exactly_one_layer():
+    """A new package (or front-door module) is given a row in docs/architecture.md's table."""
+    listed = [package for _, package in layer_table()]
+    assert sorted(p for p in set(listed) if listed.count(p) > 1) == []
+    assert sorted(set(package_graph()) - set(listed)) == []
+    assert sorted(set(listed) - set(package_graph())) == []  # no row for a package gone
+
+
+def test_no_package_imports_a_higher_layer():
+    upward = [
+        f"{p} ({layer_names()[layer_of(p)]}) imports {d} ({layer_names()[layer_of(d)]})"
+        for p, deps in sorted(package_graph().items())
+        for d in sorted(deps)
+        if layer_of(d) > layer_of(p)
+    ]
+    assert upward == []
+
+
+def test_no_two_packages_import_each_other():
+    graph = package_graph()
+    pairs = [
+        f"{a} <-> {b}" for a in sorted(graph) for b in sorted(graph[a]) if a < b and a in graph[b]
+    ]
+    assert pairs == []
+    assert cycles(graph) == []  # nor a longer circle, inside one layer
 
 
 def test_no_import_cycle():
+    """Inside a package too, no module imports itself back."""
     assert cycles(import_graph()) == []
-
-
-def test_no_module_imports_a_higher_layer():
-    upward = [
-        f"{m} ({LAYERS[layer_of(m)][0]}) imports {d} ({LAYERS[layer_of(d)][0]})"
-        for m, deps in sorted(import_graph().items())
-        for d in sorted(deps)
-        if layer_of(d) > layer_of(m)
-    ]
-    assert upward == []
 
 
 def test_the_graph_sees_imports_inside_functions():
@@ -166,7 +169,10 @@ def test_the_graph_sees_imports_inside_functions():
     assert "checkpoint.protocol" in import_graph()["strategy.ddp.powersgd"]
 
 
-ENGINE_PACKAGES = ("ddp", "deepspeed", "fsdp2")
+# the built-in engines: the packages under launcher/strategy/
+ENGINE_PACKAGES = tuple(
+    sorted(init.parent.name for init in (PACKAGE / "strategy").glob("*/__init__.py"))
+)
 
 
 def engine_of(module: str) -> str | None:
@@ -252,9 +258,45 @@ def test_cycle_finder(graph, expected):
     assert cycles(graph) == expected
 
 
-def test_architecture_doc_names_every_layer():
-    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
-    assert [name for name, _ in LAYERS if f"| {name} |" not in doc] == []
+TESTS = REPO / "tests"
+TEST_INDEX = TESTS / "unit" / "README.md"
+
+
+def has_logic(path: Path) -> bool:
+    return any(
+        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        for node in ast.walk(ast.parse(path.read_text()))
+    )
+
+
+def named_test_file(module: str) -> Path:
+    """`checkpoint.memory` -> unit/checkpoint/test_memory.py, `strategy.fsdp2` ->
+    unit/strategy/test_fsdp2.py, `doctor` -> unit/test_doctor.py (tests/unit/README.md)."""
+    parts = module.split(".")
+    return TESTS / "unit" / Path(*parts[:-1][:1]) / f"test_{parts[-1]}.py"
+
+
+def indexed_tests() -> dict[str, list[str]]:
+    """tests/unit/README.md's table: module -> the test files it names (under tests/)."""
+    rows = {}
+    for line in TEST_INDEX.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 2:
+            rows[cells[0].strip("`")] = re.findall(r"`([^`]+)`", cells[1])
+    return rows
+
+
+def test_every_module_has_tests_by_name_or_in_the_index():
+    index = indexed_tests()
+    found = {m for m, path in module_names().items() if has_logic(path)}
+    by_name = {m for m in found if named_test_file(m).is_file()}
+    assert sorted(found - by_name - set(index)) == []
+    assert sorted(set(index) - found) == []  # a row for a module gone, or without logic
+    assert sorted(set(index) & by_name) == []  # its tests are found by name
+    missing = [
+        f"{m}: {f}" for m, files in index.items() for f in files if not (TESTS / f).is_file()
+    ]
+    assert missing == []
 
 
 def test_every_package_ships_in_a_wheel():

@@ -1,6 +1,6 @@
 """strategy=ddp: PyTorch DistributedDataParallel (`engine`), its gradient compression hooks
 (`comm_hooks`, `powersgd`) and their timing (`comm_timing`). This module is what the rest
-of the launcher knows of the engine (launcher.strategy.registry): its config and rules, and
+of the launcher knows of the engine (launcher.config.registry): its config and rules, and
 its checkpoint format, `model.pt` + `optimizer.pt` written by rank 0 (every rank holds the
 whole model), which it and FSDP2 load at any world size."""
 
@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.config.errors import ConfigError
+from launcher.config.model_shape import param_sizes
 from launcher.config.ranges import Range, one_of, ranged
-from launcher.strategy.registry import Engine, Format, StrategyConfig
+from launcher.config.registry import Engine, Format, StrategyConfig
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 DEFAULT_BUCKET_MB = 25.0
@@ -66,16 +67,22 @@ def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
 
 
 def step_collectives(cfg, params: int, world_size: int) -> list[tuple[str, int, int]]:
-    """One all-reduce per bucket of strategy.bucket_cap_mb (MiB) a step, whatever the
-    accumulation (no_sync until the last micro-step), of fp32 gradients, half that under
-    the fp16/bf16 hooks, or PowerSGD's factors (launcher.strategy.ddp.powersgd)."""
+    """One all-reduce per bucket a step, whatever the accumulation (no_sync until the last
+    micro-step), of fp32 gradients, half that under the fp16/bf16 hooks, or PowerSGD's
+    factors (launcher.strategy.ddp.powersgd). DDP cuts its buckets from whole tensors, the
+    last registered first, closing one once it holds strategy.bucket_cap_mb (MiB)."""
     s = cfg.strategy
     if s.comm_hook == "powersgd":
         return [("all_reduce", powersgd_bytes(cfg.model, params, int(s.powersgd_rank)) // 2, 2)]
-    total = params * (2 if s.comm_hook in ("fp16", "bf16") else 4)
-    cap = int(float(s.bucket_cap_mb) * 2**20)
-    full, rest = divmod(total, cap)
-    return [("all_reduce", cap, full)] + ([("all_reduce", rest, 1)] if rest else [])
+    width = 2 if s.comm_hook in ("fp16", "bf16") else 4
+    cap = float(s.bucket_cap_mb) * 2**20
+    buckets, filling = [], 0
+    for size in reversed(param_sizes(cfg.model)):
+        filling += size * width
+        if filling >= cap:
+            buckets.append(filling)
+            filling = 0
+    return [("all_reduce", b, 1) for b in buckets + ([filling] if filling else [])]
 
 
 def powersgd_bytes(model, params: int, rank: int) -> int:
@@ -108,13 +115,11 @@ def rules(cfg, world_size: int) -> None:
 
 
 def tune_candidates(cfg) -> list[tuple[dict, bool]]:
-    """Against exposed communication: the bucket size (its default, and 4x either way of
-    the current one), the two flags that save copies and re-planning, and bf16 compression
-    of the gradients (which changes the math)."""
+    """Against exposed communication (besides the bucket size, which the plan's model
+    sizes: `bucket_key`): the two flags that save copies and re-planning, and bf16
+    compression of the gradients (which changes the math)."""
     s = cfg.strategy
-    cap = float(s.bucket_cap_mb)
-    caps = {DEFAULT_BUCKET_MB, cap * 4} | ({cap / 4} if cap > 1 else set())
-    out = [({"strategy.bucket_cap_mb": c}, False) for c in sorted(caps - {cap})]
+    out = []
     if not s.gradient_as_bucket_view:
         out.append(({"strategy.gradient_as_bucket_view": True}, False))
     if not s.static_graph:
@@ -131,6 +136,7 @@ ENGINE = Engine(
     format=FORMAT,
     rules=rules,
     tune_candidates=tune_candidates,
+    bucket_key="strategy.bucket_cap_mb",
     drops_steps=True,
     memory_checkpoint=memory_checkpoint_bytes,
     memory_checkpoint_replicated=True,

@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from launcher.checkpoint import node_share
 from launcher.checkpoint.node_share import ALONE, NodeShare
+from launcher.config.registry import format_of
 from launcher.config.schema import TrainerConfig
 from launcher.observe.comm_stats import StepComm
 from launcher.runtime.process import Runtime
@@ -21,7 +22,6 @@ from launcher.strategy.base import Strategy, compile_mode, host_copy, load_other
 from launcher.strategy.ddp import FILES, FORMAT, DDPConfig, comm_hooks, powersgd
 from launcher.strategy.ddp.comm_timing import CommTimer
 from launcher.strategy.optim import build_optimizer
-from launcher.strategy.registry import format_of
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

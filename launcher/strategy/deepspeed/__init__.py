@@ -1,7 +1,7 @@
 """strategy=deepspeed (and its presets zero1-3): DeepSpeed's engine (`engine`), its config
 keys and the DeepSpeed config built from them (`ds_config`), its quiet import (`ds_import`)
 and its universal checkpoint conversion (`universal`). What the rest of the launcher knows of it
-(launcher.strategy.registry): its config and rules, and its checkpoint format, DeepSpeed's
+(launcher.config.registry): its config and rules, and its checkpoint format, DeepSpeed's
 own ZeRO shards, which it resumes at its precision and (but for ZeRO-1 <-> ZeRO-2) stage, and
 which DDP and FSDP2 load through the universal conversion; it loads no other engine's.
 See docs/deepspeed.md."""
@@ -9,12 +9,12 @@ See docs/deepspeed.md."""
 from __future__ import annotations
 
 from launcher.config.errors import ConfigError
+from launcher.config.registry import Engine, Format
 from launcher.strategy.deepspeed.ds_config import (
     DeepSpeedConfig,
     DeepSpeedConfigError,
     build_ds_config,
 )
-from launcher.strategy.registry import Engine, Format
 
 STRATEGY_FILE = "strategy.json"  # in each DeepSpeed checkpoint: what wrote it
 

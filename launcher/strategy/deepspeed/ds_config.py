@@ -14,10 +14,10 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.config.batch import BatchPlan
 from launcher.config.ranges import Range, one_of, ranged
+from launcher.config.registry import StrategyConfig
 from launcher.config.schema import TrainerConfig
-from launcher.strategy.registry import StrategyConfig
-from launcher.train.batch import BatchPlan
 
 OFFLOAD_DEVICES = ("none", "cpu")
 

@@ -26,7 +26,7 @@ import torch
 
 from launcher.checkpoint import protocol as checkpoint
 from launcher.config import ConfigError
-from launcher.runtime.paths import atomic_write
+from launcher.paths import atomic_write
 from launcher.strategy.deepspeed.ds_import import import_deepspeed
 
 log = logging.getLogger("launcher")
@@ -172,7 +172,7 @@ def torch_state(folder: Path, model: torch.nn.Module, optimizer) -> tuple[dict, 
 
 
 def load_into(folder: Path, model: torch.nn.Module, optimizer, load_whole) -> None:
-    """The format reader's entry (launcher.strategy.registry.Format): the whole state from
+    """The format reader's entry (launcher.config.registry.Format): the whole state from
     the universal conversion (made by `prepare` on rank 0), into another engine."""
     load_whole(*torch_state(folder, model, optimizer))
 

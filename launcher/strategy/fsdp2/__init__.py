@@ -1,5 +1,5 @@
 """strategy=fsdp2: torch's `fully_shard` per GPT-2 block, then the root (`engine`). What the
-rest of the launcher knows of it (launcher.strategy.registry): its config and rules, and its
+rest of the launcher knows of it (launcher.config.registry): its config and rules, and its
 checkpoint format, torch Distributed Checkpoint folders (`dcp`) that every rank writes its
 shard into and that any world size, or DDP, loads."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from launcher.config.errors import ConfigError
 from launcher.config.ranges import one_of
-from launcher.strategy.registry import Engine, Format, StrategyConfig
+from launcher.config.registry import Engine, Format, StrategyConfig
 
 OFFLOAD_DEVICES = ("none", "cpu")
 

@@ -49,7 +49,7 @@ def incomplete(folder: Path) -> str | None:
 
 
 def load_into(folder: Path, model, optimizer, load_whole) -> None:
-    """The format reader's entry (launcher.strategy.registry.Format): DCP reshards into the
+    """The format reader's entry (launcher.config.registry.Format): DCP reshards into the
     model as it is, so the engine's `load_whole` is not needed."""
     load_dcp(model, optimizer, folder)
 

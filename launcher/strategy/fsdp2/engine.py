@@ -36,6 +36,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_map_only
 
+from launcher.config.registry import format_of
 from launcher.config.schema import TrainerConfig
 from launcher.observe.comm_stats import StepComm
 from launcher.runtime.process import Runtime
@@ -44,7 +45,6 @@ from launcher.strategy.collective_timer import KINDS, CollectiveTimer
 from launcher.strategy.fsdp2 import FORMAT, FSDP2Config
 from launcher.strategy.fsdp2.dcp import load_dcp
 from launcher.strategy.optim import build_optimizer
-from launcher.strategy.registry import format_of
 
 log = logging.getLogger("launcher")
 

@@ -12,8 +12,8 @@ import torch
 
 from launcher.checkpoint.manager import CheckpointManager
 from launcher.config import ConfigError
+from launcher.config.batch import BatchPlan
 from launcher.runtime.process import Runtime
-from launcher.train.batch import BatchPlan
 
 from in_process import CPU, trainer
 

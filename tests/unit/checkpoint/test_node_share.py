@@ -15,7 +15,8 @@ import torch
 
 from launcher.checkpoint import memory, node_share
 from launcher.config import compose
-from launcher.model.build import build_model, param_count
+from launcher.config.model_shape import param_count
+from launcher.model.build import build_model
 from launcher.plan.memory import loader_shm_need, shm_need
 from launcher.strategy import fsdp2
 from launcher.strategy.base import host_copy

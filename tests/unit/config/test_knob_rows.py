@@ -17,9 +17,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from launcher.config import ConfigError, compose, normalize, validate
+from launcher.config.registry import schemas
 from launcher.config.schema import TrainConfig
 from launcher.strategy.deepspeed import cpu_has_fp16
-from launcher.strategy.registry import schemas
 from launcher.train.preflight import preflight
 
 from knob_rows import ENGINE_FREE, GROUPS, ROWS
@@ -130,4 +130,4 @@ def test_refused_before_start_in_one_line(r, engine, monkeypatch):
     with pytest.raises(ConfigError) as exc:
         preflight(cfg, 2, 2)
     line = str(exc.value)
-    assert r.refusal in line and "\n" not in line, line
+    assert r.refusal.format(engine=engine) in line and "\n" not in line, line

@@ -16,8 +16,8 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.config.compose import compose
+from launcher.config.registry import engines
 from launcher.config.schema import TrainConfig
-from launcher.strategy.registry import engines
 
 from paths import REPO
 

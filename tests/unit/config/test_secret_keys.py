@@ -6,7 +6,7 @@ import pytest
 
 from launcher.config import compose, typed
 from launcher.config.secret_keys import is_secret_key, secret_in
-from launcher.observe.run_files import redacted
+from launcher.train.run_files import redacted
 
 
 @pytest.mark.parametrize(

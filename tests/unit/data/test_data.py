@@ -22,13 +22,13 @@ import torch
 from omegaconf import OmegaConf
 
 from launcher.config import DataConfig
+from launcher.config.batch import BatchPlan
 from launcher.data import (
     TokenWindows,
     build_eval_batches,
     build_train_loader,
     check_shm,
     prepare_data,
-    shm_available_bytes,
     shm_need_bytes,
 )
 from launcher.data.bpe import train_bpe
@@ -40,7 +40,7 @@ from launcher.data.shm import human_bytes
 from launcher.data.tokenizer import cached_gpt2_tiktoken, resolve_tokenizer
 from launcher.data.wikitext import articles
 from launcher.data.windows import Segment, SyntheticWindows, split_tail
-from launcher.train.batch import BatchPlan
+from launcher.runtime.disk import shm_available_bytes
 
 from text_corpus import article_folder, prose
 

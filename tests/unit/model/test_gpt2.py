@@ -99,7 +99,7 @@ def test_grad_checkpointing_and_dropout():
 
 
 def test_flops_per_token_match_transformers_figures():
-    """The figures test_model.py works out by hand for GPT2LMHeadModel at 124M."""
+    """The figures test_build.py works out by hand for GPT2LMHeadModel at 124M."""
     model = build_model(compose(["model=gpt2", "model.impl=native"]).model, 50257)
     assert model.lm_head.weight is model.transformer.wte.weight  # tied: counted once
     assert count_params(model, exclude_position_embeddings=False) == 124_475_904

@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-from launcher.observe.comm_stats import StepComm, bus_bandwidth, step_figures
+from launcher.observe.comm_stats import StepComm, step_figures
 from launcher.observe.metrics import Interval, aggregate, local_figures, percentile
+from launcher.runtime.allreduce import bus_bandwidth
 
 from in_process import CPU, approx
 

@@ -14,6 +14,7 @@ import torch
 from launcher.observe import nccl_log
 from launcher.observe.nccl_log import parse_nccl_log, split_by_process
 from launcher.observe.nccl_transport import transport_recorders
+from launcher.runtime import nccl_capture
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.process import Runtime
 
@@ -133,36 +134,38 @@ def test_command_line_rejects_a_file_without_nccl_lines(tmp_path, capsys):
 
 def test_nothing_is_staged_without_nccl_or_without_info(nccl_env, tmp_path):
     nccl_env.setenv("NCCL_DEBUG", "INFO")
-    assert nccl_log.stage_debug_file(str(tmp_path), "gloo", 0) is None
+    assert nccl_capture.stage_debug_file(str(tmp_path), "gloo", 0) is None
     nccl_env.setenv("NCCL_DEBUG", "WARN")  # warnings stay on the console
-    assert nccl_log.stage_debug_file(str(tmp_path), "nccl", 0) is None
+    assert nccl_capture.stage_debug_file(str(tmp_path), "nccl", 0) is None
     assert "NCCL_DEBUG_FILE" not in os.environ
-    assert nccl_log.adopt_debug_file(None, tmp_path / "run") is None
-    assert not (tmp_path / nccl_log.STAGING_DIR).exists()
+    assert nccl_capture.adopt_debug_file(None, tmp_path / "run") is None
+    assert not (tmp_path / nccl_capture.STAGING_DIR).exists()
 
 
 def test_staged_log_moves_into_the_run_directory(nccl_env, tmp_path):
     nccl_env.setenv("NCCL_DEBUG", "INFO")
-    capture = nccl_log.stage_debug_file(str(tmp_path), "nccl", 3)
+    capture = nccl_capture.stage_debug_file(str(tmp_path), "nccl", 3)
     staged = Path(os.environ["NCCL_DEBUG_FILE"])
-    assert staged.parent == tmp_path / nccl_log.STAGING_DIR
+    assert staged.parent == tmp_path / nccl_capture.STAGING_DIR
     assert staged.name == f"nccl.rank3.{socket.gethostname().split('.')[0]}.{os.getpid()}.log"
     staged.write_text(fixture("single_node_p2p.rank0.log"))  # as NCCL does during init
     (tmp_path / "run" / "logs").mkdir(parents=True)
-    final = nccl_log.adopt_debug_file(capture, tmp_path / "run")
+    final = nccl_capture.adopt_debug_file(capture, tmp_path / "run")
     assert final == (tmp_path / "run" / "logs" / staged.name).absolute()
     assert final.exists() and not staged.parent.exists()
     assert os.environ["NCCL_DEBUG_FILE"] == str(final) and capture.path == final
-    assert parse_nccl_log(nccl_log.read_own_log(capture))["transports"] == {"P2P/CUMEM/read": 24}
+    assert parse_nccl_log(nccl_capture.read_own_log(capture))["transports"] == {
+        "P2P/CUMEM/read": 24
+    }
 
 
 def test_log_not_opened_yet_is_pointed_at_the_run_directory(nccl_env, tmp_path):
     nccl_env.setenv("NCCL_DEBUG", "INFO")
-    capture = nccl_log.stage_debug_file(str(tmp_path), "nccl", 0)
+    capture = nccl_capture.stage_debug_file(str(tmp_path), "nccl", 0)
     (tmp_path / "run" / "logs").mkdir(parents=True)
-    final = nccl_log.adopt_debug_file(capture, tmp_path / "run")
+    final = nccl_capture.adopt_debug_file(capture, tmp_path / "run")
     assert os.environ["NCCL_DEBUG_FILE"] == str(final) and not final.exists()
-    assert nccl_log.read_own_log(capture) is None  # no log, so nothing to claim
+    assert nccl_capture.read_own_log(capture) is None  # no log, so nothing to claim
 
 
 def test_users_debug_file_is_kept_and_a_second_job_reads_only_its_own_lines(nccl_env, tmp_path):
@@ -171,16 +174,16 @@ def test_users_debug_file_is_kept_and_a_second_job_reads_only_its_own_lines(nccl
     host = socket.gethostname().split(".")[0]
     path = tmp_path / f"nccl.{host}.{os.getpid()}.log"
     path.write_text("stale lines of an earlier process\n")  # NCCL truncates when it opens
-    first = nccl_log.stage_debug_file(str(tmp_path), "nccl", 0)
+    first = nccl_capture.stage_debug_file(str(tmp_path), "nccl", 0)
     assert os.environ["NCCL_DEBUG_FILE"] == str(tmp_path / "nccl.%h.%p.log")
     path.write_text(fixture("single_node_p2p.rank0.log"))
-    assert nccl_log.adopt_debug_file(first, tmp_path / "run") == path
-    assert parse_nccl_log(nccl_log.read_own_log(first))["transports"] == {"P2P/CUMEM/read": 24}
+    assert nccl_capture.adopt_debug_file(first, tmp_path / "run") == path
+    assert parse_nccl_log(nccl_capture.read_own_log(first))["transports"] == {"P2P/CUMEM/read": 24}
     # the next job of a sweep in this process: NCCL appends to the file it already has open
-    second = nccl_log.stage_debug_file(str(tmp_path), "nccl", 0, earlier=first)
+    second = nccl_capture.stage_debug_file(str(tmp_path), "nccl", 0, earlier=first)
     with open(path, "a") as f:
         f.write(fixture("hgx_nvls.rank3.log"))
-    assert parse_nccl_log(nccl_log.read_own_log(second))["kinds"] == ["NVLS", "P2P"]
+    assert parse_nccl_log(nccl_capture.read_own_log(second))["kinds"] == ["NVLS", "P2P"]
 
 
 def test_recorder_adds_nccl_transport_to_env_json(nccl_env, tmp_path):
@@ -188,9 +191,9 @@ def test_recorder_adds_nccl_transport_to_env_json(nccl_env, tmp_path):
     run_dir = tmp_path / "run"
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "env.json").write_text(json.dumps({"run_id": "run", "world_size": 1}))
-    launch = LaunchState(nccl_capture=nccl_log.stage_debug_file(str(tmp_path), "nccl", 0))
+    launch = LaunchState(nccl_capture=nccl_capture.stage_debug_file(str(tmp_path), "nccl", 0))
     Path(os.environ["NCCL_DEBUG_FILE"]).write_text(fixture("single_node_p2p.rank0.log"))
-    final = nccl_log.adopt_debug_file(launch.nccl_capture, run_dir)
+    final = nccl_capture.adopt_debug_file(launch.nccl_capture, run_dir)
     rt = Runtime(0, 0, 1, torch.device("cpu"), "nccl", run_id="run", run_dir=run_dir)
     rt.launch = launch
     (recorder,) = transport_recorders(rt)
@@ -206,6 +209,6 @@ def test_recorder_adds_nccl_transport_to_env_json(nccl_env, tmp_path):
 
 def test_no_recorder_for_gloo(nccl_env, tmp_path):
     nccl_env.setenv("NCCL_DEBUG", "INFO")
-    launch = LaunchState(nccl_capture=nccl_log.stage_debug_file(str(tmp_path), "gloo", 0))
+    launch = LaunchState(nccl_capture=nccl_capture.stage_debug_file(str(tmp_path), "gloo", 0))
     rt = Runtime(0, 0, 2, torch.device("cpu"), "gloo", run_dir=tmp_path, launch=launch)
     assert transport_recorders(rt) == []

@@ -25,7 +25,7 @@ def recorder(sink: Sink | None = None, **trainer_overrides) -> Recorder:
     rt = Runtime(0, 0, 1, CPU, None, run_id="r1")
     t = trainer(**trainer_overrides)
     return Recorder(rt, t, [sink] if sink else [], tokens_per_step=64, flops_per_token=6.0,
-                    peak_flops=None, micro_batch=4)  # fmt: skip
+                    mfu=lambda tokens_per_s: None, micro_batch=4)  # fmt: skip
 
 
 def interval(step: int, tokens_per_s: float) -> dict:

@@ -18,7 +18,8 @@ import yaml
 
 from launcher.checkpoint.protocol import CheckpointWriter
 from launcher.config import ConfigError
-from launcher.model.build import GPT2_VOCAB, build_model, param_count
+from launcher.config.model_shape import GPT2_VOCAB, param_count
+from launcher.model.build import build_model
 from launcher.submit import k8s, k8s_check, pod_security, slurm
 from launcher.submit.__main__ import main as submit_main
 from launcher.submit.job import prepare

@@ -23,11 +23,11 @@ from launcher.config import (
     validate,
 )
 from launcher.config.ranges import Range, numeric_keys
+from launcher.config.registry import schemas
 from launcher.config.schema import all_ranges
 from launcher.config.sweep import main as sweep_main
-from launcher.data.shm import shm_available_bytes
+from launcher.runtime.disk import shm_available_bytes
 from launcher.strategy.deepspeed import cpu_has_fp16
-from launcher.strategy.registry import schemas
 from launcher.train.front_door import main
 from launcher.train.preflight import init_from_problem, logger_problems
 

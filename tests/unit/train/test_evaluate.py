@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
+from launcher.config.batch import BatchPlan
 from launcher.runtime.process import Runtime
-from launcher.train.batch import BatchPlan
 from launcher.train.evaluate import Evaluator
 
 from in_process import CPU

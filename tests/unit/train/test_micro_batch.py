@@ -8,11 +8,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from launcher.config.batch import BatchPlan
 from launcher.config.schema import FaultConfig
 from launcher.resilience.faults import FaultInjector
 from launcher.runtime.process import Runtime
 from launcher.train import micro_batch
-from launcher.train.batch import BatchPlan
 
 from in_process import CPU, trainer
 

@@ -21,7 +21,7 @@ NAN, ONE = torch.tensor(float("nan")), torch.tensor(1.0)
 def policy(tmp_path, **overrides) -> NonFinite:
     t = trainer(**overrides)
     rt = Runtime(0, 0, 1, CPU, None, run_dir=tmp_path)
-    recorder = Recorder(rt, t, [], 64, 6.0, None, 2)
+    recorder = Recorder(rt, t, [], 64, 6.0, lambda tokens_per_s: None, 2)
     checkpoints = CheckpointManager(rt, None, t, {"lineage": "L"})
     return NonFinite(t, rt, checkpoints, recorder)
 

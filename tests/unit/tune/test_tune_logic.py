@@ -31,12 +31,11 @@ def test_candidates_follow_the_evidence_and_only_it():
     ]
     tiny = cfg_of("strategy.bucket_cap_mb=0.0005", "strategy.static_graph=true")
     comm = propose([{"kind": "exposed_comm"}], tiny, 2, gpu=False)
+    # bucket sizes come from the plan and a measured run (tests/unit/plan/test_comm.py)
     assert [c.name for c in comm] == [
-        "strategy.bucket_cap_mb=0.002",
-        "strategy.bucket_cap_mb=25",
         "strategy.comm_hook=bf16",  # static_graph is already on: not proposed again
     ]
-    assert [c.changes_math for c in comm] == [False, False, True]
+    assert [c.changes_math for c in comm] == [True]
     # Memory knobs only from memory pressure; micro-batches keep the global batch.
     accum = cfg_of("trainer.micro_batch_size=1", "trainer.global_batch_size=16")
     assert not any("grad_checkpointing" in c.name for c in propose([], accum, 2, gpu=False))

@@ -24,13 +24,13 @@ from launcher.observe.tensorboard_sink import (  # imports no tensorboardX
     tensorboard_enabled,
 )
 from launcher.observe.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
+from launcher.paths import atomic_write
 from launcher.plan.memory import shm_need
 from launcher.resilience import burnin
 from launcher.resilience.decide import decide_on_main
 from launcher.runtime import disk, envinfo
 from launcher.runtime.latest import point_latest
 from launcher.runtime.lock import LockHeld, RunLock
-from launcher.runtime.paths import atomic_write
 from launcher.runtime.process import Runtime, launch_key, open_run_dir, ranks_per_node
 
 log = logging.getLogger("launcher")

@@ -4,9 +4,14 @@ outside `launcher/strategy/` compares an engine's name.
 
 The built-in engines are `ddp`, `deepspeed` and `fsdp2`; another package adds one through
 the `launcher.engines` entry-point group (the entry point names a module whose `ENGINE` is an
-`Engine`), with no edit to the launcher: docs/architecture.md, "Adding an engine". Engines are
-found by module name, not imported here, so that this module stays below the config layer that
-reads it, and an engine's own imports (DeepSpeed) happen only when a run chooses it.
+`Engine`), with no edit to the launcher: docs/architecture.md, "Adding an engine".
+
+The registry is config's: the schema registers each engine's config as a `strategy` option
+and the rules read what each engine allows, while the engines (launcher.strategy, a higher
+layer) import this module for `Engine`, `Format` and `StrategyConfig`. Engines are found by
+module name (`BUILTIN`, the entry points) and imported when first asked, as an engine of
+another package is, so that config imports nothing of strategy/ (docs/architecture.md, "The
+layers") and an engine's own imports (DeepSpeed) happen only when a run chooses it.
 """
 
 from __future__ import annotations
@@ -113,6 +118,9 @@ class Engine:
     # Strategy.zero_grad between micro-steps: trainer.micro_batch_size=auto and
     # trainer.on_oom=retry (the micro-batch changes in-process) allowed
     resizes_micro_batch: bool = False
+    # The key (MiB) that sizes the engine's gradient buckets, if one does: the tuner tries
+    # the sizes the plan's bucket model (launcher.plan.comm.bucket_sizes) predicts best
+    bucket_key: str | None = None
     # (cfg) -> [(changes, changes_math)]: what the tuner may try against exposed communication
     tune_candidates: Callable[[Any], list[tuple[dict, bool]]] = lambda _cfg: []
 

@@ -18,12 +18,12 @@ import torch
 from launcher.checkpoint import memory
 from launcher.checkpoint.resume import identity
 from launcher.config import ConfigError, compose
-from launcher.model.build import param_count
+from launcher.config.model_shape import param_count
+from launcher.config.registry import engines
 from launcher.plan.memory import shm_need
 from launcher.runtime.process import Runtime
 from launcher.strategy import fsdp2
 from launcher.strategy.base import host_copy
-from launcher.strategy.registry import engines
 from launcher.train.preflight import check_config
 
 IDENTITY = {"model": {"name": "m"}, "strategy": {"name": "ddp"}, "world_size": 1}

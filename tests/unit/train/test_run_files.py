@@ -7,8 +7,8 @@ import json
 import logging
 
 from launcher.config import compose, typed, validate
-from launcher.observe.run_files import changed_settings, write_run_files, write_summary_if_room
 from launcher.runtime.process import Runtime
+from launcher.train.run_files import changed_settings, write_run_files, write_summary_if_room
 
 from in_process import CPU
 

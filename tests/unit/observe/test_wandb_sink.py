@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from launcher.config import LoggerConfig
-from launcher.observe.wandb_sink import WandbSink, log_sweep_summary, wandb_run_id
+from launcher.observe.wandb_sink import WandbSink, headline_first, log_sweep_summary, wandb_run_id
 from launcher.train.front_door import main
 
 from wandb_readback import history, inspect_summary, private_wandb_env, records
@@ -105,3 +105,16 @@ def test_sweep_summary_table_and_plot(tmp_path, private_wandb):
     assert (found / "files" / item["sweep_plot.path"]).read_bytes() == png.read_bytes()
     assert log_sweep_summary(OmegaConf.structured(LoggerConfig()), root, "sw43", rows, png) is None
     assert not (root / "sw43").exists()
+
+
+def test_the_run_summary_leads_with_the_headline_and_drops_what_does_not_apply():
+    summary = {"status": "completed", "comm/allreduce_s": 0.01, "comm/allgather_s": None,
+               "loss": math.nan, "tokens_per_s": 900.0, "eval/loss": None, "steps": 5}  # fmt: skip
+    assert list(headline_first(summary).items()) == [
+        ("status", "completed"),
+        ("loss", None),  # a diverged run's loss keeps its place
+        ("eval/loss", None),
+        ("tokens_per_s", 900.0),
+        ("steps", 5),
+        ("comm/allreduce_s", 0.01),
+    ]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+from launcher.config.batch import BatchPlan
 from launcher.data.loader import StepBatchSampler
-from launcher.train.batch import BatchPlan
 
 from in_process import trainer
 

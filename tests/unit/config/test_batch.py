@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.config.batch import BatchPlan
 from launcher.data.loader import StepBatchSampler
-from launcher.train.batch import BatchPlan
 
 from in_process import trainer
 

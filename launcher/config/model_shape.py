@@ -1,0 +1,47 @@
+"""GPT-2's size from its `model` config alone, before any model is built: its parameters,
+tensor by tensor as the model registers them, and its training FLOPs per token. The plan,
+the engines' declarations (DDP's buckets) and the memory tier's sizing read it; the model
+(launcher.model.build) is built to the same shape.
+"""
+
+from __future__ import annotations
+
+import math
+
+GPT2_VOCAB = 50257  # the vocabulary of GPT-2's tokenizer, the largest the data configs use
+
+
+def padded_vocab_size(vocab_size: int, multiple: int) -> int:
+    """Round the vocabulary up so the embedding and LM-head matmuls get tensor-core shapes."""
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+def param_count(m) -> int:
+    """GPT-2's parameters from its shape (`model` config): embeddings (tied LM head), and
+    per layer the attention's and MLP's weights and biases and two LayerNorms. Without a
+    model.vocab_size, GPT-2's vocabulary: an upper bound for what is sized from it."""
+    return sum(param_sizes(m))
+
+
+def param_sizes(m) -> list[int]:
+    """The elements of each of GPT-2's parameter tensors, in the order the model registers
+    them (what DDP's buckets are cut from, a whole tensor each): the token and position
+    embeddings, per layer ln_1, the attention's qkv and projection, ln_2, the MLP's two
+    matrices (each weight, then its bias), and the final LayerNorm."""
+    d, layers = int(m.n_embd), int(m.n_layer)
+    vocab = padded_vocab_size(int(m.vocab_size or GPT2_VOCAB), int(m.vocab_multiple))
+    layer = [d, d, 3 * d * d, 3 * d, d * d, d, d, d, 4 * d * d, 4 * d, 4 * d * d, d]
+    return [vocab * d, int(m.n_positions) * d, *layer * layers, d, d]
+
+
+def shape_flops_per_token(m, seq_len: int) -> float:
+    """Training FLOPs per token of the `model` config's shape, before any model is built
+    (the plan): the same formula on param_count without the position embeddings."""
+    params = param_count(m) - int(m.n_positions) * int(m.n_embd)
+    return training_flops(params, int(m.n_layer), int(m.n_embd), seq_len)
+
+
+def training_flops(params: int, layers: int, width: int, seq_len: int) -> float:
+    """nanoGPT's formula (PaLM appendix B): 6N + 12*L*H*Q*T, H*Q the model width, N the
+    parameters without the position embeddings."""
+    return 6 * params + 12 * layers * width * seq_len

@@ -1,0 +1,83 @@
+"""`cluster.k8s.kind=jobset`: the Indexed Job as the only replicated Job of a JobSet, whose
+controller makes the headless Service and owns it."""
+
+from __future__ import annotations
+
+from launcher.submit.job import SubmitJob
+from launcher.submit.k8s.job import job_spec
+from launcher.submit.k8s.kind import Kind
+from launcher.submit.k8s.names import (
+    VOLCANO_MIN_MEMBER,
+    name_of,
+    restart_budget,
+    workload_metadata,
+)
+
+JOBSET_REPLICATED_JOB = "node"
+
+
+def endpoint(job: SubmitJob) -> str:
+    """Pod 0 of the replicated Job, in the subdomain named after the JobSet (a TrainJob's
+    runtime makes the same JobSet)."""
+    name = name_of(job)
+    return f"{name}-{JOBSET_REPLICATED_JOB}-0-0.{name}:{job.cluster.rdzv_port}"
+
+
+def jobset(job: SubmitJob, pod: dict) -> dict:
+    """The same Indexed Job as the only replicated Job of a JobSet, which makes the
+    headless Service itself (named after the JobSet). As in JobSet's own PyTorch example the
+    inner Job has backoffLimit 0 and the JobSet restarts the whole set (maxRestarts); a Job
+    failed by its podFailurePolicy (exit 2, 3, 4) fails the JobSet without a restart."""
+    k = job.cluster.k8s
+    template: dict = {"spec": job_spec(job, pod, restarts_owned_by_jobset=True)}
+    if k.gang == "volcano":
+        template = {"metadata": {"annotations": {VOLCANO_MIN_MEMBER: str(job.nodes)}}, **template}
+    spec: dict = {
+        "network": {
+            "enableDNSHostnames": True,
+            "publishNotReadyAddresses": True,
+            "subdomain": name_of(job),
+        },
+        "failurePolicy": {"maxRestarts": restart_budget(job), "rules": jobset_rules(job)},
+    }
+    if k.ttl_after_finished_s is not None:
+        # on the JobSet: the inner Job's would delete the Job and leave the JobSet behind
+        spec["ttlSecondsAfterFinished"] = int(k.ttl_after_finished_s)
+    if k.gang == "kueue":
+        spec["suspend"] = True
+    spec["replicatedJobs"] = [{"name": JOBSET_REPLICATED_JOB, "replicas": 1, "template": template}]
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": workload_metadata(job),
+        "spec": spec,
+    }
+
+
+def jobset_rules(job: SubmitJob) -> list[dict]:
+    """Fail the set, without a restart, when the inner Job failed by its podFailurePolicy
+    (exit 2, 3, 4) or, with a time limit, by its deadline: a restart would get a fresh
+    activeDeadlineSeconds and run past the limit."""
+    rules = [
+        {
+            "name": "fail-on-bad-input-nonfinite-oom",
+            "action": "FailJobSet",
+            "onJobFailureReasons": ["PodFailurePolicy"],
+        }
+    ]
+    if job.cluster.time_limit is not None:
+        rules.append(
+            {
+                "name": "fail-on-time-limit",
+                "action": "FailJobSet",
+                "onJobFailureReasons": ["DeadlineExceeded"],
+            }
+        )
+    return rules
+
+
+KIND = Kind(
+    name="jobset",
+    endpoint=endpoint,
+    objects=lambda job, pod: [("jobset.yaml", jobset(job, pod))],
+)

@@ -1,0 +1,85 @@
+"""`cluster.k8s.kind=trainjob`: Kubeflow Trainer v2's TrainJob.
+
+A TrainJob names a torch runtime (cluster.k8s.runtime), whose JobSet has one replicated Job
+`node` with one container `node`; the pod's fields a TrainJob may set go into a runtime
+patch (the runtime sets the rest: see docs/kubernetes.md). Its pods are an Indexed Job's,
+in a JobSet: they rendezvous as a JobSet's do.
+"""
+
+from __future__ import annotations
+
+from launcher.submit.job import SubmitJob
+from launcher.submit.k8s import jobset
+from launcher.submit.k8s.kind import Kind
+from launcher.submit.k8s.names import deadline_s, workload_metadata
+
+TRAINJOB_CONTAINER = "node"
+TRAINJOB_MANAGER = "launcher"
+TRAINJOB_TRAINER = ("image", "command", "args", "env")
+TRAINJOB_CONTAINER_PATCH = ("volumeMounts", "securityContext")
+TRAINJOB_POD_PATCH = (
+    "affinity",
+    "imagePullSecrets",
+    "nodeSelector",
+    "securityContext",
+    "serviceAccountName",
+    "terminationGracePeriodSeconds",
+    "tolerations",
+    "volumes",
+)
+
+
+def needs(job: SubmitJob) -> list[str]:
+    k = job.cluster.k8s
+    return [
+        f"needs: Kubeflow Trainer 2.2 or later with the torch runtime {k.runtime} "
+        "(cluster.k8s.runtime); its pod template must set automountServiceAccountToken "
+        "and enableServiceLinks to false, which a TrainJob cannot patch"
+        + (", and the topology spread" if k.topology_spread_key else "")
+    ]
+
+
+def trainjob(job: SubmitJob, pod: dict) -> dict:
+    """Kubeflow Trainer v2's TrainJob on the torch runtime cluster.k8s.runtime: the
+    container's image, command, arguments, environment and resources as the trainer's,
+    numNodes nodes, and the pod's other fields (volumes, /dev/shm, security, placement) as a
+    runtime patch. Restarts and failures follow the runtime's JobSet failure policy."""
+    k = job.cluster.k8s
+    container = pod["spec"]["containers"][0]
+    trainer = {key: container[key] for key in TRAINJOB_TRAINER if key in container}
+    trainer["numNodes"] = job.nodes
+    trainer["resourcesPerNode"] = container["resources"]
+    patch_container = {"name": TRAINJOB_CONTAINER}
+    patch_container.update({f: container[f] for f in TRAINJOB_CONTAINER_PATCH if f in container})
+    pod_spec = {key: pod["spec"][key] for key in TRAINJOB_POD_PATCH if key in pod["spec"]}
+    pod_spec["containers"] = [patch_container]
+    node = {"metadata": pod["metadata"], "spec": pod_spec}
+    replicated = {"name": jobset.JOBSET_REPLICATED_JOB, "template": {"spec": {"template": node}}}
+    spec: dict = {"runtimeRef": {"name": str(k.runtime)}}
+    if k.gang == "kueue":
+        spec["suspend"] = True
+    deadline = deadline_s(job)
+    if deadline:
+        spec["activeDeadlineSeconds"] = deadline
+    spec["trainer"] = trainer
+    spec["runtimePatches"] = [
+        {
+            "manager": TRAINJOB_MANAGER,
+            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [replicated]}}},
+        }
+    ]
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": workload_metadata(job),
+        "spec": spec,
+    }
+
+
+KIND = Kind(
+    name="trainjob",
+    endpoint=jobset.endpoint,
+    objects=lambda job, pod: [("trainjob.yaml", trainjob(job, pod))],
+    container=TRAINJOB_CONTAINER,
+    needs=needs,
+)

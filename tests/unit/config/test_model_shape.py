@@ -1,0 +1,19 @@
+"""launcher.config.model_shape: GPT-2's size from its config, exactly what the model built
+from that config holds, tensor by tensor (DDP's buckets are cut from these)."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.config import compose
+from launcher.config.model_shape import param_count, param_sizes
+from launcher.model.build import build_model
+
+
+@pytest.mark.parametrize("model", ["gpt2-tiny", "gpt2"])
+def test_the_shape_is_the_built_models_tensor_by_tensor(model):
+    cfg = compose([f"model={model}", "model.vocab_size=512"])
+    built = build_model(cfg.model, 512)
+    unique = {id(p): p.numel() for p in built.parameters()}  # the tied LM head once
+    assert param_sizes(cfg.model) == list(unique.values())
+    assert param_count(cfg.model) == sum(unique.values())
