@@ -17,7 +17,7 @@ from typing import Any
 BUILTIN = "launcher.resilience.faults"  # the module that declares the built-in kinds
 
 # The hook points: where the job and the loop call the injector (1-based steps).
-PHASE = "phase"  # each time a watched phase begins (watchdog.PHASES), every rank
+PHASE = "phase"  # each time a watched phase begins (config.schema.PHASES), every rank
 BURN_IN = "burn-in"  # the burn-in gate's device timing: the seconds each matmul takes more
 DATA = "data"  # the training loader opens: its windows may be replaced
 BEFORE_STEP = "before step"  # inside the timed step, before its first micro-batch
