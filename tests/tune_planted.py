@@ -23,9 +23,9 @@ proposed = rounds.propose
 build_model = job.build_model
 
 
-def planted(advice, cfg, world_size, gpu):
+def planted(advice, cfg, world_size, gpu, measured=None):
     mine = [Candidate(c, "planted") for c in (CRASHES, BAD_DATA, REFUSED)]
-    return [*mine, *proposed(advice, cfg, world_size, gpu)]
+    return [*mine, *proposed(advice, cfg, world_size, gpu, measured)]
 
 
 def model_that_crashes_when_planted(model_cfg, *args, **kwargs):

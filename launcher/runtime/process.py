@@ -179,7 +179,7 @@ def start(
         # Control traffic (barriers, metric gathers, stop votes) goes over gloo on the CPU
         # so it never queues behind, or is timed with, gradient communication.
         launch.control_group = dist.new_group(backend="gloo")
-        log.info("process group created: %s, %d ranks", launch.backend, world)
+        log.info("process group created: %s, %d ranks", launch.backend, world, extra=LAUNCH_LINE)
     rt = Runtime(rank, local_rank, world, device, launch.backend, launch=launch)
     rt.control_group = launch.control_group
     if point is None:
@@ -389,10 +389,16 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+# A line about the launch, not its job (the process group, made once for every job of the
+# process): on the console even while the jobs' own lines are quiet.
+LAUNCH_LINE = {"launch_line": True}
+
+
 def _configure_console_logging(rank: int, only: str | None = None) -> None:
     """Rank 0's INFO lines and every rank's warnings on stderr; with `only`, INFO lines of
-    that logger alone (a tuner's trial is a job whose start-up the tuner's line replaces;
-    its warnings still show: a trial folder moved aside, a straggler)."""
+    that logger alone and the launch's own (a tuner's trial is a job whose start-up the
+    tuner's line replaces; its warnings still show: a trial folder moved aside, a
+    straggler)."""
     root = logging.getLogger()
     root.handlers.clear()
     root.setLevel(logging.INFO)
@@ -402,7 +408,9 @@ def _configure_console_logging(rank: int, only: str | None = None) -> None:
     # records marked file_only (launcher.resilience.first_failure.FILE_ONLY) stay in the log
     console.addFilter(lambda record: not getattr(record, "file_only", False))
     if only is not None:
-        console.addFilter(lambda r: r.levelno >= logging.WARNING or r.name == only)
+        console.addFilter(
+            lambda r: r.levelno >= logging.WARNING or r.name == only or hasattr(r, "launch_line")
+        )
     root.addHandler(console)
     logging.captureWarnings(True)
 
