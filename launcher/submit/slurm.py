@@ -31,7 +31,6 @@ from launcher.config import ConfigError
 from launcher.config.backends.slurm import BACKEND
 from launcher.config.secret_keys import is_secret_key
 from launcher.data.cache import cache_root
-from launcher.plan.stop import budget
 from launcher.resilience import exit_codes
 from launcher.resilience.burnin import BAD_HOSTS, read_bad_hosts
 from launcher.runtime.args_file import ARGS_FILE_ENV
@@ -123,7 +122,7 @@ def check(job: SubmitJob) -> None:
             "1024..65535 (the job uses rdzv_port + job id mod rdzv_port_range)"
         )
     _check_cpus(job)
-    _check_lead(job)
+    stop_time.check_stop_window(job, BACKEND)
     _check_memory(job)
     if s.container_runtime not in CONTAINER_RUNTIMES:
         raise ConfigError(
@@ -172,21 +171,6 @@ def cpus_per_task(job: SubmitJob) -> int:
     of its DataLoader workers (one CPU each), as a pod's CPU request."""
     given = job.cluster.slurm.cpus_per_task
     return int(given) if given is not None else job.cpu_need
-
-
-def _check_lead(job: SubmitJob) -> None:
-    """The warning's lead is also how long torchrun lets its workers stop: it must hold a
-    step and the stop checkpoint's write (stop_time: measured, given or estimated)."""
-    s = job.cluster.slurm
-    write = stop_time.checkpoint_write(job, s, "cluster.slurm")
-    stop = budget(job.cfg, BACKEND, write.seconds, s.step_time_s)
-    if not stop.fits:
-        measured = f"cluster.slurm.step_time_s={s.step_time_s} + " if s.step_time_s else ""
-        raise ConfigError(
-            f"{stop.key}={stop.window_s} is too short to stop with a checkpoint: {measured}a "
-            f"{write.seconds:.0f} s checkpoint write ({write.why}) = {stop.need_s:.0f} s; "
-            "raise signal_lead_s"
-        )
 
 
 def slurm_bytes(text: str, key: str) -> int:

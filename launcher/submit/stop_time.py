@@ -27,7 +27,10 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from launcher.checkpoint.protocol import find_resumable, read_meta
+from launcher.config import ConfigError
+from launcher.config.backends import Backend
 from launcher.plan.forecast import checkpoint_bytes
+from launcher.plan.stop import budget
 from launcher.submit.job import SubmitJob, visible
 
 REHEARSAL_REPORT = Path("rehearse") / "report.json"  # in the run directory (launcher.rehearse)
@@ -85,3 +88,22 @@ def _last_checkpoint(job: SubmitJob):
     if not visible(str(job.run_dir), job.workdir) or not job.run_dir.is_dir():
         return None
     return find_resumable(job.run_dir)
+
+
+def check_stop_window(job: SubmitJob, backend: Backend) -> None:
+    """The backend's stop window (Kubernetes' grace period, Slurm's signal lead) must hold
+    the step in flight (`<section>.step_time_s`), the stop checkpoint's write (measured,
+    given or estimated: checkpoint_write) and what the backend's launcher keeps of it
+    (launcher.plan.stop); else one line naming the key, the sum and its parts."""
+    group, key = getattr(job.cluster, backend.name), f"cluster.{backend.name}"
+    write = checkpoint_write(job, group, key)
+    stop = budget(job.cfg, backend, write.seconds, group.step_time_s)
+    if stop.fits:
+        return
+    step = f"{key}.step_time_s={group.step_time_s} + " if group.step_time_s else ""
+    margin = f" + {stop.margin_s} s for torchrun to end" if stop.margin_s else ""
+    raise ConfigError(
+        f"{stop.key}={stop.window_s} is too short to stop with a checkpoint: {step}a "
+        f"{write.seconds:.0f} s checkpoint write ({write.why}){margin} = {stop.need_s:.0f} s; "
+        f"raise {backend.stop_window}"
+    )

@@ -9,7 +9,6 @@ import dataclasses
 from launcher.config import ConfigError
 from launcher.config.backends.k8s import BACKEND
 from launcher.plan.memory import loader_shm_need
-from launcher.plan.stop import budget
 from launcher.submit import k8s_check, stop_time
 from launcher.submit.job import SubmitJob, check_interval_fits
 from launcher.submit.k8s.names import deadline_s
@@ -58,7 +57,7 @@ def check_options(job: SubmitJob) -> None:
         )
     for key in ("home_size", "tmp_size"):
         k8s_check.parse_quantity(k[key], f"cluster.k8s.{key}")
-    _check_grace(job)
+    stop_time.check_stop_window(job, BACKEND)
     _check_deadline(job)
     _check_version(job)
     _check_image(job)
@@ -67,22 +66,6 @@ def check_options(job: SubmitJob) -> None:
 
 def uses_infiniband(job: SubmitJob) -> bool:
     return str(job.cfg.nccl.env.get("NCCL_IB_DISABLE")) == "0"
-
-
-def _check_grace(job: SubmitJob) -> None:
-    """terminationGracePeriodSeconds must hold one step, the stop checkpoint's write
-    (stop_time: measured, given or estimated from the model) and torchrun's own shutdown:
-    SIGTERM arrives mid-step, the ranks finish it, checkpoint, and exit."""
-    k = job.cluster.k8s
-    write = stop_time.checkpoint_write(job, k, "cluster.k8s")
-    stop = budget(job.cfg, BACKEND, write.seconds, k.step_time_s)
-    if not stop.fits:
-        measured = f"cluster.k8s.step_time_s={k.step_time_s} + " if k.step_time_s else ""
-        raise ConfigError(
-            f"{stop.key}={stop.window_s} is too short to stop with a checkpoint: {measured}a "
-            f"{write.seconds:.0f} s checkpoint write ({write.why}) + {stop.margin_s} s for "
-            f"torchrun to end = {stop.need_s:.0f} s; raise termination_grace_s"
-        )
 
 
 def _check_deadline(job: SubmitJob) -> None:
