@@ -137,7 +137,11 @@ def test_tiny_buckets_kept_bigger_and_compression_rejected_for_its_loss(tmp_path
         # the vocabulary: SMALL's data.bpe_vocab_size
         cfg = compose([f"{k}={v}" for k, v in cand["changes"].items()] + ["model.vocab_size=512"])
         assert trial["comm/buckets"] == len(step_comm(cfg, 2, LINKS["gloo"])["collectives"])
-    assert rep["kept"] == {"strategy.bucket_cap_mb": 25.0}
+    # which of the plan's two sizes (one bucket or two, against the incumbent's 18) wins is
+    # the timed trials' call, within a few percent of each other here
+    (kept,) = rep["kept"].values()
+    assert set(rep["kept"]) == {"strategy.bucket_cap_mb"}
+    assert kept in {c["changes"]["strategy.bucket_cap_mb"] for c in sized}
     hook = next(c for c in r["candidates"] if c["name"] == "strategy.comm_hook=bf16")
     assert hook["verdict"] == "rejected" and "tune.loss_tolerance=0" in hook["reason"]
     assert rep["confirmation"]["speedup"] > 1.5
