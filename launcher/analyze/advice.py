@@ -296,10 +296,10 @@ def _accumulation(rows: list[StepBreakdown], facts: RunFacts) -> Advice | None:
     small batch (per-call overhead, small kernels) where fewer, larger micro-batches do the
     same work; the global batch stays, so accumulation still makes it up. (Under memory
     pressure the memory rule asks for the opposite, so this one is silent then.)"""
-    micro, world = facts.micro_batch_size, facts.world_size
-    if not (micro and facts.global_batch_size and world):
+    batch = facts.batch
+    if batch is None:
         return None
-    accum = facts.global_batch_size // (micro * world)
+    micro, world, accum = batch.micro_batch, batch.world_size, batch.accum
     if accum < ACCUM_STEPS:
         return None
     step = _mean([r.step_s for r in rows])

@@ -13,6 +13,8 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
+from launcher.config.batch import BatchPlan
+
 
 @dataclass
 class RunFacts:
@@ -24,12 +26,21 @@ class RunFacts:
     micro_batch_size: int | None = None
     global_batch_size: int | None = None
     world_size: int | None = None  # from env.json
+    seq_len: int | None = None
     peak_mem_gb: float | None = None  # mem/peak_gb in summary.json: the device's peak
     device_mem_gb: float | None = None  # the first GPU's size, from env.json
     device_name: str | None = None  # the first GPU's name, from env.json (its bf16 peak)
     # "<file>: why" for each file that was there but could not be read as the launcher
     # writes it (the report says so, rather than reason from a silent gap)
     skipped: list[str] = field(default_factory=list)
+
+    @property
+    def batch(self) -> BatchPlan | None:
+        """The run's batch arithmetic, where its figures are known."""
+        if not (self.micro_batch_size and self.global_batch_size and self.world_size):
+            return None
+        return BatchPlan(self.global_batch_size, self.micro_batch_size, self.world_size,
+                         self.seq_len or 0)  # fmt: skip
 
 
 def _read(path: Path, parse, skipped: list[str]) -> dict:
@@ -80,6 +91,7 @@ def read_facts(run_dir: Path) -> RunFacts:
         micro_batch_size=micro,
         global_batch_size=_typed(trainer.get("global_batch_size"), int),
         world_size=_typed(env.get("world_size"), int),
+        seq_len=_typed(trainer.get("seq_len"), int),
         peak_mem_gb=_typed(summary.get("mem/peak_gb"), int, float),
         device_mem_gb=_typed(first.get("memory_gb"), int, float),
         device_name=_typed(first.get("name"), str),

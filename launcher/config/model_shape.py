@@ -27,11 +27,25 @@ def param_sizes(m) -> list[int]:
     """The elements of each of GPT-2's parameter tensors, in the order the model registers
     them (what DDP's buckets are cut from, a whole tensor each): the token and position
     embeddings, per layer ln_1, the attention's qkv and projection, ln_2, the MLP's two
-    matrices (each weight, then its bias), and the final LayerNorm."""
-    d, layers = int(m.n_embd), int(m.n_layer)
+    matrices (each weight, then its bias; no biases with model.bias=false), and the final
+    LayerNorm."""
+    root, block = unit_sizes(m)
+    return [*root[:2], *block * int(m.n_layer), *root[2:]]
+
+
+def unit_sizes(m) -> tuple[list[int], list[int]]:
+    """GPT-2's tensors as a sharding engine wraps them (each block a unit, the rest the
+    root): (the root's, in registration order: token and position embeddings, the final
+    LayerNorm; one block's)."""
+    d = int(m.n_embd)
     vocab = padded_vocab_size(int(m.vocab_size or GPT2_VOCAB), int(m.vocab_multiple))
-    layer = [d, d, 3 * d * d, 3 * d, d * d, d, d, d, 4 * d * d, 4 * d, 4 * d * d, d]
-    return [vocab * d, int(m.n_positions) * d, *layer * layers, d, d]
+    biased = getattr(m, "bias", True)
+    matrices = [("ln_1", d), ("c_attn", 3 * d * d), ("c_proj", d * d), ("ln_2", d),
+                ("c_fc", 4 * d * d), ("mlp.c_proj", 4 * d * d)]  # fmt: skip
+    outputs = {"ln_1": d, "c_attn": 3 * d, "c_proj": d, "ln_2": d, "c_fc": 4 * d, "mlp.c_proj": d}
+    block = [t for name, n in matrices for t in ([n, outputs[name]] if biased else [n])]
+    root = [vocab * d, int(m.n_positions) * d, *([d, d] if biased else [d])]
+    return root, block
 
 
 def shape_flops_per_token(m, seq_len: int) -> float:

@@ -111,8 +111,9 @@ class Engine:
     # op one of all_reduce, reduce_scatter, all_gather (bytes: the full buffer, as
     # nccl-tests counts it)
     train_state: Callable[[Any, int, int], dict[str, int]] | None = None
-    # (cfg, parameters, world size) -> bytes of one durable checkpoint, every rank's files
-    checkpoint_total: Callable[[Any, int, int], int] | None = None
+    # (cfg, parameters, world size) -> bytes each rank writes into one durable checkpoint,
+    # rank 0 first, one entry per writing rank (DDP: rank 0 alone; sharded engines: all)
+    checkpoint_writes: Callable[[Any, int, int], list[int]] | None = None
     step_collectives: Callable[[Any, int, int], list[tuple[str, int, int]]] | None = None
     drops_steps: bool = False  # Strategy.drop_step: trainer.on_nonfinite=skip|rewind allowed
     # Strategy.zero_grad between micro-steps: trainer.micro_batch_size=auto and

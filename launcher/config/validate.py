@@ -130,6 +130,18 @@ def validate(cfg: DictConfig, world_size: int) -> TrainConfig:
     return checked
 
 
+def check_config(cfg: DictConfig, world_size: int) -> TrainConfig:
+    """The config alone (`validate`, which normalises it too), then the engine's own config
+    as these keys build it (DeepSpeed's, with `strategy.extra`): what a submission and the
+    plan check before anything reaches a cluster. The checked config as the schema's
+    dataclasses."""
+    checked = validate(cfg, world_size)
+    check = engine(checked.strategy.name).config_check
+    if check is not None:
+        check(checked, world_size)  # the dataclasses the strategy will get
+    return checked
+
+
 def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
     """The rules that relate keys, within a section and across sections."""
     t, d, m = cfg.trainer, cfg.data, cfg.model

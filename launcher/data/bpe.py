@@ -41,10 +41,14 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> HFTokenizer:
     return tok
 
 
+def bpe_folder(source, vocab_size: int, cache_root: Path) -> Path:
+    """Where the BPE of `source` at `vocab_size` is cached (trained or not yet)."""
+    return cache_root / f"bpe-{fingerprint({'source': source.identity, 'vocab_size': vocab_size})}"
+
+
 def bpe_tokenizer(source, *, vocab_size: int, cache_root: Path, may_train: bool) -> Tokenizer:
     """The cached BPE for `source`, trained first if missing and `may_train`."""
-    key = fingerprint({"source": source.identity, "vocab_size": vocab_size})
-    folder = cache_root / f"bpe-{key}"
+    folder = bpe_folder(source, vocab_size, cache_root)
     path = folder / "tokenizer.json"
     if not path.is_file():
         if not may_train:

@@ -1,32 +1,38 @@
 """The experiment at its target scale, before it is submitted: memory, checkpoint budget,
 step time, time and cost to the end, every figure marked measured or assumed.
 
-Compute time is tokens x FLOPs per token over a FLOP rate: the device's peak x an MFU that
-is stated per device kind (launcher.plan.presets) or measured by `--from RUN_DIR`, a run on
-the target hardware (its compute rate: the step's time less its exposed communication and
-data wait). Communication is the engine's declared collectives on the link's alpha-beta
-model (launcher.plan.comm), of which the exposed part is (1 - overlap); the overlap, the
-link's bandwidth and the checkpoint write speed are measured by `--from` where its run
-recorded them, the overlap otherwise modelled as the buckets' pipeline over backward.
-docs/plan.md gives the formulas, their sources and the checks.
+Compute is the run's FLOPs over a rate (the device's peak x an MFU stated per device kind,
+launcher.plan.presets), or, with `--from`, the compute model fitted to measured runs
+(launcher.plan.calibrate: a rate per FLOP and each engine's fixed costs). Communication is
+the engine's declared collectives on the links they cross (launcher.plan.comm), fitted per
+collective size where runs measured them; on a GPU the part hidden behind backward is the
+buckets' pipeline (or what the runs measured), on a CPU none (the collectives take the
+cores that compute). docs/plan.md gives the formulas, their sources and the checks.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import json
+import os
+import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
-from launcher.checkpoint.protocol import find_resumable, read_meta
 from launcher.config import compose
-from launcher.config.model_shape import param_count, shape_flops_per_token
 from launcher.config.registry import engine
-from launcher.data.tokenizer import TOKENIZER_DIR, saved_vocab_size
 from launcher.plan import comm, memory, stop
-from launcher.plan.presets import DEFAULT_DEVICE, DEVICES, Device, Link, link_for
+from launcher.plan.calibrate import (
+    ComputeFit,
+    Features,
+    LinkFit,
+    cpu_share,
+    fit_compute,
+    fit_links,
+    fitted_topology,
+)
+from launcher.plan.measured import RunRecord, engine_label, read_runs, writes_of
+from launcher.plan.presets import DEFAULT_DEVICE, DEVICES, Device, Topology, topology_for
+from launcher.plan.shape import RunShape, shape_of
 
 ENGINES = (  # the engines and ZeRO stages set beside the configured one
     ("ddp", ["strategy=ddp"]),
@@ -38,72 +44,67 @@ ENGINES = (  # the engines and ZeRO stages set beside the configured one
 
 
 @dataclass
-class Measured:
-    """What a finished run measured (`--from RUN_DIR`), per figure None where it did not."""
-
-    source: str
-    world_size: int
-    flops_per_s: float | None = None  # compute FLOP/s of one rank
-    overlap: float | None = None
-    busbw: float | None = None  # bytes/s: the all-reduces' effective bus bandwidth
-    comm_bytes: float | None = None  # all-reduced bytes a step (comm/bytes)
-    collectives: int | None = None  # all-reduces a step (comm/buckets)
-    data_wait_s: float | None = None
-    write_bytes_per_s: float | None = None
-    device: str | None = None
-    vocab_size: int | None = None  # the tokenizer's, as its checkpoints record the model
-
-
-@dataclass
 class Target:
     """Where the job will run."""
 
     nodes: int
-    procs_per_node: int
+    per_node: int
     on_gpu: bool
     device: Device | None
-    link: Link
+    topology: Topology
+    cores: int | None = None  # a CPU job's cores per node
     basis: dict = field(default_factory=dict)
     overlap: float | None = None  # given by hand (--overlap)
 
     @property
     def world_size(self) -> int:
-        return self.nodes * self.procs_per_node
+        return self.nodes * self.per_node
 
 
 def target_of(cfg) -> Target:
     """The cluster section's job shape: nodes x processes per node, GPUs or not, the GPU
-    kind (cluster.gpu_type; assumed H100 when not given) and the link its `nccl` preset or
-    node count implies."""
+    kind (cluster.gpu_type; assumed H100 when not given), the links its `nccl` preset and
+    node count imply; a CPU job runs on this machine's cores (assumed)."""
     c = cfg.cluster
     gpus = int(c.gpus_per_node)
     procs = int(c.procs_per_node) if c.procs_per_node is not None else (gpus or 1)
     on_gpu = gpus > 0
     basis = {}
-    device = None
+    device, cores = None, None
     if on_gpu:
         kind = str(c.gpu_type or DEFAULT_DEVICE)
         device = DEVICES.get(kind)
         if device is None:
-            known = ", ".join(DEVICES)
-            raise ValueError(f"cluster.gpu_type={kind}: the plan knows {known}")
+            raise ValueError(f"cluster.gpu_type={kind}: the plan knows {', '.join(DEVICES)}")
         given = f"cluster.gpu_type={kind}" if c.gpu_type else f"{kind}, cluster.gpu_type not given"
         basis["device"] = _basis(False, given)
-    link = link_for(str(cfg.nccl.name), int(c.nodes), on_gpu)
-    basis["link"] = _basis(False, f"{link.name}: {link.source}")
-    return Target(int(c.nodes), procs, on_gpu, device, link, basis)
+    else:
+        cores = os.cpu_count() or 1
+        basis["device"] = _basis(False, f"CPU: this machine's {cores} cores a node")
+    topo = topology_for(str(cfg.nccl.name), int(c.nodes), procs, on_gpu)
+    basis["link"] = _basis(False, _links_why(topo))
+    return Target(int(c.nodes), procs, on_gpu, device, topo, cores, basis)
+
+
+def _links_why(topo: Topology) -> str:
+    links = [topo.intra] + ([topo.inter] if topo.nodes > 1 and topo.inter else [])
+    return "; ".join(f"{link.name} {link.busbw / 1e9:g} GB/s, {link.alpha * 1e6:g} us a step "
+                     f"({link.source})" for link in links)  # fmt: skip
 
 
 def given(target: Target, mfu: float | None = None, busbw_gbps: float | None = None,
           overlap: float | None = None) -> Target:  # fmt: skip
-    """`target` with the device's MFU, the link's bus bandwidth, or the overlap given by hand
-    (the plan's flags), each marked so in the basis."""
+    """`target` with the device's MFU, the links' bus bandwidth, or the overlap given by
+    hand (the plan's flags), each marked so in the basis."""
     if mfu is not None and target.device is not None:
         target.device = replace(target.device, mfu=mfu, source=f"--mfu {mfu:g}, given")
     if busbw_gbps is not None:
-        target.link = replace(target.link, busbw=busbw_gbps * 1e9,
-                              source=f"--busbw-gbps {busbw_gbps:g}, given")  # fmt: skip
-        target.basis["link"] = _basis(False, f"{target.link.name}: {target.link.source}")
+        source = f"--busbw-gbps {busbw_gbps:g}, given"
+        topo = target.topology
+        inter = replace(topo.inter, busbw=busbw_gbps * 1e9, source=source) if topo.inter else None
+        target.topology = replace(topo, intra=replace(topo.intra, busbw=busbw_gbps * 1e9,
+                                                      source=source), inter=inter)  # fmt: skip
+        target.basis["link"] = _basis(False, _links_why(target.topology))
     target.overlap = overlap
     return target
 
@@ -112,85 +113,78 @@ def _basis(measured: bool, why: str) -> dict:
     return {"measured": measured, "why": why}
 
 
-def measured_from(run_dir: Path) -> Measured:
-    """The figures a finished run recorded: summary.json, config.yaml's shape, env.json's
-    device, its last checkpoint's write time and size."""
-    run_dir = Path(run_dir)
-    summary = _json(run_dir / "summary.json")
-    world = int(summary.get("world_size") or 1)
-    out = Measured(str(run_dir), world)
-    step = summary.get("step_time_s/p50")
-    exposed = summary.get("comm/exposed_s") or 0.0
-    wait = summary.get("data_wait_s") or 0.0
-    tokens = summary.get("tokens_per_s")
-    fpt = summary.get("flops_per_token")
-    if step and tokens and fpt:
-        tokens_per_rank_step = tokens * step / world
-        compute = max(step - exposed - wait, 1e-9)
-        out.flops_per_s = tokens_per_rank_step * fpt / compute
-        out.data_wait_s = wait
-    reduce = summary.get("comm/allreduce_s")
-    if reduce:
-        out.overlap = max(0.0, 1.0 - exposed / reduce)
-    if summary.get("comm/busbw_gbps"):
-        out.busbw = float(summary["comm/busbw_gbps"]) * 1e9
-        out.comm_bytes = summary.get("comm/bytes")
-        out.collectives = summary.get("comm/buckets")
-    env = _json(run_dir / "env.json")
-    devices = env.get("devices") or []
-    out.device = devices[0].get("name") if devices and isinstance(devices[0], dict) else None
-    last = find_resumable(run_dir)
-    meta = (read_meta(last) or {}) if last else {}
-    out.vocab_size = (meta.get("model") or {}).get("vocab_size") or saved_vocab_size(
-        run_dir / TOKENIZER_DIR
-    )
-    if meta.get("write_s"):
-        size = sum(int(n) for n in (meta.get("files") or {}).values())
-        out.write_bytes_per_s = size / float(meta["write_s"])
-    return out
+@dataclass
+class Calibration:
+    """What measured runs (`--from`) say of the target's hardware: the compute model, the
+    links per collective, the overlap, data wait and per-writer checkpoint speed."""
+
+    records: list[RunRecord]
+    compute: ComputeFit | None
+    links: LinkFit | None
+    overlap: float | None
+    data_wait_s: float | None
+    write_bytes_per_s: float | None
+    ignored: list[str]  # runs on another kind of device than the target's
+
+    @property
+    def sources(self) -> str:
+        return ", ".join(r.source for r in self.records)
 
 
-def _json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: cannot be read as a run's JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    return data
+def calibration(paths: list[Path], target: Target) -> Calibration:
+    """The calibration of `target` from the runs `paths` stand for: those on its kind of
+    device (the CPU, or a GPU of the target's kind) fit compute and links."""
+    records = read_runs(paths)
+    kind = target.device.name if target.device else None
+    same = [r for r in records if (r.device is None) == (kind is None)
+            and (kind is None or kind in (r.device or ""))]  # fmt: skip
+    ignored = [f"{r.source} ran on {r.device or 'the CPU'}" for r in records if r not in same]
+    shares = {r.source: cpu_share(r.per_node, r.cores) if r.device is None else 1.0
+              for r in same}  # fmt: skip
+    compute = links = None
+    if same:
+        features = [_features(r.shape, r.world_size) for r in same]
+        compute = fit_compute(same, features, [shares[r.source] for r in same])
+        samples = [s for r in same for s in r.samples]
+        links = fit_links(samples, target.topology.intra, shares) if samples else None
+    overlaps = [r.overlap for r in same if r.device and r.overlap is not None]
+    writes = [r.written / r.write_s for r in same if r.write_s and r.written]
+    waits = [r.wait_s for r in same]
+    return Calibration(
+        same, compute, links, statistics.median(overlaps) if overlaps else None,
+        statistics.median(waits) if waits else None,
+        statistics.median(writes) if writes else None, ignored,
+    )  # fmt: skip
 
 
-def checkpoint_bytes(cfg, world_size: int) -> dict[str, int]:
-    """Bytes of one durable checkpoint, as the engine declares them: the largest rank's
-    share (DDP's rank 0 writes the whole model and optimizer; a sharded engine's ranks their
-    shards, ZeRO's rank 0 the module too), and every rank's together."""
-    declared = engine(cfg.strategy.name)
-    params = param_count(cfg.model)
-    if declared.memory_checkpoint is None or declared.checkpoint_total is None:
-        return {"per_rank": params * 12, "total": params * 12}  # an added engine: the state
-    return {
-        "per_rank": declared.memory_checkpoint(cfg, params, world_size),
-        "total": declared.checkpoint_total(cfg, params, world_size),
-    }
+def _features(shape: RunShape, world_size: int) -> Features:
+    state = memory.train_state(shape.cfg, world_size)
+    return Features.of(shape, engine_label(shape.cfg), state["optimizer"])
 
 
-def build(cfg, target: Target, measured: Measured | None = None, restarts: int | None = None,
-          vocab_size: int | None = None, engines: bool = True) -> dict:  # fmt: skip
-    """The plan of `cfg` on `target` (plan.json's content). `vocab_size`: the tokenizer's,
-    where model.vocab_size leaves it to the data (else a measured run's, else GPT-2's)."""
-    vocab_size = vocab_size or (measured.vocab_size if measured else None)
-    if vocab_size and cfg.model.vocab_size is None:
-        cfg = copy.deepcopy(cfg)
-        cfg.model.vocab_size = int(vocab_size)
-    world, procs = target.world_size, target.procs_per_node
-    t = cfg.trainer
+def checkpoint_bytes(cfg, world_size: int, shape: RunShape | None = None) -> dict[str, int]:
+    """One durable checkpoint: the largest writer's bytes, every rank's together, and how
+    many ranks write (`cfg` checked; its vocabulary the data's unless `shape` says)."""
+    shape = shape or shape_of(cfg, world_size)
+    writes = writes_of(shape, world_size)
+    return {"per_rank": max(writes), "total": sum(writes),
+            "writers": sum(1 for w in writes if w)}  # fmt: skip
+
+
+def build(
+    shape: RunShape,
+    target: Target,
+    cal: Calibration | None = None,
+    restarts: int | None = None,
+    engines: bool = True,
+    start_step: int = 0,
+) -> dict:
+    """The plan of the run `shape` on `target` (plan.json's content); `start_step`: the
+    steps a resumed run has done already (its totals are over the steps left)."""
+    cfg, world, procs = shape.cfg, target.world_size, target.per_node
+    t, batch = cfg.trainer, shape.batch
     basis = dict(target.basis)
-    params = param_count(cfg.model)
-    micro = memory.micro_batch(cfg, world)
-    accum = max(1, int(t.global_batch_size) // (micro * world))
-    tokens_step = int(t.global_batch_size) * int(t.seq_len)
-    fpt = shape_flops_per_token(cfg.model, int(t.seq_len))
-
+    basis["vocabulary"] = _basis(shape.vocab.known, f"{shape.vocab.size:,} ids: {shape.vocab.why}")
     device = memory.device_per_rank(cfg, world, target.on_gpu)
     by_engine = {}
     for name, overrides in ENGINES if engines else ():
@@ -198,9 +192,12 @@ def build(cfg, target: Target, measured: Measured | None = None, restarts: int |
         state = sum(other[k] for k in ("weights", "grads", "optimizer"))
         by_engine[name] = {"state_bytes": state, "total_bytes": other["total"]}
     host = memory.host_per_node(cfg, procs, world, target.on_gpu, restarts)
-    basis["memory"] = _basis(False, "the engine's state by its declaration; activations "
-                             "34 x seq x micro x width bytes a layer (Korthikanti et al. 2022); "
-                             f"headroom {memory.HEADROOM:.0%} + 1 GB a GPU rank")  # fmt: skip
+    basis["memory"] = _basis(
+        False,
+        "the engine's state by its declaration; activations 34 x seq x micro x width bytes a "
+        "layer (24 compiled; Korthikanti et al. 2022), the logits 12 x seq x micro x "
+        f"vocabulary (4 compiled); headroom {memory.HEADROOM:.0%} + 1 GB a GPU rank",
+    )
     mem = {
         "gpu_per_rank_bytes": device["total"] if target.on_gpu else None,
         "gpu_per_rank": device,
@@ -212,47 +209,50 @@ def build(cfg, target: Target, measured: Measured | None = None, restarts: int |
         "shm_per_node_bytes": host["shm"],
     }
 
-    ckpt = checkpoint_bytes(cfg, world)
-    rate, rate_why = _write_rate(cfg, measured)
-    basis["checkpoint.write_s"] = rate_why
-    write_s = ckpt["total"] / rate
+    writes = writes_of(shape, world)
+    rate, basis["checkpoint.write_s"] = _write_rate(cfg, cal)
+    write_s = max(writes) / rate
 
-    flops, flops_why = _flop_rate(target, measured)
-    basis["step.compute_s"] = flops_why
-    link = measured_link(target.link, measured, basis)
-    comms = comm.step_comm(cfg, world, link)
-    wait = measured.data_wait_s if measured and measured.data_wait_s is not None else 0.0
+    share = cpu_share(procs, target.cores) if not target.on_gpu else 1.0
+    compute, basis["step.compute_s"] = _compute(shape, target, cal, share)
+    topo = fitted_topology(target.topology, cal.links if cal else None)
+    if cal and cal.links:
+        basis["link"] = _basis(True, "; ".join(cal.links.why.values()))
+    comms = comm.step_comm(cfg, world, topo)
+    comm_s = comms["time_s"] * share
+    wait = cal.data_wait_s if cal and cal.data_wait_s is not None else 0.0
+    if cal and cal.data_wait_s is not None:
+        basis["step.data_wait_s"] = _basis(True, f"the median of {cal.sources}")
     overlap, step = None, None
     basis["step.overlap"] = _basis(False, "no compute rate to hide the communication behind")
-    if flops:
-        compute = tokens_step / world * fpt / flops
-        if t.grad_checkpointing:
-            compute *= 4 / 3  # the forward again in backward
-        overlap = _overlap(target, measured, comms, link, backward_s(cfg, world, flops), basis)
-        exposed = comms["time_s"] * (1 - overlap)
+    if compute is not None:
+        overlap = _overlap(shape, target, cal, comms, topo, compute, basis)
+        exposed = comm_s * (1 - overlap)
         time_s = compute + exposed + wait
-        tokens_per_s = tokens_step / time_s
         peak = target.device.peak_flops if target.device else None
+        fpt = shape.flops_per_token
         step = {
             "time_s": time_s,
             "compute_s": compute,
-            "comm_s": comms["time_s"],
+            "comm_s": comm_s,
             "comm_exposed_s": exposed,
             "comm_share": exposed / time_s,
             "data_wait_s": wait,
-            "tokens_per_s": tokens_per_s,
-            "mfu": tokens_per_s * fpt / (peak * world) if peak else None,
+            "tokens_per_s": batch.tokens_per_step / time_s,
+            "mfu": batch.tokens_per_step / time_s * fpt / (peak * world) if peak else None,
         }
-    steps = int(t.max_steps)
+    steps = max(0, int(t.max_steps) - start_step)
     totals = None
     if step:
-        saves = steps // int(t.checkpoint_interval) if t.checkpoint_interval else 0
+        every = int(t.checkpoint_interval)
+        saves = (int(t.max_steps) // every - start_step // every) if every else 0
         time_s = steps * step["time_s"] + saves * write_s
         hours = time_s * world / 3600 if target.on_gpu else None
         cost = cfg.cluster.gpu_hour_cost
         totals = {
             "steps": steps,
-            "tokens": steps * tokens_step,
+            "start_step": start_step,
+            "tokens": steps * batch.tokens_per_step,
             "time_s": time_s,
             "gpu_hours": hours,
             "cost": hours * float(cost) if hours is not None and cost is not None else None,
@@ -260,25 +260,29 @@ def build(cfg, target: Target, measured: Measured | None = None, restarts: int |
     return {
         "job": {
             "model": str(cfg.model.name),
-            "parameters": params,
+            "parameters": shape.params,
+            "vocabulary": shape.vocab.size,
             "strategy": str(cfg.strategy.name),
             "nodes": target.nodes,
             "procs_per_node": procs,
             "world_size": world,
             "device": target.device.name if target.device else "cpu",
-            "link": link.name,
-            "global_batch": int(t.global_batch_size),
-            "micro_batch": micro,
-            "accum": accum,
-            "seq_len": int(t.seq_len),
+            "link": topo.describe(),
+            "global_batch": batch.global_batch,
+            "micro_batch": batch.micro_batch,
+            "accum": batch.accum,
+            "seq_len": batch.seq_len,
             "grad_checkpointing": bool(t.grad_checkpointing),
-            "tokens_per_step": tokens_step,
-            "flops_per_token": fpt,
+            "compile": str(t.compile),
+            "tokens_per_step": batch.tokens_per_step,
+            "flops_per_token": shape.flops_per_token,
+            "notes": list(shape.notes),
         },
         "memory": mem,
         "checkpoint": {
-            "bytes_per_rank": ckpt["per_rank"],
-            "bytes_total": ckpt["total"],
+            "bytes_per_rank": max(writes),
+            "bytes_total": sum(writes),
+            "writers": sum(1 for w in writes if w),
             "write_s": write_s,
             "stop": {
                 "write_s": write_s,
@@ -287,11 +291,17 @@ def build(cfg, target: Target, measured: Measured | None = None, restarts: int |
             },
         },
         "step": {
-            **(step or {"time_s": None, "tokens_per_s": None, "comm_s": comms["time_s"]}),
+            **(step or {"time_s": None, "tokens_per_s": None, "comm_s": comm_s}),
             "collectives": comms["collectives"],
             "overlap": overlap,
         },  # fmt: skip
-        "totals": totals or {"steps": steps, "time_s": None, "gpu_hours": None},
+        "totals": totals
+        or {
+            "steps": steps,
+            "start_step": start_step,
+            "time_s": None,
+            "gpu_hours": None,
+        },  # fmt: skip
         "basis": basis,
     }
 
@@ -302,51 +312,75 @@ def _with(cfg, overrides: list[str]):
     return SimpleNamespace(model=cfg.model, trainer=cfg.trainer, data=cfg.data, strategy=other)
 
 
-def measured_link(link: Link, measured: Measured | None, basis: dict | None = None) -> Link:
-    """`link` as a run on it measured it: its alpha and bandwidth scaled to the run's
-    all-reduces (launcher.plan.comm.fitted), or, where the run did not record its layout,
-    the run's bus bandwidth in place of the preset's."""
-    if not measured or not measured.busbw or measured.world_size < 2:
-        return link
-    source = f"measured in {measured.source}"
-    if measured.comm_bytes and measured.collectives:
-        link = comm.fitted(link, measured.busbw, measured.comm_bytes, int(measured.collectives),
-                           measured.world_size, source)  # fmt: skip
-        why = (
-            f"alpha {link.alpha * 1e6:.3g} us, bus bandwidth {link.busbw / 1e9:.3g} GB/s: the "
-            f"preset scaled to the {measured.collectives} all-reduce(s) a step {source}"
+def _compute(shape: RunShape, target: Target, cal: Calibration | None,
+             share: float) -> tuple[float | None, dict]:  # fmt: skip
+    """One rank's compute seconds a step, and what it rests on: the model fitted to the
+    runs of `--from`, else the device's peak x its MFU."""
+    if cal and cal.compute:
+        x = _features(shape, target.world_size)
+        seconds, notes = cal.compute.predict(x)
+        if seconds is not None:
+            fit = cal.compute
+            terms = ", ".join(_term(k, v) for k, v in sorted(fit.coef.items()))
+            left = (
+                f"; not told apart by these runs: {', '.join(fit.left_out)}" if fit.left_out else ""
+            )
+            shared = (
+                f", x{share:g} for {target.per_node} ranks on {target.cores} cores"
+                if share > 1
+                else ""
+            )
+            extrapolated = f"; EXTRAPOLATED: {'; '.join(notes)}" if notes else ""
+            return seconds * share, _basis(
+                True, f"fitted to {len(fit.rows)} run(s) ({cal.sources}): {terms}{left}"
+                f"{shared}{extrapolated}"
+            )  # fmt: skip
+    if target.device:
+        d = target.device
+        seconds = shape.flops_per_rank_step / (d.peak_flops * d.mfu)
+        return seconds, _basis(
+            False, f"MFU {d.mfu:.1%} of {d.name}'s {d.peak_flops / 1e12:.0f} TFLOP/s ({d.source})"
         )
-    else:
-        link = replace(link, busbw=measured.busbw, source=source)
-        why = f"bus bandwidth {measured.busbw / 1e9:.3g} GB/s {source}"
-    if basis is not None:
-        basis["link"] = _basis(True, why)
-    return link
+    return None, _basis(False, "no known peak FLOP/s on the CPU: give --from a measured run")
 
 
-def backward_s(cfg, world_size: int, flops_per_s: float) -> float:
+def _term(name: str, value: float) -> str:
+    kind, _, key = name.partition(":")
+    if kind == "rate":
+        return f"{value / 1e9:.3g} GFLOP/s ({key})"
+    if kind == "optimizer":
+        return f"{value * 1e9:.3g} ns an optimizer element"
+    what = "a layer and micro-step" if kind == "micro" else "a step"
+    return f"{value * 1e3:.3g} ms {what} ({key})"
+
+
+def backward_s(shape: RunShape, compute_s: float) -> float:
     """One micro-step's backward on a rank: the window the gradient collectives can hide
     in (they go out on the last micro-step only). Backward is two thirds of the 6N FLOPs a
-    token; with gradient checkpointing it runs the forward again, the whole of them."""
-    micro = memory.micro_batch(cfg, world_size)
-    t = cfg.trainer
-    whole = micro * int(t.seq_len) * shape_flops_per_token(cfg.model, int(t.seq_len)) / flops_per_s
-    return whole if t.grad_checkpointing else whole * 2 / 3
+    token; with gradient checkpointing it runs the forward again, the whole of a
+    micro-step's compute."""
+    micro_step = compute_s / shape.batch.accum
+    return micro_step * (3 / 4 if shape.cfg.trainer.grad_checkpointing else 2 / 3)
 
 
-def _overlap(target: Target, measured: Measured | None, comms: dict, link: Link,
-             backward: float, basis: dict) -> float:  # fmt: skip
+def _overlap(shape: RunShape, target: Target, cal: Calibration | None, comms: dict,
+             topo: Topology, compute: float, basis: dict) -> float:  # fmt: skip
     """The share of the step's communication hidden behind backward: given (--overlap),
-    measured by the run of --from, else the bucket pipeline's (launcher.plan.comm)."""
+    measured by the GPU runs of --from, else the bucket pipeline's on a GPU; none on a CPU
+    (gloo's collectives take the cores' time even when they run beside backward)."""
     if target.overlap is not None:
         basis["step.overlap"] = _basis(False, "--overlap, given")
         return target.overlap
-    if measured and measured.overlap is not None:
-        basis["step.overlap"] = _basis(True, f"measured in {measured.source}")
-        return measured.overlap
+    if not target.on_gpu:
+        basis["step.overlap"] = _basis(False, "none: on a CPU the collectives take the cores "
+                                       "that compute")  # fmt: skip
+        return 0.0
+    if cal and cal.overlap is not None:
+        basis["step.overlap"] = _basis(True, f"the median measured in {cal.sources}")
+        return cal.overlap
     rows = [(c["op"], c["bytes"], c["times"]) for c in comms["collectives"]]
-    backward = backward if target.on_gpu else 0.0  # CPU collectives take the cores' time
-    exposed = comm.exposed_s(rows, target.world_size, link, backward)
+    backward = backward_s(shape, compute)
+    exposed = comm.exposed_s(rows, topo, backward)
     basis["step.overlap"] = _basis(
         False, f"the collectives as a pipeline over a {backward * 1e3:.3g} ms backward "
         "(buckets ready at an even rate, one at a time)"
@@ -354,62 +388,65 @@ def _overlap(target: Target, measured: Measured | None, comms: dict, link: Link,
     return 1.0 - exposed / comms["time_s"] if comms["time_s"] else 1.0
 
 
-def _flop_rate(target: Target, measured: Measured | None) -> tuple[float | None, dict]:
-    """One rank's compute FLOP/s: measured by a run, else the device's peak x its MFU."""
-    if measured and measured.flops_per_s:
-        return measured.flops_per_s, _basis(
-            True, f"{measured.flops_per_s / 1e12:.3g} TFLOP/s a rank computing, measured in "
-            f"{measured.source}"
-        )  # fmt: skip
-    if target.device:
-        d = target.device
-        return d.peak_flops * d.mfu, _basis(
-            False, f"MFU {d.mfu:.0%} of {d.name}'s {d.peak_flops / 1e12:.0f} TFLOP/s ({d.source})"
-        )
-    return None, _basis(False, "no known peak FLOP/s on the CPU: give --from a measured run")
-
-
-def _write_rate(cfg, measured: Measured | None) -> tuple[float, dict]:
-    if measured and measured.write_bytes_per_s:
-        return measured.write_bytes_per_s, _basis(
-            True, f"{measured.write_bytes_per_s / 1e6:.0f} MB/s, the last checkpoint of "
-            f"{measured.source}"
+def _write_rate(cfg, cal: Calibration | None) -> tuple[float, dict]:
+    """Bytes a second one writing rank reaches: measured by the runs' last checkpoints
+    (their largest writer's bytes over the write's time), else the backend's configured
+    figure; the checkpoint takes as long as its largest writer."""
+    if cal and cal.write_bytes_per_s:
+        return cal.write_bytes_per_s, _basis(
+            True, f"{cal.write_bytes_per_s / 1e6:.0f} MB/s a writing rank, the median of the "
+            f"last checkpoints of {cal.sources}; the largest writer's share of it"
         )  # fmt: skip
     # the chosen backend's figure, where its section has one; else (cluster=local) Slurm's
     name = str(cfg.cluster.name)
     name = name if hasattr(getattr(cfg.cluster, name, None), "checkpoint_write_mb_s") else "slurm"
-    key = f"cluster.{name}"
     rate = float(getattr(cfg.cluster, name).checkpoint_write_mb_s)
-    return rate * 1e6, _basis(False, f"{key}.checkpoint_write_mb_s={rate:g} (configured)")
+    return rate * 1e6, _basis(
+        False, f"cluster.{name}.checkpoint_write_mb_s={rate:g} a writing rank (configured); "
+        "the largest writer's share of it"
+    )  # fmt: skip
 
 
 def at_start(cfg, world_size: int, ranks_per_node: int, device_name: str | None,
-             vocab_size: int, run_dir: Path) -> dict:  # fmt: skip
+             vocab_size: int, run_dir: Path, start_step: int = 0) -> dict:  # fmt: skip
     """The forecast a run prints as it starts and summary.json keeps beside what the run
-    measured: step time, tokens/s, time and GPU-hours to trainer.max_steps, from the
+    measured: step time, tokens/s, time and GPU-hours over the steps left, from the
     device's stated MFU, or from what this run directory measured before (a resumed run)."""
     device = next((d for k, d in DEVICES.items() if device_name and k in device_name), None)
     nodes = max(1, world_size // ranks_per_node)
-    link = link_for(str(cfg.nccl.name), nodes, device_name is not None)
-    target = Target(nodes, ranks_per_node, device_name is not None, device, link)
-    measured = None
+    on_gpu = device_name is not None
+    topo = topology_for(str(cfg.nccl.name), nodes, ranks_per_node, on_gpu)
+    cores = None if on_gpu else os.cpu_count() or 1
+    target = Target(nodes, ranks_per_node, on_gpu, device, topo, cores)
+    declared = engine(str(cfg.strategy.name))
+    if declared.train_state is None or declared.step_collectives is None:
+        return _no_forecast(f"strategy={cfg.strategy.name} declares no train_state or "
+                            "step_collectives for the plan")  # fmt: skip
+    from launcher.data.vocab import Vocabulary
+
+    shape = shape_of(cfg, world_size, Vocabulary(vocab_size, "the run's tokenizer", True))
+    cal = None
     if (Path(run_dir) / "summary.json").is_file():
-        with contextlib.suppress(ValueError):
-            measured = measured_from(run_dir)
-    try:
-        plan = build(cfg, target, measured, vocab_size=vocab_size, engines=False)
-    except ValueError as exc:  # an added engine that declares nothing to the plan
-        return {"step_time_s": None, "tokens_per_s": None, "mfu": None, "time_s": None,
-                "gpu_hours": None, "basis": str(exc)}  # fmt: skip
+        try:
+            cal = calibration([Path(run_dir)], target)
+        except ValueError as exc:  # a damaged summary of an earlier launch: said, not used
+            return _no_forecast(str(exc))
+    plan = build(shape, target, cal, engines=False, start_step=start_step)
     step, totals = plan["step"], plan["totals"]
     return {
         "step_time_s": step.get("time_s"),
         "tokens_per_s": step.get("tokens_per_s"),
         "mfu": step.get("mfu"),
+        "steps": totals.get("steps"),
         "time_s": totals.get("time_s"),
         "gpu_hours": totals.get("gpu_hours"),
         "basis": plan["basis"]["step.compute_s"]["why"],
     }
+
+
+def _no_forecast(why: str) -> dict:
+    return {"step_time_s": None, "tokens_per_s": None, "mfu": None, "steps": None,
+            "time_s": None, "gpu_hours": None, "basis": why}  # fmt: skip
 
 
 def line(forecast: dict) -> str:
@@ -420,6 +457,6 @@ def line(forecast: dict) -> str:
     return (
         f"plan: step {forecast['step_time_s'] * 1e3:,.1f} ms, "
         f"{forecast['tokens_per_s']:,.0f} tokens/s, {forecast['time_s'] / 60:,.1f} min for "
-        f"trainer.max_steps{hours} ({forecast['basis']}; python -m launcher.plan for the whole "
-        "plan)"
+        f"the {forecast['steps']} steps left{hours} ({forecast['basis']}; python -m "
+        "launcher.plan for the whole plan)"
     )

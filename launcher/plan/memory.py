@@ -9,7 +9,7 @@ the Slurm and Kubernetes renderers request it (docs/plan.md, "One arithmetic").
 from __future__ import annotations
 
 from launcher.checkpoint import memory as tier
-from launcher.config.batch import AUTO
+from launcher.config.batch import BatchPlan
 from launcher.config.model_shape import GPT2_VOCAB, padded_vocab_size, param_count
 from launcher.config.registry import engine
 from launcher.data.shm import INT64_BYTES, shm_need_bytes
@@ -20,24 +20,21 @@ RANK_HOST_BYTES = 2 * 10**9  # a rank's process on the host: torch, CUDA librari
 CPU_RANK_HOST_BYTES = 3 * 10**8  # the same without CUDA (assumed)
 WORKER_HOST_BYTES = 3 * 10**8  # a forked DataLoader worker's own pages (assumed)
 ACTIVATION_BYTES_PER_LAYER = 34  # x seq x batch x width, 16-bit (Korthikanti et al. 2022)
+COMPILED_BYTES_PER_LAYER = 24  # the same under trainer.compile (activation_bytes)
 
 
 def micro_batch(cfg, world_size: int) -> int:
-    """The micro-batch the config runs (auto: at most the per-rank batch)."""
-    micro = cfg.trainer.micro_batch_size
-    if micro == AUTO:
-        return max(1, int(cfg.trainer.global_batch_size) // world_size)
-    return int(micro)
+    """The micro-batch the config runs (BatchPlan's: auto starts at the per-rank batch)."""
+    return BatchPlan.of(cfg.trainer, world_size).micro_batch
 
 
 def loader_shm_need(cfg) -> int:
     """Bytes of /dev/shm one rank's DataLoader workers hold at once."""
-    micro = cfg.trainer.micro_batch_size
     return shm_need_bytes(
         num_workers=cfg.data.num_workers,
         prefetch_factor=cfg.data.prefetch_factor,
         # auto: at most the per-rank batch, bounded here (no world size) by the global one
-        micro_batch=cfg.trainer.global_batch_size if micro == AUTO else micro,
+        micro_batch=micro_batch(cfg, 1),
         seq_len=cfg.trainer.seq_len,
     )
 
@@ -64,19 +61,34 @@ def train_state(cfg, world_size: int) -> dict[str, int]:
 
 
 def activation_bytes(cfg, micro: int, checkpointing: bool | None = None) -> int:
-    """Activations one micro-batch keeps for its backward: per layer 34 x seq x micro x
-    width bytes in 16-bit (twice in fp32) with a fused attention (no seq^2 term), or with
-    gradient checkpointing only each block's input plus one block recomputed; and the
-    logits in fp32 with their gradient."""
+    """Activations one micro-batch keeps for its backward (s the sequence, b the micro-batch,
+    d the width, V the padded vocabulary, p the bytes of trainer.precision's dtype):
+
+    - each layer 34·s·b·d bytes in 16-bit, twice in fp32 (Korthikanti et al. 2022, with a
+      fused attention: no s² term); compiled (trainer.compile), 24·s·b·d: the fused
+      backward recomputes the elementwise intermediates (GELU's output, the LayerNorms',
+      the attention's softmax statistics) instead of keeping them;
+    - with gradient checkpointing, each block's input (4·s·b·d) and one block recomputed;
+    - the logits and their gradient: eager, the logits in p, their fp32 copy for the loss
+      and the gradients of both (12·s·b·V under bf16/fp16, 8·s·b·V in fp32); compiled with
+      the native model's loss inside the compiled region, the logits and their gradient in
+      p alone (2p·s·b·V).
+
+    The compiled coefficients reproduce the project's H200 run (gpt2 124M, bf16, compiled:
+    0.445 GB a 1024-token sequence at micro-batch 16 and 64, against 0.43 here) and the eager
+    ones its eager rung (0.95 GB a sequence, 0.93 here)."""
     m, t = cfg.model, cfg.trainer
     d, layers, seq = int(m.n_embd), int(m.n_layer), int(t.seq_len)
     vocab = padded_vocab_size(int(m.vocab_size or GPT2_VOCAB), int(m.vocab_multiple))
-    scale = 2 if t.precision == "fp32" else 1
-    one_layer = ACTIVATION_BYTES_PER_LAYER * seq * micro * d * scale
+    p = 4 if t.precision == "fp32" else 2
+    compiled = str(t.compile) != "off"  # checked: a mode
+    per_layer = COMPILED_BYTES_PER_LAYER if compiled else ACTIVATION_BYTES_PER_LAYER
+    one_layer = per_layer * seq * micro * d * (p // 2)  # twice in fp32
     on = t.grad_checkpointing if checkpointing is None else checkpointing
     blocks = layers * 4 * seq * micro * d + one_layer if on else layers * one_layer
-    logits = 2 * 4 * seq * micro * vocab
-    return blocks + logits
+    fused_loss = compiled and m.impl == "native"
+    per_logit = 2 * p if fused_loss else (8 if p == 4 else 2 * p + 8)
+    return blocks + per_logit * seq * micro * vocab
 
 
 def device_per_rank(cfg, world_size: int, on_gpu: bool) -> dict[str, int]:

@@ -14,8 +14,10 @@ the optimizer's state. In order of trust:
    from the model's shape and the engine (launcher.plan.forecast.checkpoint_bytes: fp32
    weights and AdamW's two fp32 moments, 12 bytes a parameter, and a ZeRO module);
 
-a size is turned into a time at `<group>.checkpoint_write_mb_s`, the write bandwidth to
-the run directory's file system (a configured figure: measure yours).
+a size is turned into a time at `<group>.checkpoint_write_mb_s`, the write bandwidth one
+rank reaches to the run directory's file system (a configured figure: measure yours): the
+checkpoint takes as long as its largest writer's share (DDP's rank 0 writes it all; a
+sharded engine's ranks write theirs at once).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from launcher.checkpoint.protocol import find_resumable, read_meta
 from launcher.config import ConfigError
 from launcher.config.backends import Backend
 from launcher.plan.forecast import checkpoint_bytes
+from launcher.plan.measured import largest_share
+from launcher.plan.shape import shape_of
 from launcher.plan.stop import budget
 from launcher.submit.job import SubmitJob, visible
 
@@ -56,18 +60,23 @@ def checkpoint_write(job: SubmitJob, group: DictConfig, key: str) -> WriteTime:
     rehearsed = rehearsed_write(job)
     if rehearsed is not None:
         return rehearsed
+    shapes = [shape_of(p, job.world_size) for p in (job.points or [job.cfg])]
     if last is not None:
-        size = sum(int(n) for n in (meta.get("files") or {}).values())
+        files = sum(int(n) for n in (meta.get("files") or {}).values())
+        size = round(files * largest_share(shapes[0], job.world_size))
         return WriteTime(
             size / rate,
-            f"the run's last checkpoint ({last.name}, {size / 1e9:.2f} GB) at "
-            f"{key}.checkpoint_write_mb_s={group.checkpoint_write_mb_s:g}",
+            f"the largest writer's share ({size / 1e9:.2f} GB) of the run's last checkpoint "
+            f"({last.name}) at {key}.checkpoint_write_mb_s={group.checkpoint_write_mb_s:g} a "
+            "writing rank",
         )
-    size = max(checkpoint_bytes(p, job.world_size)["total"] for p in (job.points or [job.cfg]))
+    size = max(checkpoint_bytes(p, job.world_size, s)["per_rank"]
+               for p, s in zip(job.points or [job.cfg], shapes, strict=True))  # fmt: skip
     return WriteTime(
         size / rate,
-        f"{size / 1e9:.2f} GB of model and optimizer state ({job.cfg.model.name}, "
-        f"launcher.plan) at {key}.checkpoint_write_mb_s={group.checkpoint_write_mb_s:g}",
+        f"{size / 1e9:.2f} GB of model and optimizer state on the largest writing rank "
+        f"({job.cfg.model.name}, launcher.plan) at {key}.checkpoint_write_mb_s="
+        f"{group.checkpoint_write_mb_s:g} a writing rank",
     )
 
 

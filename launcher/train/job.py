@@ -60,16 +60,17 @@ from launcher.train.run_files import (
 log = logging.getLogger("launcher")
 
 
-def forecast_of(cfg: TrainConfig, rt: Runtime, vocab_size: int) -> dict | None:
-    """The plan's forecast of this run (launcher.plan.forecast.at_start), said in one line:
-    summary.json keeps it beside what the run measured. Rank 0's alone, which says and writes
-    both: no other rank reads the run directory's earlier figures for it."""
+def forecast_of(cfg: TrainConfig, rt: Runtime, vocab_size: int, start_step: int) -> dict | None:
+    """The plan's forecast of this run over the steps it has left after `start_step`
+    (launcher.plan.forecast.at_start), said in one line: summary.json keeps it beside what
+    the run measured. Rank 0's alone, which says and writes both: no other rank reads the
+    run directory's earlier figures for it."""
     if not rt.is_main:
         return None
     on_gpu = rt.device.type == "cuda"
     name = torch.cuda.get_device_name(rt.device) if on_gpu else None
     made = plan_forecast.at_start(cfg, rt.world_size, ranks_per_node(), name, vocab_size,
-                                  rt.run_dir)  # fmt: skip
+                                  rt.run_dir, start_step)  # fmt: skip
     log.info("%s", plan_forecast.line(made))
     return made
 
@@ -210,7 +211,6 @@ class Job:
         faults.phase("start-up")
         self.gate = burnin.gate(cfg.burnin, faults, rt)  # a bad node costs seconds, no more
         data, model, fpt = build_data_and_model(cfg, rt)
-        self.forecast = forecast_of(cfg, rt, data.vocab_size)
         tier = memory_tier(cfg, rt, model)
         folders = plan_resume(cfg, rt, model, tier)
         if folders is None:
@@ -227,6 +227,7 @@ class Job:
         self.loop = TrainLoop(LoopConfig.of(cfg), rt, self.strategy, loader_opener(cfg, rt, data),
                               data.val, self.recorder, checkpoints, faults)  # fmt: skip
         start_step = checkpoints.resume(folders, cfg.resume == "auto", batch)
+        self.forecast = forecast_of(cfg, rt, data.vocab_size, start_step)
         if rt.is_main and data.save_tokenizer is not None:  # for launcher.generate and export
             data.save_tokenizer(rt.run_dir / TOKENIZER_DIR)  # once the run is this launch's
         self.sinks += open_rank0_sinks(cfg, rt, self.point, start_step, self.gate)

@@ -22,9 +22,10 @@ from omegaconf import DictConfig
 
 from launcher.checkpoint import memory, pretrained
 from launcher.checkpoint.protocol import find_resumable
-from launcher.config import ConfigError, validate
+from launcher.config import ConfigError
 from launcher.config.registry import engine
 from launcher.config.schema import DataConfig, LoggerConfig, TrainConfig
+from launcher.config.validate import check_config
 from launcher.data.cache import CACHE_ENV, cache_root
 from launcher.data.shm import check_shm, human_bytes
 from launcher.data.tokenizer import tokenizer_path_problem
@@ -75,17 +76,6 @@ def preflight(cfg: DictConfig, world_size: int, ranks_per_node: int) -> TrainCon
     problems = machine_problems(checked, ranks_per_node, world_size)
     if problems:
         raise ConfigError(problems[0])
-    return checked
-
-
-def check_config(cfg: DictConfig, world_size: int) -> TrainConfig:
-    """The config alone (`validate`, which normalises it too), then the engine's own config
-    as these keys build it (DeepSpeed's, with `strategy.extra`): what a submission checks
-    before it reaches the cluster. The checked config as the schema's dataclasses."""
-    checked = validate(cfg, world_size)
-    check = engine(checked.strategy.name).config_check
-    if check is not None:
-        check(checked, world_size)  # the dataclasses the strategy will get
     return checked
 
 

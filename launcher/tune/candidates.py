@@ -15,14 +15,17 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from launcher.analyze.advice import FUSED_ATTENTION, NEXT_COMPILE
-from launcher.config.model_shape import param_count
+from launcher.config.batch import BatchPlan
 from launcher.config.registry import engine
 from launcher.plan import comm
-from launcher.plan.forecast import Measured, backward_s, measured_link
-from launcher.plan.presets import link_for
+from launcher.plan.calibrate import fit_links, fitted_topology
+from launcher.plan.forecast import backward_s
+from launcher.plan.measured import RunRecord
+from launcher.plan.presets import topology_for
+from launcher.plan.shape import shape_of
 from launcher.runtime.process import ranks_per_node
 
 
@@ -48,11 +51,11 @@ def override_value(value: Any) -> str:
 
 
 def propose(advice: list[dict], cfg: DictConfig, world_size: int, gpu: bool,
-            measured: Measured | None = None) -> list[Candidate]:  # fmt: skip
+            measured: RunRecord | None = None) -> list[Candidate]:  # fmt: skip
     """The candidates that `advice` (report.json's list) points at for the incumbent `cfg`,
     each once, in the order of the findings; none that changes a key in `tune.skip`.
-    `measured`: the profiled incumbent's figures (launcher.plan.forecast.measured_from),
-    from which the plan sizes the gradient buckets."""
+    `measured`: the profiled incumbent's record (launcher.plan.measured.read_run), from
+    which the plan sizes the gradient buckets."""
     rules = {
         "data_wait": _data_wait,
         "pageable_copies": _pinned,
@@ -88,7 +91,7 @@ def _pinned(cfg: DictConfig, world_size: int, gpu: bool, kind="pageable_copies")
 
 
 def _exposed_comm(cfg: DictConfig, world_size: int, gpu: bool,
-                  measured: Measured | None = None) -> list[Candidate]:  # fmt: skip
+                  measured: RunRecord | None = None) -> list[Candidate]:  # fmt: skip
     """What the engine offers against exposed communication: the bucket sizes the plan
     predicts to expose the least, then the engine's own (DDP: the two flags that save
     copies and re-planning, bf16 compression of the gradients)."""
@@ -99,28 +102,30 @@ def _exposed_comm(cfg: DictConfig, world_size: int, gpu: bool,
 
 
 def _bucket_sizes(cfg: DictConfig, world_size: int, gpu: bool,
-                  measured: Measured | None) -> list[Candidate]:  # fmt: skip
-    """The plan's two best bucket sizes (launcher.plan.comm.bucket_sizes) at the compute
-    rate and bus bandwidth the profiled incumbent measured, behind as much of backward as
-    that run hid (none on a CPU, whose collectives take the cores' time even when they
-    overlap): none without that run's compute rate, or for an engine without buckets."""
+                  measured: RunRecord | None) -> list[Candidate]:  # fmt: skip
+    """The plan's two best bucket sizes (launcher.plan.comm.bucket_sizes) on the links the
+    profiled incumbent measured (launcher.plan.calibrate.fit_links), behind as much of
+    backward as that run hid (none on a CPU, whose collectives take the cores' time even
+    when they overlap): none without that run, or for an engine without buckets."""
     declared = engine(cfg.strategy.name)
     key = declared.bucket_key
-    if not key or world_size < 2 or not measured or not measured.flops_per_s:
+    if not key or world_size < 2 or not measured:
         return []
     nodes = max(1, world_size // ranks_per_node())
-    link = measured_link(link_for(str(cfg.nccl.name), nodes, gpu), measured)
-    if measured.vocab_size and cfg.model.vocab_size is None:  # the data's, as the run built it
-        cfg = OmegaConf.merge(cfg, {"model": {"vocab_size": measured.vocab_size}})
+    topo = topology_for(str(cfg.nccl.name), nodes, world_size // nodes, gpu)
+    if measured.samples:
+        links = fit_links(measured.samples, topo.intra, {measured.source: 1.0})
+        topo = fitted_topology(topo, links)
+    shape = shape_of(cfg, world_size, measured.shape.vocab)  # the data's, as the run built it
     default = float(getattr(declared.schema(), key.rsplit(".", 1)[1]))
     # On CPUs the collectives share the cores that compute: hidden is not free there.
-    backward = backward_s(cfg, world_size, measured.flops_per_s) if gpu else 0.0
+    backward = backward_s(shape, measured.compute_s) if gpu else 0.0
     if gpu and measured.overlap is not None:  # as much as hid in the profiled run
-        rows = declared.step_collectives(cfg, param_count(cfg.model), world_size)
-        comm_s = comm.step_comm(cfg, world_size, link)["time_s"]
+        rows = declared.step_collectives(shape.cfg, shape.params, world_size)
+        comm_s = comm.step_comm(shape.cfg, world_size, topo)["time_s"]
         exposed = (1 - measured.overlap) * comm_s
-        backward = comm.hidden_window(rows, world_size, link, backward, exposed)
-    sizes = comm.bucket_sizes(cfg, key, default, world_size, link, backward)[:2]
+        backward = comm.hidden_window(rows, topo, backward, exposed)
+    sizes = comm.bucket_sizes(shape.cfg, key, default, world_size, topo, backward)[:2]
     return [Candidate({key: mb}, "exposed_comm", predicted_exposed_s=s) for mb, s in sizes]
 
 
@@ -165,24 +170,25 @@ def _memory(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
 
 def _accumulation(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
     """4x the micro-batch, and the whole per-rank batch at once (no accumulation)."""
-    per_rank = cfg.trainer.global_batch_size // world_size
-    micro = cfg.trainer.micro_batch_size
-    whole = per_rank / micro if isinstance(micro, int) else 1
-    return _micro_batches(cfg, world_size, "accumulation", [4, whole])
+    if not isinstance(cfg.trainer.micro_batch_size, int):  # auto: the run finds its own
+        return []
+    batch = BatchPlan.of(cfg.trainer, world_size)
+    return _micro_batches(cfg, world_size, "accumulation", [4, batch.accum])
 
 
 def _micro_batches(cfg: DictConfig, world_size: int, kind: str, factors) -> list[Candidate]:
-    """Micro-batch sizes `factors` x the current one that keep the global batch (it must
-    still divide it over the ranks): the same sequences per step, accumulated differently."""
-    t = cfg.trainer
+    """Micro-batch sizes `factors` x the current one that keep the global batch
+    (BatchPlan's rule: it must still divide it over the ranks): the same sequences per
+    step, accumulated differently."""
+    if not isinstance(cfg.trainer.micro_batch_size, int):  # auto: the run finds its own
+        return []
+    batch = BatchPlan.of(cfg.trainer, world_size)
     out = []
-    if not isinstance(t.micro_batch_size, int):  # auto: the run finds its own
-        return out
     for factor in factors:
-        micro = int(t.micro_batch_size * factor)
-        divides = micro >= 1 and t.global_batch_size % (micro * world_size) == 0
-        if divides and micro != t.micro_batch_size:
-            change = {"trainer.micro_batch_size": micro}
-            if all(c.changes != change for c in out):
-                out.append(Candidate(change, kind, changes_math=True))
+        micro = int(batch.micro_batch * factor)
+        if micro < 1 or micro == batch.micro_batch or batch.with_micro_batch(micro).problem():
+            continue
+        change = {"trainer.micro_batch_size": micro}
+        if all(c.changes != change for c in out):
+            out.append(Candidate(change, kind, changes_math=True))
     return out

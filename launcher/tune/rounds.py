@@ -21,14 +21,14 @@ from omegaconf import DictConfig
 
 from launcher.analyze.report import analyze, write
 from launcher.analyze.trace import TraceError
-from launcher.plan import forecast
+from launcher.plan.measured import RunRecord, read_run
 from launcher.runtime import process as runtime
 from launcher.tune.candidates import Candidate, propose
 from launcher.tune.decision import Measured, Trial, Verdict, best, judge
 from launcher.tune.trials import TRIALS, TUNE_LOGGER, Trials
 
 # the analyser's advice, whether the trial ran on a GPU, why there is none, the plan's figures
-Evidence = tuple[list[dict], bool, str | None, forecast.Measured | None]
+Evidence = tuple[list[dict], bool, str | None, RunRecord | None]
 log = logging.getLogger(TUNE_LOGGER)
 
 INCUMBENT = "incumbent"
@@ -164,7 +164,7 @@ class Tuner:
         """The analyser's advice for the profiled trial and the figures the plan reads from
         it (rank 0 analyses, all get it)."""
         rt = runtime.launch_runtime(self.trials.launch)
-        found: tuple[list[dict], bool, str | None, forecast.Measured | None] = (
+        found: tuple[list[dict], bool, str | None, RunRecord | None] = (
             [],
             False,
             None,
@@ -226,10 +226,10 @@ class Tuner:
         }
 
 
-def _figures(run_dir) -> forecast.Measured | None:
+def _figures(run_dir) -> RunRecord | None:
     """What the profiled trial measured, as the plan reads a run (None where its summary
     cannot be read: the tuner then proposes no bucket size)."""
     try:
-        return forecast.measured_from(run_dir)
+        return read_run(run_dir)
     except ValueError:
         return None

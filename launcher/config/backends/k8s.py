@@ -66,7 +66,7 @@ class K8sConfig:
     step_time_s: float | None = ranged(None, POSITIVE)
     # one checkpoint write; null: estimated (docs)
     checkpoint_write_s: float | None = ranged(None, NON_NEGATIVE)
-    # write bandwidth to the runs volume (measure yours)
+    # write bandwidth one rank reaches to the runs volume (measure yours)
     checkpoint_write_mb_s: float = ranged(100, POSITIVE)
     # delete the finished Job after this long
     ttl_after_finished_s: int | None = ranged(None, NON_NEGATIVE)

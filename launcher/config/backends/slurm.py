@@ -50,7 +50,7 @@ class SlurmConfig:
     step_time_s: float | None = ranged(None, POSITIVE)
     # one checkpoint write; null: estimated (docs)
     checkpoint_write_s: float | None = ranged(None, NON_NEGATIVE)
-    # write bandwidth to run.root (measure yours)
+    # write bandwidth one rank reaches to run.root (measure yours)
     checkpoint_write_mb_s: float = ranged(100, POSITIVE)
 
 

@@ -12,6 +12,7 @@ from launcher.config.errors import ConfigError
 from launcher.config.model_shape import param_sizes
 from launcher.config.ranges import Range, one_of, ranged
 from launcher.config.registry import Engine, Format, StrategyConfig
+from launcher.config.saved_bytes import ENTRY_BYTES
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 DEFAULT_BUCKET_MB = 25.0
@@ -59,6 +60,14 @@ def memory_checkpoint_bytes(cfg, params: int, world_size: int) -> int:
     return params * (4 + 8)
 
 
+def checkpoint_writes(cfg, params: int, world_size: int) -> list[int]:
+    """Rank 0 alone writes a durable checkpoint, model.pt and optimizer.pt: the whole
+    state, the step counts, and each tensor's entry in torch.save's files (the tied
+    embedding's weight once, under both its names)."""
+    tensors = len(param_sizes(cfg.model))
+    return [params * (4 + 8) + 4 * tensors + (4 * tensors + 1) * ENTRY_BYTES]
+
+
 def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
     """Every rank holds it all: fp32 weights, fp32 gradients (in DDP's buckets, a second
     copy unless strategy.gradient_as_bucket_view), AdamW's two moments."""
@@ -68,21 +77,27 @@ def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
 
 def step_collectives(cfg, params: int, world_size: int) -> list[tuple[str, int, int]]:
     """One all-reduce per bucket a step, whatever the accumulation (no_sync until the last
-    micro-step), of fp32 gradients, half that under the fp16/bf16 hooks, or PowerSGD's
-    factors (launcher.strategy.ddp.powersgd). DDP cuts its buckets from whole tensors, the
-    last registered first, closing one once it holds strategy.bucket_cap_mb (MiB)."""
+    micro-step), or PowerSGD's factors (launcher.strategy.ddp.powersgd). DDP cuts its
+    buckets from the fp32 gradients, whole tensors, the last registered first, closing one
+    once it holds strategy.bucket_cap_mb (MiB); the fp16/bf16 hooks then all-reduce each
+    bucket in half the bytes (as many buckets as without them)."""
     s = cfg.strategy
     if s.comm_hook == "powersgd":
         return [("all_reduce", powersgd_bytes(cfg.model, params, int(s.powersgd_rank)) // 2, 2)]
-    width = 2 if s.comm_hook in ("fp16", "bf16") else 4
-    cap = float(s.bucket_cap_mb) * 2**20
+    cut = 2 if s.comm_hook in ("fp16", "bf16") else 1
+    return [("all_reduce", size // cut, 1) for size in bucket_bytes(cfg)]
+
+
+def bucket_bytes(cfg) -> list[int]:
+    """The fp32 bytes of each of DDP's buckets, in the order they are all-reduced."""
+    cap = float(cfg.strategy.bucket_cap_mb) * 2**20
     buckets, filling = [], 0
     for size in reversed(param_sizes(cfg.model)):
-        filling += size * width
+        filling += size * 4
         if filling >= cap:
             buckets.append(filling)
             filling = 0
-    return [("all_reduce", b, 1) for b in buckets + ([filling] if filling else [])]
+    return buckets + ([filling] if filling else [])
 
 
 def powersgd_bytes(model, params: int, rank: int) -> int:
@@ -141,7 +156,7 @@ ENGINE = Engine(
     memory_checkpoint=memory_checkpoint_bytes,
     memory_checkpoint_replicated=True,
     train_state=train_state,
-    checkpoint_total=memory_checkpoint_bytes,  # rank 0 writes the whole state
+    checkpoint_writes=checkpoint_writes,
     step_collectives=step_collectives,
     resizes_micro_batch=True,
 )

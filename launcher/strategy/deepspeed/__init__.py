@@ -8,6 +8,7 @@ See docs/deepspeed.md."""
 
 from __future__ import annotations
 
+from launcher.config.batch import BatchPlan
 from launcher.config.errors import ConfigError
 from launcher.config.registry import Engine, Format
 from launcher.strategy.deepspeed.ds_config import (
@@ -15,6 +16,7 @@ from launcher.strategy.deepspeed.ds_config import (
     DeepSpeedConfigError,
     build_ds_config,
 )
+from launcher.strategy.sharded_plan import unit_collectives
 
 STRATEGY_FILE = "strategy.json"  # in each DeepSpeed checkpoint: what wrote it
 
@@ -88,6 +90,16 @@ def memory_checkpoint_bytes(cfg, params: int, world_size: int) -> int:
     return module + -(-params * (4 + 8) // world_size)
 
 
+def checkpoint_writes(cfg, params: int, world_size: int) -> list[int]:
+    """Bytes each rank writes, rank 0 first: every rank its partition of the fp32 weights
+    and moments, rank 0 the module (but under ZeRO-3) in trainer.precision as well; fp32
+    ZeRO-0 keeps its optimizer whole in rank 0's files."""
+    first = memory_checkpoint_bytes(cfg, params, world_size)
+    if int(cfg.strategy.zero_stage) == 0 and cfg.trainer.precision == "fp32":
+        return [first]
+    return [first] + [-(-params * (4 + 8) // world_size)] * (world_size - 1)
+
+
 def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
     """ZeRO-0: DDP's (fp32), or in bf16/fp16 the module in its precision and the fp32
     master weights and moments partitioned; ZeRO-1: the module and its gradients whole in
@@ -105,23 +117,26 @@ def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
 
 
 def step_collectives(cfg, params: int, world_size: int) -> list[tuple[str, int, int]]:
-    """ZeRO-0: an all-reduce of the gradients; ZeRO-1/2: the gradients reduce-scattered
-    and the updated weights all-gathered, in trainer.precision; ZeRO-3: the weights
-    all-gathered for forward and again for backward as well."""
-    stage, precision = int(cfg.strategy.zero_stage), cfg.trainer.precision
-    size = params * (4 if precision == "fp32" else 2)
-    if stage == 0:
-        return [("all_reduce", size, 1)]
-    return [("reduce_scatter", size, 1), ("all_gather", size, 2 if stage == 3 else 1)]
-
-
-def checkpoint_total(cfg, params: int, world_size: int) -> int:
-    """Every rank's partition of the fp32 weights and moments, and rank 0's module (but
-    under ZeRO-3) in trainer.precision; fp32 ZeRO-0 keeps its optimizer whole in rank 0's."""
-    one = memory_checkpoint_bytes(cfg, params, world_size)
-    if int(cfg.strategy.zero_stage) == 0 and cfg.trainer.precision == "fp32":
-        return one
-    return one + -(-params * (4 + 8) // world_size) * (world_size - 1)
+    """In trainer.precision, as the collective timer counts them (comm_collectives.json):
+    ZeRO-0 and ZeRO-1 all-reduce the gradients once a step, ZeRO-2 on every micro-step
+    (its gradients are partitioned, so it cannot hold them until the last), in buckets of
+    strategy.reduce_bucket_size elements, and ZeRO-1/2 all-gather the updated weights once;
+    ZeRO-3 is FSDP2's pattern (launcher.strategy.sharded_plan): each unit's weights
+    gathered for every micro-step's forward and again for its backward, its gradients
+    reduce-scattered on every micro-step."""
+    s, t = cfg.strategy, cfg.trainer
+    stage, width = int(s.zero_stage), 4 if t.precision == "fp32" else 2
+    accum = BatchPlan.of(t, world_size).accum
+    if stage == 3:
+        return [
+            *unit_collectives(cfg.model, "all_gather", width, 2 * accum, 2 * accum),
+            *unit_collectives(cfg.model, "reduce_scatter", width, accum, accum),
+        ]
+    bucket = int(s.reduce_bucket_size)
+    reduces = accum if stage == 2 else 1
+    rows = [("all_reduce", min(bucket, params - start) * width, reduces)
+            for start in range(0, params, bucket)]  # fmt: skip
+    return rows + ([("all_gather", params * width, 1)] if stage else [])
 
 
 def resume_with(saved: dict) -> str:
@@ -178,6 +193,6 @@ ENGINE = Engine(
     compiles=False,
     memory_checkpoint=memory_checkpoint_bytes,
     train_state=train_state,
-    checkpoint_total=checkpoint_total,
+    checkpoint_writes=checkpoint_writes,
     step_collectives=step_collectives,
 )

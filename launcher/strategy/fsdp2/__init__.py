@@ -8,9 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.config.batch import BatchPlan
 from launcher.config.errors import ConfigError
+from launcher.config.model_shape import param_sizes, unit_sizes
 from launcher.config.ranges import one_of
 from launcher.config.registry import Engine, Format, StrategyConfig
+from launcher.config.saved_bytes import DCP_CHUNK_BYTES, ENTRY_BYTES, RECORD_BYTES
+from launcher.strategy.sharded_plan import unit_collectives
 
 OFFLOAD_DEVICES = ("none", "cpu")
 
@@ -35,30 +39,39 @@ FORMAT = Format("dcp", marker=".metadata", reader="launcher.strategy.fsdp2.dcp")
 
 
 def memory_checkpoint_bytes(cfg, params: int, world_size: int) -> int:
-    """One rank's shards: its 1/world_size of the fp32 weights and AdamW's two moments
-    (4 + 8 bytes a parameter; the parameters stay fp32 whatever trainer.precision). The
-    state dict names the tied embedding twice (the LM head's name too), and DCP and the
-    memory tier write it under both."""
-    return -(-(params + tied_embedding(cfg.model, params)) * (4 + 8) // world_size)
+    """One rank's shards as the memory tier writes them (one torch.save of the state, the
+    tied embedding once, as `host_copy` keeps it): its 1/world_size of the fp32 weights and
+    AdamW's two moments, 4 + 8 bytes a parameter (fp32 whatever trainer.precision), and
+    each tensor's entry (weights, two moments, step)."""
+    tensors = len(param_sizes(cfg.model))
+    return -(-params * (4 + 8) // world_size) + 4 * tensors * ENTRY_BYTES
 
 
-def checkpoint_total(cfg, params: int, world_size: int) -> int:
-    """Every rank's shards: the whole state, the tied embedding under both its names."""
-    return memory_checkpoint_bytes(cfg, params, world_size) * world_size
+def checkpoint_writes(cfg, params: int, world_size: int) -> list[int]:
+    """Bytes each rank writes into a DCP checkpoint, rank 0 first: its shard of the fp32
+    weights, under both names of the tied embedding (the model's state dict names the LM
+    head too), and of AdamW's two moments (the optimizer keys the parameter once), each
+    shard a record of its own; one rank the step counts and the two parameter groups'
+    settings, rank 0 `.metadata` as well (an entry per stored chunk)."""
+    tensors = len(param_sizes(cfg.model))
+    tied = unit_sizes(cfg.model)[0][0]
+    items = 3 * tensors + 1
+    shard = -(-(4 * (params + tied) + 8 * params) // world_size) + items * RECORD_BYTES
+    ranks = [shard] * world_size
+    ranks[-1] += tensors * (4 + RECORD_BYTES) + PARAM_GROUP_ITEMS * RECORD_BYTES
+    ranks[0] += (world_size * items + tensors + PARAM_GROUP_ITEMS) * DCP_CHUNK_BYTES
+    return ranks
 
 
-def tied_embedding(model, params: int) -> int:
-    """Parameters of GPT-2's token embedding (the LM head's too): what the blocks, the
-    position embeddings and the final LayerNorm leave of the model's parameters."""
-    d, layers = int(model.n_embd), int(model.n_layer)
-    return params - layers * (12 * d * d + 13 * d) - 2 * d - int(model.n_positions) * d
+# AdamW's two parameter groups (decayed and not) of 12 settings each: one DCP item apiece.
+PARAM_GROUP_ITEMS = 24
 
 
 def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
     """Each rank's shards of the fp32 weights, gradients and AdamW's moments, and the
     gathered weights of two blocks at a time in trainer.precision (the one computing and
     the one prefetched)."""
-    block = 12 * int(cfg.model.n_embd) ** 2
+    block = sum(unit_sizes(cfg.model)[1])
     gathered = 2 * block * (4 if cfg.trainer.precision == "fp32" else 2)
     shard = -(-params // world_size)
     return {"weights": 4 * shard, "grads": 4 * shard, "optimizer": 8 * shard,
@@ -66,19 +79,19 @@ def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
 
 
 def step_collectives(cfg, params: int, world_size: int) -> list[tuple[str, int, int]]:
-    """Per block and the root: the weights all-gathered in trainer.precision for each
-    micro-step's forward, again for its backward when resharded after forward, and the
-    gradients reduce-scattered in strategy.reduce_dtype once a step (gradient sync only on
-    the last micro-step)."""
+    """Per unit (launcher.strategy.sharded_plan): the weights all-gathered in
+    trainer.precision for each micro-step's forward, the blocks' again for its backward
+    when resharded after forward (the root stays gathered: backward starts with it), and the
+    gradients reduce-scattered in strategy.reduce_dtype once a step (on the last micro-step
+    only). The counts the collective timer reports (comm_collectives.json)."""
     t, s = cfg.trainer, cfg.strategy
-    units = int(cfg.model.n_layer) + 1
-    weights = params * (4 if t.precision == "fp32" else 2)
-    micro = max(1, int(t.global_batch_size) // (int(t.micro_batch_size) * world_size))
-    gathers = micro * (2 if s.reshard_after_forward is not False else 1)
-    grads = params * (4 if s.reduce_dtype == "fp32" else 2)
+    accum = BatchPlan.of(t, world_size).accum
+    again = 1 if s.reshard_after_forward is not False else 0
+    weights = 4 if t.precision == "fp32" else 2
+    grads = 4 if s.reduce_dtype == "fp32" else 2
     return [
-        ("all_gather", weights // units, gathers * units),
-        ("reduce_scatter", grads // units, units),
+        *unit_collectives(cfg.model, "all_gather", weights, accum, accum * (1 + again)),
+        *unit_collectives(cfg.model, "reduce_scatter", grads, 1, 1),
     ]
 
 
@@ -112,6 +125,6 @@ ENGINE = Engine(
     drops_steps=True,
     memory_checkpoint=memory_checkpoint_bytes,
     train_state=train_state,
-    checkpoint_total=checkpoint_total,
+    checkpoint_writes=checkpoint_writes,
     step_collectives=step_collectives,
 )

@@ -15,10 +15,10 @@ import torch
 
 from launcher.checkpoint import memory, node_share
 from launcher.config import compose
-from launcher.config.model_shape import param_count
+from launcher.config.model_shape import param_count, param_sizes
+from launcher.config.saved_bytes import ENTRY_BYTES
 from launcher.model.build import build_model
 from launcher.plan.memory import loader_shm_need, shm_need
-from launcher.strategy import fsdp2
 from launcher.strategy.base import host_copy
 from launcher.train.preflight import tier_room
 
@@ -124,11 +124,11 @@ def test_gpt2_xl_on_8_rank_nodes_needs_two_copies_of_the_node_state():
     assert tier == 2 * state  # not 2 x 8
     need = shm_need(cfg, 8, 16, restarts=3)
     assert need == loader_shm_need(cfg) * 8 + tier < 48 * GIB
-    # Sharded state stays per rank: FSDP2's 1/16 shards, 8 of them on a node (its state dict
-    # names the tied embedding twice).
+    # Sharded state stays per rank: FSDP2's 1/16 shards, 8 of them on a node (the tied
+    # embedding once, and each tensor's torch.save entry).
     fsdp = compose(["model=gpt2-xl", "trainer.global_batch_size=64", "strategy=fsdp2"])
-    tied = fsdp2.tied_embedding(fsdp.model, param_count(fsdp.model)) * 12
-    assert memory.shm_bytes(fsdp, 8, 16, restarts=3) == 2 * 8 * -(-(state + tied) // 16)
+    entries = 4 * len(param_sizes(fsdp.model)) * ENTRY_BYTES
+    assert memory.shm_bytes(fsdp, 8, 16, restarts=3) == 2 * 8 * (-(-state // 16) + entries)
     assert memory.shm_bytes(cfg, 8, 16, restarts=0) == 0  # no restarts: the tier is off
 
 

@@ -17,9 +17,10 @@ import pytest
 import yaml
 
 from launcher.checkpoint.protocol import CheckpointWriter
-from launcher.config import ConfigError
+from launcher.config import ConfigError, compose
 from launcher.config.model_shape import GPT2_VOCAB, param_count
 from launcher.model.build import build_model
+from launcher.plan.forecast import checkpoint_bytes
 from launcher.submit import k8s, k8s_check, pod_security, slurm
 from launcher.submit.__main__ import main as submit_main
 from launcher.submit.job import prepare
@@ -349,13 +350,24 @@ def test_the_state_size_estimate_is_the_models_own_parameter_count():
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_stop_too_short_for_the_models_checkpoint_is_refused(tmp_path, capsys, target):
-    """gpt2-xl's weights and AdamW state, 1.56e9 x 12 bytes, do not fit into the default
-    grace (120 s) or warning lead (300 s) at 50 MB/s; faster storage, given, does."""
-    key = f"cluster.{target}"
-    err = refused(target, tmp_path, capsys, "model=gpt2-xl", f"{key}.checkpoint_write_mb_s=50")
-    assert "is too short to stop with a checkpoint: a 374 s checkpoint write (18.69 GB of " in err
-    assert f"state (gpt2-xl, launcher.plan) at {key}.checkpoint_write_mb_s=50)" in err
-    render(target, tmp_path, "model=gpt2-xl", f"{key}.checkpoint_write_mb_s=1000")
+    """gpt2-xl's weights and AdamW state with the run's 512-token BPE, 1.47e9 x 12 bytes
+    (and torch.save's entries), written by rank 0 alone, do not fit into the default grace
+    (120 s) or warning lead (300 s) at 50 MB/s a writing rank; faster storage, given, does."""
+    key, xl = f"cluster.{target}", ["model=gpt2-xl", "data.tokenizer=bpe"]
+    err = refused(target, tmp_path, capsys, *xl, f"{key}.checkpoint_write_mb_s=50")
+    cfg = compose([*FAST, *SHAPE[target], *xl])
+    size = checkpoint_bytes(cfg, 1)["per_rank"]
+    assert size == pytest.approx(param_count(replace_vocab(cfg, 512)) * 12, rel=1e-4)
+    assert (f"is too short to stop with a checkpoint: a {size / 50e6:.0f} s checkpoint write "
+            f"({size / 1e9:.2f} GB of model and optimizer state on the largest writing rank "
+            f"(gpt2-xl, launcher.plan) at {key}.checkpoint_write_mb_s=50 a writing rank)") in err
+    render(target, tmp_path, *xl, f"{key}.checkpoint_write_mb_s=1000")
+
+
+def replace_vocab(cfg, vocab: int):
+    model = cfg.model.copy()
+    model.vocab_size = vocab
+    return model
 
 
 def test_the_runs_own_last_checkpoint_time_is_used(tmp_path, capsys):

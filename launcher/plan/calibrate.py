@@ -1,0 +1,206 @@
+"""Figures fitted to measured runs, so that they transfer to shapes the runs did not have.
+
+A step's compute (its time less exposed communication and data wait) is modelled per rank
+as a rate per FLOP plus fixed costs, each fitted by non-negative least squares over every
+run given (`fit_compute`):
+
+    compute = FLOPs / R + optimizer elements x u + micro-steps x (layers + 1) x a_e + b_e
+
+R (the FLOP rate of the device and precision) and u (the optimizer's update, per element of
+the state a rank updates) are shared by the engines; each engine e (DDP, each ZeRO stage,
+FSDP2) has its own cost a_e per layer and micro-step (its hooks, the kernels' launches) and
+b_e per step (its own bookkeeping). A coefficient that no run can tell from the others (one
+run: all its time is its FLOP rate) is left out and said so; the engines and precisions
+without a run take the others' and are marked extrapolated.
+
+Each kind of collective is fitted the same way over the sizes the runs measured
+(`fit_links`): its latency per step and its bus bandwidth (launcher.plan.comm's model);
+one size alone keeps the preset's balance between the two and scales both to it.
+
+On a CPU, ranks that outnumber the cores share them: a run's times are divided by its
+ranks per core (beyond one) before fitting, and the plan's multiplied by its own.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from launcher.plan import comm
+from launcher.plan.measured import RunRecord, Sample
+from launcher.plan.presets import Link, Topology
+from launcher.plan.shape import RunShape
+
+# How far past the runs' range a figure may go before the plan calls it extrapolated.
+REACH = 4.0
+
+
+@dataclass(frozen=True)
+class Features:
+    """What a step's compute grows with (see the module's formula)."""
+
+    flops: float  # FLOPs one rank computes a step
+    optimizer: float  # optimizer state elements one rank updates
+    micro_layers: float  # micro-steps x (layers + 1)
+    engine: str
+    precision: str
+
+    @classmethod
+    def of(cls, shape: RunShape, engine: str, optimizer_bytes: int) -> Features:
+        t = shape.cfg.trainer
+        layers = int(shape.cfg.model.n_layer) + 1
+        return cls(shape.flops_per_rank_step, optimizer_bytes / 8,
+                   shape.batch.accum * layers, engine, str(t.precision))  # fmt: skip
+
+
+@dataclass
+class ComputeFit:
+    """The fitted coefficients, by name: `rate:<precision>` (FLOP/s), `optimizer`
+    (seconds an element), `micro:<engine>` and `step:<engine>` (seconds)."""
+
+    coef: dict[str, float]
+    rows: list[Features]
+    sources: list[str]
+    left_out: list[str] = field(default_factory=list)  # coefficients no run could tell apart
+
+    def predict(self, x: Features) -> tuple[float | None, list[str]]:
+        """(compute seconds of `x`, what is extrapolated); None without a rate for its
+        precision nor any other."""
+        notes = []
+        rate = self.coef.get(f"rate:{x.precision}")
+        if rate is None:
+            others = [v for k, v in self.coef.items() if k.startswith("rate:")]
+            if not others:
+                return None, ["no run measured a FLOP rate"]
+            rate = statistics.median(others)
+            notes.append(f"no run at trainer.precision={x.precision}: the others' FLOP rate")
+        seconds = x.flops / rate + x.optimizer * self.coef.get("optimizer", 0.0)
+        engines = {r.engine for r in self.rows}
+        engine = x.engine
+        if engine not in engines:
+            engine = max(engines, key=lambda e: sum(r.engine == e for r in self.rows))
+            notes.append(f"no run of {x.engine}: its fixed costs taken as {engine}'s")
+        seconds += x.micro_layers * self.coef.get(f"micro:{engine}", 0.0)
+        seconds += self.coef.get(f"step:{engine}", 0.0)
+        for name in ("flops", "optimizer", "micro_layers"):
+            values = [getattr(r, name) for r in self.rows]
+            value = getattr(x, name)
+            if value and values and not min(values) / REACH <= value <= max(values) * REACH:
+                notes.append(f"{name.replace('_', ' x ')} {value:.3g} is beyond {REACH:g}x the "
+                             f"runs' {min(values):.3g}-{max(values):.3g}")  # fmt: skip
+        return seconds, notes
+
+
+def cpu_share(per_node: int, cores: int | None) -> float:
+    """How many ranks share one core (1 when each has its own): the factor their times grow
+    by on a CPU."""
+    return max(1.0, per_node / cores) if cores else 1.0
+
+
+def fit_compute(records: list[RunRecord], features: list[Features],
+                shares: list[float]) -> ComputeFit:  # fmt: skip
+    """The compute model fitted to `records` (their `features`, their CPU `shares`)."""
+    names = [f"rate:{p}" for p in sorted({x.precision for x in features})]
+    names += [f"step:{e}" for e in sorted({x.engine for x in features})]
+    names += [f"micro:{e}" for e in sorted({x.engine for x in features})] + ["optimizer"]
+
+    def column(name: str) -> list[float]:
+        kind, _, key = name.partition(":")
+        return [{"rate": x.flops * (x.precision == key), "step": float(x.engine == key),
+                 "micro": x.micro_layers * (x.engine == key),
+                 "optimizer": x.optimizer}[kind] for x in features]  # fmt: skip
+
+    y = np.array([r.compute_s / s for r, s in zip(records, shares, strict=True)])
+    kept, left_out, matrix = [], [], np.zeros((len(y), 0))
+    for name in names:  # in order: a coefficient joins when the runs can tell it apart
+        col = np.array(column(name))
+        trial = np.column_stack([matrix, col / (np.abs(col).max() or 1.0)])
+        if np.linalg.matrix_rank(trial, tol=1e-6) > matrix.shape[1]:
+            kept.append(name)
+            matrix = trial
+        elif col.any():
+            left_out.append(name)
+    scale = np.array([np.abs(column(n)).max() or 1.0 for n in kept])
+    solution = nnls(matrix, y) / scale
+    coef = {}
+    for name, value in zip(kept, solution, strict=True):
+        if name.startswith("rate:"):
+            if value > 0:
+                coef[name] = 1.0 / value
+        elif value > 0:
+            coef[name] = float(value)
+    return ComputeFit(coef, list(features), [r.source for r in records], left_out)
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Non-negative least squares (Lawson and Hanson's active set), for the few columns a
+    calibration has."""
+    n = a.shape[1]
+    x, passive = np.zeros(n), np.zeros(n, dtype=bool)
+    for _ in range(3 * n + 1):
+        w = a.T @ (b - a @ x)
+        if passive.all() or (w[~passive] <= 1e-12).all():
+            break
+        passive[np.argmax(np.where(passive, -np.inf, w))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            step = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + step * (z - x)
+            passive &= x > 1e-12
+    return x
+
+
+@dataclass
+class LinkFit:
+    """Links fitted per kind of collective, and what each rests on."""
+
+    by_op: dict[str, Link]
+    why: dict[str, str]
+    sizes: dict[str, tuple[float, float]]  # the smallest and largest buffer measured
+
+
+def fit_links(samples: list[Sample], preset: Link, shares: dict[str, float]) -> LinkFit:
+    """For each kind of collective the runs timed: latency and bus bandwidth fitted over
+    the sizes measured (launcher.plan.comm's ring on one node), the preset scaled where one
+    size cannot tell them apart; a kind not measured takes the all-reduce's (or any)."""
+    by_op, why, sizes = {}, {}, {}
+    for op in sorted({s.op for s in samples}):
+        mine = [s for s in samples if s.op == op]
+        steps = np.array([comm.ring_steps(op, s.ranks, 1)[0] for s in mine], dtype=float)
+        moved = np.array([comm.traffic(op, s.size, s.ranks) for s in mine])
+        seconds = np.array([s.seconds / shares[s.source] for s in mine])
+        sources = sorted({s.source for s in mine})
+        sizes[op] = (min(s.size for s in mine), max(s.size for s in mine))
+        distinct = np.linalg.matrix_rank(np.column_stack([steps, moved / moved.max()]), tol=1e-6)
+        if distinct >= 2:
+            alpha, inverse = nnls(np.column_stack([steps, moved]), seconds)
+            if alpha > 0 and inverse > 0:
+                by_op[op] = Link(f"{op} fitted", 1 / inverse, float(alpha), ", ".join(sources))
+                why[op] = (f"{op}: {alpha * 1e6:.3g} us a step, {1 / inverse / 1e9:.3g} GB/s, "
+                           f"fitted to {len(mine)} size(s) in {', '.join(sources)}")  # fmt: skip
+                continue
+        predicted = sum(steps * preset.alpha + moved / preset.busbw)
+        factor = float(seconds.sum() / predicted)
+        by_op[op] = Link(f"{op} scaled", preset.busbw / factor, preset.alpha * factor,
+                         ", ".join(sources))  # fmt: skip
+        why[op] = (f"{op}: the {preset.name} preset scaled x{factor:.3g} to the one size "
+                   f"measured in {', '.join(sources)}")  # fmt: skip
+    return LinkFit(by_op, why, sizes)
+
+
+def fitted_topology(topo: Topology, fit: LinkFit | None) -> Topology:
+    """`topo` with the fitted links in place of its intra-node preset (each kind its own; a
+    kind not measured the all-reduce's, else any fitted one)."""
+    if fit is None or not fit.by_op:
+        return topo
+    fallback = fit.by_op.get("all_reduce") or next(iter(fit.by_op.values()))
+    by_op = {op: fit.by_op.get(op, fallback) for op in ("all_reduce", "all_gather",
+                                                         "reduce_scatter")}  # fmt: skip
+    return replace(topo, by_op=by_op)
