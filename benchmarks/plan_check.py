@@ -1,23 +1,30 @@
-"""The plan held against measured runs on this machine: checkpoint bytes per engine and world
-size, peak host memory, and step and communication time at other shapes predicted from one
-2-rank run.
+"""The plan held against runs on this machine: step time at shapes the calibration never ran,
+predicted and then measured back to back; every run's checkpoint bytes; each engine's memory
+tier in /dev/shm.
 
-    python benchmarks/plan_check.py [--steps 20] [--engines ddp,fsdp2,zero2] [--worlds 1,2,4]
-                                    [--shapes all] [overrides...]
+    python benchmarks/plan_check.py [--steps 20] [--probes all] [--shapes all] [--tier all]
+                                    [overrides...]
 
-1. State bytes: each engine at each world size trains `--steps` steps with a checkpoint at
-   the end; the files its ranks wrote (meta.json's sizes, RNG files aside) against
-   `launcher.plan.forecast.checkpoint_bytes`.
-2. Host memory: the baseline's peak resident memory per rank (mem/host_peak_gb) against
-   the plan's host memory per rank on the CPU.
-3. Step time: the baseline (DDP, 2 ranks) is the plan's `--from`; every other shape (a
-   larger micro-batch, a longer sequence, a wider model, small buckets, the bf16 hook, 4
-   ranks) runs for real and its median step time and all-reduce time are set beside the
-   plan's prediction from the baseline alone. Ranks that outnumber this machine's cores
-   measure the contention for them, not the plan: such a row is marked, not fitted.
+1. Calibration: the probes (PROBES: each engine at two accumulations, DDP also at another
+   micro-batch, width and bucket size, all at 2 ranks) run, and the plan is calibrated on
+   all of them at once (`launcher.plan --from`, launcher.plan.forecast.calibration: a FLOP
+   rate, the optimizer's rate and each engine's fixed costs; each collective's link).
+2. Shapes: each shape of SHAPES, none of them a probe's (width and depth over a 4x range,
+   sequence, micro-batch, accumulation, 1, 2 and 4 ranks, every engine, the compression hooks,
+   a bucket size), is planned from the calibration, then run; its median step time beside
+   the prediction, and whether the plan called it extrapolated.
+3. Checkpoints: the bytes each run's last checkpoint holds (its files, RNG states aside)
+   beside the plan's (launcher.plan.forecast.checkpoint_bytes), for every run above.
+4. /dev/shm: each engine's memory tier (TIER), the bytes of one memory checkpoint on the node
+   (every rank's folder, RNG states aside; the run is ended by a planted exit before its
+   last step, so the tier is left for reading) beside the plan's
+   (launcher.checkpoint.memory.node_state_bytes).
 
-Prints the ratios (measured / predicted); exits 0. The figures quoted in docs/plan.md come
-from this script.
+Every rank computes on one thread (OMP_NUM_THREADS=1, torchrun's own default); ranks that
+outnumber the cores share them, which the plan counts (launcher.plan.calibrate.cpu_share).
+Prints the tables, the ratios' median and worst, and the machine's load before and after
+(its 1-minute load average: on a shared machine the times are noisy); exits 0. docs/plan.md's
+table comes from this script.
 """
 
 from __future__ import annotations
@@ -25,117 +32,202 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
-from launcher.checkpoint.protocol import find_resumable, read_meta
+from launcher.checkpoint import memory
+from launcher.checkpoint.protocol import find_resumable, read_meta, scan
 from launcher.config import compose
-from launcher.plan import forecast, memory
+from launcher.plan import forecast
+from launcher.plan.shape import checked, shape_of
 
 BASE = ["trainer.global_batch_size=16", "trainer.micro_batch_size=4", "trainer.seq_len=128",
         "trainer.log_interval=5", "trainer.eval_interval=0", "data.max_bytes=400000",
-        "data.bpe_vocab_size=512"]  # fmt: skip
+        "data.tokenizer=bpe", "data.bpe_vocab_size=512"]  # fmt: skip
+# name -> (ranks, overrides): the runs the plan is calibrated on
+PROBES = {
+    "ddp": (2, []),
+    "ddp micro-batch 8": (2, ["trainer.micro_batch_size=8"]),
+    "ddp width 128": (2, ["model.n_embd=128"]),
+    "ddp buckets 0.25 MB": (2, ["strategy.bucket_cap_mb=0.25"]),
+    **{f"{e}{tail}": (2, [f"strategy={e}", *more])
+       for e in ("zero1", "zero2", "zero3", "fsdp2")
+       for tail, more in (("", []), (" accumulation 4", ["trainer.micro_batch_size=2"]))},
+}  # fmt: skip
+# name -> (ranks, overrides): the shapes predicted from the probes, then run
 SHAPES = {
-    "micro-batch 8": ["trainer.micro_batch_size=8"],
-    "sequence 256": ["trainer.seq_len=256"],
-    "width 128": ["model.n_embd=128"],
-    "buckets 0.05 MB": ["strategy.bucket_cap_mb=0.05"],
-    "bf16 hook": ["strategy.comm_hook=bf16"],
-    "4 ranks": [],
+    "width 256": (2, ["model.n_embd=256"]),
+    "depth 8": (2, ["model.n_layer=8"]),
+    "sequence 512": (2, ["trainer.seq_len=512"]),
+    "micro-batch 16": (2, ["trainer.micro_batch_size=16", "trainer.global_batch_size=32"]),
+    "accumulation 8": (2, ["trainer.micro_batch_size=1"]),
+    "1 rank": (1, []),
+    "4 ranks": (4, []),
+    "zero1 width 128": (2, ["strategy=zero1", "model.n_embd=128"]),
+    "zero2 depth 4": (2, ["strategy=zero2", "model.n_layer=4"]),
+    "zero3 sequence 256": (2, ["strategy=zero3", "trainer.seq_len=256"]),
+    "fsdp2 width 128": (2, ["strategy=fsdp2", "model.n_embd=128"]),
+    "fsdp2 no reshard": (2, ["strategy=fsdp2_noreshard"]),
+    "fsdp2 4 ranks": (4, ["strategy=fsdp2"]),
+    "bf16 hook": (2, ["strategy.comm_hook=bf16"]),
+    "fp16 hook": (2, ["strategy.comm_hook=fp16"]),
+    "buckets 0.05 MB": (2, ["strategy.bucket_cap_mb=0.05"]),
 }
-STATE_FILES = (".pt", ".distcp")
+# name -> (ranks, overrides): the memory tier of each engine
+TIER = {
+    **{
+        f"{e} 2 ranks": (2, [f"strategy={e}"]) for e in ("ddp", "zero1", "zero2", "zero3", "fsdp2")
+    },  # fmt: skip
+    "zero3 4 ranks": (4, ["strategy=zero3"]),
+    "fsdp2 4 ranks": (4, ["strategy=fsdp2"]),
+}
+TIER_STEPS, TIER_EVERY = 6, 2  # a memory checkpoint at step 4; rank 0 exits as step 6 starts
 
 
-def launch(root: Path, run_id: str, nproc: int, overrides: list[str]) -> Path:
-    """One training run under torchrun; its run directory."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", "-m", "launcher.train", *overrides,
-           f"run.root={root}", f"run.id={run_id}"]  # fmt: skip
+def launch(root: Path, name: str, world: int, overrides: list[str], ok=(0,)) -> Path:
+    """One training run (torchrun, or one process); its run directory."""
+    run_id = name.replace(" ", "-").replace(".", "_")
+    train = ["-m", "launcher.train", *overrides, f"run.root={root}", f"run.id={run_id}"]
+    if world > 1:
+        train = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
+                 *train]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise SystemExit(f"{run_id} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    proc = subprocess.run([sys.executable, *train], capture_output=True, text=True, env=env)
+    if proc.returncode not in ok:
+        raise SystemExit(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return root / run_id
 
 
-def config_of(run: Path):
-    cfg = OmegaConf.load(run / "config.yaml")
-    meta = read_meta(find_resumable(run)) or {}
-    cfg.model.vocab_size = (meta.get("model") or {}).get("vocab_size")
-    return cfg, meta
+def planned(overrides: list[str], world: int):
+    """The checked config, its shape and its target: the plan of `overrides` at `world`
+    CPU ranks on this machine."""
+    cfg = compose([*overrides, "cluster.gpus_per_node=0", f"cluster.procs_per_node={world}"])
+    target = forecast.target_of(cfg)
+    cfg = checked(cfg, world)
+    return shape_of(cfg, world), target
 
 
-def state_bytes(args, root: Path) -> list[str]:
-    rows = ["| engine | ranks | written | predicted | ratio |", "|---|---:|---:|---:|---:|"]
-    for name in args.engines.split(","):
-        for world in (int(w) for w in args.worlds.split(",")):
-            run = launch(root, f"state-{name}-{world}", world,
-                         [*args.common, f"strategy={name}",
-                          f"trainer.checkpoint_interval={args.steps}"])  # fmt: skip
-            cfg, meta = config_of(run)
-            written = sum(n for f, n in meta["files"].items()
-                          if f.endswith(STATE_FILES) and not f.startswith("rng_"))  # fmt: skip
-            predicted = forecast.checkpoint_bytes(cfg, world)["total"]
-            rows.append(f"| {name} | {world} | {written:,} | {predicted:,} | "
-                        f"{written / predicted:.3f} |")  # fmt: skip
-    return rows
+def written(run: Path) -> int | None:
+    """The bytes of the run's last durable checkpoint, its RNG states aside."""
+    last = find_resumable(run)
+    meta = (read_meta(last) or {}) if last else {}
+    files = meta.get("files") or {}
+    return sum(int(n) for f, n in files.items() if not f.startswith("rng_")) or None
 
 
-def step_times(args, root: Path) -> list[str]:
-    base = launch(root, "base", 2, [*args.common, f"trainer.checkpoint_interval={args.steps}"])
-    measured = forecast.measured_from(base)
-    summary = json.loads((base / "summary.json").read_text())
-    cfg, _ = config_of(base)
-    host = memory.host_per_node(cfg, 2, 2, on_gpu=False)
-    predicted_rank = host["rank_process"]  # a rank's own pages (its workers' apart)
-    peak = summary["mem/host_peak_gb"] * 1e9
-    rows = [
-        f"host memory per rank: measured {peak / 1e9:.3f} GB, predicted "
-        f"{predicted_rank / 1e9:.3f} GB, ratio {peak / predicted_rank:.2f}",
-        "",
-        "| shape | step measured | step predicted | ratio | all-reduce measured | predicted "
-        "| ratio | note |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
-    ]  # fmt: skip
-    cores = os.cpu_count() or 1
-    for shape, overrides in SHAPES.items():
-        if args.shapes != "all" and shape not in args.shapes.split(","):
+def checkpoint_row(name: str, run: Path, overrides: list[str], world: int) -> str:
+    shape, _ = planned(overrides, world)
+    got = written(run)
+    want = forecast.checkpoint_bytes(shape.cfg, world, shape)["total"]
+    ratio = f"{got / want:.3f}" if got else "-"
+    return f"| {name} | {shape.cfg.strategy.name} | {world} | {got or 0:,} | {want:,} | {ratio} |"
+
+
+def calibrate(args, root: Path) -> tuple[forecast.Calibration, list[str]]:
+    """Run the probes; the calibration on all of them, and their checkpoint rows."""
+    runs, rows = [], []
+    for name, (world, overrides) in PROBES.items():
+        if args.probes != "all" and name not in args.probes.split(","):
             continue
-        world = 4 if shape == "4 ranks" else 2
-        run = launch(root, shape.replace(" ", "-"), world, [*args.common, *overrides])
-        got = json.loads((run / "summary.json").read_text())
-        shaped = compose([*args.common, *overrides, f"cluster.procs_per_node={world}"])
-        plan = forecast.build(shaped, forecast.target_of(shaped), measured,
-                              vocab_size=measured.vocab_size, engines=False)  # fmt: skip
-        step = plan["step"]
-        note = f"{world} ranks on {cores} cores: contention" if world > cores else ""
-        rows.append(
-            f"| {shape} | {got['step_time_s/p50'] * 1e3:.1f} ms | {step['time_s'] * 1e3:.1f} ms "
-            f"| {got['step_time_s/p50'] / step['time_s']:.2f} | "
-            f"{(got.get('comm/allreduce_s') or 0) * 1e3:.1f} ms | {step['comm_s'] * 1e3:.1f} ms "
-            f"| {(got.get('comm/allreduce_s') or 0) / step['comm_s']:.2f} | {note} |"
-        )
+        run = launch(root, f"probe {name}", world, [*args.common, *overrides])
+        runs.append(run)
+        rows.append(checkpoint_row(f"probe: {name}", run, [*args.common, *overrides], world))
+    _, target = planned(args.common, 2)
+    return forecast.calibration(runs, target), rows
+
+
+def step_times(args, root: Path, cal: forecast.Calibration) -> tuple[list[str], list[str]]:
+    """Each shape planned, then run: (the step-time table, their checkpoint rows)."""
+    rows = [
+        "| shape | ranks | predicted | measured | measured / predicted | extrapolated |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    ratios, bytes_rows = [], []
+    for name, (world, overrides) in SHAPES.items():
+        if args.shapes != "all" and name not in args.shapes.split(","):
+            continue
+        every = [*args.common, *overrides]
+        shape, target = planned(every, world)
+        plan = forecast.build(shape, target, cal, engines=False)
+        run = launch(root, name, world, every)
+        got = json.loads((run / "summary.json").read_text())["step_time_s/p50"]
+        want = plan["step"]["time_s"]
+        why = plan["basis"]["step.compute_s"]["why"]
+        far = why.split("EXTRAPOLATED: ", 1)[1] if "EXTRAPOLATED" in why else ""
+        ratios.append(got / want)
+        rows.append(f"| {name} | {world} | {want * 1e3:.1f} ms | {got * 1e3:.1f} ms | "
+                    f"{got / want:.2f} | {far} |")  # fmt: skip
+        bytes_rows.append(checkpoint_row(name, run, every, world))
+    if ratios:
+        errors = [abs(r - 1) for r in ratios]
+        rows += ["", f"step time, |measured / predicted - 1| over {len(ratios)} shapes: median "
+                     f"{statistics.median(errors):.1%}, worst {max(errors):.1%}"]  # fmt: skip
+    return rows, bytes_rows
+
+
+def tier(args, root: Path) -> list[str]:
+    """Each engine's memory tier: one memory checkpoint's bytes on the node, every rank's
+    folder together, beside the plan's."""
+    rows = ["| engine | ranks | written | predicted | written / predicted |",
+            "|---|---:|---:|---:|---:|"]  # fmt: skip
+    shm = Path(tempfile.mkdtemp(prefix="plan-check-", dir="/dev/shm"))
+    try:
+        for name, (world, overrides) in TIER.items():
+            if args.tier != "all" and name not in args.tier.split(","):
+                continue
+            every = [*args.common, *overrides, f"trainer.max_steps={TIER_STEPS}",
+                     f"trainer.memory_checkpoint_interval={TIER_EVERY}",
+                     f"trainer.memory_checkpoint_dir={shm}", "trainer.checkpoint_interval=0",
+                     "fault.kind=exit", f"fault.step={TIER_STEPS}", "fault.rank=0"]  # fmt: skip
+            run = launch(root, f"tier {name}", world, every, ok=range(256))
+            got = 0
+            for rank in range(world):
+                newest = scan(memory.rank_folder(str(shm), run, rank)).complete
+                meta = (read_meta(newest[0]) or {}) if newest else {}
+                files = (meta.get("files") or {}).items()
+                got += sum(int(n) for f, n in files if not f.startswith("rng_"))
+            shape, _ = planned(every, world)
+            want = memory.node_state_bytes(shape.cfg, world, world)
+            ratio = f"{got / want:.3f}" if got else "- (no memory checkpoint)"
+            rows.append(f"| {name} | {world} | {got:,} | {want:,} | {ratio} |")
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
     return rows
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--engines", default="ddp,fsdp2,zero2")
-    parser.add_argument("--worlds", default="1,2,4")
+    parser.add_argument("--probes", default="all", help="all, or names from PROBES")
     parser.add_argument("--shapes", default="all", help="all, or names from SHAPES")
+    parser.add_argument("--tier", default="all", help="all, none, or names from TIER")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    args.common = [*BASE, f"trainer.max_steps={args.steps}", *args.overrides]
+    args.common = [*BASE, f"trainer.max_steps={args.steps}",
+                   f"trainer.checkpoint_interval={args.steps}", *args.overrides]  # fmt: skip
+    print(f"before: {load()}")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        print("\n".join(state_bytes(args, root)))
-        print()
-        print("\n".join(step_times(args, root)))
+        cal, probe_rows = calibrate(args, root)
+        print(f"calibration: {forecast.describe(cal)}\n")
+        steps, shape_rows = step_times(args, root, cal)
+        print("\n".join(steps))
+        print("\n| run | engine | ranks | checkpoint written | predicted | written / predicted |")
+        print("|---|---|---:|---:|---:|---:|")
+        print("\n".join(probe_rows + shape_rows))
+        if args.tier != "none":
+            print()
+            print("\n".join(tier(args, root)))
+    print(f"\nafter: {load()}")
     return 0
 
 

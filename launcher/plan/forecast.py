@@ -157,6 +157,22 @@ def calibration(paths: list[Path], target: Target) -> Calibration:
     )  # fmt: skip
 
 
+def describe(cal: Calibration) -> str:
+    """The calibration in words: each fitted coefficient, each link, what was left out."""
+    parts = []
+    if cal.compute:
+        parts.append(", ".join(_term(k, v) for k, v in sorted(cal.compute.coef.items())))
+        if cal.compute.left_out:
+            parts.append(f"not told apart by these runs: {', '.join(cal.compute.left_out)}")
+    if cal.links:
+        parts += list(cal.links.why.values())
+    if cal.write_bytes_per_s:
+        parts.append(f"checkpoints {cal.write_bytes_per_s / 1e6:.0f} MB/s a writing rank")
+    if cal.ignored:
+        parts.append(f"not used: {', '.join(cal.ignored)}")
+    return "; ".join(parts) + f" ({len(cal.records)} run(s): {cal.sources})"
+
+
 def _features(shape: RunShape, world_size: int) -> Features:
     state = memory.train_state(shape.cfg, world_size)
     return Features.of(shape, engine_label(shape.cfg), state["optimizer"])
@@ -320,21 +336,9 @@ def _compute(shape: RunShape, target: Target, cal: Calibration | None,
         x = _features(shape, target.world_size)
         seconds, notes = cal.compute.predict(x)
         if seconds is not None:
-            fit = cal.compute
-            terms = ", ".join(_term(k, v) for k, v in sorted(fit.coef.items()))
-            left = (
-                f"; not told apart by these runs: {', '.join(fit.left_out)}" if fit.left_out else ""
-            )
-            shared = (
-                f", x{share:g} for {target.per_node} ranks on {target.cores} cores"
-                if share > 1
-                else ""
-            )
-            extrapolated = f"; EXTRAPOLATED: {'; '.join(notes)}" if notes else ""
-            return seconds * share, _basis(
-                True, f"fitted to {len(fit.rows)} run(s) ({cal.sources}): {terms}{left}"
-                f"{shared}{extrapolated}"
-            )  # fmt: skip
+            shared = f", x{share:g}: {target.per_node} ranks on {target.cores} cores" * (share > 1)
+            far = f"; EXTRAPOLATED: {'; '.join(notes)}" if notes else ""
+            return seconds * share, _basis(True, f"fitted: {describe(cal)}{shared}{far}")
     if target.device:
         d = target.device
         seconds = shape.flops_per_rank_step / (d.peak_flops * d.mfu)
