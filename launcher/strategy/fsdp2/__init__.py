@@ -13,7 +13,12 @@ from launcher.config.errors import ConfigError
 from launcher.config.model_shape import param_sizes, unit_sizes
 from launcher.config.ranges import one_of
 from launcher.config.registry import Engine, Format, StrategyConfig
-from launcher.config.saved_bytes import DCP_CHUNK_BYTES, ENTRY_BYTES, RECORD_BYTES
+from launcher.config.saved_bytes import (
+    DCP_CHUNK_BYTES,
+    DCP_KEY_BYTES,
+    ENTRY_BYTES,
+    RECORD_BYTES,
+)
 from launcher.strategy.sharded_plan import unit_collectives
 
 OFFLOAD_DEVICES = ("none", "cpu")
@@ -59,7 +64,9 @@ def checkpoint_writes(cfg, params: int, world_size: int) -> list[int]:
     shard = -(-(4 * (params + tied) + 8 * params) // world_size) + items * RECORD_BYTES
     ranks = [shard] * world_size
     ranks[-1] += tensors * (4 + RECORD_BYTES) + PARAM_GROUP_ITEMS * RECORD_BYTES
-    ranks[0] += (world_size * items + tensors + PARAM_GROUP_ITEMS) * DCP_CHUNK_BYTES
+    keys = items + tensors + PARAM_GROUP_ITEMS
+    chunks = world_size * items + tensors + PARAM_GROUP_ITEMS
+    ranks[0] += keys * DCP_KEY_BYTES + chunks * DCP_CHUNK_BYTES
     return ranks
 
 

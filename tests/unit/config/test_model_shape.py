@@ -10,9 +10,12 @@ from launcher.config.model_shape import param_count, param_sizes
 from launcher.model.build import build_model
 
 
-@pytest.mark.parametrize("model", ["gpt2-tiny", "gpt2"])
-def test_the_shape_is_the_built_models_tensor_by_tensor(model):
-    cfg = compose([f"model={model}", "model.vocab_size=512"])
+@pytest.mark.parametrize(
+    ("model", "bias"), [("gpt2-tiny", "true"), ("gpt2", "true"), ("gpt2-tiny", "false")]
+)
+def test_the_shape_is_the_built_models_tensor_by_tensor(model, bias):
+    """Without biases (model.bias=false) the linears and LayerNorms have none."""
+    cfg = compose([f"model={model}", "model.vocab_size=512", f"model.bias={bias}"])
     built = build_model(cfg.model, 512)
     unique = {id(p): p.numel() for p in built.parameters()}  # the tied LM head once
     assert param_sizes(cfg.model) == list(unique.values())

@@ -9,61 +9,93 @@ import pytest
 from launcher.config import compose, normalize
 from launcher.config.model_shape import param_count
 from launcher.plan import comm
-from launcher.plan.forecast import Measured
-from launcher.plan.presets import Link
+from launcher.plan.measured import RunRecord, Sample
+from launcher.plan.presets import LINKS, Link, Topology
+from launcher.plan.shape import shape_of
 from launcher.tune.candidates import propose
 
 LINK = Link("test", 1e9, 1e-4, "a test link")  # 1 GB/s, 100 us a step
+TWO = Topology(1, 2, LINK)
 
 
-def one(size: int, ranks: int = 2) -> float:
-    return comm.collective_s("all_reduce", size, ranks, LINK)
+def one(size: int, topo: Topology = TWO) -> float:
+    return comm.collective_s("all_reduce", size, topo)
+
+
+@pytest.mark.parametrize(
+    ("op", "nodes", "per_node", "want"),
+    [
+        # one node: ring 2(n-1) steps, the chain of a node's ranks as many: 14 alphas
+        ("all_reduce", 1, 8, 14 * 1e-5 + 2 * 7 / 8 * 1e9 / 100e9),
+        ("reduce_scatter", 1, 8, 7 * 1e-5 + 7 / 8 * 1e9 / 100e9),
+        ("all_gather", 1, 2, 1e-5 + 1 / 2 * 1e9 / 100e9),
+        ("all_reduce", 1, 1, 0.0),
+        # 128 nodes of 8: a ring's 1,023 steps, 127 of them across nodes (NCCL's tuner), at
+        # the network's bus bandwidth; the all-reduce's tree: 2 x (7 intra + 7 inter)
+        ("all_gather", 128, 8, 896 * 1e-5 + 127 * 1e-4 + 1023 / 1024 * 1e9 / 40e9),
+        ("all_reduce", 128, 8, 14 * 1e-5 + 14 * 1e-4 + 2 * 1023 / 1024 * 1e9 / 40e9),
+    ],
+)
+def test_collectives_count_each_step_on_the_link_it_crosses(op, nodes, per_node, want):
+    topo = Topology(nodes, per_node, Link("nvl", 100e9, 1e-5, "-"), Link("ib", 40e9, 1e-4, "-"))
+    assert comm.collective_s(op, 10**9, topo) == pytest.approx(want)
+
+
+def test_fsdp2_and_zero3_gather_and_reduce_per_unit_alike():
+    """Both engines declare per-unit collectives (launcher.strategy.sharded_plan), so the
+    plan times the same bytes the same way: FSDP2 gathers each block twice a micro-step
+    (the root once), ZeRO-3 every unit twice, and ZeRO-3 reduces on every micro-step."""
+    xl = ["model=gpt2-xl", "model.vocab_size=50257", "trainer.global_batch_size=1024",
+          "trainer.micro_batch_size=1"]  # fmt: skip
+    topo = Topology(128, 8, LINKS["nvlink"], LINKS["infiniband"])
+    fsdp = comm.step_comm(compose([*xl, "strategy=fsdp2"]), 1024, topo)
+    zero3 = comm.step_comm(compose([*xl, "strategy=zero3"]), 1024, topo)
+    rows = {r["op"]: r for r in fsdp["collectives"][:1] + fsdp["collectives"][2:3]}
+    assert rows["all_gather"]["times"] == 2 * 48 and rows["reduce_scatter"]["times"] == 48
+    # the same blocks' bytes: ZeRO-3 gathers the root once more (its backward) in the same time
+    same = [(r["op"], r["bytes"]) for r in zero3["collectives"]]
+    assert same == [(r["op"], r["bytes"]) for r in fsdp["collectives"]]
+    root_gather = fsdp["collectives"][1]["time_s"]
+    assert zero3["time_s"] == pytest.approx(fsdp["time_s"] + root_gather)
 
 
 def test_one_bucket_is_exposed_whole_whatever_the_backward():
     rows = [("all_reduce", 10**6, 1)]
     for backward in (0.0, 0.01, 10.0):
-        assert comm.exposed_s(rows, 2, LINK, backward) == pytest.approx(one(10**6))
+        assert comm.exposed_s(rows, TWO, backward) == pytest.approx(one(10**6))
 
 
 def test_buckets_hide_behind_backward_all_but_the_last():
     rows = [("all_reduce", 10**5, 10)]  # 10 buckets, 0.3 ms each at 2 ranks
-    assert comm.exposed_s(rows, 2, LINK, 0.0) == pytest.approx(10 * one(10**5))
-    assert comm.exposed_s(rows, 2, LINK, 1.0) == pytest.approx(one(10**5))  # backward is long
+    assert comm.exposed_s(rows, TWO, 0.0) == pytest.approx(10 * one(10**5))
+    assert comm.exposed_s(rows, TWO, 1.0) == pytest.approx(one(10**5))  # backward is long
     # a backward shorter than the queue: the queue's end past it
-    assert comm.exposed_s(rows, 2, LINK, 0.001) == pytest.approx(0.0001 + 10 * one(10**5) - 0.001)
+    assert comm.exposed_s(rows, TWO, 0.001) == pytest.approx(0.0001 + 10 * one(10**5) - 0.001)
 
 
 def test_the_tie_goes_to_the_default_and_only_better_sizes_are_offered():
     cfg = compose(["model=gpt2-tiny", "strategy.bucket_cap_mb=0.0005"])
     grads_mib = param_count(cfg.model) * 4 / 2**20
-    no_hiding = comm.bucket_sizes(cfg, "strategy.bucket_cap_mb", 25.0, 2, LINK, 0.0)
+    no_hiding = comm.bucket_sizes(cfg, "strategy.bucket_cap_mb", 25.0, 2, TWO, 0.0)
     (best_mb, best_s), *rest = no_hiding
     assert best_mb == 25.0  # one bucket: every size above the gradients ties; the default
     assert all(mb < grads_mib and s > best_s for mb, s in rest)  # the rest: distinct layouts
-    current = comm.exposed_s([("all_reduce", 524, 2400)], 2, LINK, 0.0)
+    current = comm.exposed_s([("all_reduce", 524, 2400)], TWO, 0.0)
     assert all(s < current for _, s in no_hiding)
     # latency-free and a long backward: the smallest buckets hide the most
-    free = Link("free", 1e9, 0.0, "no latency")
+    free = Topology(1, 2, Link("free", 1e9, 0.0, "no latency"))
     one_bucket = compose(["model=gpt2-tiny", "strategy.bucket_cap_mb=25"])
     smallest = comm.bucket_sizes(one_bucket, "strategy.bucket_cap_mb", 25.0, 2, free, 10.0)
     assert smallest[0][0] == 2**-4
     assert comm.bucket_sizes(compose(["strategy.bucket_cap_mb=25"]), "strategy.bucket_cap_mb",
-                             25.0, 2, LINK, 0.0) == []  # nothing beats one bucket  # fmt: skip
-
-
-def test_the_fitted_link_times_the_measured_layout_as_measured():
-    size, k, busbw = 10**5, 18, 0.02e9  # 18 all-reduces a step at an effective 20 MB/s
-    fit = comm.fitted(LINK, busbw, size * k, k, 2, "a run")
-    assert comm.collective_s("all_reduce", size, 2, fit) == pytest.approx(size / busbw)
-    assert fit.alpha / LINK.alpha == pytest.approx(LINK.busbw / fit.busbw)  # one factor
+                             25.0, 2, TWO, 0.0) == []  # nothing beats one bucket  # fmt: skip
 
 
 def test_the_hidden_window_reproduces_the_measured_exposure():
     rows = [("all_reduce", 10**5, 10)]
     for exposed in (10 * one(10**5), 0.002, one(10**5)):
-        window = comm.hidden_window(rows, 2, LINK, 1.0, exposed)
-        assert comm.exposed_s(rows, 2, LINK, window) == pytest.approx(exposed, rel=1e-6)
+        window = comm.hidden_window(rows, TWO, 1.0, exposed)
+        assert comm.exposed_s(rows, TWO, window) == pytest.approx(exposed, rel=1e-6)
 
 
 def test_the_tuner_sizes_buckets_by_the_plan_and_only_with_a_measured_run():
@@ -73,8 +105,11 @@ def test_the_tuner_sizes_buckets_by_the_plan_and_only_with_a_measured_run():
         "strategy.static_graph=true",
         "strategy.comm_hook=bf16",
     ]
-    run = Measured("a run", 2, flops_per_s=5e9, overlap=0.5, busbw=0.02e9,
-                   comm_bytes=1.2e6, collectives=18, vocab_size=512)  # fmt: skip
+    shape = shape_of(cfg, 2)
+    # 18 all-reduces a step of 0.07 MB at an effective 20 MB/s, half of the step hidden
+    run = RunRecord("a run", shape, "ddp", 2, 2, 2, None, step_s=0.2, exposed_s=0.03,
+                    wait_s=0.0, comm_s=0.06,
+                    samples=[Sample("all_reduce", 2, 2, 7e4, 7e4 / 0.02e9, 18, "a run")])  # fmt: skip
     cands = propose([{"kind": "exposed_comm"}], cfg, 2, False, run)
     # on a CPU nothing hides: the fewest collectives (one bucket, the default), then two
     assert [c.name for c in cands] == [
@@ -90,10 +125,15 @@ def test_the_tuner_sizes_buckets_by_the_plan_and_only_with_a_measured_run():
 
 
 @pytest.mark.parametrize(("cap", "buckets"), [(0.0005, 18), (0.25, 3), (0.5, 2), (1, 1), (25, 1)])
-def test_ddp_buckets_are_cut_from_whole_tensors_as_ddp_cuts_them(cap, buckets):
+@pytest.mark.parametrize("hook", ["none", "bf16", "fp16"])
+def test_ddp_buckets_are_cut_from_whole_tensors_as_ddp_cuts_them(cap, buckets, hook):
     """The counts gpt2-tiny's DDP reported (comm/buckets) in the tuner's trials at 2 ranks
-    with the test corpus's 512-token vocabulary: each bucket closes once it holds the cap."""
-    cfg = compose(["model=gpt2-tiny", "model.vocab_size=512", f"strategy.bucket_cap_mb={cap}"])
-    rows = comm.step_comm(cfg, 2, LINK)["collectives"]
+    with the test corpus's 512-token vocabulary: each bucket closes once it holds the cap of
+    fp32 gradients, under a compression hook too (it halves each bucket's bytes, not the
+    layout: 3 buckets at 0.25 MiB under bf16, as a run measures them)."""
+    cfg = compose(["model=gpt2-tiny", "model.vocab_size=512", f"strategy.bucket_cap_mb={cap}",
+                   f"strategy.comm_hook={hook}"])  # fmt: skip
+    rows = comm.step_comm(cfg, 2, TWO)["collectives"]
     assert sum(r["times"] for r in rows) == buckets
-    assert sum(r["bytes"] for r in rows) == param_count(cfg.model) * 4
+    width = 4 if hook == "none" else 2
+    assert sum(r["bytes"] for r in rows) == param_count(cfg.model) * width

@@ -124,14 +124,16 @@ def test_a_second_render_into_a_run_directory_is_refused(tmp_path, capsys):
     assert (run / "submit" / "job.sbatch").is_file() and not (run / ".submit.lock").exists()
 
 
-def test_a_second_plan_of_a_run_is_refused(tmp_path, capsys):
+def test_a_second_plan_into_a_run_is_refused(tmp_path, capsys):
+    """`--out RUN_DIR` writes the run's plan/ under its lock."""
     run = tmp_path / "p"
     run.mkdir()
+    (run / "config.yaml").write_text("{}")
     with tool_lock(run, "plan"):
-        assert plan_main([f"run.root={tmp_path}", "run.id=p"]) == 2
+        assert plan_main(["--out", str(run)]) == 2
     assert "in use by another launcher.plan" in one_line(capsys.readouterr().err)
     assert not (run / "plan").exists()
-    assert plan_main([f"run.root={tmp_path}", "run.id=p"]) == 0  # once the first has ended
+    assert plan_main(["--out", str(run)]) == 0  # once the first has ended
     assert (run / "plan" / "plan.json").is_file() and not (run / ".plan.lock").exists()
 
 
