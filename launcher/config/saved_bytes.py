@@ -6,9 +6,10 @@ dict that one `torch.save` writes costs its zip entry and its record in the pick
 260 bytes; a tensor written by a `torch.save` of its own, as torch Distributed Checkpoint
 writes each item, a whole zip archive, about 1,550 bytes; DCP's `.metadata` holds about 95
 bytes for every key of the state dict and 185 for every chunk a rank stores (fitted to
-FSDP2's checkpoints of gpt2-tiny at 1 and 4 ranks: 38,086 and 85,241 bytes). Beside a model of millions of parameters these are
-fractions of a percent; for the tiny models of tests and laptops they are most of FSDP2's
-difference from the state (a 0.2M-parameter model's DCP checkpoint is 12% framing)."""
+FSDP2's checkpoints of gpt2-tiny at 1 and 4 ranks: 38,086 and 85,241 bytes). Beside a
+model of millions of parameters these are fractions of a percent; for the tiny models of
+tests and laptops they are most of FSDP2's difference from the state (a 0.2M-parameter
+model's DCP checkpoint is 12% framing)."""
 
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -35,6 +36,9 @@ from launcher.plan.shape import RunShape
 
 # How far past the runs' range a figure may go before the plan calls it extrapolated.
 REACH = 4.0
+# Collectives smaller than this (DeepSpeed's all-reduced norms and overflow flags) are not
+# the gradients and weights the plan models: left out of the links' fit.
+SCALARS = 1024
 
 
 @dataclass(frozen=True)
@@ -168,15 +172,17 @@ class LinkFit:
 
 def fit_links(samples: list[Sample], preset: Link, shares: dict[str, float]) -> LinkFit:
     """For each kind of collective the runs timed: latency and bus bandwidth fitted over
-    the sizes measured (launcher.plan.comm's ring on one node), the preset scaled where one
-    size cannot tell them apart; a kind not measured takes the all-reduce's (or any)."""
+    the sizes measured (launcher.plan.comm's ring on one node), the preset scaled where the
+    sizes cannot tell them apart (one size; a fit that would need a negative term); a kind
+    not measured takes the all-reduce's (launcher.plan.calibrate.fitted_topology)."""
     by_op, why, sizes = {}, {}, {}
+    samples = [s for s in samples if s.size >= SCALARS]
     for op in sorted({s.op for s in samples}):
         mine = [s for s in samples if s.op == op]
         steps = np.array([comm.ring_steps(op, s.ranks, 1)[0] for s in mine], dtype=float)
         moved = np.array([comm.traffic(op, s.size, s.ranks) for s in mine])
         seconds = np.array([s.seconds / shares[s.source] for s in mine])
-        sources = sorted({s.source for s in mine})
+        sources = sorted({Path(s.source).name for s in mine})
         sizes[op] = (min(s.size for s in mine), max(s.size for s in mine))
         distinct = np.linalg.matrix_rank(np.column_stack([steps, moved / moved.max()]), tol=1e-6)
         if distinct >= 2:
@@ -190,8 +196,9 @@ def fit_links(samples: list[Sample], preset: Link, shares: dict[str, float]) -> 
         factor = float(seconds.sum() / predicted)
         by_op[op] = Link(f"{op} scaled", preset.busbw / factor, preset.alpha * factor,
                          ", ".join(sources))  # fmt: skip
-        why[op] = (f"{op}: the {preset.name} preset scaled x{factor:.3g} to the one size "
-                   f"measured in {', '.join(sources)}")  # fmt: skip
+        why[op] = (f"{op}: the {preset.name} preset scaled x{factor:.3g} to what "
+                   f"{', '.join(sources)} measured (latency and bandwidth not told "
+                   "apart)")  # fmt: skip
     return LinkFit(by_op, why, sizes)
 
 

@@ -22,6 +22,7 @@ from launcher.config import compose
 from launcher.config.registry import engine
 from launcher.plan import comm, memory, stop
 from launcher.plan.calibrate import (
+    REACH,
     ComputeFit,
     Features,
     LinkFit,
@@ -128,7 +129,8 @@ class Calibration:
 
     @property
     def sources(self) -> str:
-        return ", ".join(r.source for r in self.records)
+        """The runs by their folders' names (basis["runs"] lists their paths)."""
+        return ", ".join(Path(r.source).name for r in self.records)
 
 
 def calibration(paths: list[Path], target: Target) -> Calibration:
@@ -158,19 +160,18 @@ def calibration(paths: list[Path], target: Target) -> Calibration:
 
 
 def describe(cal: Calibration) -> str:
-    """The calibration in words: each fitted coefficient, each link, what was left out."""
-    parts = []
-    if cal.compute:
-        parts.append(", ".join(_term(k, v) for k, v in sorted(cal.compute.coef.items())))
-        if cal.compute.left_out:
-            parts.append(f"not told apart by these runs: {', '.join(cal.compute.left_out)}")
-    if cal.links:
-        parts += list(cal.links.why.values())
+    """The calibration in words: each fitted coefficient, each link, the write speed."""
+    parts = [_compute_terms(cal.compute)] if cal.compute else []
+    parts += list(cal.links.why.values()) if cal.links else []
     if cal.write_bytes_per_s:
         parts.append(f"checkpoints {cal.write_bytes_per_s / 1e6:.0f} MB/s a writing rank")
-    if cal.ignored:
-        parts.append(f"not used: {', '.join(cal.ignored)}")
     return "; ".join(parts) + f" ({len(cal.records)} run(s): {cal.sources})"
+
+
+def _compute_terms(fit: ComputeFit) -> str:
+    terms = ", ".join(_term(k, v) for k, v in sorted(fit.coef.items()))
+    left = f"; not told apart by these runs: {', '.join(fit.left_out)}" if fit.left_out else ""
+    return terms + left
 
 
 def _features(shape: RunShape, world_size: int) -> Features:
@@ -229,12 +230,17 @@ def build(
     rate, basis["checkpoint.write_s"] = _write_rate(cfg, cal)
     write_s = max(writes) / rate
 
+    if cal:
+        ignored = f"; not used: {', '.join(cal.ignored)}" if cal.ignored else ""
+        runs = ", ".join(r.source for r in cal.records)
+        basis["runs"] = _basis(True, f"--from: {runs}{ignored}")
     share = cpu_share(procs, target.cores) if not target.on_gpu else 1.0
     compute, basis["step.compute_s"] = _compute(shape, target, cal, share)
     topo = fitted_topology(target.topology, cal.links if cal else None)
-    if cal and cal.links:
-        basis["link"] = _basis(True, "; ".join(cal.links.why.values()))
     comms = comm.step_comm(cfg, world, topo)
+    if cal and cal.links:
+        far = _beyond(comms["collectives"], cal.links.sizes)
+        basis["link"] = _basis(True, "; ".join(cal.links.why.values()) + far)
     comm_s = comms["time_s"] * share
     wait = cal.data_wait_s if cal and cal.data_wait_s is not None else 0.0
     if cal and cal.data_wait_s is not None:
@@ -322,6 +328,19 @@ def build(
     }
 
 
+def _beyond(collectives: list[dict], sizes: dict[str, tuple[float, float]]) -> str:
+    """The collectives of the plan whose buffers are beyond REACH x the sizes the runs
+    measured for their kind (or of a kind no run measured), said as extrapolated."""
+    far = []
+    for c in collectives:
+        low, high = sizes.get(c["op"], sizes.get("all_reduce", (0.0, 0.0)))
+        if high and not low / REACH <= c["bytes"] <= high * REACH:
+            far.append(f"{c['op']} of {c['bytes']:,} bytes (measured {low:,.0f}-{high:,.0f})")
+        elif c["op"] not in sizes:
+            far.append(f"{c['op']}: no run measured one")
+    return f"; EXTRAPOLATED: {', '.join(dict.fromkeys(far))}" if far else ""
+
+
 def _with(cfg, overrides: list[str]):
     """`cfg` (its model, trainer and data) under another engine at its defaults."""
     other = compose(overrides).strategy
@@ -338,7 +357,10 @@ def _compute(shape: RunShape, target: Target, cal: Calibration | None,
         if seconds is not None:
             shared = f", x{share:g}: {target.per_node} ranks on {target.cores} cores" * (share > 1)
             far = f"; EXTRAPOLATED: {'; '.join(notes)}" if notes else ""
-            return seconds * share, _basis(True, f"fitted: {describe(cal)}{shared}{far}")
+            return seconds * share, _basis(
+                True, f"fitted to {len(cal.records)} run(s) ({cal.sources}): "
+                f"{_compute_terms(cal.compute)}{shared}{far}"
+            )  # fmt: skip
     if target.device:
         d = target.device
         seconds = shape.flops_per_rank_step / (d.peak_flops * d.mfu)

@@ -8,6 +8,9 @@ See docs/deepspeed.md."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 from launcher.config.batch import BatchPlan
 from launcher.config.errors import ConfigError
 from launcher.config.registry import Engine, Format
@@ -19,6 +22,8 @@ from launcher.strategy.deepspeed.ds_config import (
 from launcher.strategy.sharded_plan import unit_collectives
 
 STRATEGY_FILE = "strategy.json"  # in each DeepSpeed checkpoint: what wrote it
+# DeepSpeed's offline converters, copied into each checkpoint (launcher.strategy.deepspeed.engine)
+RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
 
 
 FORMAT = Format("deepspeed", marker=STRATEGY_FILE, reader="launcher.strategy.deepspeed.universal")
@@ -92,12 +97,22 @@ def memory_checkpoint_bytes(cfg, params: int, world_size: int) -> int:
 
 def checkpoint_writes(cfg, params: int, world_size: int) -> list[int]:
     """Bytes each rank writes, rank 0 first: every rank its partition of the fp32 weights
-    and moments, rank 0 the module (but under ZeRO-3) in trainer.precision as well; fp32
-    ZeRO-0 keeps its optimizer whole in rank 0's files."""
-    first = memory_checkpoint_bytes(cfg, params, world_size)
+    and moments, rank 0 the module (but under ZeRO-3) in trainer.precision as well, and
+    DeepSpeed's converters; fp32 ZeRO-0 keeps its optimizer whole in rank 0's files."""
+    first = memory_checkpoint_bytes(cfg, params, world_size) + recovery_scripts_bytes()
     if int(cfg.strategy.zero_stage) == 0 and cfg.trainer.precision == "fp32":
         return [first]
     return [first] + [-(-params * (4 + 8) // world_size)] * (world_size - 1)
+
+
+def recovery_scripts_bytes() -> int:
+    """The converters this installation's DeepSpeed copies beside every checkpoint (found
+    without importing it; 0 where it is not installed)."""
+    spec = importlib.util.find_spec("deepspeed")
+    if spec is None or spec.origin is None:
+        return 0
+    utils = Path(spec.origin).parent / "utils"
+    return sum((utils / s).stat().st_size for s in RECOVERY_SCRIPTS if (utils / s).is_file())
 
 
 def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
@@ -118,24 +133,22 @@ def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
 
 def step_collectives(cfg, params: int, world_size: int) -> list[tuple[str, int, int]]:
     """In trainer.precision, as the collective timer counts them (comm_collectives.json):
-    ZeRO-0 and ZeRO-1 all-reduce the gradients once a step, ZeRO-2 on every micro-step
-    (its gradients are partitioned, so it cannot hold them until the last), in buckets of
-    strategy.reduce_bucket_size elements, and ZeRO-1/2 all-gather the updated weights once;
-    ZeRO-3 is FSDP2's pattern (launcher.strategy.sharded_plan): each unit's weights
-    gathered for every micro-step's forward and again for its backward, its gradients
-    reduce-scattered on every micro-step."""
+    the gradients reduced in buckets of strategy.reduce_bucket_size elements, all-reduced
+    once a step by ZeRO-0 and ZeRO-1, on every micro-step by ZeRO-2 (its gradients are
+    partitioned, so it cannot hold them until the last), reduce-scattered on every
+    micro-step by ZeRO-3; ZeRO-1/2 all-gather the updated weights once a step, ZeRO-3 each
+    unit's weights for every micro-step's forward and again for its backward, as FSDP2
+    gathers them (launcher.strategy.sharded_plan)."""
     s, t = cfg.strategy, cfg.trainer
     stage, width = int(s.zero_stage), 4 if t.precision == "fp32" else 2
     accum = BatchPlan.of(t, world_size).accum
-    if stage == 3:
-        return [
-            *unit_collectives(cfg.model, "all_gather", width, 2 * accum, 2 * accum),
-            *unit_collectives(cfg.model, "reduce_scatter", width, accum, accum),
-        ]
     bucket = int(s.reduce_bucket_size)
-    reduces = accum if stage == 2 else 1
-    rows = [("all_reduce", min(bucket, params - start) * width, reduces)
+    op = "reduce_scatter" if stage == 3 else "all_reduce"
+    reduces = accum if stage >= 2 else 1
+    rows = [(op, min(bucket, params - start) * width, reduces)
             for start in range(0, params, bucket)]  # fmt: skip
+    if stage == 3:
+        return unit_collectives(cfg.model, "all_gather", width, 2 * accum, 2 * accum) + rows
     return rows + ([("all_gather", params * width, 1)] if stage else [])
 
 
