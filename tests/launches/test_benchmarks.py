@@ -78,14 +78,20 @@ CASES = {
             "plan_check.py",
             "--steps",
             "4",
-            "--engines",
+            "--probes",
             "ddp",
-            "--worlds",
-            "1",
             "--shapes",
             "bf16 hook",
+            "--tier",
+            "ddp 2 ranks",
         ),  # fmt: skip
-        ["| ddp | 1 |", "host memory per rank: measured", "| bf16 hook |"],
+        [
+            "calibration: ",
+            "| bf16 hook | 2 |",
+            "| probe: ddp | ddp | 2 |",
+            "| ddp 2 ranks | 2 |",
+            "step time, |measured / predicted - 1| over 1 shapes",
+        ],  # fmt: skip
         (0,),
     ),
     "profiler_cost": (

@@ -16,6 +16,10 @@ import subprocess
 
 import pytest
 
+from launcher.plan.comm import step_comm
+from launcher.plan.measured import read_run
+from launcher.plan.presets import LINKS, Topology
+
 from launch import (
     FAST,
     base_env,
@@ -88,6 +92,10 @@ def test_compression_hook_trains_and_keeps_replicas_identical(points, hook):
     s = summary(run_dir)
     assert s["replicas_in_sync"] is True
     assert s["comm/buckets"] > 1  # 0.05 MB buckets split the gradients
+    # the plan cuts them as DDP does, from the fp32 gradients, then halves each one's bytes
+    planned = step_comm(read_run(run_dir).shape.cfg, 2, Topology(1, 2, LINKS["gloo"]))
+    assert s["comm/buckets"] == len(planned["collectives"])
+    assert s["comm/bytes"] == planned["bytes"]
     check_comm_figures(metrics(run_dir), wire_itemsize=2)
     # the hook sends 16-bit values: exactly half the bytes of the fp32 all-reduce
     assert s["comm/bytes"] * 2 == summary(plain)["comm/bytes"]

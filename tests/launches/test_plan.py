@@ -24,7 +24,11 @@ from reference_runs import STRATEGY_POINTS
 
 def point(sweep, name):
     run = sweep / f"strategy={name}"
-    return run, OmegaConf.load(run / "config.yaml"), read_meta(run / "checkpoints" / "step_00000020")
+    return (
+        run,
+        OmegaConf.load(run / "config.yaml"),
+        read_meta(run / "checkpoints" / "step_00000020"),
+    )
 
 
 @pytest.mark.parametrize("name", STRATEGY_POINTS)
@@ -87,7 +91,8 @@ def test_a_sweep_calibrates_the_plan(strategy_sweep, tmp_path, capsys):
     """`--from` a sweep's folder: every point's run is fitted, each named in the basis."""
     args = ["--from", str(strategy_sweep), "--json", f"run.root={tmp_path}",
             "trainer.global_batch_size=8", "trainer.micro_batch_size=2", "trainer.seq_len=64",
-            "cluster.procs_per_node=2", "data.max_bytes=400000", "data.bpe_vocab_size=512"]  # fmt: skip
+            "cluster.procs_per_node=2", "data.max_bytes=400000",
+            "data.bpe_vocab_size=512"]  # fmt: skip
     assert plan_main(args) == 0
     plan = json.loads(capsys.readouterr().out)
     compute = plan["basis"]["step.compute_s"]

@@ -52,7 +52,7 @@ def test_default_experiment_passes_every_row(tmp_path):
     assert hang["culprits"] == [1]
     ckpt = got["stop_checkpoint"]
     assert ckpt["measured_s"] > 0 and ckpt["shrunk_bytes"] > 0
-    # gpt2-tiny as launcher.submit sizes it: GPT-2's vocabulary, 12 bytes a parameter
+    # gpt2-tiny as launcher.submit sizes it: the run's vocabulary, 12 bytes a parameter
     assert ckpt["real_bytes"] == checkpoint_bytes(compose([]), 1)["total"]  # launcher.plan's
     assert ckpt["extrapolated_s"] == round(
         report.extrapolate(ckpt["measured_s"], ckpt["shrunk_bytes"], ckpt["real_bytes"]), 3

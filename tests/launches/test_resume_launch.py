@@ -98,6 +98,11 @@ def test_refused_and_fallback_launches_lose_nothing(long_run, tmp_path):
     assert "falling back to the previous one" in warning
     assert "resumed from step 40" in again.stderr
     assert summary(run_dir)["resumed_from_step"] == 40 and summary(run_dir)["steps"] == 62
+    # The plan's forecast, calibrated on the run's own earlier launch, is over the 22 steps
+    # left (and the checkpoint at 60), not the 62 of trainer.max_steps.
+    forecast = summary(run_dir)["forecast"]
+    assert forecast["steps"] == 22 and forecast["step_time_s"] > 0
+    assert 22 * forecast["step_time_s"] < forecast["time_s"] < 23 * forecast["step_time_s"] + 5
     # The step-60 checkpoint it could not read is kept aside, not overwritten.
     (aside,) = (ckpts / "superseded").iterdir()
     assert digest(aside, skip=()) == {

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from launcher.config import compose
 from launcher.plan.comm import step_comm
-from launcher.plan.presets import LINKS
+from launcher.plan.presets import LINKS, Topology
 
 from launch import base_env, explain, finish, losses, start, summary, torchrun_cmd, wait_for
 from tune_runs import SMALL, report, tune_launch
@@ -136,7 +136,8 @@ def test_tiny_buckets_kept_bigger_and_compression_rejected_for_its_loss(tmp_path
         trial = summary(tmp_path / "buckets" / "tune" / "trials" / f"r1-{cand['name']}-1")
         # the vocabulary: SMALL's data.bpe_vocab_size
         cfg = compose([f"{k}={v}" for k, v in cand["changes"].items()] + ["model.vocab_size=512"])
-        assert trial["comm/buckets"] == len(step_comm(cfg, 2, LINKS["gloo"])["collectives"])
+        rows = step_comm(cfg, 2, Topology(1, 2, LINKS["gloo"]))["collectives"]
+        assert trial["comm/buckets"] == len(rows)
     # which of the plan's two sizes (one bucket or two, against the incumbent's 18) wins is
     # the timed trials' call, within a few percent of each other here
     (kept,) = rep["kept"].values()

@@ -13,7 +13,9 @@ from pathlib import Path
 
 from launcher.config.batch import BatchPlan
 from launcher.config.errors import ConfigError
+from launcher.config.model_shape import param_sizes
 from launcher.config.registry import Engine, Format
+from launcher.config.saved_bytes import ENTRY_BYTES
 from launcher.strategy.deepspeed.ds_config import (
     DeepSpeedConfig,
     DeepSpeedConfigError,
@@ -98,11 +100,16 @@ def memory_checkpoint_bytes(cfg, params: int, world_size: int) -> int:
 def checkpoint_writes(cfg, params: int, world_size: int) -> list[int]:
     """Bytes each rank writes, rank 0 first: every rank its partition of the fp32 weights
     and moments, rank 0 the module (but under ZeRO-3) in trainer.precision as well, and
-    DeepSpeed's converters; fp32 ZeRO-0 keeps its optimizer whole in rank 0's files."""
-    first = memory_checkpoint_bytes(cfg, params, world_size) + recovery_scripts_bytes()
-    if int(cfg.strategy.zero_stage) == 0 and cfg.trainer.precision == "fp32":
+    DeepSpeed's converters; fp32 ZeRO-0 keeps its optimizer whole in rank 0's files. A
+    model-states file (every rank's under ZeRO-3, rank 0's otherwise) names each parameter
+    twice, in the module and in its shapes: an entry apiece."""
+    stage = int(cfg.strategy.zero_stage)
+    names = (2 * len(param_sizes(cfg.model)) + 1) * ENTRY_BYTES
+    first = memory_checkpoint_bytes(cfg, params, world_size) + recovery_scripts_bytes() + names
+    if stage == 0 and cfg.trainer.precision == "fp32":
         return [first]
-    return [first] + [-(-params * (4 + 8) // world_size)] * (world_size - 1)
+    share = -(-params * (4 + 8) // world_size) + (names if stage == 3 else 0)
+    return [first] + [share] * (world_size - 1)
 
 
 def recovery_scripts_bytes() -> int:

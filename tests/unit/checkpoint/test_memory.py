@@ -19,8 +19,8 @@ from launcher.checkpoint import memory
 from launcher.checkpoint.resume import identity
 from launcher.config import ConfigError, compose
 from launcher.config.model_shape import param_count, param_sizes
-from launcher.config.saved_bytes import ENTRY_BYTES
 from launcher.config.registry import engines
+from launcher.config.saved_bytes import ENTRY_BYTES
 from launcher.plan.memory import shm_need
 from launcher.runtime.process import Runtime
 from launcher.strategy.base import host_copy

@@ -109,9 +109,9 @@ def test_the_tuner_sizes_buckets_by_the_plan_and_only_with_a_measured_run():
     ]
     shape = shape_of(cfg, 2)
     # 18 all-reduces a step of 0.07 MB at an effective 20 MB/s, half of the step hidden
+    timed = Sample("all_reduce", 2, 2, 7e4, 7e4 / 0.02e9, 18, "a run")
     run = RunRecord("a run", shape, "ddp", 2, 2, 2, None, step_s=0.2, exposed_s=0.03,
-                    wait_s=0.0, comm_s=0.06,
-                    samples=[Sample("all_reduce", 2, 2, 7e4, 7e4 / 0.02e9, 18, "a run")])  # fmt: skip
+                    wait_s=0.0, comm_s=0.06, samples=[timed])  # fmt: skip
     cands = propose([{"kind": "exposed_comm"}], cfg, 2, False, run)
     # on a CPU nothing hides: the fewest collectives (one bucket, the default), then two
     assert [c.name for c in cands] == [

@@ -89,8 +89,9 @@ def test_a_checkpoint_takes_as_long_as_its_largest_writer():
     with the ranks: 0.33 GB of it at 1,024)."""
     rate = ["cluster.slurm.checkpoint_write_mb_s=100"]
     ddp = plan_of([*XL_8x8, *rate])
-    fsdp = plan_of([*XL_8x8, *rate, "strategy=fsdp2", "cluster.nodes=128",
-                    "trainer.global_batch_size=4096"])
+    fsdp = plan_of(
+        [*XL_8x8, *rate, "strategy=fsdp2", "cluster.nodes=128", "trainer.global_batch_size=4096"]
+    )
     assert ddp["checkpoint"]["writers"] == 1
     assert ddp["checkpoint"]["write_s"] == ddp["checkpoint"]["bytes_per_rank"] / 100e6
     assert fsdp["checkpoint"]["writers"] == 1024

@@ -358,9 +358,11 @@ def test_a_stop_too_short_for_the_models_checkpoint_is_refused(tmp_path, capsys,
     cfg = compose([*FAST, *SHAPE[target], *xl])
     size = checkpoint_bytes(cfg, 1)["per_rank"]
     assert size == pytest.approx(param_count(replace_vocab(cfg, 512)) * 12, rel=1e-4)
-    assert (f"is too short to stop with a checkpoint: a {size / 50e6:.0f} s checkpoint write "
-            f"({size / 1e9:.2f} GB of model and optimizer state on the largest writing rank "
-            f"(gpt2-xl, launcher.plan) at {key}.checkpoint_write_mb_s=50 a writing rank)") in err
+    assert (
+        f"is too short to stop with a checkpoint: a {size / 50e6:.0f} s checkpoint write "
+        f"({size / 1e9:.2f} GB of model and optimizer state on the largest writing rank "
+        f"(gpt2-xl, launcher.plan) at {key}.checkpoint_write_mb_s=50 a writing rank)"
+    ) in err
     render(target, tmp_path, *xl, f"{key}.checkpoint_write_mb_s=1000")
 
 
