@@ -459,19 +459,23 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
     ("docs/quickstart.md", "python -m launcher.doctor"): ("run", "0"),
     (
         "docs/plan.md",
-        "python -m launcher.plan model=gpt2-xl cluster.nodes=8 cluster.gpus_per_node=8 trainer.global_batch_size=512",
+        "python -m launcher.plan model=gpt2-xl trainer.seq_len=1024 cluster.nodes=8 cluster.gpus_per_node=8 trainer.global_batch_size=512",
     ): ("run", "0"),
     (
         "docs/plan.md",
-        "python -m launcher.plan model=gpt2-xl cluster.nodes=8 cluster.gpus_per_node=8 trainer.global_batch_size=512 strategy=fsdp2 trainer.precision=bf16 cluster.gpu_type=H200 cluster.gpu_hour_cost=2.5",
+        "python -m launcher.plan model=gpt2-xl trainer.seq_len=1024 cluster.nodes=8 cluster.gpus_per_node=8 trainer.global_batch_size=512 strategy=fsdp2 trainer.precision=bf16 cluster.gpu_type=H200 cluster.gpu_hour_cost=2.5",
     ): ("run", "0"),
     (
         "docs/plan.md",
-        "python -m launcher.plan --from runs/<id> cluster.procs_per_node=2 trainer.micro_batch_size=8",
+        "python -m launcher.plan --from runs/<probes> cluster.procs_per_node=2 trainer.micro_batch_size=8",
     ): (
         "skip",
-        "runs/<id> stands for a run of yours; tests/unit/plan/test_forecast.py plans from measured figures",
+        "runs/<probes> stands for runs of yours; tests/launches/test_plan.py plans from the strategy sweep",
     ),
+    (
+        "docs/plan.md",
+        "torchrun --standalone --nproc_per_node=8 -m launcher.train +exp=strategy_sweep trainer.seq_len=256,1024 trainer.global_batch_size=64 trainer.max_steps=30 trainer.checkpoint_interval=30 run.id=probes",
+    ): ("check", "composed and validated at its world size (a run takes minutes or a GPU)"),
     (
         "docs/quickstart.md",
         ". .venv/bin/activate && pip install -e '.[test]' && python -m pytest",

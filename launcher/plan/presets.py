@@ -28,8 +28,8 @@ GB = 10**9
 # 124M with its vocabulary padded to 50,304, 855.4 MFLOP a token at sequence 1024).
 DEVICES = {
     "H200": Device("H200", peak_for_name("H200"), 141 * GB, 0.457,
-                   "the project's H200 run: gpt2 124M, micro-batch 64, 122.2 ms a 65,536-token "
-                   "step: 45.7% MFU"),
+                   "the project's H200 run: gpt2 124M, micro-batch 64, 528.7K tokens/s: 45.7% "
+                   "MFU"),
     "H100": Device("H100", peak_for_name("H100"), 80 * GB, 0.405,
                    "llm.c GPT-2 124M on 8xH100: 140 ms a 524,288-token step: 40.5% MFU"),
     "A100": Device("A100", peak_for_name("A100"), 80 * GB, 0.599,
