@@ -43,6 +43,7 @@ from launcher.checkpoint import memory
 from launcher.checkpoint.protocol import find_resumable, read_meta, scan
 from launcher.config import compose
 from launcher.plan import forecast
+from launcher.plan.calibrate import describe
 from launcher.plan.shape import checked, shape_of
 
 BASE = ["trainer.global_batch_size=16", "trainer.micro_batch_size=4", "trainer.seq_len=128",
@@ -218,7 +219,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         cal, probe_rows = calibrate(args, root)
-        print(f"calibration: {forecast.describe(cal)}\n")
+        print(f"calibration: {describe(cal)}\n")
         steps, shape_rows = step_times(args, root, cal)
         print("\n".join(steps))
         print("\n| run | engine | ranks | checkpoint written | predicted | written / predicted |")

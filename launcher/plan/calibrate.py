@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from launcher.plan import comm
-from launcher.plan.measured import RunRecord, Sample
+from launcher.plan import comm, memory
+from launcher.plan.measured import RunRecord, Sample, engine_label, read_runs
 from launcher.plan.presets import Link, Topology
 from launcher.plan.shape import RunShape
 
@@ -211,3 +211,79 @@ def fitted_topology(topo: Topology, fit: LinkFit | None) -> Topology:
     by_op = {op: fit.by_op.get(op, fallback) for op in ("all_reduce", "all_gather",
                                                          "reduce_scatter")}  # fmt: skip
     return replace(topo, by_op=by_op)
+
+
+@dataclass
+class Calibration:
+    """What measured runs (`--from`) say of the target's hardware: the compute model, the
+    links per collective, the overlap, data wait and per-writer checkpoint speed."""
+
+    records: list[RunRecord]
+    compute: ComputeFit | None
+    links: LinkFit | None
+    overlap: float | None
+    data_wait_s: float | None
+    write_bytes_per_s: float | None
+    ignored: list[str]  # runs on another kind of device than the target's
+
+    @property
+    def sources(self) -> str:
+        """The runs by their folders' names (basis["runs"] lists their paths)."""
+        return ", ".join(Path(r.source).name for r in self.records)
+
+
+def fit_runs(paths: list[Path], kind: str | None, preset: Link) -> Calibration:
+    """The calibration from the runs `paths` stand for of a target with GPUs of `kind` (None:
+    the CPU) whose links within a node are `preset`: the runs on that kind of device fit
+    compute and links, the others are listed as not used."""
+    records = read_runs(paths)
+    same = [r for r in records if (r.device is None) == (kind is None)
+            and (kind is None or kind in (r.device or ""))]  # fmt: skip
+    ignored = [f"{r.source} ran on {r.device or 'the CPU'}" for r in records if r not in same]
+    shares = {r.source: cpu_share(r.per_node, r.cores) if r.device is None else 1.0
+              for r in same}  # fmt: skip
+    compute = links = None
+    if same:
+        features = [features_of(r.shape, r.world_size) for r in same]
+        compute = fit_compute(same, features, [shares[r.source] for r in same])
+        samples = [s for r in same for s in r.samples]
+        links = fit_links(samples, preset, shares) if samples else None
+    overlaps = [r.overlap for r in same if r.device and r.overlap is not None]
+    writes = [r.written / r.write_s for r in same if r.write_s and r.written]
+    waits = [r.wait_s for r in same]
+    return Calibration(
+        same, compute, links, statistics.median(overlaps) if overlaps else None,
+        statistics.median(waits) if waits else None,
+        statistics.median(writes) if writes else None, ignored,
+    )  # fmt: skip
+
+
+def describe(cal: Calibration) -> str:
+    """The calibration in words: each fitted coefficient, each link, the write speed."""
+    parts = [compute_terms(cal.compute)] if cal.compute else []
+    parts += list(cal.links.why.values()) if cal.links else []
+    if cal.write_bytes_per_s:
+        parts.append(f"checkpoints {cal.write_bytes_per_s / 1e6:.0f} MB/s a writing rank")
+    return "; ".join(parts) + f" ({len(cal.records)} run(s): {cal.sources})"
+
+
+def compute_terms(fit: ComputeFit) -> str:
+    terms = ", ".join(_term(k, v) for k, v in sorted(fit.coef.items()))
+    left = f"; not told apart by these runs: {', '.join(fit.left_out)}" if fit.left_out else ""
+    return terms + left
+
+
+def features_of(shape: RunShape, world_size: int) -> Features:
+    """What the compute model reads of a run (or a plan) of `shape` at `world_size`."""
+    state = memory.train_state(shape.cfg, world_size)
+    return Features.of(shape, engine_label(shape.cfg), state["optimizer"])
+
+
+def _term(name: str, value: float) -> str:
+    kind, _, key = name.partition(":")
+    if kind == "rate":
+        return f"{value / 1e9:.3g} GFLOP/s ({key})"
+    if kind == "optimizer":
+        return f"{value * 1e9:.3g} ns an optimizer element"
+    what = "a layer and micro-step" if kind == "micro" else "a step"
+    return f"{value * 1e3:.3g} ms {what} ({key})"

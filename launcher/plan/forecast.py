@@ -13,7 +13,6 @@ cores that compute). docs/plan.md gives the formulas, their sources and the chec
 from __future__ import annotations
 
 import os
-import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,15 +22,14 @@ from launcher.config.registry import engine
 from launcher.plan import comm, memory, stop
 from launcher.plan.calibrate import (
     REACH,
-    ComputeFit,
-    Features,
-    LinkFit,
+    Calibration,
+    compute_terms,
     cpu_share,
-    fit_compute,
-    fit_links,
+    features_of,
+    fit_runs,
     fitted_topology,
 )
-from launcher.plan.measured import RunRecord, engine_label, read_runs, writes_of
+from launcher.plan.measured import writes_of
 from launcher.plan.presets import DEFAULT_DEVICE, DEVICES, Device, Topology, topology_for
 from launcher.plan.shape import RunShape, shape_of
 
@@ -114,69 +112,10 @@ def _basis(measured: bool, why: str) -> dict:
     return {"measured": measured, "why": why}
 
 
-@dataclass
-class Calibration:
-    """What measured runs (`--from`) say of the target's hardware: the compute model, the
-    links per collective, the overlap, data wait and per-writer checkpoint speed."""
-
-    records: list[RunRecord]
-    compute: ComputeFit | None
-    links: LinkFit | None
-    overlap: float | None
-    data_wait_s: float | None
-    write_bytes_per_s: float | None
-    ignored: list[str]  # runs on another kind of device than the target's
-
-    @property
-    def sources(self) -> str:
-        """The runs by their folders' names (basis["runs"] lists their paths)."""
-        return ", ".join(Path(r.source).name for r in self.records)
-
-
 def calibration(paths: list[Path], target: Target) -> Calibration:
-    """The calibration of `target` from the runs `paths` stand for: those on its kind of
-    device (the CPU, or a GPU of the target's kind) fit compute and links."""
-    records = read_runs(paths)
+    """`target` calibrated on the runs `paths` stand for (launcher.plan.calibrate)."""
     kind = target.device.name if target.device else None
-    same = [r for r in records if (r.device is None) == (kind is None)
-            and (kind is None or kind in (r.device or ""))]  # fmt: skip
-    ignored = [f"{r.source} ran on {r.device or 'the CPU'}" for r in records if r not in same]
-    shares = {r.source: cpu_share(r.per_node, r.cores) if r.device is None else 1.0
-              for r in same}  # fmt: skip
-    compute = links = None
-    if same:
-        features = [_features(r.shape, r.world_size) for r in same]
-        compute = fit_compute(same, features, [shares[r.source] for r in same])
-        samples = [s for r in same for s in r.samples]
-        links = fit_links(samples, target.topology.intra, shares) if samples else None
-    overlaps = [r.overlap for r in same if r.device and r.overlap is not None]
-    writes = [r.written / r.write_s for r in same if r.write_s and r.written]
-    waits = [r.wait_s for r in same]
-    return Calibration(
-        same, compute, links, statistics.median(overlaps) if overlaps else None,
-        statistics.median(waits) if waits else None,
-        statistics.median(writes) if writes else None, ignored,
-    )  # fmt: skip
-
-
-def describe(cal: Calibration) -> str:
-    """The calibration in words: each fitted coefficient, each link, the write speed."""
-    parts = [_compute_terms(cal.compute)] if cal.compute else []
-    parts += list(cal.links.why.values()) if cal.links else []
-    if cal.write_bytes_per_s:
-        parts.append(f"checkpoints {cal.write_bytes_per_s / 1e6:.0f} MB/s a writing rank")
-    return "; ".join(parts) + f" ({len(cal.records)} run(s): {cal.sources})"
-
-
-def _compute_terms(fit: ComputeFit) -> str:
-    terms = ", ".join(_term(k, v) for k, v in sorted(fit.coef.items()))
-    left = f"; not told apart by these runs: {', '.join(fit.left_out)}" if fit.left_out else ""
-    return terms + left
-
-
-def _features(shape: RunShape, world_size: int) -> Features:
-    state = memory.train_state(shape.cfg, world_size)
-    return Features.of(shape, engine_label(shape.cfg), state["optimizer"])
+    return fit_runs(paths, kind, target.topology.intra)
 
 
 def checkpoint_bytes(cfg, world_size: int, shape: RunShape | None = None) -> dict[str, int]:
@@ -352,14 +291,14 @@ def _compute(shape: RunShape, target: Target, cal: Calibration | None,
     """One rank's compute seconds a step, and what it rests on: the model fitted to the
     runs of `--from`, else the device's peak x its MFU."""
     if cal and cal.compute:
-        x = _features(shape, target.world_size)
+        x = features_of(shape, target.world_size)
         seconds, notes = cal.compute.predict(x)
         if seconds is not None:
             shared = f", x{share:g}: {target.per_node} ranks on {target.cores} cores" * (share > 1)
             far = f"; EXTRAPOLATED: {'; '.join(notes)}" if notes else ""
             return seconds * share, _basis(
                 True, f"fitted to {len(cal.records)} run(s) ({cal.sources}): "
-                f"{_compute_terms(cal.compute)}{shared}{far}"
+                f"{compute_terms(cal.compute)}{shared}{far}"
             )  # fmt: skip
     if target.device:
         d = target.device
@@ -368,16 +307,6 @@ def _compute(shape: RunShape, target: Target, cal: Calibration | None,
             False, f"MFU {d.mfu:.1%} of {d.name}'s {d.peak_flops / 1e12:.0f} TFLOP/s ({d.source})"
         )
     return None, _basis(False, "no known peak FLOP/s on the CPU: give --from a measured run")
-
-
-def _term(name: str, value: float) -> str:
-    kind, _, key = name.partition(":")
-    if kind == "rate":
-        return f"{value / 1e9:.3g} GFLOP/s ({key})"
-    if kind == "optimizer":
-        return f"{value * 1e9:.3g} ns an optimizer element"
-    what = "a layer and micro-step" if kind == "micro" else "a step"
-    return f"{value * 1e3:.3g} ms {what} ({key})"
 
 
 def backward_s(shape: RunShape, compute_s: float) -> float:
