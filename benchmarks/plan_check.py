@@ -6,7 +6,7 @@ tier in /dev/shm.
                                     [overrides...]
 
 1. Calibration: the probes (PROBES: each engine at two accumulations, DDP also at another
-   micro-batch, width and bucket size, all at 2 ranks) run, and the plan is calibrated on
+   micro-batch, width, sequence and bucket size, all at 2 ranks) run, and the plan is calibrated on
    all of them at once (`launcher.plan --from`, launcher.plan.forecast.calibration: a FLOP
    rate, the optimizer's rate and each engine's fixed costs; each collective's link).
 2. Shapes: each shape of SHAPES, none of them a probe's (width and depth over a 4x range,
@@ -54,6 +54,7 @@ PROBES = {
     "ddp": (2, []),
     "ddp micro-batch 8": (2, ["trainer.micro_batch_size=8"]),
     "ddp width 128": (2, ["model.n_embd=128"]),
+    "ddp sequence 256": (2, ["trainer.seq_len=256"]),
     "ddp buckets 0.25 MB": (2, ["strategy.bucket_cap_mb=0.25"]),
     **{f"{e}{tail}": (2, [f"strategy={e}", *more])
        for e in ("zero1", "zero2", "zero3", "fsdp2")
