@@ -12,10 +12,13 @@ cores that compute). docs/plan.md gives the formulas, their sources and the chec
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
+
+from omegaconf import OmegaConf
 
 from launcher.config import compose
 from launcher.config.registry import engine
@@ -282,8 +285,14 @@ def _beyond(collectives: list[dict], sizes: dict[str, tuple[float, float]]) -> s
 
 def _with(cfg, overrides: list[str]):
     """`cfg` (its model, trainer and data) under another engine at its defaults."""
-    other = compose(overrides).strategy
+    other = _engine_defaults(tuple(overrides))
     return SimpleNamespace(model=cfg.model, trainer=cfg.trainer, data=cfg.data, strategy=other)
+
+
+@functools.cache
+def _engine_defaults(overrides: tuple[str, ...]):
+    """An engine's section at its defaults (composed once: every plan sets them beside)."""
+    return OmegaConf.create(OmegaConf.to_container(compose(list(overrides)).strategy))
 
 
 def _compute(shape: RunShape, target: Target, cal: Calibration | None,
