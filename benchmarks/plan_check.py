@@ -3,7 +3,7 @@ predicted and then measured back to back; every run's checkpoint bytes; each eng
 tier in /dev/shm.
 
     python benchmarks/plan_check.py [--steps 20] [--probes all] [--shapes all] [--tier all]
-                                    [overrides...]
+                                    [--repeats 1] [overrides...]
 
 1. Calibration: the probes (PROBES: each engine at two accumulations, DDP also at another
    micro-batch, width, sequence and bucket size, all at 2 ranks) run, and the plan is calibrated on
@@ -22,6 +22,8 @@ tier in /dev/shm.
 
 Every rank computes on one thread (OMP_NUM_THREADS=1, torchrun's own default); ranks that
 outnumber the cores share them, which the plan counts (launcher.plan.calibrate.cpu_share).
+On a machine shared with other work, `--repeats N` runs each probe and shape N times and
+keeps the least disturbed (the shortest median step); on a quiet machine 1 is enough.
 Prints the tables, the ratios' median and worst, and the machine's load before and after
 (its 1-minute load average: on a shared machine the times are noisy); exits 0. docs/plan.md's
 table comes from this script.
@@ -104,6 +106,14 @@ def launch(root: Path, name: str, world: int, overrides: list[str], ok=(0,)) -> 
     return root / run_id
 
 
+def fastest(root: Path, name: str, world: int, overrides: list[str], repeats: int) -> Path:
+    """`repeats` runs of one shape, one after the other; the one with the shortest median
+    step (on a machine shared with other work, the least disturbed)."""
+    runs = [launch(root, f"{name} {k}" if repeats > 1 else name, world, overrides)
+            for k in range(repeats)]  # fmt: skip
+    return min(runs, key=lambda r: json.loads((r / "summary.json").read_text())["step_time_s/p50"])
+
+
 def planned(overrides: list[str], world: int):
     """The checked config, its shape and its target: the plan of `overrides` at `world`
     CPU ranks on this machine."""
@@ -135,7 +145,7 @@ def calibrate(args, root: Path) -> tuple[forecast.Calibration, list[str]]:
     for name, (world, overrides) in PROBES.items():
         if args.probes != "all" and name not in args.probes.split(","):
             continue
-        run = launch(root, f"probe {name}", world, [*args.common, *overrides])
+        run = fastest(root, f"probe {name}", world, [*args.common, *overrides], args.repeats)
         runs.append(run)
         rows.append(checkpoint_row(f"probe: {name}", run, [*args.common, *overrides], world))
     _, target = planned(args.common, 2)
@@ -155,7 +165,7 @@ def step_times(args, root: Path, cal: forecast.Calibration) -> tuple[list[str], 
         every = [*args.common, *overrides]
         shape, target = planned(every, world)
         plan = forecast.build(shape, target, cal, engines=False)
-        run = launch(root, name, world, every)
+        run = fastest(root, name, world, every, args.repeats)
         got = json.loads((run / "summary.json").read_text())["step_time_s/p50"]
         want = plan["step"]["time_s"]
         why = plan["basis"]["step.compute_s"]["why"]
@@ -212,6 +222,8 @@ def main() -> int:
     parser.add_argument("--probes", default="all", help="all, or names from PROBES")
     parser.add_argument("--shapes", default="all", help="all, or names from SHAPES")
     parser.add_argument("--tier", default="all", help="all, none, or names from TIER")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of each probe and shape; the least disturbed is kept")  # fmt: skip
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     args.common = [*BASE, f"trainer.max_steps={args.steps}",
