@@ -222,8 +222,9 @@ def main() -> int:
     parser.add_argument("--probes", default="all", help="all, or names from PROBES")
     parser.add_argument("--shapes", default="all", help="all, or names from SHAPES")
     parser.add_argument("--tier", default="all", help="all, none, or names from TIER")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="runs of each probe and shape; the least disturbed is kept")  # fmt: skip
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs of each probe and shape, the least disturbed kept"
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     args.common = [*BASE, f"trainer.max_steps={args.steps}",
