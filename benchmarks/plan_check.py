@@ -223,7 +223,7 @@ def main() -> int:
     parser.add_argument("--shapes", default="all", help="all, or names from SHAPES")
     parser.add_argument("--tier", default="all", help="all, none, or names from TIER")
     parser.add_argument(
-        "--repeats", type=int, default=1, help="runs of each probe and shape, the least disturbed kept"
+        "--repeats", type=int, default=1, help="runs of each probe and shape (the fastest kept)"
     )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
