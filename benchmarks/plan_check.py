@@ -3,7 +3,7 @@ predicted and then measured back to back; every run's checkpoint bytes; each eng
 tier in /dev/shm.
 
     python benchmarks/plan_check.py [--steps 20] [--probes all] [--shapes all] [--tier all]
-                                    [--repeats 1] [overrides...]
+                                    [--repeats 1] [--keep DIR] [overrides...]
 
 1. Calibration: the probes (PROBES: each engine at two accumulations, DDP also at another
    micro-batch, width, sequence and bucket size, all at 2 ranks) run, and the plan is calibrated on
@@ -225,13 +225,14 @@ def main() -> int:
     parser.add_argument(
         "--repeats", type=int, default=1, help="runs of each probe and shape (the fastest kept)"
     )
+    parser.add_argument("--keep", help="a folder to run in and keep (default: a temporary one)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     args.common = [*BASE, f"trainer.max_steps={args.steps}",
                    f"trainer.checkpoint_interval={args.steps}", *args.overrides]  # fmt: skip
     print(f"before: {load()}")
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
+        root = Path(args.keep or tmp)
         cal, probe_rows = calibrate(args, root)
         print(f"calibration: {describe(cal)}\n")
         steps, shape_rows = step_times(args, root, cal)

@@ -4,10 +4,13 @@ A step's compute (its time less exposed communication and data wait) is modelled
 as a rate per FLOP plus fixed costs, each fitted by non-negative least squares over every
 run given (`fit_compute`):
 
-    compute = FLOPs / R + optimizer elements x u + micro-steps x (layers + 1) x a_e + b_e
+    compute = FLOPs / R + optimizer elements x u + attention scores x c
+              + micro-steps x (layers + 1) x a_e + b_e
 
-R (the FLOP rate of the device and precision) and u (the optimizer's update, per element of
-the state a rank updates) are shared by the engines; each engine e (DDP, each ZeRO stage,
+R (the FLOP rate of the device and precision), u (the optimizer's update, per element of
+the state a rank updates) and c (the softmax's work on each of the s x s attention scores a
+layer and head keeps per sequence: elementwise, so not in the FLOPs) are shared by the
+engines; each engine e (DDP, each ZeRO stage,
 FSDP2) has its own cost a_e per layer and micro-step (its hooks, the kernels' launches) and
 b_e per step (its own bookkeeping). A coefficient that no run can tell from the others (one
 run: all its time is its FLOP rate) is left out and said so; the engines and precisions
@@ -50,19 +53,22 @@ class Features:
     micro_layers: float  # micro-steps x (layers + 1)
     engine: str
     precision: str
+    scores: float = 0.0  # attention scores one rank's tokens weigh a step: x layers x heads
 
     @classmethod
     def of(cls, shape: RunShape, engine: str, optimizer_bytes: int) -> Features:
-        t = shape.cfg.trainer
-        layers = int(shape.cfg.model.n_layer) + 1
+        t, m, b = shape.cfg.trainer, shape.cfg.model, shape.batch
+        tokens = b.per_rank * b.seq_len * (4 / 3 if t.grad_checkpointing else 1.0)
         return cls(shape.flops_per_rank_step, optimizer_bytes / 8,
-                   shape.batch.accum * layers, engine, str(t.precision))  # fmt: skip
+                   b.accum * (int(m.n_layer) + 1), engine, str(t.precision),
+                   tokens * b.seq_len * int(m.n_layer) * int(m.n_head))  # fmt: skip
 
 
 @dataclass
 class ComputeFit:
     """The fitted coefficients, by name: `rate:<precision>` (FLOP/s), `optimizer`
-    (seconds an element), `micro:<engine>` and `step:<engine>` (seconds)."""
+    (seconds an element), `scores` (seconds an attention score), `micro:<engine>` and
+    `step:<engine>` (seconds)."""
 
     coef: dict[str, float]
     rows: list[Features]
@@ -81,6 +87,7 @@ class ComputeFit:
             rate = statistics.median(others)
             notes.append(f"no run at trainer.precision={x.precision}: the others' FLOP rate")
         seconds = x.flops / rate + x.optimizer * self.coef.get("optimizer", 0.0)
+        seconds += x.scores * self.coef.get("scores", 0.0)
         engines = {r.engine for r in self.rows}
         engine = x.engine
         if engine not in engines:
@@ -88,7 +95,7 @@ class ComputeFit:
             notes.append(f"no run of {x.engine}: its fixed costs taken as {engine}'s")
         seconds += x.micro_layers * self.coef.get(f"micro:{engine}", 0.0)
         seconds += self.coef.get(f"step:{engine}", 0.0)
-        for name in ("flops", "optimizer", "micro_layers"):
+        for name in ("flops", "optimizer", "micro_layers", "scores"):
             values = [getattr(r, name) for r in self.rows]
             value = getattr(x, name)
             if value and values and not min(values) / REACH <= value <= max(values) * REACH:
@@ -108,13 +115,14 @@ def fit_compute(records: list[RunRecord], features: list[Features],
     """The compute model fitted to `records` (their `features`, their CPU `shares`)."""
     names = [f"rate:{p}" for p in sorted({x.precision for x in features})]
     names += [f"step:{e}" for e in sorted({x.engine for x in features})]
-    names += [f"micro:{e}" for e in sorted({x.engine for x in features})] + ["optimizer"]
+    names += [f"micro:{e}" for e in sorted({x.engine for x in features})]
+    names += ["optimizer", "scores"]
 
     def column(name: str) -> list[float]:
         kind, _, key = name.partition(":")
         return [{"rate": x.flops * (x.precision == key), "step": float(x.engine == key),
                  "micro": x.micro_layers * (x.engine == key),
-                 "optimizer": x.optimizer}[kind] for x in features]  # fmt: skip
+                 "optimizer": x.optimizer, "scores": x.scores}[kind] for x in features]  # fmt: skip
 
     y = np.array([r.compute_s / s for r, s in zip(records, shares, strict=True)])
     kept, left_out, matrix = [], [], np.zeros((len(y), 0))
@@ -222,7 +230,7 @@ class Calibration:
     compute: ComputeFit | None
     links: LinkFit | None
     overlap: float | None
-    data_wait_s: float | None
+    data_wait_s: float | None  # a micro-step's (the loader hands out a micro-batch each)
     write_bytes_per_s: float | None
     ignored: list[str]  # runs on another kind of device than the target's
 
@@ -250,7 +258,7 @@ def fit_runs(paths: list[Path], kind: str | None, preset: Link) -> Calibration:
         links = fit_links(samples, preset, shares) if samples else None
     overlaps = [r.overlap for r in same if r.device and r.overlap is not None]
     writes = [r.written / r.write_s for r in same if r.write_s and r.written]
-    waits = [r.wait_s for r in same]
+    waits = [r.wait_s / r.shape.batch.accum for r in same]  # a micro-batch's
     return Calibration(
         same, compute, links, statistics.median(overlaps) if overlaps else None,
         statistics.median(waits) if waits else None,
@@ -285,5 +293,7 @@ def _term(name: str, value: float) -> str:
         return f"{value / 1e9:.3g} GFLOP/s ({key})"
     if kind == "optimizer":
         return f"{value * 1e9:.3g} ns an optimizer element"
+    if kind == "scores":
+        return f"{value * 1e12:.3g} ps an attention score"
     what = "a layer and micro-step" if kind == "micro" else "a step"
     return f"{value * 1e3:.3g} ms {what} ({key})"

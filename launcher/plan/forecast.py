@@ -184,9 +184,11 @@ def build(
         far = _beyond(comms["collectives"], cal.links.sizes)
         basis["link"] = _basis(True, "; ".join(cal.links.why.values()) + far)
     comm_s = comms["time_s"] * share
-    wait = cal.data_wait_s if cal and cal.data_wait_s is not None else 0.0
+    wait = cal.data_wait_s * batch.accum if cal and cal.data_wait_s is not None else 0.0
     if cal and cal.data_wait_s is not None:
-        basis["step.data_wait_s"] = _basis(True, f"the median of {cal.sources}")
+        basis["step.data_wait_s"] = _basis(
+            True, f"{cal.data_wait_s * 1e3:.3g} ms a micro-step, the median of {cal.sources}"
+        )
     overlap, step = None, None
     basis["step.overlap"] = _basis(False, "no compute rate to hide the communication behind")
     if compute is not None:

@@ -22,7 +22,7 @@ from launcher.plan.memory import train_state
 from launcher.plan.presets import Link, Topology
 from launcher.plan.shape import shape_of
 
-RATE, OPTIMIZER = 20e9, 3e-9  # FLOP/s; seconds an optimizer element
+RATE, OPTIMIZER, SCORES = 20e9, 3e-9, 2e-11  # FLOP/s; seconds an optimizer element, a score
 FIXED = {"ddp": (2e-3, 5e-3), "fsdp2": (4e-3, 9e-3)}  # (a layer and micro-step, a step)
 
 
@@ -31,13 +31,15 @@ def made_up(engine: str, overrides: list[str], share: float = 1.0):
     shape = shape_of(compose([f"strategy={engine}", "model.vocab_size=512", *overrides]), 2)
     x = Features.of(shape, engine, train_state(shape.cfg, 2)["optimizer"])
     micro, step = FIXED[engine]
-    compute = x.flops / RATE + x.optimizer * OPTIMIZER + x.micro_layers * micro + step
+    compute = x.flops / RATE + x.optimizer * OPTIMIZER + x.scores * SCORES
+    compute += x.micro_layers * micro + step
     record = RunRecord(f"run {engine} {overrides}", shape, engine, 2, 2, 2, None,
                        step_s=compute * share, exposed_s=0.0, wait_s=0.0, comm_s=None)  # fmt: skip
     return record, x
 
 
-SHAPES = [[], ["trainer.micro_batch_size=2"], ["model.n_embd=128"], ["trainer.seq_len=256"]]
+SHAPES = [[], ["trainer.micro_batch_size=2"], ["model.n_embd=128"], ["trainer.seq_len=256"],
+          ["model.n_layer=4"]]  # fmt: skip
 
 
 def test_every_coefficient_is_recovered_where_the_runs_tell_them_apart():
@@ -46,6 +48,7 @@ def test_every_coefficient_is_recovered_where_the_runs_tell_them_apart():
     assert fit.left_out == []
     assert fit.coef["rate:fp32"] == pytest.approx(RATE, rel=1e-6)
     assert fit.coef["optimizer"] == pytest.approx(OPTIMIZER, rel=1e-6)
+    assert fit.coef["scores"] == pytest.approx(SCORES, rel=1e-6)
     for engine, (micro, step) in FIXED.items():
         assert fit.coef[f"micro:{engine}"] == pytest.approx(micro, rel=1e-6)
         assert fit.coef[f"step:{engine}"] == pytest.approx(step, rel=1e-6)
@@ -61,7 +64,7 @@ def test_one_run_is_all_flop_rate_and_says_so():
     run, x = made_up("ddp", [])
     fit = fit_compute([run], [x], [1.0])
     assert fit.coef == {"rate:fp32": pytest.approx(x.flops / run.step_s)}
-    assert set(fit.left_out) == {"step:ddp", "micro:ddp", "optimizer"}
+    assert set(fit.left_out) == {"step:ddp", "micro:ddp", "optimizer", "scores"}
     other, y = made_up("fsdp2", [])
     assert fit.predict(y)[1] == ["no run of fsdp2: its fixed costs taken as ddp's"]
 
