@@ -171,54 +171,79 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @dataclass
 class LinkFit:
-    """Links fitted per kind of collective, and what each rests on."""
+    """Links fitted per engine and kind of collective (engine "": every engine's runs
+    together), and what each rests on."""
 
-    by_op: dict[str, Link]
-    why: dict[str, str]
-    sizes: dict[str, tuple[float, float]]  # the smallest and largest buffer measured
+    by_op: dict[tuple[str, str], Link]
+    why: dict[tuple[str, str], str]
+    sizes: dict[tuple[str, str], tuple[float, float]]  # the smallest and largest buffer
+
+    def chosen(self, engine: str, op: str) -> tuple[str, str] | None:
+        """The fit `engine`'s `op` is timed with: its own runs', else every engine's, else
+        (a kind not measured) the all-reduce's, else any."""
+        for key in ((engine, op), ("", op), (engine, "all_reduce"), ("", "all_reduce")):
+            if key in self.by_op:
+                return key
+        return next(iter(self.by_op), None)
 
 
 def fit_links(samples: list[Sample], preset: Link, shares: dict[str, float]) -> LinkFit:
-    """For each kind of collective the runs timed: latency and bus bandwidth fitted over
-    the sizes measured (launcher.plan.comm's ring on one node), the preset scaled where the
-    sizes cannot tell them apart (one size; a fit that would need a negative term); a kind
-    not measured takes the all-reduce's (launcher.plan.calibrate.fitted_topology)."""
-    by_op, why, sizes = {}, {}, {}
+    """For each engine and kind of collective the runs timed, and for each kind over every
+    engine's runs: latency and bus bandwidth fitted over the sizes measured
+    (launcher.plan.comm's ring on one node), the preset scaled where the sizes cannot tell
+    them apart (one size; a fit that would need a negative term). Each engine's own: a
+    collective's measured time holds its wait for the slowest rank too, which differs from
+    engine to engine (DeepSpeed's small all-reduces of norms and flags cost milliseconds on
+    gloo where DDP's buckets of the same size cost a fraction). Of several runs of one size,
+    the least disturbed (`least_disturbed`)."""
+    fit = LinkFit({}, {}, {})
     samples = [s for s in samples if s.size >= SCALARS]
-    for op in sorted({s.op for s in samples}):
-        mine = [s for s in samples if s.op == op]
+    groups = {(s.engine, s.op) for s in samples} | {("", s.op) for s in samples}
+    for engine, op in sorted(groups):
+        mine = least_disturbed([s for s in samples if s.op == op and engine in ("", s.engine)])
         steps = np.array([comm.ring_steps(op, s.ranks, 1)[0] for s in mine], dtype=float)
         moved = np.array([comm.traffic(op, s.size, s.ranks) for s in mine])
         seconds = np.array([s.seconds / shares[s.source] for s in mine])
-        sources = sorted({Path(s.source).name for s in mine})
-        sizes[op] = (min(s.size for s in mine), max(s.size for s in mine))
+        sources = ", ".join(sorted({Path(s.source).name for s in mine}))
+        key, what = (engine, op), f"{op}{f' ({engine})' if engine else ''}"
+        fit.sizes[key] = (min(s.size for s in mine), max(s.size for s in mine))
         distinct = np.linalg.matrix_rank(np.column_stack([steps, moved / moved.max()]), tol=1e-6)
-        if distinct >= 2:
-            alpha, inverse = nnls(np.column_stack([steps, moved]), seconds)
-            if alpha > 0 and inverse > 0:
-                by_op[op] = Link(f"{op} fitted", 1 / inverse, float(alpha), ", ".join(sources))
-                why[op] = (f"{op}: {alpha * 1e6:.3g} us a step, {1 / inverse / 1e9:.3g} GB/s, "
-                           f"fitted to {len(mine)} size(s) in {', '.join(sources)}")  # fmt: skip
-                continue
-        predicted = sum(steps * preset.alpha + moved / preset.busbw)
-        factor = float(seconds.sum() / predicted)
-        by_op[op] = Link(f"{op} scaled", preset.busbw / factor, preset.alpha * factor,
-                         ", ".join(sources))  # fmt: skip
-        why[op] = (f"{op}: the {preset.name} preset scaled x{factor:.3g} to what "
-                   f"{', '.join(sources)} measured (latency and bandwidth not told "
-                   "apart)")  # fmt: skip
-    return LinkFit(by_op, why, sizes)
+        alpha, inverse = nnls(np.column_stack([steps, moved]), seconds) if distinct >= 2 else (0, 0)
+        if alpha > 0 and inverse > 0:
+            fit.by_op[key] = Link(f"{op} fitted", 1 / inverse, float(alpha), sources)
+            fit.why[key] = (f"{what}: {alpha * 1e6:.3g} us a step, {1 / inverse / 1e9:.3g} "
+                            f"GB/s, fitted to {len(mine)} size(s) in {sources}")  # fmt: skip
+            continue
+        factor = float(seconds.sum() / sum(steps * preset.alpha + moved / preset.busbw))
+        fit.by_op[key] = Link(f"{op} scaled", preset.busbw / factor, preset.alpha * factor,
+                              sources)  # fmt: skip
+        fit.why[key] = (f"{what}: the {preset.name} preset scaled x{factor:.3g} to what "
+                        f"{sources} measured (latency and bandwidth not told apart)")  # fmt: skip
+    return fit
 
 
-def fitted_topology(topo: Topology, fit: LinkFit | None) -> Topology:
-    """`topo` with the fitted links in place of its intra-node preset (each kind its own; a
-    kind not measured the all-reduce's, else any fitted one)."""
+OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def least_disturbed(samples: list[Sample]) -> list[Sample]:
+    """Of the samples of one size over as many ranks, the fastest (its share of cores
+    counted out): a collective's time holds its wait for the slowest rank, which the link
+    does not cause and which a busy machine makes large and random; the fastest run of a
+    size is the nearest to the link's own time."""
+    best: dict[tuple[int, int], Sample] = {}
+    for s in samples:
+        key = (s.ranks, round(s.size))
+        if key not in best or s.seconds < best[key].seconds:
+            best[key] = s
+    return list(best.values())
+
+
+def fitted_topology(topo: Topology, fit: LinkFit | None, engine: str = "") -> Topology:
+    """`topo` with the links fitted for `engine` (LinkFit.chosen) in place of its
+    intra-node preset."""
     if fit is None or not fit.by_op:
         return topo
-    fallback = fit.by_op.get("all_reduce") or next(iter(fit.by_op.values()))
-    by_op = {op: fit.by_op.get(op, fallback) for op in ("all_reduce", "all_gather",
-                                                         "reduce_scatter")}  # fmt: skip
-    return replace(topo, by_op=by_op)
+    return replace(topo, by_op={op: fit.by_op[fit.chosen(engine, op)] for op in OPS})
 
 
 @dataclass

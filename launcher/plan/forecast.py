@@ -26,13 +26,14 @@ from launcher.plan import comm, memory, stop
 from launcher.plan.calibrate import (
     REACH,
     Calibration,
+    LinkFit,
     compute_terms,
     cpu_share,
     features_of,
     fit_runs,
     fitted_topology,
 )
-from launcher.plan.measured import writes_of
+from launcher.plan.measured import engine_label, writes_of
 from launcher.plan.presets import DEFAULT_DEVICE, DEVICES, Device, Topology, topology_for
 from launcher.plan.shape import RunShape, shape_of
 
@@ -178,11 +179,13 @@ def build(
         basis["runs"] = _basis(True, f"--from: {runs}{ignored}")
     share = cpu_share(procs, target.cores) if not target.on_gpu else 1.0
     compute, basis["step.compute_s"] = _compute(shape, target, cal, share)
-    topo = fitted_topology(target.topology, cal.links if cal else None)
+    label = engine_label(cfg)
+    topo = fitted_topology(target.topology, cal.links if cal else None, label)
     comms = comm.step_comm(cfg, world, topo)
     if cal and cal.links:
-        far = _beyond(comms["collectives"], cal.links.sizes)
-        basis["link"] = _basis(True, "; ".join(cal.links.why.values()) + far)
+        used = dict.fromkeys(cal.links.chosen(label, c["op"]) for c in comms["collectives"])
+        far = _beyond(comms["collectives"], cal.links, label)
+        basis["link"] = _basis(True, "; ".join(cal.links.why[k] for k in used if k) + far)
     comm_s = comms["time_s"] * share
     wait = cal.data_wait_s * batch.accum if cal and cal.data_wait_s is not None else 0.0
     if cal and cal.data_wait_s is not None:
@@ -272,16 +275,17 @@ def build(
     }
 
 
-def _beyond(collectives: list[dict], sizes: dict[str, tuple[float, float]]) -> str:
-    """The collectives of the plan whose buffers are beyond REACH x the sizes the runs
-    measured for their kind (or of a kind no run measured), said as extrapolated."""
+def _beyond(collectives: list[dict], links: LinkFit, engine: str) -> str:
+    """The collectives of the plan whose buffers are beyond REACH x the sizes measured for
+    the fit that times them, said as extrapolated."""
     far = []
     for c in collectives:
-        low, high = sizes.get(c["op"], sizes.get("all_reduce", (0.0, 0.0)))
-        if high and not low / REACH <= c["bytes"] <= high * REACH:
+        key = links.chosen(engine, c["op"])
+        low, high = links.sizes[key]
+        if key[1] != c["op"]:
+            far.append(f"{c['op']}: timed as {key[1]}, which no run measured")
+        elif not low / REACH <= c["bytes"] <= high * REACH:
             far.append(f"{c['op']} of {c['bytes']:,} bytes (measured {low:,.0f}-{high:,.0f})")
-        elif c["op"] not in sizes:
-            far.append(f"{c['op']}: no run measured one")
     return f"; EXTRAPOLATED: {', '.join(dict.fromkeys(far))}" if far else ""
 
 

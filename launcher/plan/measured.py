@@ -58,6 +58,7 @@ class Sample:
     seconds: float
     calls: float
     source: str
+    engine: str = ""  # the run's (launcher.plan.measured.engine_label)
 
 
 @dataclass
@@ -145,7 +146,7 @@ def read_run(run_dir: Path) -> RunRecord | None:
         per_node=per_node, cores=cores, device=device, step_s=step,
         exposed_s=figure("comm/exposed_s"), wait_s=figure("data_wait_s"),
         comm_s=figure("comm/allreduce_s") or None,
-        samples=_samples(run_dir, summary, world, per_node),
+        samples=_samples(run_dir, summary, world, per_node, engine_label(cfg)),
     )  # fmt: skip
     write_s = _figure(meta, "write_s", last / "meta.json", required=False) if last else None
     if write_s and meta.get("files"):
@@ -177,7 +178,8 @@ def largest_share(shape: RunShape, world_size: int) -> float:
     return max(writes) / sum(writes)
 
 
-def _samples(run_dir: Path, summary: dict, world: int, per_node: int) -> list[Sample]:
+def _samples(run_dir: Path, summary: dict, world: int, per_node: int,
+             engine: str) -> list[Sample]:  # fmt: skip
     """Each kind of collective the run timed: comm_collectives.json's per-kind figures
     (all-reduce-equivalent bytes, turned back into full buffers), else DDP's buckets
     (summary.json's comm/allreduce_s, comm/bytes and comm/buckets)."""
@@ -196,7 +198,7 @@ def _samples(run_dir: Path, summary: dict, world: int, per_node: int) -> list[Sa
             if calls and counted and seconds:
                 full = counted if kind == "all_reduce" else 2 * counted  # the timer's S/2
                 out.append(Sample(kind, world, per_node, full / calls, seconds / calls, calls,
-                                  source))  # fmt: skip
+                                  source, engine))  # fmt: skip
         return out
     buckets = _figure(summary, "comm/buckets", run_dir / SUMMARY)
     moved = _figure(summary, "comm/bytes", run_dir / SUMMARY)
@@ -204,7 +206,7 @@ def _samples(run_dir: Path, summary: dict, world: int, per_node: int) -> list[Sa
     if not (buckets and moved and seconds):
         return []
     return [Sample("all_reduce", world, per_node, moved / buckets, seconds / buckets, buckets,
-                   source)]  # fmt: skip
+                   source, engine)]  # fmt: skip
 
 
 def _config(run_dir: Path):

@@ -115,7 +115,7 @@ def _bucket_sizes(cfg: DictConfig, world_size: int, gpu: bool,
     topo = topology_for(str(cfg.nccl.name), nodes, world_size // nodes, gpu)
     if measured.samples:
         links = fit_links(measured.samples, topo.intra, {measured.source: 1.0})
-        topo = fitted_topology(topo, links)
+        topo = fitted_topology(topo, links, measured.engine)
     shape = shape_of(cfg, world_size, measured.shape.vocab)  # the data's, as the run built it
     default = float(getattr(declared.schema(), key.rsplit(".", 1)[1]))
     # On CPUs the collectives share the cores that compute: hidden is not free there.

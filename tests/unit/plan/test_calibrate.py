@@ -83,22 +83,28 @@ def test_nnls_keeps_coefficients_non_negative():
     assert nnls(a, np.array([3.0, 2.0, 1.0])) == pytest.approx([2.0, 0.0])  # slope < 0: none
 
 
-def test_a_link_is_fitted_per_collective_over_the_sizes_measured():
+def test_a_link_is_fitted_per_engine_and_collective_over_the_sizes_measured():
     """t = 2(n-1) alpha + 2(n-1)/n B / busbw for an all-reduce: two sizes give both; one
-    size scales the preset's alpha and 1/busbw alike; a kind not measured takes the
+    size scales the preset's alpha and 1/busbw alike; an engine's own runs time its
+    collectives, every engine's together the others', and a kind not measured takes the
     all-reduce's."""
     alpha, busbw = 2e-4, 0.5e9
     true = Topology(1, 2, Link("true", busbw, alpha, "-"))
     samples = [Sample("all_reduce", 2, 2, size, comm.collective_s("all_reduce", size, true),
-                      1, "r") for size in (1e4, 1e6)]  # fmt: skip
+                      1, "r", "ddp") for size in (1e4, 1e6)]  # fmt: skip
+    slow = Sample("all_reduce", 2, 2, 1e6, 0.5, 1, "z", "deepspeed zero_stage=1")
     preset = Link("gloo", 1.5e9, 50e-6, "-")
-    fit = fit_links(samples, preset, {"r": 1.0})
-    assert fit.by_op["all_reduce"].alpha == pytest.approx(alpha)
-    assert fit.by_op["all_reduce"].busbw == pytest.approx(busbw)
-    topo = fitted_topology(Topology(1, 2, preset), fit)
+    fit = fit_links([*samples, slow], preset, {"r": 1.0, "z": 1.0})
+    assert fit.by_op[("ddp", "all_reduce")].alpha == pytest.approx(alpha)
+    assert fit.by_op[("ddp", "all_reduce")].busbw == pytest.approx(busbw)
+    assert fit.chosen("ddp", "all_gather") == ("ddp", "all_reduce")
+    assert fit.chosen("fsdp2", "all_reduce") == ("", "all_reduce")  # every engine's runs
+    topo = fitted_topology(Topology(1, 2, preset), fit, "ddp")
     assert comm.collective_s("all_gather", 1e6, topo) == pytest.approx(
         comm.collective_s("all_gather", 1e6, true))  # fmt: skip
-    single = fit_links(samples[1:], preset, {"r": 1.0}).by_op["all_reduce"]
+    zero1 = fitted_topology(Topology(1, 2, preset), fit, "deepspeed zero_stage=1")
+    assert comm.collective_s("all_reduce", 1e6, zero1) == pytest.approx(0.5)
+    single = fit_links(samples[1:], preset, {"r": 1.0}).by_op[("ddp", "all_reduce")]
     assert single.alpha / preset.alpha == pytest.approx(preset.busbw / single.busbw)
     assert comm.collective_s("all_reduce", 1e6, Topology(1, 2, single)) == pytest.approx(
         samples[1].seconds)  # fmt: skip
