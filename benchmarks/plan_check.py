@@ -6,9 +6,10 @@ tier in /dev/shm.
                                     [--repeats 1] [--keep DIR] [overrides...]
 
 1. Calibration: the probes (PROBES: each engine at two accumulations, DDP also at another
-   micro-batch, width, sequence and bucket size, all at 2 ranks) run, and the plan is calibrated on
-   all of them at once (`launcher.plan --from`, launcher.plan.forecast.calibration: a FLOP
-   rate, the optimizer's rate and each engine's fixed costs; each collective's link).
+   micro-batch, width, sequence, depth and bucket size, all at 2 ranks) run, and the plan is
+   calibrated on all of them at once (`launcher.plan --from`, launcher.plan.calibrate: a FLOP
+   rate, the optimizer's, the attention scores', each engine's fixed costs; each engine's
+   links per collective).
 2. Shapes: each shape of SHAPES, none of them a probe's (width and depth over a 4x range,
    sequence, micro-batch, accumulation, 1, 2 and 4 ranks, every engine, the compression hooks,
    a bucket size), is planned from the calibration, then run; its median step time beside
@@ -57,6 +58,7 @@ PROBES = {
     "ddp micro-batch 8": (2, ["trainer.micro_batch_size=8"]),
     "ddp width 128": (2, ["model.n_embd=128"]),
     "ddp sequence 256": (2, ["trainer.seq_len=256"]),
+    "ddp depth 4": (2, ["model.n_layer=4"]),
     "ddp buckets 0.25 MB": (2, ["strategy.bucket_cap_mb=0.25"]),
     **{f"{e}{tail}": (2, [f"strategy={e}", *more])
        for e in ("zero1", "zero2", "zero3", "fsdp2")

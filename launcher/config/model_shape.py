@@ -33,6 +33,19 @@ def param_sizes(m) -> list[int]:
     return [*root[:2], *block * int(m.n_layer), *root[2:]]
 
 
+def module_sizes(m) -> tuple[list[int], list[int]]:
+    """GPT-2's modules that hold parameters, as DeepSpeed's ZeRO-3 fetches them: (the
+    root's: token and position embeddings, the final LayerNorm; one block's: ln_1, the
+    attention's qkv and projection, ln_2, the MLP's two matrices), each its weight and
+    bias together."""
+    d = int(m.n_embd)
+    vocab = padded_vocab_size(int(m.vocab_size or GPT2_VOCAB), int(m.vocab_multiple))
+    biased = getattr(m, "bias", True)
+    block = [(d, d), (3 * d * d, 3 * d), (d * d, d), (d, d), (4 * d * d, 4 * d), (4 * d * d, d)]
+    return ([vocab * d, int(m.n_positions) * d, d + d * biased],
+            [w + b * biased for w, b in block])  # fmt: skip
+
+
 def unit_sizes(m) -> tuple[list[int], list[int]]:
     """GPT-2's tensors as a sharding engine wraps them (each block a unit, the rest the
     root): (the root's, in registration order: token and position embeddings, the final

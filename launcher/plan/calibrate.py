@@ -20,8 +20,9 @@ Each kind of collective is fitted the same way over the sizes the runs measured
 (`fit_links`): its latency per step and its bus bandwidth (launcher.plan.comm's model);
 one size alone keeps the preset's balance between the two and scales both to it.
 
-On a CPU, ranks that outnumber the cores share them: a run's times are divided by its
-ranks per core (beyond one) before fitting, and the plan's multiplied by its own.
+On a CPU, ranks that outnumber the cores share them: a run's collectives' times are divided
+by its ranks per core (beyond one) before fitting, and the plan's multiplied by its own
+(`cpu_share`).
 """
 
 from __future__ import annotations
@@ -105,14 +106,16 @@ class ComputeFit:
 
 
 def cpu_share(per_node: int, cores: int | None) -> float:
-    """How many ranks share one core (1 when each has its own): the factor their times grow
-    by on a CPU."""
+    """How many ranks share one core (1 when each has its own): the factor their
+    collectives' times grow by on a CPU (each step of a ring waits for both its ends to be
+    scheduled). Their computing is not scaled: it fills the cores the waiting leaves idle
+    (benchmarks/plan_check.py's 4-rank shapes on 2 cores: compute 0.8-1.2 of one rank a
+    core's, the collectives 2.1-2.4x)."""
     return max(1.0, per_node / cores) if cores else 1.0
 
 
-def fit_compute(records: list[RunRecord], features: list[Features],
-                shares: list[float]) -> ComputeFit:  # fmt: skip
-    """The compute model fitted to `records` (their `features`, their CPU `shares`)."""
+def fit_compute(records: list[RunRecord], features: list[Features]) -> ComputeFit:
+    """The compute model fitted to `records` (their `features`)."""
     names = [f"rate:{p}" for p in sorted({x.precision for x in features})]
     names += [f"step:{e}" for e in sorted({x.engine for x in features})]
     names += [f"micro:{e}" for e in sorted({x.engine for x in features})]
@@ -124,7 +127,7 @@ def fit_compute(records: list[RunRecord], features: list[Features],
                  "micro": x.micro_layers * (x.engine == key),
                  "optimizer": x.optimizer, "scores": x.scores}[kind] for x in features]  # fmt: skip
 
-    y = np.array([r.compute_s / s for r, s in zip(records, shares, strict=True)])
+    y = np.array([r.compute_s for r in records])
     kept, left_out, matrix = [], [], np.zeros((len(y), 0))
     for name in names:  # in order: a coefficient joins when the runs can tell it apart
         col = np.array(column(name))
@@ -278,7 +281,7 @@ def fit_runs(paths: list[Path], kind: str | None, preset: Link) -> Calibration:
     compute = links = None
     if same:
         features = [features_of(r.shape, r.world_size) for r in same]
-        compute = fit_compute(same, features, [shares[r.source] for r in same])
+        compute = fit_compute(same, features)
         samples = [s for r in same for s in r.samples]
         links = fit_links(samples, preset, shares) if samples else None
     overlaps = [r.overlap for r in same if r.device and r.overlap is not None]

@@ -178,7 +178,7 @@ def build(
         runs = ", ".join(r.source for r in cal.records)
         basis["runs"] = _basis(True, f"--from: {runs}{ignored}")
     share = cpu_share(procs, target.cores) if not target.on_gpu else 1.0
-    compute, basis["step.compute_s"] = _compute(shape, target, cal, share)
+    compute, basis["step.compute_s"] = _compute(shape, target, cal)
     label = engine_label(cfg)
     topo = fitted_topology(target.topology, cal.links if cal else None, label)
     comms = comm.step_comm(cfg, world, topo)
@@ -186,7 +186,12 @@ def build(
         used = dict.fromkeys(cal.links.chosen(label, c["op"]) for c in comms["collectives"])
         far = _beyond(comms["collectives"], cal.links, label)
         basis["link"] = _basis(True, "; ".join(cal.links.why[k] for k in used if k) + far)
-    comm_s = comms["time_s"] * share
+    comm_s = comms["time_s"] * share  # ranks sharing cores: each step waits for both ends
+    if share > 1:
+        link = basis["link"]
+        basis["link"] = _basis(link["measured"], f"{link['why']}; x{share:g}: {procs} ranks on "
+                               f"{target.cores} cores (a ring's steps wait for both ends to be "
+                               "scheduled)")  # fmt: skip
     wait = cal.data_wait_s * batch.accum if cal and cal.data_wait_s is not None else 0.0
     if cal and cal.data_wait_s is not None:
         basis["step.data_wait_s"] = _basis(
@@ -301,19 +306,18 @@ def _engine_defaults(overrides: tuple[str, ...]):
     return OmegaConf.create(OmegaConf.to_container(compose(list(overrides)).strategy))
 
 
-def _compute(shape: RunShape, target: Target, cal: Calibration | None,
-             share: float) -> tuple[float | None, dict]:  # fmt: skip
+def _compute(shape: RunShape, target: Target,
+             cal: Calibration | None) -> tuple[float | None, dict]:  # fmt: skip
     """One rank's compute seconds a step, and what it rests on: the model fitted to the
     runs of `--from`, else the device's peak x its MFU."""
     if cal and cal.compute:
         x = features_of(shape, target.world_size)
         seconds, notes = cal.compute.predict(x)
         if seconds is not None:
-            shared = f", x{share:g}: {target.per_node} ranks on {target.cores} cores" * (share > 1)
             far = f"; EXTRAPOLATED: {'; '.join(notes)}" if notes else ""
-            return seconds * share, _basis(
+            return seconds, _basis(
                 True, f"fitted to {len(cal.records)} run(s) ({cal.sources}): "
-                f"{compute_terms(cal.compute)}{shared}{far}"
+                f"{compute_terms(cal.compute)}{far}"
             )  # fmt: skip
     if target.device:
         d = target.device

@@ -97,6 +97,17 @@ def memory_checkpoint_bytes(cfg, params: int, world_size: int) -> int:
     return module + -(-params * (4 + 8) // world_size)
 
 
+# DeepSpeed's stage3_max_live_parameters: parameters it keeps gathered from forward to
+# backward (a smaller model is gathered once a micro-step)
+MAX_LIVE_PARAMETERS = 10**9
+
+
+def max_live_parameters(strategy) -> int:
+    """stage3_max_live_parameters as `strategy.extra` sets it, else DeepSpeed's default."""
+    zero = (strategy.extra or {}).get("zero_optimization") or {}
+    return int(zero.get("stage3_max_live_parameters", MAX_LIVE_PARAMETERS))
+
+
 def checkpoint_writes(cfg, params: int, world_size: int) -> list[int]:
     """Bytes each rank writes, rank 0 first: every rank its partition of the fp32 weights
     and moments, rank 0 the module (but under ZeRO-3) in trainer.precision as well, and
@@ -144,8 +155,9 @@ def step_collectives(cfg, params: int, world_size: int) -> list[tuple[str, int, 
     once a step by ZeRO-0 and ZeRO-1, on every micro-step by ZeRO-2 (its gradients are
     partitioned, so it cannot hold them until the last), reduce-scattered on every
     micro-step by ZeRO-3; ZeRO-1/2 all-gather the updated weights once a step, ZeRO-3 each
-    unit's weights for every micro-step's forward and again for its backward, as FSDP2
-    gathers them (launcher.strategy.sharded_plan)."""
+    module's weights for every micro-step's forward (launcher.strategy.sharded_plan, as FSDP2
+    gathers its units), and again for its backward when the model holds more parameters
+    than DeepSpeed keeps gathered between the two (`max_live_parameters`)."""
     s, t = cfg.strategy, cfg.trainer
     stage, width = int(s.zero_stage), 4 if t.precision == "fp32" else 2
     accum = BatchPlan.of(t, world_size).accum
@@ -155,7 +167,8 @@ def step_collectives(cfg, params: int, world_size: int) -> list[tuple[str, int, 
     rows = [(op, min(bucket, params - start) * width, reduces)
             for start in range(0, params, bucket)]  # fmt: skip
     if stage == 3:
-        return unit_collectives(cfg.model, "all_gather", width, 2 * accum, 2 * accum) + rows
+        passes = accum * (1 if params <= max_live_parameters(s) else 2)
+        return unit_collectives(cfg.model, "all_gather", width, passes, passes, True) + rows
     return rows + ([("all_gather", params * width, 1)] if stage else [])
 
 

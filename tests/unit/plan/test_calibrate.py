@@ -26,7 +26,7 @@ RATE, OPTIMIZER, SCORES = 20e9, 3e-9, 2e-11  # FLOP/s; seconds an optimizer elem
 FIXED = {"ddp": (2e-3, 5e-3), "fsdp2": (4e-3, 9e-3)}  # (a layer and micro-step, a step)
 
 
-def made_up(engine: str, overrides: list[str], share: float = 1.0):
+def made_up(engine: str, overrides: list[str]):
     """A run of `engine` at `overrides` whose compute is exactly the model's."""
     shape = shape_of(compose([f"strategy={engine}", "model.vocab_size=512", *overrides]), 2)
     x = Features.of(shape, engine, train_state(shape.cfg, 2)["optimizer"])
@@ -34,7 +34,7 @@ def made_up(engine: str, overrides: list[str], share: float = 1.0):
     compute = x.flops / RATE + x.optimizer * OPTIMIZER + x.scores * SCORES
     compute += x.micro_layers * micro + step
     record = RunRecord(f"run {engine} {overrides}", shape, engine, 2, 2, 2, None,
-                       step_s=compute * share, exposed_s=0.0, wait_s=0.0, comm_s=None)  # fmt: skip
+                       step_s=compute, exposed_s=0.0, wait_s=0.0, comm_s=None)  # fmt: skip
     return record, x
 
 
@@ -44,7 +44,7 @@ SHAPES = [[], ["trainer.micro_batch_size=2"], ["model.n_embd=128"], ["trainer.se
 
 def test_every_coefficient_is_recovered_where_the_runs_tell_them_apart():
     runs = [made_up("ddp", s) for s in SHAPES] + [made_up("fsdp2", s) for s in SHAPES[:2]]
-    fit = fit_compute([r for r, _ in runs], [x for _, x in runs], [1.0] * len(runs))
+    fit = fit_compute([r for r, _ in runs], [x for _, x in runs])
     assert fit.left_out == []
     assert fit.coef["rate:fp32"] == pytest.approx(RATE, rel=1e-6)
     assert fit.coef["optimizer"] == pytest.approx(OPTIMIZER, rel=1e-6)
@@ -62,19 +62,23 @@ def test_one_run_is_all_flop_rate_and_says_so():
     """One run cannot split its fixed costs from its FLOP rate: the rate takes the whole
     compute (the old `--from`), and the others are named as left out."""
     run, x = made_up("ddp", [])
-    fit = fit_compute([run], [x], [1.0])
+    fit = fit_compute([run], [x])
     assert fit.coef == {"rate:fp32": pytest.approx(x.flops / run.step_s)}
     assert set(fit.left_out) == {"step:ddp", "micro:ddp", "optimizer", "scores"}
     other, y = made_up("fsdp2", [])
     assert fit.predict(y)[1] == ["no run of fsdp2: its fixed costs taken as ddp's"]
 
 
-def test_ranks_sharing_cores_are_counted_out_and_back_in():
-    """4 ranks on 2 cores run each at half speed: the fit divides by the share."""
+def test_ranks_sharing_cores_slow_their_collectives():
+    """4 ranks on 2 cores: each step of a ring waits for both its ends to be scheduled, so
+    the collectives take twice as long; a run's are divided by its share before fitting."""
     assert (cpu_share(4, 2), cpu_share(2, 2), cpu_share(1, 2), cpu_share(8, None)) == (2, 1, 1, 1)
-    runs = [made_up("ddp", s, share=2.0) for s in SHAPES]
-    fit = fit_compute([r for r, _ in runs], [x for _, x in runs], [2.0] * len(runs))
-    assert fit.coef["rate:fp32"] == pytest.approx(RATE, rel=1e-6)
+    link = Link("true", 0.5e9, 2e-4, "-")
+    one_core_each = comm.collective_s("all_reduce", 1e6, Topology(1, 2, link))
+    shared = Sample("all_reduce", 2, 2, 1e6, 2 * one_core_each, 1, "r", "ddp")
+    fit = fit_links([shared], Link("gloo", 1.5e9, 50e-6, "-"), {"r": 2.0})
+    assert comm.collective_s("all_reduce", 1e6, Topology(1, 2, fit.by_op[("ddp", "all_reduce")])) \
+        == pytest.approx(one_core_each)  # fmt: skip
 
 
 def test_nnls_keeps_coefficients_non_negative():
