@@ -257,7 +257,7 @@ class Calibration:
     records: list[RunRecord]
     compute: ComputeFit | None
     links: LinkFit | None
-    overlap: float | None
+    overlaps: dict[str, float]  # each engine's median share of its collectives hidden
     data_wait_s: float | None  # a micro-step's (the loader hands out a micro-batch each)
     write_bytes_per_s: float | None
     ignored: list[str]  # runs on another kind of device than the target's
@@ -284,11 +284,14 @@ def fit_runs(paths: list[Path], kind: str | None, preset: Link) -> Calibration:
         compute = fit_compute(same, features)
         samples = [s for r in same for s in r.samples]
         links = fit_links(samples, preset, shares) if samples else None
-    overlaps = [r.overlap for r in same if r.device and r.overlap is not None]
+    overlaps: dict[str, list[float]] = {}
+    for r in same:
+        if r.overlap is not None:
+            overlaps.setdefault(r.engine, []).append(r.overlap)
     writes = [r.written / r.write_s for r in same if r.write_s and r.written]
     waits = [r.wait_s / r.shape.batch.accum for r in same]  # a micro-batch's
     return Calibration(
-        same, compute, links, statistics.median(overlaps) if overlaps else None,
+        same, compute, links, {e: statistics.median(v) for e, v in overlaps.items()},
         statistics.median(waits) if waits else None,
         statistics.median(writes) if writes else None, ignored,
     )  # fmt: skip

@@ -339,19 +339,23 @@ def backward_s(shape: RunShape, compute_s: float) -> float:
 
 def _overlap(shape: RunShape, target: Target, cal: Calibration | None, comms: dict,
              topo: Topology, compute: float, basis: dict) -> float:  # fmt: skip
-    """The share of the step's communication hidden behind backward: given (--overlap),
-    measured by the GPU runs of --from, else the bucket pipeline's on a GPU; none on a CPU
-    (gloo's collectives take the cores' time even when they run beside backward)."""
+    """The share of the step's communication hidden: given (--overlap); what the engine's
+    runs of --from measured (an engine that prefetches, ZeRO-3, hides most of its gathers
+    even on a CPU; DDP's buckets on gloo hide nothing); else on a GPU the bucket pipeline's
+    over backward, on a CPU none (gloo's collectives take the cores that compute)."""
     if target.overlap is not None:
         basis["step.overlap"] = _basis(False, "--overlap, given")
         return target.overlap
+    label = engine_label(shape.cfg)
+    measured = cal.overlaps.get(label) if cal else None
+    if measured is not None:
+        basis["step.overlap"] = _basis(True, f"{measured:.0%}, the median of {label}'s runs in "
+                                       f"{cal.sources}")  # fmt: skip
+        return measured
     if not target.on_gpu:
         basis["step.overlap"] = _basis(False, "none: on a CPU the collectives take the cores "
                                        "that compute")  # fmt: skip
         return 0.0
-    if cal and cal.overlap is not None:
-        basis["step.overlap"] = _basis(True, f"the median measured in {cal.sources}")
-        return cal.overlap
     rows = [(c["op"], c["bytes"], c["times"]) for c in comms["collectives"]]
     backward = backward_s(shape, compute)
     exposed = comm.exposed_s(rows, topo, backward)

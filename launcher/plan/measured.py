@@ -182,30 +182,34 @@ def _samples(run_dir: Path, summary: dict, world: int, per_node: int,
              engine: str) -> list[Sample]:  # fmt: skip
     """Each kind of collective the run timed: comm_collectives.json's per-kind figures
     (all-reduce-equivalent bytes, turned back into full buffers), else DDP's buckets
-    (summary.json's comm/allreduce_s, comm/bytes and comm/buckets)."""
+    (summary.json's comm/allreduce_s, comm/bytes and comm/buckets). Collectives in flight
+    at once (ZeRO-3's prefetched gathers) each count the others' time too: the kinds' time
+    is cut to the step's time with any collective in flight (comm/allreduce_s), shared in
+    proportion."""
     if world < 2:
         return []
     path = run_dir / COLLECTIVES
     source = str(run_dir)
+    busy = _figure(summary, "comm/allreduce_s", run_dir / SUMMARY)
     if path.is_file():
-        kinds = _json(path).get("per_kind") or {}
-        out = []
-        for kind, figures in kinds.items():
+        rows = []
+        for kind, figures in (_json(path).get("per_kind") or {}).items():
             if kind not in OPS or not isinstance(figures, dict):
                 continue
             keys = ("calls_per_step", "bytes_per_step", "inflight_s_per_step")
             calls, counted, seconds = (_figure(figures, k, path) for k in keys)
             if calls and counted and seconds:
                 full = counted if kind == "all_reduce" else 2 * counted  # the timer's S/2
-                out.append(Sample(kind, world, per_node, full / calls, seconds / calls, calls,
-                                  source, engine))  # fmt: skip
-        return out
+                rows.append((kind, calls, full, seconds))
+        inflight = sum(seconds for *_, seconds in rows)
+        cut = min(1.0, busy / inflight) if busy and inflight else 1.0
+        return [Sample(kind, world, per_node, full / calls, seconds * cut / calls, calls, source,
+                       engine) for kind, calls, full, seconds in rows]  # fmt: skip
     buckets = _figure(summary, "comm/buckets", run_dir / SUMMARY)
     moved = _figure(summary, "comm/bytes", run_dir / SUMMARY)
-    seconds = _figure(summary, "comm/allreduce_s", run_dir / SUMMARY)
-    if not (buckets and moved and seconds):
+    if not (buckets and moved and busy):
         return []
-    return [Sample("all_reduce", world, per_node, moved / buckets, seconds / buckets, buckets,
+    return [Sample("all_reduce", world, per_node, moved / buckets, busy / buckets, buckets,
                    source, engine)]  # fmt: skip
 
 
