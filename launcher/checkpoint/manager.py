@@ -44,7 +44,7 @@ def plan_resume(
     now = resume.identity(cfg, model, rt.world_size)
     max_steps = cfg.trainer.max_steps
     # This launch's own memory checkpoint (a restart before the first durable checkpoint)
-    continues = bool(tier and cfg.resume == "auto" and tier.newest_common(None, 0))
+    continues = bool(tier and cfg.resume == "auto" and tier.find(None, 0).step is not None)
 
     def decide() -> list[str] | None:
         decided = resume.plan(cfg.resume, rt.run_dir, now, max_steps, continues)

@@ -19,7 +19,6 @@ from omegaconf import DictConfig
 from launcher.checkpoint import memory, resume
 from launcher.checkpoint import protocol as checkpoint
 from launcher.checkpoint.manager import CheckpointManager, plan_resume
-from launcher.checkpoint.memory import MemoryTier
 from launcher.config import ConfigError, TrainConfig, typed
 from launcher.config.batch import BatchPlan
 from launcher.config.registry import build_strategy, engine
@@ -35,7 +34,6 @@ from launcher.resilience import burnin, exit_codes, first_failure
 from launcher.resilience.faults import FaultInjector, peer_left
 from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime import disk
-from launcher.runtime.disk import shm_available_bytes
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.lock import RunLock
 from launcher.runtime.process import (
@@ -49,7 +47,6 @@ from launcher.runtime.process import (
 from launcher.train.loop import LoopConfig, Stopped, TrainLoop
 from launcher.train.micro_batch import OutOfMemory
 from launcher.train.nonfinite import NonFiniteLoss
-from launcher.train.preflight import tier_room
 from launcher.train.run_files import (
     already_completed,
     claim_run_dir,
@@ -72,32 +69,6 @@ def forecast_of(cfg: TrainConfig, rt: Runtime, vocab_size: int) -> dict | None:
                                   rt.run_dir)  # fmt: skip
     log.info("%s", plan_forecast.line(made))
     return made
-
-
-def memory_tier(cfg: TrainConfig, rt: Runtime, model) -> MemoryTier | None:
-    """This rank's memory tier (launcher.checkpoint.memory), when it is on."""
-    every = memory.interval(cfg)
-    if not every:
-        return None
-    if memory.in_shm(cfg):  # the node's /dev/shm must hold it: every rank agrees
-        room = shm_available_bytes()
-        free = (room[1] if room else 0) + memory.held_bytes(
-            cfg.trainer.memory_checkpoint_dir, rt.run_dir
-        )
-        fits, why = tier_room(cfg, ranks_per_node(), rt.world_size, free)
-        verdicts = rt.all_gather_objects(why)
-        why = next((w for w in verdicts if w), None)
-        if why and cfg.trainer.memory_checkpoint_interval is not None:
-            raise ConfigError(why)
-        if why:
-            if rt.is_main:
-                log.warning("%s", why)
-            return None
-    if rt.is_main:
-        log.info("memory tier: every %d steps, in %s", every, cfg.trainer.memory_checkpoint_dir)
-    identity = resume.identity(cfg, model, rt.world_size)
-    t = cfg.trainer
-    return MemoryTier(t.memory_checkpoint_dir, every, rt, identity, t.memory_checkpoint_peer)
 
 
 def build_data_and_model(cfg: TrainConfig, rt: Runtime):
@@ -211,7 +182,7 @@ class Job:
         self.gate = burnin.gate(cfg.burnin, faults, rt)  # a bad node costs seconds, no more
         data, model, fpt = build_data_and_model(cfg, rt)
         self.forecast = forecast_of(cfg, rt, data.vocab_size)
-        tier = memory_tier(cfg, rt, model)
+        tier = memory.open_tier(cfg, rt, model)
         folders = plan_resume(cfg, rt, model, tier)
         if folders is None:
             return {}  # finished already: nothing is trained, summary.json stays as it is
