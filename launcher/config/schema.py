@@ -239,6 +239,21 @@ class BurninConfig:
 
 
 @dataclass
+class ExcludeConfig:
+    """Which failures keep their host off the run's next attempts: recorded with the reason
+    in the run directory's bad_hosts, which a Slurm requeue adds to the job's excluded nodes
+    and a re-render of the pods to their node anti-affinity (docs/faults.md)."""
+
+    burnin: bool = True  # a host the burn-in gate refused (burnin.action=refuse)
+    hang: bool = True  # a hang's culprit, as the hang verdict names it
+    device_error: bool = True  # a rank that failed with a device error (ECC, Xid, ...)
+    straggler: bool = True  # a straggler for straggler_intervals log intervals in a row
+    straggler_intervals: int = ranged(
+        20, Range(low=1, why="log intervals in a row as the slowest rank, watchdog.straggler_frac")
+    )
+
+
+@dataclass
 class NcclConfig:
     name: str = "default"
     env: NcclEnv = field(default_factory=NcclEnv)
@@ -368,6 +383,7 @@ class TrainConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     burnin: BurninConfig = field(default_factory=BurninConfig)
+    exclude: ExcludeConfig = field(default_factory=ExcludeConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from launcher.paths import atomic_write
 from launcher.resilience import exit_codes
-from launcher.resilience.burnin import host_name
+from launcher.runtime.process import node_name
 
 log = logging.getLogger("launcher.torchrun")
 
@@ -125,7 +125,7 @@ class NodePresence(threading.Thread):
         super().__init__(name="launcher-node-presence", daemon=True)
         self.outcome = outcome
         self.wait = wait
-        self.me = f"{host_name()}-{os.getpid()}"
+        self.me = f"{node_name()}-{os.getpid()}"
         self.beats = Heartbeats(self.me)
         self.beat = 0
         self.folder: Path | None = None
@@ -157,7 +157,7 @@ class NodePresence(threading.Thread):
             self.folder = self.run_dir / "logs" / FOLDER
             forget_old(self.folder)
         self.beat += 1
-        record = {"host": host_name(), "pid": os.getpid(), "ranks": self.ranks, "beat": self.beat}
+        record = {"host": node_name(), "pid": os.getpid(), "ranks": self.ranks, "beat": self.beat}
         self.folder.mkdir(parents=True, exist_ok=True)
         atomic_write(self.folder / f"{self.me}.json", json.dumps(record))
         silent = self.beats.silent(self.beats.look(self.folder, now), now)

@@ -210,7 +210,7 @@ def open_run_dir(rt: Runtime) -> None:
         rt.world_size,
         rt.local_rank,
         os.getpid(),
-        socket.gethostname(),
+        node_name(),
         rt.device,
         rt.backend or "none (one process, no process group)",
         rt.run_dir,
@@ -348,6 +348,12 @@ def apply_nccl_env(nccl: NcclConfig) -> None:
     for name, value in vars(nccl.env).items():
         if value is not None:
             os.environ[name] = str(value)
+
+
+def node_name() -> str:
+    """This node as the scheduler names it: Slurm's node name (what --exclude takes), the
+    Kubernetes node (NODE_NAME, set from the pod's spec.nodeName), else the hostname."""
+    return os.environ.get("SLURMD_NODENAME") or os.environ.get("NODE_NAME") or socket.gethostname()
 
 
 def launch_key() -> str | None:

@@ -30,7 +30,7 @@ from launcher.observe.nccl_transport import transport_recorders
 from launcher.observe.recorder import Recorder
 from launcher.observe.report import write_report
 from launcher.plan import forecast as plan_forecast
-from launcher.resilience import burnin, exit_codes, first_failure
+from launcher.resilience import bad_hosts, burnin, exit_codes, first_failure
 from launcher.resilience.faults import FaultInjector, peer_left
 from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime import disk
@@ -41,6 +41,7 @@ from launcher.runtime.process import (
     RuntimeConfig,
     end_job,
     freeze_what_lasts,
+    node_name,
     ranks_per_node,
     start,
 )
@@ -177,10 +178,11 @@ class Job:
             start_step=0,
             on_hang=self._hang_in_start_up,
             async_writes=cfg.trainer.async_checkpoint,
+            record_culprits=cfg.exclude.hang,
         )
         faults = FaultInjector(cfg.fault, rank=rt.rank, run_dir=rt.run_dir)
         faults.phase("start-up")
-        self.gate = burnin.gate(cfg.burnin, faults, rt)  # a bad node costs seconds, no more
+        self.gate = burnin.gate(cfg.burnin, faults, rt, record=cfg.exclude.burnin)
         data, model, fpt = build_data_and_model(cfg, rt)
         self.forecast = forecast_of(cfg, rt, data.vocab_size)
         tier = memory.open_tier(cfg, rt, model)
@@ -240,6 +242,10 @@ class Job:
         done = self.watchdog.step if self.watchdog is not None else None
         failing = done + 1 if self.loop is not None and done is not None else None
         failed = first_failure.settle(exc, failing, self.rt.is_main)
+        if self.cfg.exclude.device_error and bad_hosts.is_device_error(exc):
+            at = f" at step {failing}" if failing is not None else ""
+            why = f"device error: rank {self.rt.rank}{at}: {first_failure.one_line(exc)}"
+            bad_hosts.record(self.rt.run_dir, {node_name(): why})
         with contextlib.suppress(AttributeError):  # an exception type without a __dict__
             exc.launcher_settled = True  # the front door logs no traceback on the terminal
         ran = self.recorder is not None and self.recorder.start_time is not None  # steps began
