@@ -126,15 +126,21 @@ class TrainerConfig:
     log_interval: int = ranged(10, AT_LEAST_1)
     eval_interval: int = ranged(100, Range(low=0, why="0: never"))
     eval_batches: int = ranged(4, AT_LEAST_1)
-    checkpoint_interval: int = ranged(100, Range(low=0, why="0: never"))
+    # steps between durable checkpoints; 0: never; auto: Young's interval, sqrt(2 x the
+    # measured write cost x trainer.mtbf_h), recomputed at every save (docs/checkpoints.md)
+    checkpoint_interval: Any = ranged(100, Range(low=0, why="0: never; or auto"))
     keep_checkpoints: int = ranged(2, AT_LEAST_1)
     async_checkpoint: bool = False  # strategy=fsdp2: files written while training goes on
     # Steps between two memory-tier checkpoints (each rank's state in node memory; what a
     # torchrun restart resumes from, docs/checkpoints.md); 0: off; null: 10 where torchrun
-    # restarts the job (--max-restarts > 0) and the engine can, else off.
-    memory_checkpoint_interval: int | None = ranged(
-        None, Range(low=0, why="0: off; null: 10 under restarts")
+    # restarts the job (--max-restarts > 0) and the engine can, else off; auto: Young's
+    # interval from the measured copy time, as trainer.checkpoint_interval=auto.
+    memory_checkpoint_interval: Any = ranged(
+        None, Range(low=0, why="0: off; null: 10 under restarts; or auto")
     )
+    # The job's mean time between failures (hours), which the `auto` intervals follow; null:
+    # 6,300 node-hours (Llama 3's training) divided by the job's nodes (docs/checkpoints.md)
+    mtbf_h: float | None = ranged(None, POSITIVE)
     memory_checkpoint_dir: str = "/dev/shm"  # node-local memory (a tmpfs) the tier writes to
     # Also keep each rank's memory checkpoints in the memory of a rank on the next node, so
     # that a node lost whole costs at most one memory interval (docs/checkpoints.md)

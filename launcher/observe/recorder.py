@@ -18,6 +18,7 @@ from launcher.observe.metrics import KIND_STEMS, KIND_SUFFIXES, Aggregate, aggre
 from launcher.observe.sinks import Sink
 from launcher.resilience.bad_steps import BadSteps
 from launcher.runtime.process import Runtime
+from launcher.runtime.process_tree import process_age_s
 
 log = logging.getLogger("launcher")
 
@@ -56,10 +57,12 @@ class Recorder:
         self.oom_retries = 0  # steps redone at a smaller micro-batch (trainer.on_oom=retry)
         self.micro_batch = micro_batch  # what runs (micro_batch_size=auto, retry)
         self.replicas_in_sync: bool | None = None
+        self.startup_s: float | None = None
 
     def begin(self, start_step: int) -> None:
         self.start_time = time.perf_counter()
         self.start_step = start_step
+        self.startup_s = process_age_s()  # what this launch took to train: a restart's cost
 
     def merge(self, step: int, figures: dict) -> Aggregate:
         """Every rank's interval figures merged (the same on every rank). Rank 0 merges
@@ -164,4 +167,5 @@ class Recorder:
             **self.micro_batch_figures(),
             "flops_per_token": self.flops_per_token,
             "wall_time_s": time.perf_counter() - self.start_time,
+            "startup_s": self.startup_s,
         }

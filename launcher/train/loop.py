@@ -314,7 +314,7 @@ class TrainLoop:
         if not last and (stopping or self.stop.poll()):
             self._save(step, wait=True)
             raise Stopped(step)
-        if t.checkpoint_interval and (step % t.checkpoint_interval == 0 or last):
+        if self.checkpoints.durable_due(step, last):
             self._save(step, wait=last)
         elif not last and self.checkpoints.memory_due(step):
             self.nonfinite.check(step, self.interval)

@@ -70,7 +70,7 @@ def open_tier(cfg, rt: Runtime, model) -> MemoryTier | None:
             if rt.is_main:
                 log.warning("%s", why)
             return None
-    if rt.is_main:
+    if rt.is_main and t.memory_checkpoint_interval != AUTO:  # else the cadence's line says
         log.info("memory tier: every %d steps, in %s", every, t.memory_checkpoint_dir)
     return MemoryTier(t.memory_checkpoint_dir, every, rt,
                       identity(cfg, model, rt.world_size), t.memory_checkpoint_peer)  # fmt: skip

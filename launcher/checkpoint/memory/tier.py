@@ -127,9 +127,6 @@ class MemoryTier:
     def lineage(self) -> str:
         return self.writer.meta["lineage"]
 
-    def due(self, step: int) -> bool:
-        return self.on and step % self.every == 0
-
     # -- saves -------------------------------------------------------------------------
     def save(self, step: int, snapshot: Callable[[Path], None], meta: dict) -> None:
         """Start writing `snapshot` (this rank's state, copied already) as step `step`."""
