@@ -139,13 +139,10 @@ def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
         raise ConfigError(problem)
     for key in ("checkpoint_interval", "memory_checkpoint_interval"):
         value = getattr(t, key)
-        if (
-            value is not None
-            and value != AUTO
-            and (isinstance(value, bool) or not isinstance(value, int))
-        ):
+        if value != AUTO and (isinstance(value, bool) or not isinstance(value, int | None)):
+            shown = {"True": "true", "False": "false"}.get(str(value), value)  # as typed
             raise ConfigError(
-                f"trainer.{key}={value}: give a whole number of steps (0: off) or auto "
+                f"trainer.{key}={shown}: give a whole number of steps (0: off) or auto "
                 "(Young's interval from the measured cost and trainer.mtbf_h)"
             )
     if t.seq_len > m.n_positions:

@@ -15,9 +15,8 @@ from launcher.config.registry import engine
 from launcher.data.shm import human_bytes, loader_shm_need
 
 # Steps between two memory checkpoints when trainer.memory_checkpoint_interval is null and
-# torchrun restarts the job, and the first one's step under `auto` (until a copy is timed):
-# a restart then redoes at most 10 steps; the measured cost at the default job's shape is in
-# docs/checkpoints.md.
+# torchrun restarts the job: a restart then redoes at most 10 steps; the measured cost at
+# the default job's shape is in docs/checkpoints.md.
 DEFAULT_INTERVAL = 10
 AUTO = "auto"  # trainer.memory_checkpoint_interval=auto, trainer.checkpoint_interval=auto
 KEEP = 1  # complete memory checkpoints kept per rank (a second one exists while one is written)
@@ -35,8 +34,9 @@ def restarts_from_env() -> int:
 def interval(cfg, restarts: int | None = None) -> int:
     """trainer.memory_checkpoint_interval as it applies to `cfg` at the start: null means
     DEFAULT_INTERVAL where torchrun restarts the job (`restarts`, else this process's
-    torchrun) and the engine can write the tier, 0 otherwise; `auto` the first interval
-    (the run then follows its measured copy time, launcher.checkpoint.memory.tier)."""
+    torchrun) and the engine can write the tier, 0 otherwise; `auto` turns it on at
+    DEFAULT_INTERVAL for sizing (the run saves at Young's interval from its measured copy
+    time, launcher.checkpoint.cadence)."""
     chosen = cfg.trainer.memory_checkpoint_interval
     if chosen == AUTO:
         return DEFAULT_INTERVAL
