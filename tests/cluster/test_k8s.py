@@ -349,6 +349,8 @@ def test_failure_policies_per_kind(variants):
     assert inner["podFailurePolicy"]["rules"] == [fail_at_once, ignore]
     assert jobset["failurePolicy"] == {
         "maxRestarts": 6,  # 3 per node x 2 nodes
+        # a restart waits until every old pod is gone (its stop checkpoint written)
+        "restartStrategy": "BlockingRecreate",
         "rules": [
             {
                 "name": "fail-on-bad-input-nonfinite-oom",
