@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from launcher.config.backends.k8s import BACKEND
 from launcher.resilience import bad_hosts
+from launcher.resilience.node_presence import WAIT_ENV
 from launcher.submit import k8s_check
 from launcher.submit.job import FRONT_DOOR, SubmitJob
 from launcher.submit.k8s.kind import Kind
@@ -250,6 +251,9 @@ def container_env(job: SubmitJob) -> list[dict]:
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
     # The node, as bad_hosts names one to keep off (and the next render excludes it).
     env.append({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    # A lost pod's replacement is waited for as long as the rendezvous waits for it; then the
+    # others end with 8 (node lost), naming its ranks (launcher.resilience.node_presence).
+    env.append({"name": WAIT_ENV, "value": str(int(k.rdzv_timeout_s))})
     if k.security == "restricted":
         env.append({"name": "HOME", "value": HOME_DIR})
     env += [{"name": name, "value": value} for name, value in job.env().items()]
