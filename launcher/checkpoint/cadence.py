@@ -128,7 +128,9 @@ def seconds_text(seconds: float) -> str:
     """A duration as a log line says it: ms, s or h."""
     if seconds < 1:
         return f"{seconds * 1e3:.3g} ms"
-    if seconds < 3600:
+    if seconds < 100:
         return f"{seconds:.3g} s"
+    if seconds < 3600:
+        return f"{seconds:,.0f} s"
     hours = seconds / 3600
     return f"{hours:,.0f} h" if hours >= 100 else f"{hours:.3g} h"

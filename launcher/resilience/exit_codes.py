@@ -112,17 +112,6 @@ def read_starts(folder: Path) -> tuple[int | None, dict[int, str]]:
     return max(latest), latest[max(latest)]
 
 
-def read_attempt(folder: Path, attempt: int) -> dict[int, int]:
-    """{rank: code} that the ranks of `attempt` reported when they ended."""
-    codes = {}
-    for path in Path(folder).glob(f"attempt{attempt:04d}.rank*"):
-        match = re.fullmatch(r"attempt\d+\.rank(\d+)", path.name)
-        if match:
-            with contextlib.suppress(OSError, ValueError):
-                codes[int(match[1])] = int(path.read_text())
-    return codes
-
-
 def read_reports(folder: Path, chosen: bool = False) -> dict[int, int]:
     """{rank: code} of the latest attempt whose ranks reported (`chosen`: the codes ranks
     chose to leave with, `report(code, chosen=True)`)."""

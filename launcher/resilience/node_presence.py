@@ -31,6 +31,7 @@ from pathlib import Path
 from launcher.paths import atomic_write
 from launcher.resilience import exit_codes
 from launcher.runtime.process import node_name
+from launcher.runtime.process_tree import children
 
 log = logging.getLogger("launcher.torchrun")
 
@@ -60,10 +61,14 @@ def compact(ranks: list[int]) -> str:
     return ", ".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in runs)
 
 
+NEVER = float("-inf")  # a heartbeat not seen to move yet
+
+
 @dataclass
 class Heartbeats:
     """The other nodes' heartbeats as this node has seen them: each file's counter and when
-    (this node's clock) it last moved, so that no two hosts' clocks are compared."""
+    (this node's clock) it last moved, so that no two hosts' clocks are compared; a file is
+    first seen as not moving."""
 
     me: str
     seen: dict[str, tuple[int, float]] = field(default_factory=dict)
@@ -80,14 +85,21 @@ class Heartbeats:
                 beat = int(record["beat"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            if self.seen.get(node, (None, 0.0))[0] != beat:
+            if node not in self.seen:
+                self.seen[node] = (beat, NEVER)
+            elif self.seen[node][0] != beat:
                 self.seen[node] = (beat, now)
             records[node] = record
         return records
 
-    def silent(self, records: dict[str, dict], now: float) -> dict[str, dict]:
-        """The nodes whose counter has not moved for SILENT_AFTER_S."""
-        return {n: r for n, r in records.items() if now - self.seen[n][1] > SILENT_AFTER_S}
+    def silent(self, records: dict[str, dict], now: float, since: float) -> dict[str, dict]:
+        """The nodes seen to beat at `since` or later whose counter has not moved for
+        SILENT_AFTER_S: the nodes of an attempt begun at `since` that stopped."""
+        return {
+            n: r
+            for n, r in records.items()
+            if self.seen[n][1] >= since and now - self.seen[n][1] > SILENT_AFTER_S
+        }
 
 
 def forget_old(folder: Path) -> None:
@@ -101,14 +113,15 @@ def forget_old(folder: Path) -> None:
 
 def lost_line(silent: dict[str, dict], waited: float | None = None) -> str:
     """The one line: which node's ranks left, and what the job does (`waited`: how long
-    this node waited for a replacement; None: torchrun had no restart left to wait with)."""
+    this node waited for a replacement; None: torchrun ended without waiting)."""
     named = "; ".join(
         f"node {r.get('host', n)} (ranks {compact(r.get('ranks', []))})" for n, r in silent.items()
     )
     why = (
         f"no node took its place within {waited:.0f} s ({WAIT_ENV})"
         if waited is not None
-        else "torchrun had no restart left to wait for a replacement (--max-restarts)"
+        else "torchrun ended without waiting for a replacement (no restart left, or the "
+        "rendezvous gone with the node that held it)"
     )
     return (
         f"launcher.torchrun: lost {named}: its heartbeat stopped and {why}; exit code "
@@ -121,7 +134,8 @@ class NodePresence(threading.Thread):
     """This node's heartbeat in the run directory, and the watch on the others' (see the
     module's docstring); `lost` holds the line once this node decided the job ends."""
 
-    def __init__(self, outcome: Path, wait: float, end: Callable[[], None] | None = None):
+    def __init__(self, outcome: Path, wait: float, end: Callable[[], None] | None = None,
+                 workers: Callable[[], list[int]] | None = None):  # fmt: skip
         super().__init__(name="launcher-node-presence", daemon=True)
         self.outcome = outcome
         self.wait = wait
@@ -132,12 +146,15 @@ class NodePresence(threading.Thread):
         self.ranks: list[int] = []
         self.run_dir: Path | None = None
         self.attempt: int | None = None
+        self.attempt_since = NEVER  # when this node saw the attempt begin (its clock)
         self.ended_since: float | None = None
         self.lost: str | None = None
         self.stopped = threading.Event()
         # how the job is ended: a SIGTERM to this process, which torchrun's agent turns into
         # its shutdown wherever it waits
         self.end = end or (lambda: os.kill(os.getpid(), signal.SIGTERM))
+        # this agent's live workers: none while it waits in a rendezvous
+        self.workers = workers or (lambda: children(os.getpid()))
 
     def run(self) -> None:
         while not self.stopped.wait(BEAT_S):
@@ -151,7 +168,7 @@ class NodePresence(threading.Thread):
         if attempt is None:
             return
         if attempt != self.attempt:  # a new attempt runs: whoever was silent was replaced
-            self.attempt, self.ended_since = attempt, None
+            self.attempt, self.ended_since, self.attempt_since = attempt, None, now
             self.ranks = sorted(starts)
             self.run_dir = Path(next(iter(starts.values())))
             self.folder = self.run_dir / "logs" / FOLDER
@@ -160,9 +177,8 @@ class NodePresence(threading.Thread):
         record = {"host": node_name(), "pid": os.getpid(), "ranks": self.ranks, "beat": self.beat}
         self.folder.mkdir(parents=True, exist_ok=True)
         atomic_write(self.folder / f"{self.me}.json", json.dumps(record))
-        silent = self.beats.silent(self.beats.look(self.folder, now), now)
-        ended = set(exit_codes.read_attempt(self.outcome, attempt)) >= set(starts)
-        if not ended or not silent:
+        silent = self.beats.silent(self.beats.look(self.folder, now), now, self.attempt_since)
+        if self.workers() or not silent:
             self.ended_since = None
             return
         self.ended_since = self.ended_since or now
@@ -179,7 +195,7 @@ class NodePresence(threading.Thread):
         while self.folder is not None and not self.lost:
             now = time.monotonic()
             records = self.beats.look(self.folder, now)
-            silent = self.beats.silent(records, now)
+            silent = self.beats.silent(records, now, self.attempt_since)
             if silent or not records or now > deadline:
                 return silent
             time.sleep(BEAT_S / 4)

@@ -1,10 +1,11 @@
 """A lost node that is not replaced ends the job within a minute (launcher.resilience.
 node_presence, docs/faults.md): each node's front door keeps a heartbeat in the run directory
-and, once its own ranks have ended and a node's heartbeat has stopped for LAUNCHER_LOST_NODE_S
-with no new attempt, ends the job with exit 8 naming that node's ranks; a replacement (a new
-attempt) resets the wait. Driven here by the files the ranks and the other node leave, on a
-clock of the test's; the launch (agents as nodes, one SIGKILLed) is benchmarks/goodput.py's
-"lost for good" case and tests/launches/test_faults.py."""
+and, once its agent has had no worker for LAUNCHER_LOST_NODE_S while the heartbeat of a node
+of this attempt has stopped, ends the job with exit 8 naming that node's ranks; a replacement
+(a new attempt) resets the wait, and a node that stopped before the attempt began is not of
+it. Driven here by the files the ranks and the other node leave, on a clock of the test's;
+the launch (agents as nodes, one SIGKILLed and not replaced) is benchmarks/goodput.py's
+`lost` case."""
 
 from __future__ import annotations
 
@@ -21,11 +22,6 @@ def started(outcome, run_dir, attempt: int, ranks) -> None:
         (outcome / f"attempt{attempt:04d}.rank{r:05d}{exit_codes.STARTED}").write_text(str(run_dir))
 
 
-def ended(outcome, attempt: int, ranks, code: int = 1) -> None:
-    for r in ranks:
-        (outcome / f"attempt{attempt:04d}.rank{r:05d}").write_text(f"{code}\n")
-
-
 def other_node(run_dir, ranks, beat: int) -> None:
     folder = run_dir / "logs" / node_presence.FOLDER
     folder.mkdir(parents=True, exist_ok=True)
@@ -33,64 +29,76 @@ def other_node(run_dir, ranks, beat: int) -> None:
     (folder / "n2-7.json").write_text(json.dumps(record))
 
 
-def presence(tmp_path):
+def presence(tmp_path, workers: list[int]):
+    """The watch on a node whose agent's live workers are `workers` (the test empties it)."""
     outcome, run_dir = tmp_path / "outcome", tmp_path / "run"
     outcome.mkdir(parents=True)
     ends = []
-    watch = NodePresence(outcome, WAIT, end=lambda: ends.append(True))
+    watch = NodePresence(outcome, WAIT, end=lambda: ends.append(True), workers=lambda: workers)
     return watch, outcome, run_dir, ends
 
 
 def test_a_silent_node_after_this_nodes_ranks_ended_ends_the_job_naming_its_ranks(tmp_path):
-    watch, outcome, run_dir, ends = presence(tmp_path)
+    workers = [101, 102]
+    watch, outcome, run_dir, ends = presence(tmp_path, workers)
     started(outcome, run_dir, 0, [0, 1])
     other_node(run_dir, [2, 3], beat=1)
     watch.tick(0.0)
+    other_node(run_dir, [2, 3], beat=2)  # it beats in this attempt: one of its nodes
+    watch.tick(BEAT_S)
     mine = json.loads((run_dir / "logs" / "nodes" / f"{watch.me}.json").read_text())
-    assert mine["ranks"] == [0, 1] and mine["beat"] == 1
-    ended(outcome, 0, [0, 1])  # the collective broke: this node's ranks are gone
-    t = 0.0
+    assert mine["ranks"] == [0, 1] and mine["beat"] == 2
+    workers.clear()  # the collective broke: this node's ranks are gone, the agent waits
+    t = BEAT_S
     while not ends:
         t += BEAT_S
         watch.tick(t)
-        assert t < SILENT_AFTER_S + WAIT + 2 * BEAT_S
-    assert t >= SILENT_AFTER_S + WAIT  # silent first, then the whole wait
+        assert t <= BEAT_S + SILENT_AFTER_S + WAIT + 2 * BEAT_S
+    assert t >= BEAT_S + SILENT_AFTER_S + WAIT  # silent first, then the whole wait
     assert watch.lost.startswith("launcher.torchrun: lost node n2 (ranks 2-3): its heartbeat ")
     assert "within 30 s (LAUNCHER_LOST_NODE_S); exit code 8 (node lost)" in watch.lost
 
 
-def test_a_beating_node_or_ranks_still_running_end_nothing(tmp_path):
-    watch, outcome, run_dir, ends = presence(tmp_path)
+def test_a_beating_node_a_node_of_no_attempt_or_workers_running_end_nothing(tmp_path):
+    watch, outcome, run_dir, ends = presence(tmp_path, [])
     started(outcome, run_dir, 0, [0, 1])
     for i in range(60):  # the other node beats on: a crash, not a loss; the restart comes
         other_node(run_dir, [2, 3], beat=i)
-        ended(outcome, 0, [0, 1])
         watch.tick(i * BEAT_S)
     assert not ends
-    watch, outcome, run_dir, ends = presence(tmp_path / "b")
+    watch, outcome, run_dir, ends = presence(tmp_path / "b", [])
     started(outcome, run_dir, 0, [0, 1])
     other_node(run_dir, [2, 3], beat=1)
-    for i in range(60):  # silent, but this node's ranks still run: not for this node to say
+    for i in range(60):  # a file that never beat in this attempt: an earlier node's, not lost
+        watch.tick(i * BEAT_S)
+    assert not ends
+    watch, outcome, run_dir, ends = presence(tmp_path / "c", [101])
+    started(outcome, run_dir, 0, [0, 1])
+    for i in range(60):  # silent, but this node's workers still run: not for it to say
+        other_node(run_dir, [2, 3], beat=min(i, 2))
         watch.tick(i * BEAT_S)
     assert not ends
 
 
 def test_a_replacement_that_starts_a_new_attempt_resets_the_wait(tmp_path):
-    watch, outcome, run_dir, ends = presence(tmp_path)
+    workers = [101]
+    watch, outcome, run_dir, ends = presence(tmp_path, workers)
     started(outcome, run_dir, 0, [0, 1])
     other_node(run_dir, [2, 3], beat=1)
     watch.tick(0.0)
-    ended(outcome, 0, [0, 1])
-    for i in range(1, 20):  # silent for most of the wait
+    other_node(run_dir, [2, 3], beat=2)
+    watch.tick(BEAT_S)
+    workers.clear()
+    for i in range(2, 20):  # silent for most of the wait
         watch.tick(i * BEAT_S)
     started(outcome, run_dir, 1, [0, 1])  # the replacement came: the next attempt runs
-    for i in range(20, 80):
+    for i in range(20, 80):  # the lost node's file stays silent: not of this attempt
         watch.tick(i * BEAT_S)
     assert not ends and watch.attempt == 1
 
 
-def test_the_line_without_a_wait_says_torchrun_had_no_restart_left():
+def test_the_line_without_a_wait_says_torchrun_did_not_wait():
     silent = {"n2-7": {"host": "n2", "ranks": [4, 5, 6, 7]}, "n3-9": {"host": "n3", "ranks": [9]}}
     line = node_presence.lost_line(silent)
     assert "lost node n2 (ranks 4-7); node n3 (ranks 9)" in line
-    assert "torchrun had no restart left to wait for a replacement (--max-restarts)" in line
+    assert "torchrun ended without waiting for a replacement (no restart left" in line
