@@ -13,8 +13,9 @@ round and round:
 - replaced: a node's agent and everything below it SIGKILLed, a new agent started for it at
   once with an empty memory folder (a spare node; it joins the rendezvous last);
 - sigstop: one rank frozen (SIGSTOP): the hang watchdog's case;
-- preemption: SIGTERM to one node's agent (the scheduler's warning): every rank checkpoints
-  and the job ends with 143; the benchmark requeues it (all agents again, the same memory);
+- preemption: SIGTERM to every node's agent (the scheduler preempting the job): every rank
+  checkpoints and the job ends with 143; the benchmark requeues it (all agents again, the
+  same memory folders);
 - device_error: a rank raises an uncorrectable ECC error (fault.kind=device_error, armed at
   the launch before, at the step the fault's slot comes to);
 - lost: a node's agent SIGKILLed and not replaced: the job must end within 60 s with exit 8
@@ -251,8 +252,8 @@ def inject(kind: str, job: Job, steps: Steps, every: float) -> Fault:
         fault.at = time.time()
         os.kill(worker_pid(job.run_dir, FAULT_RANK), signal.SIGSTOP)
     elif kind == "preemption":
-        agent = job.agents[1]
-        agent.send_signal(signal.SIGTERM)
+        for agent in job.agents:
+            agent.send_signal(signal.SIGTERM)
     elif kind == "device_error":  # armed at the launch before: fires at its step by itself
         armed = int(re.search(r"fault.step=(\d+)", " ".join(job.extra))[1])
         wait_until(lambda: steps.last_step() >= armed - 1, every * 2)

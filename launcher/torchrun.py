@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         ranks = exit_codes.read_reports(Path(folder))
         chosen = exit_codes.read_reports(Path(folder), chosen=True)
         lost = presence.lost or lost_at_end(presence, ranks, succeeded, chosen)
-        presence.close()
-    code = exit_codes.NODE_LOST if lost else exit_codes.job_code(ranks, succeeded, chosen)
+        code = exit_codes.NODE_LOST if lost else exit_codes.job_code(ranks, succeeded, chosen)
+        presence.close(code)
     if lost:
         print(lost, file=sys.stderr)
         node_presence.record_in_summary(presence.run_dir, presence.ranks, lost)

@@ -72,6 +72,7 @@ class Heartbeats:
 
     me: str
     seen: dict[str, tuple[int, float]] = field(default_factory=dict)
+    last: dict[str, dict] = field(default_factory=dict)  # each node's last record read
 
     def look(self, folder: Path, now: float) -> dict[str, dict]:
         """Read every other node's heartbeat; {node: its record}."""
@@ -89,17 +90,25 @@ class Heartbeats:
                 self.seen[node] = (beat, NEVER)
             elif self.seen[node][0] != beat:
                 self.seen[node] = (beat, now)
-            records[node] = record
+            records[node] = self.last[node] = record
         return records
 
-    def silent(self, records: dict[str, dict], now: float, since: float) -> dict[str, dict]:
-        """The nodes seen to beat at `since` or later whose counter has not moved for
-        SILENT_AFTER_S: the nodes of an attempt begun at `since` that stopped."""
-        return {
-            n: r
-            for n, r in records.items()
-            if self.seen[n][1] >= since and now - self.seen[n][1] > SILENT_AFTER_S
-        }
+    def gone(self, records: dict[str, dict], now: float, since: float,
+             ended_too: bool = False) -> dict[str, dict]:  # fmt: skip
+        """The nodes of the attempt begun at `since` (seen to beat since) that are no more:
+        their counter has not moved for SILENT_AFTER_S, or, with `ended_too`, their front
+        door ended (it says so in its last record: it left the job and will not return)."""
+        out = {}
+        for n, record in records.items():
+            moved = self.seen[n][1]
+            if moved < since:
+                continue
+            if record.get("ended") is not None:
+                if ended_too:
+                    out[n] = record
+            elif now - moved > SILENT_AFTER_S:
+                out[n] = record
+        return out
 
 
 def forget_old(folder: Path) -> None:
@@ -112,11 +121,14 @@ def forget_old(folder: Path) -> None:
 
 
 def lost_line(silent: dict[str, dict], waited: float | None = None) -> str:
-    """The one line: which node's ranks left, and what the job does (`waited`: how long
-    this node waited for a replacement; None: torchrun ended without waiting)."""
+    """The one line: which node's ranks left and how, and what the job does (`waited`: how
+    long this node waited for a replacement; None: torchrun ended without waiting)."""
     named = "; ".join(
-        f"node {r.get('host', n)} (ranks {compact(r.get('ranks', []))})" for n, r in silent.items()
-    )
+        f"node {r.get('host', n)} (ranks {compact(r.get('ranks', []))}, "
+        + ("its heartbeat stopped)" if r.get("ended") is None else
+           f"its launcher.torchrun ended with {r['ended']})")
+        for n, r in silent.items()
+    )  # fmt: skip
     why = (
         f"no node took its place within {waited:.0f} s ({WAIT_ENV})"
         if waited is not None
@@ -124,7 +136,7 @@ def lost_line(silent: dict[str, dict], waited: float | None = None) -> str:
         "rendezvous gone with the node that held it)"
     )
     return (
-        f"launcher.torchrun: lost {named}: its heartbeat stopped and {why}; exit code "
+        f"launcher.torchrun: lost {named}: {why}; exit code "
         f"{exit_codes.NODE_LOST} (node lost): a requeue or restart on a full set of nodes "
         "resumes from the last checkpoint"
     )
@@ -177,7 +189,8 @@ class NodePresence(threading.Thread):
         record = {"host": node_name(), "pid": os.getpid(), "ranks": self.ranks, "beat": self.beat}
         self.folder.mkdir(parents=True, exist_ok=True)
         atomic_write(self.folder / f"{self.me}.json", json.dumps(record))
-        silent = self.beats.silent(self.beats.look(self.folder, now), now, self.attempt_since)
+        records = self.beats.look(self.folder, now)
+        silent = self.beats.gone(records, now, self.attempt_since, ended_too=True)
         if self.workers() or not silent:
             self.ended_since = None
             return
@@ -195,19 +208,23 @@ class NodePresence(threading.Thread):
         while self.folder is not None and not self.lost:
             now = time.monotonic()
             records = self.beats.look(self.folder, now)
-            silent = self.beats.silent(records, now, self.attempt_since)
+            silent = self.beats.gone(records, now, self.attempt_since)
             if silent or not records or now > deadline:
                 return silent
             time.sleep(BEAT_S / 4)
         return {}
 
-    def close(self) -> None:
-        """Stop the heartbeat and take this node's file away (the job ended here)."""
+    def close(self, code: int) -> None:
+        """Stop the heartbeat; its last record says this node's front door ended with
+        `code` (it left the job: the others need not wait for it to beat again)."""
         self.stopped.set()
         if self.is_alive():
             self.join()
         if self.folder is not None:
-            (self.folder / f"{self.me}.json").unlink(missing_ok=True)
+            record = {"host": node_name(), "pid": os.getpid(), "ranks": self.ranks,
+                      "beat": self.beat + 1, "ended": code}  # fmt: skip
+            with contextlib.suppress(OSError):
+                atomic_write(self.folder / f"{self.me}.json", json.dumps(record))
 
 
 def record_in_summary(run_dir: Path | None, ranks: list[int], line: str) -> None:

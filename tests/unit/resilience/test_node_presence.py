@@ -22,10 +22,10 @@ def started(outcome, run_dir, attempt: int, ranks) -> None:
         (outcome / f"attempt{attempt:04d}.rank{r:05d}{exit_codes.STARTED}").write_text(str(run_dir))
 
 
-def other_node(run_dir, ranks, beat: int) -> None:
+def other_node(run_dir, ranks, beat: int, ended: int | None = None) -> None:
     folder = run_dir / "logs" / node_presence.FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    record = {"host": "n2", "pid": 7, "ranks": ranks, "beat": beat}
+    record = {"host": "n2", "pid": 7, "ranks": ranks, "beat": beat, "ended": ended}
     (folder / "n2-7.json").write_text(json.dumps(record))
 
 
@@ -55,7 +55,9 @@ def test_a_silent_node_after_this_nodes_ranks_ended_ends_the_job_naming_its_rank
         watch.tick(t)
         assert t <= BEAT_S + SILENT_AFTER_S + WAIT + 2 * BEAT_S
     assert t >= BEAT_S + SILENT_AFTER_S + WAIT  # silent first, then the whole wait
-    assert watch.lost.startswith("launcher.torchrun: lost node n2 (ranks 2-3): its heartbeat ")
+    assert watch.lost.startswith(
+        "launcher.torchrun: lost node n2 (ranks 2-3, its heartbeat stopped): no node took"
+    )
     assert "within 30 s (LAUNCHER_LOST_NODE_S); exit code 8 (node lost)" in watch.lost
 
 
@@ -97,8 +99,30 @@ def test_a_replacement_that_starts_a_new_attempt_resets_the_wait(tmp_path):
     assert not ends and watch.attempt == 1
 
 
+def test_a_node_whose_front_door_ended_while_this_one_waits_is_lost_after_the_wait(tmp_path):
+    """One node stopped (its ranks 143, its front door ended: one node preempted) while the
+    others restart and wait for it: nobody will bring it back, so after the wait the job
+    ends with 8, the line saying how that node left. At a job's end, a node that ended is
+    not a lost one (every front door of a crashed job ends)."""
+    workers = [101]
+    watch, outcome, run_dir, ends = presence(tmp_path, workers)
+    started(outcome, run_dir, 0, [0, 1])
+    other_node(run_dir, [2, 3], beat=1)
+    watch.tick(0.0)
+    other_node(run_dir, [2, 3], beat=2, ended=143)
+    watch.tick(BEAT_S)
+    assert watch.silent_at_end() == {}  # ended, not silent
+    workers.clear()
+    t = BEAT_S
+    while not ends:
+        t += BEAT_S
+        watch.tick(t)
+    assert t == BEAT_S + WAIT + BEAT_S  # the wait alone: its end was said at once
+    assert "lost node n2 (ranks 2-3, its launcher.torchrun ended with 143)" in watch.lost
+
+
 def test_the_line_without_a_wait_says_torchrun_did_not_wait():
     silent = {"n2-7": {"host": "n2", "ranks": [4, 5, 6, 7]}, "n3-9": {"host": "n3", "ranks": [9]}}
     line = node_presence.lost_line(silent)
-    assert "lost node n2 (ranks 4-7); node n3 (ranks 9)" in line
+    assert "lost node n2 (ranks 4-7, its heartbeat stopped); node n3 (ranks 9, its " in line
     assert "torchrun ended without waiting for a replacement (no restart left" in line
