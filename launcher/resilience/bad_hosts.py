@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from launcher.paths import atomic_write
+from launcher.resilience.first_failure import says_any
 
 FILE = "bad_hosts"
 
@@ -71,9 +72,4 @@ def record(run_dir: Path, found: dict[str, str]) -> None:
 
 def is_device_error(exc: BaseException) -> bool:
     """Whether `exc` (or what it was raised from) is a failure of the device, not the code."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if any(marker in str(seen) for marker in DEVICE_ERRORS):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return says_any(exc, DEVICE_ERRORS)

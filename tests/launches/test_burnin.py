@@ -18,7 +18,7 @@ from pathlib import Path
 from launcher.resilience import bad_hosts, exit_codes
 
 from launch import FAST_USER_LOADER, explain, metrics, summary, torchrun
-from submit_render import render
+from submit_render import render, slurm_stand_ins
 
 # 0.2 s more per matmul against a few ms: far above any tolerance noise could reach.
 SLOW_RANK_1 = ["fault.kind=slow_device", "fault.rank=1", "fault.seconds=0.2"]
@@ -85,19 +85,8 @@ def bad_node_block(script: str) -> str:
     return script[start : script.index("# Requeue after a preemption")]
 
 
-# A stand-in scontrol: the job already excludes n9; hostnames of a comma list; every other
-# call is recorded, so the test sees what would have been asked of Slurm. A stand-in sinfo:
-# the partition's four nodes (one is left once n1, n2 and n9 are excluded).
-SCONTROL = """
-sinfo() { printf 'n1\\nn2\\nn3\\nn9\\n'; }
-scontrol() {
-  case "$1 $2" in
-    "-o show") echo "JobId=7 JobName=x ExcNodeList=$EXCLUDED Reason=None" ;;
-    "show hostnames") echo "$3" | tr , '\\n' ;;
-    *) echo "$*" >> "$run_dir/calls" ;;
-  esac
-}
-"""
+# The partition's four nodes (one is left once n1, n2 and n9 are excluded).
+SCONTROL = slurm_stand_ins(["n1", "n2", "n3", "n9"])
 
 
 def run_block(block: str, run_dir: Path, excluded: str) -> str:

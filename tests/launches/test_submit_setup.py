@@ -12,7 +12,7 @@ import pytest
 
 from launcher.resilience import bad_hosts, exit_codes
 
-from submit_render import render
+from submit_render import render, slurm_stand_ins
 
 
 def setup_part(script: str) -> str:
@@ -123,18 +123,6 @@ def test_the_sbatch_script_decides_every_exit_code(tmp_path):
         assert proc.returncode == code
 
 
-BAD_HOST_STUBS = """
-sinfo() { printf 'n1\\nn2\\nn3\\n'; }
-scontrol() {
-  case "$1 $2" in
-    "-o show") echo "JobId=9 ExcNodeList=(null) Reason=None" ;;
-    "show hostnames") echo "$3" | tr , '\\n' ;;
-    *) echo "scontrol $*" >> "$run_dir/calls" ;;
-  esac
-}
-"""
-
-
 @pytest.mark.parametrize("code", [exit_codes.HANG, exit_codes.NODE_LOST])
 def test_every_requeue_keeps_the_runs_bad_hosts_out(tmp_path, code):
     """A hang (its culprit's host) and a lost node requeue the job with the run's bad_hosts
@@ -146,14 +134,16 @@ def test_every_requeue_keeps_the_runs_bad_hosts_out(tmp_path, code):
     (run_dir / "reached").write_text("step_00000004\n")
     bad_hosts.record(run_dir, {"n2": "hang: rank 9 wrote no stacks (after step 3)"})
     tail = script[script.index('  case "$code" in') :]
-    head = f"{SLURM_STUBS}{BAD_HOST_STUBS}run_dir={run_dir}\ncode={code}\nstop=\nif true; then\n"
+    stand_ins = slurm_stand_ins(["n1", "n2", "n3"])
+    head = f"{SLURM_STUBS}{stand_ins}EXCLUDED='(null)'\nrun_dir={run_dir}\ncode={code}\nstop=\n"
+    head += "if true; then\n"
     proc = subprocess.run(["bash", "-c", head + tail], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"without the node(s) in {run_dir}/bad_hosts: --exclude=n2" in proc.stdout
     assert (run_dir / "calls").read_text().splitlines() == [
-        "scontrol requeuehold 9",
-        "scontrol update JobId=9 ExcNodeList=n2",
-        "scontrol release 9",
+        "requeuehold 9",
+        "update JobId=9 ExcNodeList=n2",
+        "release 9",
     ]
     bad_hosts.record(run_dir, {"n3": "device error: rank 4 at step 7: RuntimeError: ECC"})
     (run_dir / "calls").unlink()
