@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from pathlib import Path
 from launcher.paths import atomic_write
 from launcher.resilience import exit_codes
 from launcher.runtime.process import node_name
-from launcher.runtime.process_tree import children
+from launcher.runtime.process_tree import children, kill_tree
 
 log = logging.getLogger("launcher.torchrun")
 
@@ -147,7 +148,8 @@ class NodePresence(threading.Thread):
     module's docstring); `lost` holds the line once this node decided the job ends."""
 
     def __init__(self, outcome: Path, wait: float, end: Callable[[], None] | None = None,
-                 workers: Callable[[], list[int]] | None = None):  # fmt: skip
+                 workers: Callable[[], list[int]] | None = None,
+                 kill: Callable[[int], None] | None = None):  # fmt: skip
         super().__init__(name="launcher-node-presence", daemon=True)
         self.outcome = outcome
         self.wait = wait
@@ -160,6 +162,7 @@ class NodePresence(threading.Thread):
         self.attempt: int | None = None
         self.attempt_since = NEVER  # when this node saw the attempt begin (its clock)
         self.ended_since: float | None = None
+        self.stopping = False  # this attempt's workers were ended for a gone node
         self.lost: str | None = None
         self.stopped = threading.Event()
         # how the job is ended: a SIGTERM to this process, which torchrun's agent turns into
@@ -167,6 +170,25 @@ class NodePresence(threading.Thread):
         self.end = end or (lambda: os.kill(os.getpid(), signal.SIGTERM))
         # this agent's live workers: none while it waits in a rendezvous
         self.workers = workers or (lambda: children(os.getpid()))
+        self.kill = kill or kill_tree
+
+    def stop_workers(self, workers: list[int], gone: dict[str, dict]) -> None:
+        """A node of this attempt is gone while this node's ranks run: they cannot go on
+        without it (their next collective would wait for it until the hang watchdog or the
+        collective's timeout), so they end now and torchrun's agent goes back into the
+        rendezvous, for a replacement or for the end of the job. A stop that a gone node's
+        front door chose (it ended: a preemption's 143) is the stop protocol's, not this."""
+        silent = {n: r for n, r in gone.items() if r.get("ended") is None}
+        if not silent:
+            return
+        self.stopping = True
+        named = "; ".join(f"node {r.get('host', n)} (ranks {compact(r.get('ranks', []))})"
+                          for n, r in silent.items())  # fmt: skip
+        print(f"launcher.torchrun: {named}: its heartbeat stopped; ending this node's ranks "
+              f"now, which cannot go on without it (torchrun restarts them for the node that "
+              f"takes its place)", file=sys.stderr, flush=True)  # fmt: skip
+        for pid in workers:
+            self.kill(pid)
 
     def run(self) -> None:
         while not self.stopped.wait(BEAT_S):
@@ -181,6 +203,7 @@ class NodePresence(threading.Thread):
             return
         if attempt != self.attempt:  # a new attempt runs: whoever was silent was replaced
             self.attempt, self.ended_since, self.attempt_since = attempt, None, now
+            self.stopping = False
             self.ranks = sorted(starts)
             self.run_dir = Path(next(iter(starts.values())))
             self.folder = self.run_dir / "logs" / FOLDER
@@ -191,7 +214,10 @@ class NodePresence(threading.Thread):
         atomic_write(self.folder / f"{self.me}.json", json.dumps(record))
         records = self.beats.look(self.folder, now)
         silent = self.beats.gone(records, now, self.attempt_since, ended_too=True)
-        if self.workers() or not silent:
+        workers = self.workers()
+        if workers and silent and not self.stopping:
+            self.stop_workers(workers, silent)
+        if workers or not silent:
             self.ended_since = None
             return
         self.ended_since = self.ended_since or now

@@ -29,12 +29,14 @@ def other_node(run_dir, ranks, beat: int, ended: int | None = None) -> None:
     (folder / "n2-7.json").write_text(json.dumps(record))
 
 
-def presence(tmp_path, workers: list[int]):
-    """The watch on a node whose agent's live workers are `workers` (the test empties it)."""
+def presence(tmp_path, workers: list[int], killed: list[int] | None = None):
+    """The watch on a node whose agent's live workers are `workers` (the test empties it);
+    the workers it ends go to `killed`."""
     outcome, run_dir = tmp_path / "outcome", tmp_path / "run"
     outcome.mkdir(parents=True)
     ends = []
-    watch = NodePresence(outcome, WAIT, end=lambda: ends.append(True), workers=lambda: workers)
+    watch = NodePresence(outcome, WAIT, end=lambda: ends.append(True), workers=lambda: workers,
+                         kill=(killed if killed is not None else []).append)  # fmt: skip
     return watch, outcome, run_dir, ends
 
 
@@ -126,3 +128,32 @@ def test_the_line_without_a_wait_says_torchrun_did_not_wait():
     line = node_presence.lost_line(silent)
     assert "lost node n2 (ranks 4-7, its heartbeat stopped); node n3 (ranks 9, its " in line
     assert "torchrun ended without waiting for a replacement (no restart left" in line
+
+
+def test_this_nodes_ranks_end_as_soon_as_a_node_of_the_attempt_stops_beating(tmp_path):
+    """Its ranks' next collective would wait for the gone node until the hang watchdog: they
+    are ended once its heartbeat has stopped for SILENT_AFTER_S (once an attempt), so the
+    restart begins then; a node that ended on its own (a stop's 143) ends nothing."""
+    killed: list[int] = []
+    watch, outcome, run_dir, _ = presence(tmp_path, [101, 102], killed)
+    started(outcome, run_dir, 0, [0, 1])
+    other_node(run_dir, [2, 3], beat=1)
+    watch.tick(0.0)
+    other_node(run_dir, [2, 3], beat=2)
+    t = BEAT_S
+    watch.tick(t)
+    while not killed:
+        t += BEAT_S
+        watch.tick(t)
+    assert killed == [101, 102] and t <= BEAT_S + SILENT_AFTER_S + BEAT_S
+    watch.tick(t + BEAT_S)
+    assert killed == [101, 102]  # once
+    killed.clear()
+    watch, outcome, run_dir, _ = presence(tmp_path / "b", [101], killed)
+    started(outcome, run_dir, 0, [0, 1])
+    other_node(run_dir, [2, 3], beat=1)
+    watch.tick(0.0)
+    other_node(run_dir, [2, 3], beat=2, ended=143)
+    for i in range(1, 20):
+        watch.tick(i * BEAT_S)
+    assert killed == []
