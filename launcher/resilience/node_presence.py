@@ -31,7 +31,7 @@ from pathlib import Path
 
 from launcher.paths import atomic_write
 from launcher.resilience import exit_codes
-from launcher.runtime.process import node_name
+from launcher.runtime.process import node_name, ranks_text
 from launcher.runtime.process_tree import children, kill_tree
 
 log = logging.getLogger("launcher.torchrun")
@@ -49,17 +49,6 @@ def wait_s(environ=os.environ) -> float:
         return max(0.0, float(environ.get(WAIT_ENV, DEFAULT_WAIT_S)))
     except ValueError:
         return DEFAULT_WAIT_S
-
-
-def compact(ranks: list[int]) -> str:
-    """Ranks as runs: [8, 9, 10, 11] -> '8-11'."""
-    runs: list[list[int]] = []
-    for r in sorted(ranks):
-        if runs and r == runs[-1][-1] + 1:
-            runs[-1].append(r)
-        else:
-            runs.append([r])
-    return ", ".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in runs)
 
 
 NEVER = float("-inf")  # a heartbeat not seen to move yet
@@ -125,7 +114,7 @@ def lost_line(silent: dict[str, dict], waited: float | None = None) -> str:
     """The one line: which node's ranks left and how, and what the job does (`waited`: how
     long this node waited for a replacement; None: torchrun ended without waiting)."""
     named = "; ".join(
-        f"node {r.get('host', n)} (ranks {compact(r.get('ranks', []))}, "
+        f"node {r.get('host', n)} (ranks {ranks_text(r.get('ranks', []))}, "
         + ("its heartbeat stopped)" if r.get("ended") is None else
            f"its launcher.torchrun ended with {r['ended']})")
         for n, r in silent.items()
@@ -182,7 +171,7 @@ class NodePresence(threading.Thread):
         if not silent:
             return
         self.stopping = True
-        named = "; ".join(f"node {r.get('host', n)} (ranks {compact(r.get('ranks', []))})"
+        named = "; ".join(f"node {r.get('host', n)} (ranks {ranks_text(r.get('ranks', []))})"
                           for n, r in silent.items())  # fmt: skip
         print(f"launcher.torchrun: {named}: its heartbeat stopped; ending this node's ranks "
               f"now, which cannot go on without it (torchrun restarts them for the node that "

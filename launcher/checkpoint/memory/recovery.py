@@ -127,14 +127,3 @@ def rounds(moves: list[Move]) -> list[list[Move]]:
         else:
             out.append([move])
     return out
-
-
-def compact(ranks: list[int]) -> str:
-    """Ranks as runs: [4, 5, 6, 7, 9] -> '4-7, 9'."""
-    runs: list[list[int]] = []
-    for r in ranks:
-        if runs and r == runs[-1][-1] + 1:
-            runs[-1].append(r)
-        else:
-            runs.append([r])
-    return ", ".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in runs)

@@ -32,10 +32,10 @@ import torch.distributed as dist
 
 from launcher.checkpoint import protocol as checkpoint
 from launcher.checkpoint.memory import node_share, peers, recovery
-from launcher.checkpoint.memory.recovery import Held, Recovery, compact
+from launcher.checkpoint.memory.recovery import Held, Recovery
 from launcher.checkpoint.memory.size import KEEP
 from launcher.checkpoint.resume import differences
-from launcher.runtime.process import Runtime, launch_key
+from launcher.runtime.process import Runtime, launch_key, ranks_text
 
 log = logging.getLogger("launcher")
 
@@ -255,8 +255,8 @@ class MemoryTier:
         copied = sorted({r for _, r in found.local} | {m.rank for m in found.moves if m.copy})
         elsewhere = sorted({m.rank for m in found.moves if not m.copy} - set(copied))
         if copied or elsewhere:
-            how = [f"rank(s) {compact(copied)} from their peers' copies"] if copied else []
-            how += [f"rank(s) {compact(elsewhere)} from the node that held them (the "
+            how = [f"rank(s) {ranks_text(copied)} from their peers' copies"] if copied else []
+            how += [f"rank(s) {ranks_text(elsewhere)} from the node that held them (the "
                     "rendezvous placed them on another node)"] if elsewhere else []  # fmt: skip
             log.warning("memory tier: step %d restored for %s", found.step, " and ".join(how))
         if found.lost:
@@ -264,7 +264,7 @@ class MemoryTier:
             log.warning(
                 "memory tier: rank(s) %s hold no memory checkpoint of step %d that other ranks "
                 "hold (their node's memory was lost, or the node replaced)%s; %s",
-                compact(ranks), step,
+                ranks_text(ranks), step,
                 "" if self.ring else ", and no peer copies (trainer.memory_checkpoint_peer)",
                 f"resuming from the memory checkpoint of step {found.step}" if found.step else
                 "resuming from the durable checkpoint, or step 0",

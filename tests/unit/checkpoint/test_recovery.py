@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.checkpoint.memory.recovery import Held, Move, compact, plan, rounds
+from launcher.checkpoint.memory.recovery import Held, Move, plan, rounds
+from launcher.runtime.process import ranks_text
 
 NODES, PER = 4, 4
 NODE_OF = [r // PER for r in range(NODES * PER)]
@@ -102,4 +103,4 @@ def test_moves_come_in_rounds_where_no_rank_sends_or_receives_twice():
 
 
 def test_ranks_are_named_as_runs():
-    assert compact([4, 5, 6, 7, 9, 11, 12]) == "4-7, 9, 11-12"
+    assert ranks_text([12, 4, 5, 6, 7, 9, 11]) == "4-7, 9, 11-12"
