@@ -36,6 +36,7 @@ from launcher.resilience.faults import FaultInjector, peer_left
 from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime import disk
 from launcher.runtime.disk import shm_available_bytes
+from launcher.runtime.launch_clock import wall_seconds
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.lock import RunLock
 from launcher.runtime.process import (
@@ -297,6 +298,8 @@ class Job:
             if summary:  # the plan's forecast beside what the run measured, in every sink
                 summary = {**summary, "exit_code": code, "forecast": self.forecast}
             images = write_report(rt.run_dir, summary) if rt.is_main and summary else {}
+            if summary:  # to the last write: the closing block, W&B, TensorBoard, summary.json
+                summary["wall_time_s"] = wall_seconds(rt.launch.job_started)
             for sink in self.sinks:
                 sink.log_images(images)
                 sink.close(summary)
