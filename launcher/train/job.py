@@ -22,6 +22,7 @@ from launcher.checkpoint.manager import CheckpointManager, plan_resume
 from launcher.checkpoint.memory import MemoryTier
 from launcher.config import ConfigError, TrainConfig, typed
 from launcher.config.batch import BatchPlan
+from launcher.config.model_shape import millions
 from launcher.config.registry import build_strategy, engine
 from launcher.data import TokenData, build_train_loader, prepare_data
 from launcher.data.cache import cache_root
@@ -124,12 +125,8 @@ def build_data_and_model(cfg: TrainConfig, rt: Runtime):
         cfg.model, data.vocab_size, eot_id=data.eot_id, grad_checkpointing=t.grad_checkpointing
     )
     fpt = flops_per_token(model, t.seq_len)
-    log.info(
-        "model %s: %.2fM parameters, %.3g FLOPs/token",
-        cfg.model.name,
-        count_params(model) / 1e6,
-        fpt,
-    )
+    log.info("model %s: %s parameters, %.3g FLOPs/token", cfg.model.name,
+             millions(count_params(model)), fpt)  # fmt: skip
     return data, model, fpt
 
 

@@ -14,7 +14,6 @@ choices as `override` defaults, so that
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 from pathlib import Path
 from typing import Any
@@ -22,18 +21,13 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
+from launcher.config.compose import config_groups
 from launcher.observe import wandb_sink
 from launcher.tune.trials import merged
 
 # Keys of the tuning launch that are not the experiment: where it ran, how it tuned, and a
 # rehearsed fault (`fault.*`, such as slow storage planted to tune against).
 NOT_TUNED = ("run", "resume", "tune", "hydra", "fault")
-
-
-def config_groups() -> set[str]:
-    """The config groups of launcher.conf (model, data, strategy, ...)."""
-    conf = importlib.resources.files("launcher.conf")
-    return {p.name for p in conf.iterdir() if p.is_dir() and not p.name.startswith("_")}
 
 
 def tuned_experiment(user_overrides: list[str], kept: dict[str, Any]) -> dict:
