@@ -473,12 +473,17 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
         "runs/<id> stands for a run of yours; tests/unit/plan/test_forecast.py plans from measured figures",
     ),
     (
-        "docs/quickstart.md",
-        ". .venv/bin/activate && pip install -e '.[test]' && python -m pytest",
-    ): (
-        "skip",
-        "the test suite itself (.ci/run and the lead run it)",
-    ),
+        "docs/cluster.md",
+        "python -m launcher.submit slurm --dry-run cluster.nodes=2 trainer.global_batch_size=64",
+    ): ("dry", "rendered with --dry-run (applying needs a cluster)"),
+    (
+        "docs/cluster.md",
+        "python -m launcher.submit k8s --dry-run cluster.nodes=2 trainer.global_batch_size=64",
+    ): ("dry", "rendered with --dry-run (applying needs a cluster)"),
+    (
+        "docs/train.md",
+        "torchrun --standalone --nproc_per_node=2 -m launcher.train +exp=python_sample model.n_layer=6 trainer.max_steps=1000",
+    ): ("check", "composed and validated at its world size (a run takes minutes or a GPU)"),
     (
         "docs/slurm.md",
         "python -m launcher.submit slurm cluster.nodes=2 cluster.gpus_per_node=8 cluster.slurm.partition=gpu cluster.time_limit=04:00:00 trainer.global_batch_size=64 run.root=/shared/$USER/runs",
