@@ -473,6 +473,17 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
         "runs/<id> stands for a run of yours; tests/unit/plan/test_forecast.py plans from measured figures",
     ),
     (
+        "docs/quickstart.md",
+        "torchrun --standalone --nproc_per_node=2 -m launcher.train +exp=python_sample",
+    ): (
+        "check",
+        "minutes of training; its compute is pinned to the measured run (tests/unit/config/test_experiments.py)",
+    ),
+    (
+        "docs/quickstart.md",
+        "python -m launcher.generate runs/latest --prompt 'class ' --max-tokens 200 --seed 1 --temperature 0.7",
+    ): ("skip", "needs the recipe's finished run (minutes); its sample is a real run's output"),
+    (
         "docs/cluster.md",
         "python -m launcher.submit slurm --dry-run cluster.nodes=2 trainer.global_batch_size=64",
     ): ("dry", "rendered with --dry-run (applying needs a cluster)"),
