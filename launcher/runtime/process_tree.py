@@ -11,27 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from pathlib import Path
 
 # What torchrun forwards to its workers, Slurm sends to every process of a step and a
 # terminal sends on Ctrl-C: each rank turns them into a checkpoint at the next step boundary
 # (launcher.resilience.preemption), and its data-loader workers leave them to it.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-
-
-def process_age_s(pid: int | None = None) -> float | None:
-    """Seconds since process `pid` (this one) started, from /proc (None where it has not
-    it): for a rank, its launch's start-up once the steps begin."""
-    try:
-        start = int(
-            Path(f"/proc/{pid or os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()[19]
-        )
-        boot = next(int(ln.split()[1]) for ln in Path("/proc/stat").read_text().splitlines()
-                    if ln.startswith("btime "))  # fmt: skip
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-    return time.time() - (boot + start / os.sysconf("SC_CLK_TCK"))
 
 
 def children(pid: int) -> list[int]:
