@@ -301,6 +301,10 @@ class ClusterBase:
     workdir: str | None = None  # where the job starts (the checkout); null: submit's cwd
     setup: list[str] = field(default_factory=list)  # shell lines run before torchrun
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables
+    # variables holding secrets the job needs, by name: Slurm passes them from the
+    # submitting shell, Kubernetes from a Secret (cluster.k8s.env_secret); values never
+    # enter the job's files
+    secrets: list[str] = field(default_factory=list)
 
 
 # The built-in backends' sections (cluster.slurm, cluster.k8s) are there whatever the cluster.

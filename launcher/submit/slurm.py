@@ -328,10 +328,23 @@ def sbatch_options(job: SubmitJob) -> list[str]:
 
 def export_names(job: SubmitJob, environ: dict[str, str] | None = None) -> list[str]:
     """What the job gets of the submitting shell, by name: EXPORT_BASE, cluster.slurm.export,
-    and (given the shell's `environ`, at submit) its variables named as secrets."""
-    names = [*EXPORT_BASE, *map(str, job.cluster.slurm.export)]
+    cluster.secrets, and (given the shell's `environ`, at submit) its variables named as
+    secrets."""
+    names = [*EXPORT_BASE, *map(str, job.cluster.slurm.export), *map(str, job.cluster.secrets)]
     names += sorted(n for n in (environ or {}) if is_secret_key(n) and _NAME.match(n))
     return list(dict.fromkeys(names))
+
+
+def check_secrets_set(job: SubmitJob, environ: dict[str, str]) -> None:
+    """Each of cluster.secrets is set in the submitting shell, which the job takes it from:
+    a job started without one fails at its first use, after the queue wait."""
+    unset = [str(n) for n in job.cluster.secrets if not environ.get(str(n))]
+    if unset:
+        raise ConfigError(
+            f"cluster.secrets names {', '.join(unset)}, which this shell does not set; export "
+            f"{'it' if len(unset) == 1 else 'them'} before submitting (the job takes "
+            "cluster.secrets from the submitting shell by name)"
+        )
 
 
 def _notes(job: SubmitJob) -> list[str]:
@@ -576,6 +589,7 @@ def submit(job: SubmitJob, paths: list[Path]) -> str:
     s = job.cluster.slurm
     if s.container_image is not None and s.container_runtime == "pyxis":
         _check_pyxis()
+    check_secrets_set(job, dict(os.environ))
     check_partition(job)
     if s.resv_ports:
         _check_resv_ports()

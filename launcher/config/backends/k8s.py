@@ -38,6 +38,8 @@ class K8sConfig:
     runs_pvc: str = "launcher-runs"  # PersistentVolumeClaim (ReadWriteMany) mounted at run.root
     wandb_secret: str | None = "wandb"  # Secret holding WANDB_API_KEY; null: none
     wandb_secret_key: str = "api-key"  # the key inside that Secret
+    # the Secret holding cluster.secrets' variables, one key each, named as the variable
+    env_secret: str = "launcher-secrets"
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[Any] = field(default_factory=list)
     gpu_toleration: bool = True  # tolerate the GPU nodes' taint (gpu_resource:NoSchedule)
@@ -79,9 +81,11 @@ BACKEND = Backend(
     summary="an Indexed Job and its Service",
     tool="kubectl apply",
     docs="docs/kubernetes.md",
-    secret_way="give it through a Secret (cluster.k8s.wandb_secret names the one holding "
-    "WANDB_API_KEY)",
+    secret_way="put it in the Secret cluster.k8s.env_secret and name it in "
+    "cluster.secrets=[NAME]: every pod gets it by secretKeyRef",
     schema=K8sConfig,
+    # whoever may list the namespace's pods reads their names, labels and annotations
+    public_text=("name", "labels", "annotations"),
     stop_window="termination_grace_s",
     # torchrun's agent must have ended (its workers checkpointed and exited) this long
     # before the kubelet's SIGKILL at terminationGracePeriodSeconds, so the pod exits with

@@ -68,11 +68,12 @@ BACKEND = Backend(
     summary="an sbatch script",
     tool="sbatch",
     docs="docs/slurm.md",
-    secret_way="export it in the shell you submit from (submit passes the variables of that "
-    "shell named as secrets to the job by name, sbatch --export) or keep it in a file only "
-    "you can read (wandb login writes ~/.netrc)",
+    secret_way="export it in the shell you submit from and name it in cluster.secrets=[NAME]: "
+    "the job gets it by name (sbatch --export)",
     schema=SlurmConfig,
     shell_text=("modules", "extra_sbatch", "container_mounts"),
+    # squeue, sacct and scontrol show every user a job's options (its --comment among them)
+    public_text=("extra_sbatch", "partition", "account", "qos", "constraint"),
     job_key=job_key,
     stop_window="signal_lead_s",
 )

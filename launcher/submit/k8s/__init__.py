@@ -122,6 +122,13 @@ def notes(job: SubmitJob) -> list[str]:
             f"kubectl create secret generic {k.wandb_secret} "
             f"--from-literal={k.wandb_secret_key}=$WANDB_API_KEY{ns_flag})"
         )
+    if job.cluster.secrets:
+        names = [str(n) for n in job.cluster.secrets]
+        literals = " ".join(f'--from-literal={n}="${n}"' for n in names)
+        lines.append(
+            f"needs: Secret {k.env_secret} with key(s) {', '.join(names)} (cluster.secrets: "
+            f"kubectl create secret generic {k.env_secret} {literals}{ns_flag})"
+        )
     refused = read_bad_hosts(job.run_dir)
     if refused:
         lines.append(

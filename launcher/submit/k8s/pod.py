@@ -245,7 +245,8 @@ def container_command(job: SubmitJob, kind: Kind, endpoint: str) -> tuple[list[s
 
 
 def container_env(job: SubmitJob) -> list[dict]:
-    """The `nccl` group's and cluster.env's variables; the W&B key only through a Secret."""
+    """The `nccl` group's and cluster.env's variables; the W&B key and cluster.secrets only
+    through Secrets."""
     k = job.cluster.k8s
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
     # The node, as the burn-in gate names a slow one (and the next render excludes it).
@@ -263,6 +264,9 @@ def container_env(job: SubmitJob) -> list[dict]:
         if job.cfg.logger.mode != "online":
             ref["optional"] = True
         env.append({"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": ref}})
+    for name in job.cluster.secrets:  # the Secret's key is the variable's name
+        ref = {"name": str(k.env_secret), "key": str(name)}
+        env.append({"name": str(name), "valueFrom": {"secretKeyRef": ref}})
     return env
 
 
