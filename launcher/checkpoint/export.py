@@ -19,7 +19,7 @@ from launcher.checkpoint import protocol as checkpoint
 from launcher.config.registry import format_of, formats
 from launcher.data.tokenizer import TOKENIZER_DIR
 from launcher.model.gpt2 import config_of, hf_config, to_hf_state_dict
-from launcher.paths import is_mount_point, writable_dir_problem
+from launcher.paths import is_mount_point, same_access, writable_dir_problem
 from launcher.runtime import disk
 from launcher.runtime.lock import LockHeld, tool_lock
 
@@ -74,6 +74,12 @@ def run_tokenizer(source: Path) -> Path | None:
     return None
 
 
+def run_dir_of(source: Path) -> Path:
+    """The run directory of `source`: itself, or the run a checkpoints/step_<n> is of."""
+    source = Path(source).absolute()
+    return source.parent.parent if source.parent.name == "checkpoints" else source
+
+
 def export(source: Path, out: Path) -> Path:
     """Write the model of `source`'s checkpoint, and its run's tokenizer, into `out`;
     returns the checkpoint used.
@@ -97,7 +103,7 @@ def export(source: Path, out: Path) -> Path:
     try:
         with tool_lock(out.parent, "export", "choose another OUT_DIR", f".{out.name}.export.lock"):
             not_empty_problem(out)  # again, now that no other export can write it
-            write_whole(model, run_tokenizer(source), out, needed=needed)
+            write_whole(model, run_tokenizer(source), out, needed=needed, like=run_dir_of(source))
     except LockHeld as exc:
         if exc.disk_full:
             raise ExportError(disk.no_space_line("the export", out, needed)) from exc
@@ -138,10 +144,11 @@ def model_of(source: Path):
     return folder, model, sum(t.numel() * t.element_size() for t in state.values())
 
 
-def write_whole(model, tokenizer: Path | None, out: Path, *, needed: int) -> None:
+def write_whole(model, tokenizer: Path | None, out: Path, *, needed: int, like: Path) -> None:
     """`model.save_pretrained` (and the tokenizer's files beside it) into a temporary
-    sibling, renamed to `out` when complete, so a full disk (or any failure) leaves no half
-    an export; a full disk is one line."""
+    sibling, as readable as the run directory `like` (safetensors writes its file for its
+    owner alone), renamed to `out` when complete, so a full disk (or any failure) leaves no
+    half an export; a full disk is one line."""
     tmp = out.with_name(f".tmp-{out.name}")
     shutil.rmtree(tmp, ignore_errors=True)  # a crashed export's leftover
     try:
@@ -149,6 +156,7 @@ def write_whole(model, tokenizer: Path | None, out: Path, *, needed: int) -> Non
         if tokenizer is not None:
             for path in tokenizer.iterdir():
                 shutil.copyfile(path, tmp / path.name)
+        same_access(tmp, like)
         os.rename(tmp, out)  # replaces an empty `out` (POSIX rename)
     except OSError as exc:
         if disk.is_full(exc, out.parent):

@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from launcher.config import ConfigError, compose, sweep
 from launcher.config.backends import backends
-from launcher.paths import keep_aside
+from launcher.paths import keep_aside, make_run_dir
 from launcher.rehearse import report
 from launcher.rehearse.cases import CASES, NAMES, Case
 from launcher.rehearse.launches import CaseFailed, kill_leftovers
@@ -122,7 +122,7 @@ def rehearse(overrides: list[str]) -> int:
     problem = run_dir_check.problem(run_dir, nproc)
     if problem:
         raise ConfigError(problem)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_run_dir(run_dir, Path(cfg.run.root).expanduser().absolute(), cfg.run.access)
     try:
         with tool_lock(run_dir, "rehearse", "use another run.id"):
             return _rehearse(Rehearsal(cfg, overrides, mine, nproc, run_dir), cases, notes)

@@ -27,7 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config import ConfigError, sweep
 from launcher.data.tokenizer import tokenizer_path_problem
-from launcher.paths import can_create_in
+from launcher.paths import can_create_in, make_run_dir
 from launcher.runtime import run_dir_check
 from launcher.runtime.lock import LockHeld, tool_lock
 from launcher.submit.secret_checks import check_secrets, shell_texts
@@ -144,7 +144,7 @@ class SubmitJob:
         problem = run_dir_check.problem(self.submit_dir.parent)
         if problem:
             raise ConfigError(problem)
-        self.submit_dir.parent.mkdir(parents=True, exist_ok=True)
+        make_run_dir(self.run_dir, self.run_root, self.cfg.run.access)
         try:
             with tool_lock(self.submit_dir.parent, "submit"):
                 self.submit_dir.mkdir(exist_ok=True)
