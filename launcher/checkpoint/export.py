@@ -60,8 +60,9 @@ def newest_readable(source: Path) -> tuple[Path, dict[str, torch.Tensor]]:
         except Exception as exc:  # noqa: BLE001 - any unreadable file: try the previous one
             why = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
             problems.append(f"{folder.name}: {why}")
-            then = "falling back to the previous one" if i + 1 < len(found) else "none is left"
-            print(f"warning: checkpoint {folder} is unreadable ({why}); {then}", file=sys.stderr)
+            if i + 1 < len(found):  # the last one's reason is in the error line
+                print(f"warning: checkpoint {folder} is unreadable ({why}); falling back to "
+                      "the previous one", file=sys.stderr)  # fmt: skip
     raise ExportError(f"no checkpoint of {source} could be read ({' | '.join(problems)})")
 
 
