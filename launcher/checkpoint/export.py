@@ -52,17 +52,20 @@ def newest_readable(source: Path) -> tuple[Path, dict[str, torch.Tensor]]:
             "(trainer.checkpoint_interval > 0) or a complete checkpoints/step_<n> folder"
         )
     problems = []
-    for i, folder in enumerate(found):
+    for folder in found:
         try:
-            return folder, read_state(folder)
+            state = read_state(folder)
         except ExportError:
             raise
         except Exception as exc:  # noqa: BLE001 - any unreadable file: try the previous one
             why = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-            problems.append(f"{folder.name}: {why}")
-            if i + 1 < len(found):  # the last one's reason is in the error line
-                print(f"warning: checkpoint {folder} is unreadable ({why}); falling back to "
-                      "the previous one", file=sys.stderr)  # fmt: skip
+            problems.append((folder, why))
+            continue
+        for skipped, why in problems:  # said once a readable one is found; else the error
+            print(f"warning: checkpoint {skipped} is unreadable ({why}); falling back to the "
+                  "previous one", file=sys.stderr)  # fmt: skip
+        return folder, state
+    problems = [f"{folder.name}: {why}" for folder, why in problems]
     raise ExportError(f"no checkpoint of {source} could be read ({' | '.join(problems)})")
 
 

@@ -125,9 +125,10 @@ def tensorboard_sink(rt: Runtime, start_step: int) -> TensorBoardSink:
 
 def claim_run_dir(rt: Runtime, run) -> RunLock | None:
     """Check every entry of the run directory (launcher.runtime.run_dir_check), make it if
-    new with `run.access`'s mode (`run`: the config's run section), take its lock (rank 0 holds it) before writing anything there, and open the
-    per-rank logs; an entry in the wrong form, or a directory in use by another launch,
-    stops this one with one line, the directory as it was."""
+    new with `run.access`'s mode (`run`: the config's run section), take its lock (rank 0
+    holds it) before writing anything there, and open the per-rank logs; an entry in the
+    wrong form, or a directory in use by another launch, stops this one with one line, the
+    directory as it was."""
     taken: list[RunLock] = []
 
     def take() -> None:
