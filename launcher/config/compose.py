@@ -30,6 +30,7 @@ def compose(overrides: list[str], sweep: bool = False) -> DictConfig:
     from hydra.types import RunMode
 
     refuse_schema_options(overrides)
+    refuse_flags(overrides)
     try:
         with config_loader():
             if not sweep:
@@ -69,6 +70,17 @@ def _compose_problem(overrides: list[str]) -> str | None:
     except ConfigError as exc:
         return str(exc)
     return None
+
+
+def refuse_flags(overrides: list[str]) -> None:
+    """A flag the front door does not take, left among its overrides (`--bogus`): one
+    line, where Hydra's override lexer would print a parser error and a link."""
+    for text in overrides:
+        if text.startswith("-"):
+            raise ConfigError(
+                f"{text}: not a flag of this command; give overrides as key=value "
+                "(--help lists its flags)"
+            )
 
 
 def refuse_schema_options(overrides: list[str]) -> None:

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from launcher.config import ConfigError, friendly_overrides, sweep
 from launcher.config.schema import register_schema
 from launcher.data.loader import reap_workers
+from launcher.flags import FlagParser
 from launcher.observe import tensorboard_sink, wandb_sink
 from launcher.resilience import exit_codes
 from launcher.resilience.preemption import install_stop_handlers
@@ -39,8 +40,16 @@ log = logging.getLogger("launcher")
 HYDRA_PRINTS = ("help", "hydra_help", "version", "info", "shell_completion")
 
 
+class TrainFlags(FlagParser):
+    """The train front door's (and the tuner's) flags: a bad one is one line on rank 0 and
+    exit 2 on every rank, as a bad override."""
+
+    def error(self, message: str):
+        fail_bad_input(ConfigError(f"{message}; see python -m launcher.train --help"))
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = TrainFlags(add_help=False, prog="launcher.train")
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--help", "-h", action="store_true")
     parser.add_argument("--hydra-help", action="store_true")

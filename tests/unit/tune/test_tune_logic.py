@@ -3,12 +3,15 @@ against the noise and the loss tolerance, tuned.yaml, bad input, and the submitt
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from omegaconf import OmegaConf
 
 from launcher.config import ConfigError, compose, normalize
 from launcher.submit.__main__ import main as submit_main
 from launcher.tune.__main__ import check
+from launcher.tune.__main__ import main as tune_main
 from launcher.tune.candidates import propose
 from launcher.tune.decision import Measured, Trial, best, judge
 from launcher.tune.report import write_tuned_yaml
@@ -154,3 +157,40 @@ def test_each_trial_says_which_of_how_many_and_about_how_long_is_left(caplog):
     assert "left" not in said[0]  # nothing measured yet to estimate from
     assert said[2].startswith("tune: round 1, trial 3 of 3 (r1-incumbent-2); ")
     assert said[2].endswith(" left in it")
+
+
+# The tuner's front door, in-process (each refused before any process group or trial): its
+# own keys' ranges and choices, a sweep, a typo in tune.skip, an unknown flag, a run
+# directory in a wrong form, and the trainer's own refusals through it.
+FRONT_DOOR = [
+    (["tune.repeats=1"], "tune.repeats=1: must be at least 2 (one trial cannot measure noise)"),
+    (["tune.budget_s=nan"], "tune.budget_s=nan: must be a finite number greater than 0"),
+    (["tune.noise_multiple=-1"], "tune.noise_multiple=-1.0: must be 0 or more"),
+    (["tune.loss_tolerance=inf"], "tune.loss_tolerance=inf: must be a finite number 0 or more"),
+    (["tune.trial_steps=2"], "tune.trial_steps=2: must be at least 4"),
+    (["tune.skip=[data.num_wrkers]"], "tune.skip: data.num_wrkers is not a key of this "
+     "experiment's config (did you mean data.num_workers?)"),
+    (["+tune.foo=1"], "tune.foo: unknown key"),
+    (["+exp=bucket_sweep"], "launcher.tune tunes one experiment, but the overrides sweep"),
+    (["--bogus"], "--bogus: not a flag of this command; give overrides as key=value"),
+    (["trainer.max_steps=0"], "trainer.max_steps=0: must be at least 1"),
+    (["run.id=r", "RUN_DIR_AS_A_FILE"], "r is a file, where the launcher keeps a folder"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "words"), FRONT_DOOR, ids=[" ".join(a) for a, _ in FRONT_DOOR])
+def test_the_front_door_refuses_in_one_line_before_anything_starts(
+    monkeypatch, capsys, tmp_path, args, words
+):
+    if "RUN_DIR_AS_A_FILE" in args:
+        (tmp_path / "r").write_text("not a run directory")
+        args = ["run.id=r"]
+    argv = ["launcher.tune", f"run.root={tmp_path}", *args]
+    monkeypatch.setattr(sys, "argv", argv)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(SystemExit) as exit_info:
+        tune_main()
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err.count("\n") == 0, err
+    assert err.startswith("error: ") and words in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
