@@ -11,14 +11,17 @@ import json
 import os
 import re
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import yaml
 
 from launcher.checkpoint.protocol import CheckpointWriter
-from launcher.config import ConfigError
+from launcher.config import ConfigError, compose
+from launcher.config.backends import backends
 from launcher.config.model_shape import GPT2_VOCAB, param_count
+from launcher.config.schema import ClusterBase
 from launcher.model.build import build_model
 from launcher.submit import k8s, k8s_check, pod_security, slurm
 from launcher.submit.__main__ import main as submit_main
@@ -452,3 +455,63 @@ def test_memory_is_the_pod_arithmetic_or_the_whole_node(tmp_path, capsys):
     assert "error: cluster.slurm.mem=100M is less than the" in err
     err = refused("slurm", tmp_path, capsys, "cluster.slurm.mem_per_process=lots")
     assert "cluster.slurm.mem_per_process='lots': not a size sbatch takes" in err
+
+
+# The front door's own arguments, each one line and exit 2, nothing written (its keys' bad
+# values: the tables above, tests/unit/submit/test_secret_checks.py, tests/cluster/).
+FRONT_DOOR = [
+    ([], "error: give a target: python -m launcher.submit {slurm,k8s"),
+    (["pbs", "--dry-run"], "error: unknown target 'pbs'; use one of: slurm, k8s"),
+    (["slurm", "--dry-run", "--bogus"], "error: --bogus: not a flag of this command"),
+    (["k8s", "--dry-run", "--tune", "+exp=bucket_sweep"], "error: --tune tunes one experiment"),
+    (["slurm", "--dry-run", "cluster=k8s"], "error: cluster=k8s does not match `submit slurm`"),
+    (["slurm", "--dry-run", "cluster.nodes=0"], "error: cluster.nodes=0: must be at least 1"),
+    (["slurm", "--dry-run", "run.id=../x"], "error: run.id=../x holds a path separator"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"), FRONT_DOOR, ids=[" ".join(a) or "none" for a, _ in FRONT_DOOR]
+)
+def test_the_front_door_refuses_its_own_arguments_in_one_line(tmp_path, capsys, argv, words):
+    argv = [*argv, f"run.root={tmp_path}"] if argv else argv
+    assert submit_main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith(words), err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_cluster_fills_the_same_defaults_for_the_same_overrides(tmp_path):
+    """One source of defaults: each backend's option file (conf/cluster/<name>.yaml) names
+    its backend and sets none of the keys the clusters share (k8s.yaml's gpus_per_node: 8
+    made `cluster.nodes=2` a CPU job on Slurm and 16 GPUs on Kubernetes); the keys of the
+    same meaning in each section have the same defaults; and the same overrides render the
+    same job shape on each: nodes, processes, GPUs and CPUs per node."""
+    shared = [f.name for f in fields(ClusterBase) if f.name != "name"]
+    local = compose(["cluster=local"]).cluster
+    for name in backends():
+        cluster = compose([f"cluster={name}"]).cluster
+        assert {k: cluster[k] for k in shared} == {k: local[k] for k in shared}, name
+    s, k = compose(["cluster=slurm"]).cluster.slurm, compose(["cluster=k8s"]).cluster.k8s
+    assert slurm.slurm_bytes(s.shm_margin, "") == k8s_check.parse_quantity(k.shm_margin, "")
+    for key in ("checkpoint_write_mb_s", "checkpoint_write_s", "step_time_s"):
+        assert s[key] == k[key], key
+    for overrides in (
+        [],
+        ["cluster.nodes=2", "data.num_workers=2"],
+        ["cluster.nodes=2", "cluster.gpus_per_node=4", "trainer.global_batch_size=32"],
+    ):
+        args = [*FAST, f"run.root={tmp_path}", *overrides]
+        jobs = {name: prepare(name, args) for name in ("slurm", "k8s")}
+        shapes = {
+            name: (j.nodes, j.procs_per_node, j.world_size, j.cluster.gpus_per_node, j.cpu_need)
+            for name, j in jobs.items()
+        }
+        assert shapes["slurm"] == shapes["k8s"], overrides
+        script = render("slurm", tmp_path / "s", *overrides, run_id=str(len(overrides)))
+        pod = pod_container(render("k8s", tmp_path / "k", *overrides, run_id=str(len(overrides))))
+        nodes, procs, world, gpus, cpus = shapes["slurm"]
+        assert f"#SBATCH --cpus-per-task={cpus}\n" in script["job.sbatch"]
+        assert pod["resources"]["requests"]["cpu"] == str(cpus)
+        assert pod["resources"]["requests"].get("nvidia.com/gpu", 0) == gpus
+        assert (f"#SBATCH --gpus-per-node={gpus}\n" in script["job.sbatch"]) == bool(gpus)
