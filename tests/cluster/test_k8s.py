@@ -209,6 +209,21 @@ FULL = [
     "cluster.k8s.topology_spread_key=kubernetes.io/hostname",
 ]
 VOLCANO = ["cluster.k8s.gang=volcano", "cluster.k8s.queue=research"]
+# What a TrainJob cannot carry (refused for it: test_a_trainjob_refuses_what_it_cannot_carry).
+NOT_FOR_TRAINJOB = (
+    "cluster.k8s.priority_class",
+    "cluster.k8s.ttl_after_finished_s",
+    "cluster.k8s.topology_spread_key",
+    "cluster.workdir",
+    "cluster.k8s.gang=volcano",
+)
+
+
+def for_kind(kind: str, overrides: list[str]) -> list[str]:
+    """`overrides` as a kind takes them: a TrainJob without what it cannot carry."""
+    if kind != "trainjob":
+        return overrides
+    return [o for o in overrides if not o.startswith(NOT_FOR_TRAINJOB)]
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +235,7 @@ def variants(tmp_path_factory) -> tuple[Path, dict[str, dict[str, str]]]:
     return tmp_path, {
         f"{kind}-{variant}": render_into(
             tmp_path / f"{kind}-{variant}",
-            [*overrides, *root, f"cluster.k8s.kind={kind}"],
+            [*for_kind(kind, overrides), *root, f"cluster.k8s.kind={kind}"],
         )
         for kind in k8s.KINDS
         for variant, overrides in (
@@ -821,3 +836,29 @@ def test_sigterm_to_the_pods_stops_with_a_checkpoint_and_143(tmp_path):
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
     assert latest == f"step_{s['steps']:08d}", latest  # the stop checkpoint, complete
     assert (run_dir / "checkpoints" / latest / "meta.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "cluster.k8s.priority_class=high",
+        "cluster.k8s.ttl_after_finished_s=3600",
+        "cluster.k8s.topology_spread_key=kubernetes.io/hostname",
+        "cluster.k8s.image_pull_policy=Always",
+        "cluster.workdir=/workspace",
+        "cluster.k8s.gang=volcano",
+    ],
+)
+def test_a_trainjob_refuses_what_it_cannot_carry(tmp_path, capsys, override):
+    """Kubeflow Trainer's runtime patch has no field for these (the CRD's schema): a
+    TrainJob would drop them without a word, so each is one line naming the key and where
+    it goes instead; the other kinds carry it."""
+    key = override.split("=")[0]
+    args = [*EXAMPLE[:3], f"run.root={tmp_path}", "run.id=tj", override]
+    queue = ["cluster.k8s.queue=research"] if "volcano" in override else []
+    assert main(["k8s", "--dry-run", "cluster.k8s.kind=trainjob", *args, *queue]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {key}="), err
+    assert "a TrainJob cannot set" in err and "cluster.k8s.kind=jobset" in err
+    assert not (tmp_path / "tj").exists()
+    assert main(["k8s", "--dry-run", "cluster.k8s.kind=jobset", *args, *queue]) == 0

@@ -279,6 +279,12 @@ def image_pull_policy(job: SubmitJob) -> str:
     return "Always" if floating(str(k.image)) else "IfNotPresent"
 
 
+def pinned(image: str) -> bool:
+    """True for an image reference by digest (repo@sha256:...), the only one that names one
+    build for good: a tag names what was last pushed under it."""
+    return "@sha256:" in image or "@sha512:" in image
+
+
 def floating(image: str) -> bool:
     """True for an image reference that names no fixed build: :latest, or no tag at all."""
     if "@" in image:
