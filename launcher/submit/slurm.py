@@ -419,8 +419,11 @@ def container_name(job: SubmitJob) -> str:
 
 def _srun_options(job: SubmitJob) -> list[str]:
     s = job.cluster.slurm
-    # Slurm 22.05's srun no longer inherits --cpus-per-task from the batch job.
+    # Slurm 22.05's srun no longer inherits --cpus-per-task from the batch job. The binding
+    # is stated, not left to the site's TaskPluginParam: the one task of each node, torchrun
+    # and its ranks, is held to the CPUs the job was given (docs/slurm.md).
     opts = [f"--nodes={job.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus_per_task(job)}"]
+    opts.append(f"--cpu-bind={s.cpu_bind}")
     opts.append(f"--wait={SRUN_WAIT_S}")
     if s.resv_ports:
         opts.append("--resv-ports=1")

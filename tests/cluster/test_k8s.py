@@ -140,8 +140,9 @@ def test_example_fields(example):
     assert "--rdzv-endpoint=launcher-example-0.launcher-example:29500" in c["args"]
     res = c["resources"]
     assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == 8
-    # the disk-backed emptyDirs' sizeLimits (home 10Gi + tmp 2Gi), requested
-    assert res["requests"]["ephemeral-storage"] == "12Gi"
+    # the disk-backed emptyDirs' sizeLimits (home 10Gi + tmp 2Gi) and the container's own
+    # disk (disk_margin 2Gi), requested and limited
+    assert res["requests"]["ephemeral-storage"] == res["limits"]["ephemeral-storage"] == "14Gi"
     workers = job.cfg.data.num_workers
     assert res["requests"]["cpu"] == str(8 * (1 + workers)) and "cpu" not in res["limits"]
     # /dev/shm: the loaders' need on 8 ranks and the memory tier's on the node (on by default

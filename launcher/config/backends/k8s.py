@@ -54,6 +54,9 @@ class K8sConfig:
     run_as_user: int = ranged(1000, Range(low=1, why="a non-root UID"))
     home_size: str = "10Gi"  # restricted: the writable HOME emptyDir (caches, data cache)
     tmp_size: str = "2Gi"  # restricted: the writable /tmp emptyDir
+    # restricted: the container's own disk (its writable layer, its logs) on top of the
+    # emptyDirs: ephemeral-storage is requested and limited at their sum
+    disk_margin: str = "2Gi"
     gang: str = "none"  # none, kueue (queue-name label, suspended) or volcano (min members)
     queue: str | None = None  # the Kueue LocalQueue or the Volcano queue
     # failed pods tolerated per node (disruptions not counted)

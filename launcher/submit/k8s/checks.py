@@ -55,7 +55,7 @@ def check_options(job: SubmitJob) -> None:
             "which Pod Security 'restricted' (and 'baseline') refuse: the namespace must "
             "enforce 'privileged' or exempt these pods"
         )
-    for key in ("home_size", "tmp_size"):
+    for key in ("home_size", "tmp_size", "disk_margin"):
         k8s_check.parse_quantity(k[key], f"cluster.k8s.{key}")
     stop_time.check_stop_window(job, BACKEND)
     _check_deadline(job)

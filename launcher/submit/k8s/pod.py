@@ -187,15 +187,19 @@ def resources(job: SubmitJob, memory_limit: str) -> dict:
     gpus = int(job.cluster.gpus_per_node)
     cpu = cpu_request(job)
     requests: dict = {"cpu": cpu, "memory": memory_limit}
+    limits: dict = {"memory": memory_limit}
     if k.security == "restricted":
-        # the disk-backed emptyDirs (home, tmp) count against the node's ephemeral storage:
-        # request what their sizeLimits allow, so that the scheduler places the pod by it
+        # The disk-backed emptyDirs (home, tmp) and the container's own writes (its writable
+        # layer, its logs) are the pod's ephemeral storage: requested, so that the scheduler
+        # places the pod where that much disk is free, and limited at the same sum, so that
+        # a runaway write evicts this pod rather than fill the node's disk under others.
         disk = sum(
             k8s_check.parse_quantity(k[key], f"cluster.k8s.{key}")
-            for key in ("home_size", "tmp_size")
+            for key in ("home_size", "tmp_size", "disk_margin")
         )
-        requests["ephemeral-storage"] = k8s_check.format_bytes(int(disk))
-    limits: dict = {"memory": memory_limit}
+        requests["ephemeral-storage"] = limits["ephemeral-storage"] = k8s_check.format_bytes(
+            int(disk)
+        )
     if k.guaranteed:
         limits = {"cpu": cpu, **limits}
     if gpus:
