@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from launcher.config.backends import Backend
 from launcher.config.ranges import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, one_of, ranged
 
-
 # srun --cpu-bind's policies a job may ask for (Slurm's task/affinity or task/cgroup applies
 # them; a cluster without says so once and runs unbound)
 CPU_BINDS = ("cores", "threads", "sockets", "ldoms", "none")

@@ -77,7 +77,8 @@ def test_cpus_per_node_are_requested_by_every_renderer(tmp_path, overrides, cpus
 def test_given_cpus_are_kept_and_too_few_warned(tmp_path, capsys):
     over = ["cluster.procs_per_node=2", "data.num_workers=1"]
     script = render("slurm", tmp_path, *over, "cluster.slurm.cpus_per_task=3")["job.sbatch"]
-    assert "#SBATCH --cpus-per-task=3\n" in script and "--cpus-per-task=3 --cpu-bind=cores --wait" in script
+    assert "#SBATCH --cpus-per-task=3\n" in script
+    assert "--cpus-per-task=3 --cpu-bind=cores --wait" in script
     err = capsys.readouterr().err
     assert "warning: cluster.slurm.cpus_per_task=3 is less than the 4 CPUs" in err
     script = render("slurm", tmp_path, *over, "cluster.slurm.cpus_per_task=16", run_id="big")
