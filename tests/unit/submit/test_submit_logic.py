@@ -516,3 +516,28 @@ def test_every_cluster_fills_the_same_defaults_for_the_same_overrides(tmp_path):
         assert pod["resources"]["requests"]["cpu"] == str(cpus)
         assert pod["resources"]["requests"].get("nvidia.com/gpu", 0) == gpus
         assert (f"#SBATCH --gpus-per-node={gpus}\n" in script["job.sbatch"]) == bool(gpus)
+
+
+def test_a_remote_apptainer_image_is_converted_once_into_a_shared_sif(tmp_path):
+    """`apptainer exec docker://...` would pull and convert the image on every node at every
+    start: the batch shell converts it once, into a SIF under run.root that every node sees
+    (built under a name of its own, then renamed; skipped when it is there), and every node,
+    the codes' reader, a requeue and a later run of the image use that file."""
+    image = "docker://nvcr.io/nvidia/pytorch:24.05-py3"
+    over = ["cluster.slurm.container_runtime=apptainer", f"cluster.slurm.container_image={image}"]
+    script = render("slurm", tmp_path, *over, run_id="a")["job.sbatch"]
+    (sif,) = set(re.findall(r"\S+\.images/pytorch_24\.05-py3-[0-9a-f]{12}\.sif(?=[ ;])", script))
+    assert sif.startswith(f"{tmp_path}/.images/")
+    setup = script.split("setup_env=$(mktemp)")[1].split("declare -px")[0]
+    build = f'apptainer build --force {sif}.job"$SLURM_JOB_ID" {image} && '
+    assert setup.count(f"\n  {{ [ -s {sif} ]") == 1 and build in setup  # one setup line
+    assert f"[ -s {sif} ] || {{ mkdir -p {tmp_path}/.images && " in setup
+    assert f'mv -f {sif}.job"$SLURM_JOB_ID" {sif}; }}' in setup
+    runs = [ln for ln in script.splitlines() if "apptainer exec" in ln]
+    assert len(runs) == 2 and all(f" {sif} python -m launcher." in ln for ln in runs)
+    assert image not in "".join(runs)
+    later = render("slurm", tmp_path, *over, run_id="b")["job.sbatch"]
+    assert f" {sif} python -m launcher.torchrun" in later  # the same file for another run
+    local = render("slurm", tmp_path, *over[:1], f"cluster.slurm.container_image={sif}",
+                   run_id="c")["job.sbatch"]  # fmt: skip
+    assert "apptainer build" not in local  # a .sif given is run as it is
