@@ -140,7 +140,7 @@ FRONT_DOOR = [
     (["rehearse.only=[stpo]"], "rehearse.only: unknown case 'stpo'; the cases are stop,"),
     (["rehearse.only=[cluster]"], "rehearse.only names cluster, but cluster=local renders no"),
     (["+exp=bucket_sweep"], "launcher.rehearse rehearses one experiment, but the overrides"),
-    (["--bogus"], "--bogus: not a flag of this command; give overrides as key=value"),
+    (["--bogus"], "--bogus: not a flag this command takes"),
     (["trainer.precision=fp64"], "trainer.precision=fp64: not one of fp32, bf16, fp16"),
     (["run.id=r", "RUN_DIR_AS_A_FILE"], "r is a file, where the launcher keeps a folder"),
 ]  # fmt: skip

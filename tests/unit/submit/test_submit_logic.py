@@ -463,7 +463,7 @@ def test_memory_is_the_pod_arithmetic_or_the_whole_node(tmp_path, capsys):
 FRONT_DOOR = [
     ([], "error: give a target: python -m launcher.submit {slurm,k8s"),
     (["pbs", "--dry-run"], "error: unknown target 'pbs'; use one of: slurm, k8s"),
-    (["slurm", "--dry-run", "--bogus"], "error: --bogus: not a flag of this command"),
+    (["slurm", "--dry-run", "--bogus"], "error: --bogus: not a flag this command takes"),
     (["k8s", "--dry-run", "--tune", "+exp=bucket_sweep"], "error: --tune tunes one experiment"),
     (["slurm", "--dry-run", "cluster=k8s"], "error: cluster=k8s does not match `submit slurm`"),
     (["slurm", "--dry-run", "cluster.nodes=0"], "error: cluster.nodes=0: must be at least 1"),
