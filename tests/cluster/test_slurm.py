@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
+from refusals import readable_by_nobody
 from slurm_cluster import ClusterUnavailable, SlurmCluster, job_state
 from slurm_cluster import submit as slurm_submit
 from slurm_cluster import wait_until_done as slurm_wait_until_done
@@ -548,24 +549,6 @@ def test_cpus_per_task_and_secrets_from_the_submitting_shell(cluster, tmp_path):
     assert run_dir.stat().st_mode & 0o777 == 0o700
     assert not readable_by_nobody(run_dir / "submit" / f"slurm-{job_id}.out")
     assert summary(run_dir)["steps"] == 12
-
-
-def readable_by_nobody(path: Path) -> bool:
-    """Whether the unprivileged user `nobody` can read `path` (a child drops to it)."""
-    read, write = os.pipe()
-    if os.fork() == 0:
-        os.close(read)
-        try:
-            os.setgid(65534)
-            os.setuid(65534)
-            path.read_bytes()
-            os.write(write, b"1")
-        except OSError:
-            os.write(write, b"0")
-        os._exit(0)
-    os.close(write)
-    os.wait()
-    return os.read(read, 1) == b"1"
 
 
 @pytest.mark.parametrize(

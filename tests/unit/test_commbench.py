@@ -4,6 +4,7 @@ refused in one line, exit 2, before any process group (its figures: launches/tes
 from __future__ import annotations
 
 import pytest
+from refusals import refusal
 
 from launcher import commbench
 
@@ -31,11 +32,5 @@ CASES = [
 def test_a_bad_flag_is_one_line(capsys, monkeypatch, tmp_path, argv, words):
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     monkeypatch.chdir(tmp_path)
-    try:
-        code = commbench.main(argv)
-    except SystemExit as exc:  # the parser's refusal
-        code = exc.code
-    out, err = capsys.readouterr()
-    assert code == 2 and out == "" and err.count("\n") == 1, err
-    assert err.startswith("error: ") and words in err, err
+    assert words in refusal(capsys, lambda: commbench.main(argv))
     assert not list(tmp_path.iterdir())  # nothing written

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from refusals import refusal
 
 from launcher.checkpoint import protocol as checkpoint
 from launcher.config import compose
@@ -44,15 +45,7 @@ def finished(tmp_path_factory) -> Path:
 
 
 def one_line(capsys, argv: list[str]) -> str:
-    try:
-        code = export_main(argv)
-    except SystemExit as exc:  # the parser's refusal
-        code = exc.code
-    out, err = capsys.readouterr()
-    lines = err.strip().splitlines()
-    assert code == 2 and out == "" and "Traceback" not in err, err
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
+    return refusal(capsys, lambda: export_main(argv))
 
 
 FLAGS = [

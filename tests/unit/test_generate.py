@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from refusals import refusal
 
 from launcher import generate
 from launcher.checkpoint import protocol as checkpoint
@@ -46,16 +47,7 @@ def sources(tmp_path_factory) -> dict[str, Path]:
 
 
 def one_line(capsys, argv: list[str]) -> str:
-    """The one error line of generate.main(argv) (argparse's exit included); asserts exit 2."""
-    try:
-        code = generate.main(argv)
-    except SystemExit as exc:  # argparse's refusal of a flag
-        code = exc.code
-    out, err = capsys.readouterr()
-    lines = [line for line in err.splitlines() if not line.startswith("model: ")]
-    assert code == 2 and "Traceback" not in err, err
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
+    return refusal(capsys, lambda: generate.main(argv))
 
 
 FLAGS = [

@@ -5,6 +5,7 @@ in one line, exit 2, nothing written. (A damaged hang record: test_fault_logic.p
 from __future__ import annotations
 
 import pytest
+from refusals import refusal
 
 from launcher.analyze.__main__ import main as analyze_main
 
@@ -16,12 +17,7 @@ def one_error_line(capsys) -> str:
 
 
 def refused(capsys, argv: list[str]) -> str:
-    try:
-        code = analyze_main(argv)
-    except SystemExit as exc:  # the parser's refusal
-        code = exc.code
-    assert code == 2
-    return one_error_line(capsys)
+    return refusal(capsys, lambda: analyze_main(argv))
 
 
 FLAGS = [

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from refusals import refusal
 
 from launcher.config import ConfigError, compose
 from launcher.rehearse import report
@@ -165,9 +166,5 @@ def test_the_front_door_refuses_in_one_line_before_any_case(
         args = ["run.id=r"]
     monkeypatch.setattr(sys, "argv", ["launcher.rehearse", f"run.root={tmp_path}", *args])
     before = sorted(p.name for p in tmp_path.iterdir())
-    with pytest.raises(SystemExit) as exit_info:
-        rehearse_main()
-    err = capsys.readouterr().err.strip()
-    assert exit_info.value.code == 2 and err.count("\n") == 0, err
-    assert err.startswith("error: ") and words in err, err
+    assert words in refusal(capsys, rehearse_main)
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
