@@ -395,8 +395,7 @@ def test_a_stop_in_setup_is_taken_at_once_and_said_once(cluster, tmp_path):
             f"launcher: {stop} during setup: training did not start and wrote no checkpoint; "
             "exit code 143"
         )
-        assert out.count(said) == 1, out
-        assert "setup failed" not in out and "training ended with exit code" not in out, out
+        assert out.count(said) == 1 and "setup failed" not in out, out
         if name == "preempted":
             assert (state["JobState"], state["Restarts"]) == ("COMPLETED", "1"), out[-3000:]
             assert "(preemption): every rank checkpoints" in out
@@ -410,6 +409,7 @@ def test_a_stop_in_setup_is_taken_at_once_and_said_once(cluster, tmp_path):
             "143:0",
             "0",
         ), out
+        assert "training ended with exit code" not in out, out
         if name in expected:
             assert f"launcher: {expected[name]}" in out, out
         assert "requeueing" not in out and not (run_dir / "metrics.jsonl").exists()
@@ -515,10 +515,11 @@ def test_cpus_per_task_and_secrets_from_the_submitting_shell(cluster, tmp_path):
     listed = []
     while job_state(cluster, job_id).get("JobState") in ("PENDING", "RUNNING"):
         seen.update(ranks("", job_id))  # every process of the job, on both nodes
-        for cmd in (["squeue", "-h", "-j", job_id, "-o", "%k %j %o"],
-                    ["scontrol", "show", "job", job_id]):  # fmt: skip
-            listed.append(subprocess.run(cmd, env=cluster.env(), capture_output=True,
-                                         text=True).stdout)  # fmt: skip
+        if not listed and any("launcher.train" in cmd for cmd, _ in seen.values()):
+            for cmd in (["squeue", "-h", "-j", job_id, "-o", "%k %j %o"],
+                        ["scontrol", "show", "job", job_id]):  # fmt: skip
+                run = subprocess.run(cmd, env=cluster.env(), capture_output=True, text=True)
+                listed.append(run.stdout)  # what every user of the cluster reads, while it runs
         time.sleep(0.5)
     state = wait_until_done(cluster, job_id, run_dir)
     out = slurm_output(run_dir, job_id)
