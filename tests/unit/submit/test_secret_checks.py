@@ -150,8 +150,8 @@ K8S_ONLY = [
     (f"cluster.k8s.name=j{KEY}", "cluster.k8s.name holds a secret, a run of 40 hex digits"),
 ]
 # The check is the same code for every renderer (launcher.submit.secret_checks, before any
-# renders): every form on Slurm and the Indexed Job, the issue's forms and the public keys
-# on the other kinds.
+# renders; only the fix it names is the backend's): every form on Slurm, the issue's forms
+# and the keys every user of the cluster reads on each Kubernetes kind.
 ISSUE_FORMS = [
     form
     for form in REFUSED
@@ -162,7 +162,7 @@ ISSUE_FORMS = [
 CASES = [
     (name, override, words)
     for name in TARGETS
-    for override, words in (REFUSED if name in ("slurm", "job") else ISSUE_FORMS)
+    for override, words in (REFUSED if name == "slurm" else ISSUE_FORMS)
     + (SLURM_ONLY if name == "slurm" else K8S_ONLY)
 ]
 
