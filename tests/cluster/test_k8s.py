@@ -460,9 +460,9 @@ def test_security_qos_and_gang_options(variants):
                 assert broken == [] or name.endswith("-full"), (name, broken)
     # Guaranteed QoS: every resource's limit equals its request, CPUs whole.
     res = c["resources"]
-    assert {k: v for k, v in res["requests"].items() if k != "ephemeral-storage"} == res["limits"]
+    assert res["requests"] == res["limits"]  # ephemeral-storage too: requested as limited
     assert res["limits"]["cpu"] == "24" and res["limits"]["rdma/ib"] == 1  # 8 x (1 + 2 workers)
-    assert c["imagePullPolicy"] == "IfNotPresent"  # a pinned tag
+    assert c["imagePullPolicy"] == "IfNotPresent"  # a tag (the notes say it pins nothing)
     # Kueue: the queue label on the workload, created suspended.
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     assert job["spec"]["suspend"] is True
@@ -511,7 +511,7 @@ def test_dry_run_notes_and_owner_patch(tmp_path, capsys):
     lines = err.splitlines()
     assert lines[0] == (
         "warning: cluster.k8s.image=launcher:latest names no fixed build (cluster.k8s."
-        "allow_floating_image=true): nodes may run different code; pin a tag or digest"
+        "allow_floating_image=true): nodes may run different code; pin a digest"
     )
     assert lines[1].startswith(
         "warning: cluster.k8s.image=launcher:latest with cluster.k8s.image_pull_policy="
@@ -578,7 +578,8 @@ def test_dry_run_notes_and_owner_patch(tmp_path, capsys):
         (
             ["cluster.k8s.image=registry.example.com/launcher"],
             "cluster.k8s.image=registry.example.com/launcher: names no fixed build (:latest or "
-            "no tag), so pods may run different code; give a tag or digest",
+            "no tag), so pods may run different code; give a digest (repo/launcher@sha256:...), "
+            "or at least a tag",
         ),
         (["+cluster.env.GH_PAT=abc"], "cluster.env.GH_PAT is a secret: it would be"),
         (

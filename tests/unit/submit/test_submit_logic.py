@@ -541,3 +541,50 @@ def test_a_remote_apptainer_image_is_converted_once_into_a_shared_sif(tmp_path):
     local = render("slurm", tmp_path, *over[:1], f"cluster.slurm.container_image={sif}",
                    run_id="c")["job.sbatch"]  # fmt: skip
     assert "apptainer build" not in local  # a .sif given is run as it is
+
+
+@pytest.mark.parametrize(
+    "image, said",
+    [
+        ("launcher:0.1.0", "note: image: cluster.k8s.image=launcher:0.1.0 is a tag, which names"),
+        ("repo/launcher@sha256:" + "ab" * 32, None),  # a digest pins: nothing to say
+    ],
+)
+def test_only_a_digest_pins_an_image(tmp_path, capsys, image, said):
+    """A tag names what was last pushed under it: the render says so in one note (in the
+    manifest's header too); a digest pins the build, and nothing is said."""
+    files = render("k8s", tmp_path, f"cluster.k8s.image={image}")
+    err = capsys.readouterr().err
+    notes = [line for line in err.splitlines() if line.startswith("note: image:")]
+    assert notes == ([] if said is None else [notes[0]]) and (
+        said is None or notes[0].startswith(said)
+    )
+    assert ("# image: " in files["job.yaml"]) == (said is not None)
+
+
+def test_pods_spread_over_zones_are_warned_about(tmp_path, capsys):
+    """Spreading a training job's pods over zones puts its all-reduce on the slowest links."""
+    render("k8s", tmp_path, "cluster.k8s.topology_spread_key=topology.kubernetes.io/zone")
+    assert "warning: cluster.k8s.topology_spread_key=topology.kubernetes.io/zone spreads the " \
+        "pods over zones" in capsys.readouterr().err  # fmt: skip
+    render("k8s", tmp_path, "cluster.k8s.topology_spread_key=kubernetes.io/hostname", run_id="h")
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_ephemeral_storage_is_limited_as_requested(tmp_path):
+    """security=restricted: the emptyDirs and the container's own disk, requested and limited
+    at one sum, so a runaway write evicts this pod rather than fill the node's disk."""
+    pod = pod_container(render("k8s", tmp_path, "cluster.k8s.disk_margin=3Gi"))
+    res = pod["resources"]
+    assert res["requests"]["ephemeral-storage"] == res["limits"]["ephemeral-storage"] == "15Gi"
+
+
+@pytest.mark.parametrize(("bind", "ok"), [("cores", True), ("none", True), ("sideways", False)])
+def test_the_cpu_binding_is_stated(tmp_path, capsys, bind, ok):
+    """srun states its binding (cluster.slurm.cpu_bind) rather than leave it to the site."""
+    if not ok:
+        err = refused("slurm", tmp_path, capsys, f"cluster.slurm.cpu_bind={bind}")
+        assert f"cluster.slurm.cpu_bind={bind}: not one of cores, threads, sockets" in err
+        return
+    script = render("slurm", tmp_path, f"cluster.slurm.cpu_bind={bind}")["job.sbatch"]
+    assert f" --cpu-bind={bind} --wait=60" in script
