@@ -37,7 +37,7 @@ FACTORY_FILLS = {
     aten.full: (aten.fill_.Scalar, lambda args: (args[1],)),
 }
 UNINITIALISED = (aten.empty, aten.empty_strided)  # what the constructors then fill
-SKIP_SLICE = 1 << 20  # elements drawn at once for a dropped tensor's uniform fill (4 MiB)
+SKIP_SLICE = 1 << 16  # elements drawn at once for a dropped tensor's uniform fill (256 KiB)
 
 
 class NotReplayable(RuntimeError):
