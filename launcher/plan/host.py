@@ -46,6 +46,16 @@ WORKER_OWN_BYTES = 5 * 10**6
 FORK_KEPT_BYTES = 70 * 10**6
 
 
+def basis(on_gpu: bool) -> str:
+    """What the host figures rest on, for the plan's basis."""
+    measured = (f"a rank's process {RANK_BASE_BYTES / 1e9:.2f} GB and its DataLoader workers' "
+                "pages measured on a CPU (benchmarks/host_memory.py); the model, training "
+                "state and copies from the config")  # fmt: skip
+    if on_gpu:
+        return f"{measured}; the CUDA context's host side {CUDA_HOST_BYTES / 1e9:.0f} GB assumed"
+    return measured
+
+
 def build_bytes(cfg, on_gpu: bool) -> int:
     """Host bytes the build holds beyond the process: on a GPU the largest parameter, drawn
     on the CPU before it is copied over (fp32); on the CPU nothing beyond the weights,
