@@ -2,7 +2,7 @@
 and the plan's host memory per rank and per DataLoader worker against real runs' peaks.
 
     python benchmarks/host_memory.py [--build gpt2-tiny,gpt2,gpt2-medium,gpt2-large]
-                                     [--runs all|NAME,...] [--impl native]
+                                     [--pretrained gpt2] [--runs all|NAME,...] [--impl native]
 
 1. The build, per model size, each in a fresh process, one at a time: a rank's process
    (torch and the launcher imported, a gloo process group, gpt2-tiny built once so that
@@ -13,6 +13,10 @@ and the plan's host memory per rank and per DataLoader worker against real runs'
    - after, device: `build_model(..., device="meta")`: the path a GPU rank takes (each
      parameter drawn on the CPU, copied to the device), its host side alone.
    The done-when: after (CPU), peak - baseline <= the model's own bytes.
+   `--pretrained`: the same for `model.init_from` (a save_pretrained folder, native),
+   before (transformers' model, then the native one built and loaded from it) and after;
+   the process's own pages (RssAnon) beside all it maps (VmHWM: the weights file's page
+   cache, which the node's ranks share, included).
 2. Runs: real training launches of a few steps (torchrun for 2 ranks), every process
    sampled from outside every 50 ms: each rank's VmHWM (start-up, build, loop and end), each
    DataLoader worker's own pages (Private_Clean + Private_Dirty of smaps_rollup: what it
@@ -144,11 +148,7 @@ def build_rows(sizes: list[str], impl: str) -> list[str]:
     for size in sizes:
         got = {}
         for mode in ("before", "cpu", "device"):
-            cmd = [sys.executable, __file__, "--child-build", size, mode, impl]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise SystemExit(f"build {size} {mode} failed:\n{proc.stderr[-3000:]}")
-            got[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+            got[mode] = _child("--child-build", size, mode, impl)
         model = got["cpu"]["model"]
         over = {m: (g["peak"] - g["baseline"]) for m, g in got.items()}
         rows.append(
@@ -158,6 +158,106 @@ def build_rows(sizes: list[str], impl: str) -> list[str]:
             f"{over['device'] / model:.3f} |"
         )
     return rows
+
+
+# -- 1b. a pretrained folder (model.init_from, native), in a child process -----------------
+class AnonPeak:
+    """The peak of this process's anonymous resident pages (RssAnon), sampled every 5 ms by
+    a thread: VmHWM counts the weights file's page cache too, which a node's ranks share."""
+
+    def __init__(self):
+        import threading
+
+        self.peak, self.done = 0, threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while not self.done.is_set():
+            with open("/proc/self/status") as f:
+                anon = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("RssAnon"))
+            self.peak = max(self.peak, anon)
+            time.sleep(0.005)
+
+    def stop(self) -> int:
+        self.done.set()
+        self.thread.join()
+        return self.peak
+
+
+def child_save(size: str, folder: str) -> None:
+    from launcher.model.build import build_model
+
+    build_model(compose([f"model={size}", "model.impl=hf"]).model, 50257).save_pretrained(folder)
+
+
+def child_pretrained(size: str, mode: str, folder: str) -> None:
+    """One pretrained row, printed as JSON: the baseline and the peaks while loading."""
+    import ctypes
+    import gc
+
+    from transformers import GPT2LMHeadModel
+
+    import launcher.train.job  # noqa: F401  (a rank's imports)
+    from launcher.model.build import build_model
+    from launcher.model.gpt2 import GPT2, GPT2Config, from_hf_state_dict
+
+    def before():  # transformers' model, then the native one built and loaded from it
+        hf = GPT2LMHeadModel.from_pretrained(folder, attn_implementation="sdpa")
+        c = hf.config
+        model = GPT2(GPT2Config(c.vocab_size, c.n_layer, c.n_head, c.n_embd, c.n_positions))
+        model.load_state_dict(from_hf_state_dict(hf.state_dict()))
+        return model
+
+    cfg = compose([f"model={size}", "model.impl=native", f"model.init_from={folder}"])
+    build_model(compose([]).model, 512)  # the build's machinery, as in child_build
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    status = _status()
+    with open("/proc/self/status") as f:
+        anon = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("RssAnon"))
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    sampler = AnonPeak()
+    model = before() if mode == "before" else build_model(cfg.model, 50257)
+    anon_peak = sampler.stop()
+    own = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    print(json.dumps({"baseline": status["VmRSS"], "peak": _status()["VmHWM"],
+                      "anon": anon, "anon_peak": anon_peak, "model": own}))  # fmt: skip
+
+
+def pretrained_rows(sizes: list[str]) -> list[str]:
+    rows = [
+        "model.init_from (a save_pretrained folder), model.impl=native, on the CPU: peak - "
+        "baseline while loading (GB), all resident pages (VmHWM: the weights file's page "
+        "cache included) and the process's own (RssAnon, sampled every 5 ms)",
+        "",
+        "| size | model | before: resident | before: own | after: resident | after: own | "
+        "own before / model | own after / model |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size in sizes:
+        with tempfile.TemporaryDirectory() as folder:
+            _child("--child-save", size, folder)
+            got = {m: _child("--child-pretrained", size, m, folder) for m in ("before", "after")}
+        model = got["after"]["model"]
+        res = {m: g["peak"] - g["baseline"] for m, g in got.items()}
+        own = {m: g["anon_peak"] - g["anon"] for m, g in got.items()}
+        rows.append(
+            f"| {size} | {model / GB:.3f} | {res['before'] / GB:.3f} | {own['before'] / GB:.3f} "
+            f"| {res['after'] / GB:.3f} | {own['after'] / GB:.3f} | {own['before'] / model:.3f} "
+            f"| {own['after'] / model:.3f} |"
+        )
+    return rows
+
+
+def _child(*args: str) -> dict:
+    """This file run as a child process with `args`; the JSON it prints last, if any."""
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    lines = proc.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
 
 
 # -- 2. runs, sampled from outside ---------------------------------------------------------
@@ -242,19 +342,25 @@ def run_rows(names: list[str], root: Path) -> list[str]:
 
 
 def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--child-build":
-        child_build(*sys.argv[2:5])
+    children = {"--child-build": child_build, "--child-save": child_save,
+                "--child-pretrained": child_pretrained}  # fmt: skip
+    if len(sys.argv) > 1 and sys.argv[1] in children:
+        children[sys.argv[1]](*sys.argv[2:])
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", default=BUILD_SIZES, help="sizes, comma-separated, or none")
     parser.add_argument("--runs", default="all", help="all, none, or names from RUNS")
     parser.add_argument("--impl", default="native", choices=["native", "hf"])
+    parser.add_argument("--pretrained", default="gpt2", help="sizes, comma-separated, or none")
     args = parser.parse_args()
     print(f"load: {os.getloadavg()[0]:.2f} (1 min) on {os.cpu_count()} cores\n")
     if args.build != "none":
         print("\n".join(build_rows(args.build.split(","), args.impl)))
         print()
-    names = {"all": list(RUNS), "none": []}.get(args.runs) or args.runs.split(",")
+    if args.pretrained != "none":
+        print("\n".join(pretrained_rows(args.pretrained.split(","))))
+        print()
+    names = {"all": list(RUNS), "none": []}.get(args.runs, args.runs.split(","))
     if names:
         with tempfile.TemporaryDirectory() as tmp:
             print("\n".join(run_rows(names, Path(tmp))))

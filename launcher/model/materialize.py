@@ -95,15 +95,33 @@ def materialise(build: Callable[[], torch.nn.Module], device: torch.device) -> t
     if unmade:
         raise NotReplayable(f"{unmade[0]} was made by a factory the replay does not repeat")
     owners = _allocate(model, device)
+    scratch = Scratch()
     with torch.no_grad():
         for func, meta, args, kwargs in record.fills:
             owner = owners.get(storage_key(meta))
             if owner is None:
-                _draw_and_drop(func, meta, args, kwargs)
+                _draw_and_drop(func, meta, args, kwargs, scratch)
                 continue
             target = owner.detach().as_strided(meta.size(), meta.stride(), meta.storage_offset())
-            _fill(func, target, args, kwargs)
+            _fill(func, target, args, kwargs, scratch)
     return model
+
+
+class Scratch:
+    """The CPU memory a random fill is drawn into when it is not drawn in place: one buffer,
+    grown to the largest fill, so that the host holds one parameter's worth at most and the
+    allocator keeps no trail of freed temporaries."""
+
+    def __init__(self):
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+
+    def like(self, size: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """A contiguous CPU tensor of `size` and `dtype` in the buffer (its old contents)."""
+        need = size.numel() * dtype.itemsize
+        if self.buffer.numel() < need:
+            self.buffer = torch.empty(0, dtype=torch.uint8)  # the old one freed first
+            self.buffer = torch.empty(need, dtype=torch.uint8)
+        return self.buffer[:need].view(dtype).view(size)
 
 
 def _allocate(model: torch.nn.Module, device: torch.device) -> dict[int, torch.nn.Parameter]:
@@ -124,25 +142,32 @@ def _allocate(model: torch.nn.Module, device: torch.device) -> dict[int, torch.n
     return owners
 
 
-def _fill(func, target: torch.Tensor, args: tuple, kwargs: dict) -> None:
+def _drawn(target: torch.Tensor, scratch: Scratch) -> torch.Tensor:
+    """A CPU tensor laid out as `target`, for the CPU to draw its values into in the order a
+    CPU build drew them (GPT-2's fills are of whole, contiguous tensors: the scratch)."""
+    if target.is_contiguous():
+        return scratch.like(target.size(), target.dtype)
+    return torch.empty_strided(target.size(), target.stride(), dtype=target.dtype)
+
+
+def _fill(func, target: torch.Tensor, args: tuple, kwargs: dict, scratch: Scratch) -> None:
     """One recorded fill written into `target`; a random one drawn on the CPU."""
     if func not in RANDOM_FILLS or target.device.type == "cpu":
         func(target, *args, **kwargs)
         return
-    drawn = torch.empty_strided(target.size(), target.stride(), dtype=target.dtype)
+    drawn = _drawn(target, scratch)
     func(drawn, *args, **kwargs)
     target.copy_(drawn)
 
 
-def _draw_and_drop(func, meta: torch.Tensor, args: tuple, kwargs: dict) -> None:
+def _draw_and_drop(func, meta: torch.Tensor, args: tuple, kwargs: dict, scratch: Scratch) -> None:
     """The draws a fill of a dropped tensor took, taken and thrown away (constant fills
     draw nothing)."""
     if func is aten.uniform_.default:
         left = meta.numel()
-        slice_ = torch.empty(min(left, SKIP_SLICE), dtype=meta.dtype)  # one buffer, reused
         while left:
             n = min(left, SKIP_SLICE)
-            func(slice_[:n], *args, **kwargs)
+            func(scratch.like(torch.Size([n]), meta.dtype), *args, **kwargs)
             left -= n
     elif func in RANDOM_FILLS:
-        func(torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype), *args, **kwargs)
+        func(_drawn(meta, scratch), *args, **kwargs)
