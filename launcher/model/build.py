@@ -19,7 +19,7 @@ from launcher.config.model_shape import padded_vocab_size, training_flops
 from launcher.config.schema import ModelConfig
 from launcher.model.gpt2 import GPT2, from_hf_state_dict
 from launcher.model.gpt2 import GPT2Config as NativeConfig
-from launcher.model.materialize import materialise
+from launcher.model.materialize import materialise, on_meta
 from launcher.observe.peaks import peak_for_name
 
 log = logging.getLogger(__name__)
@@ -140,19 +140,17 @@ def _native(model_cfg: ModelConfig, vocab_size: int, device: torch.device) -> GP
             f"model.init_from={model_cfg.init_from} uses activation {c.activation_function}; "
             "the native GPT-2 has GPT-2's gelu_new only: use model.impl=hf"
         )
-    with torch.device("meta"):  # no values: each comes from the weights, once, on `device`
-        model = GPT2(
-            NativeConfig(
-                vocab_size=c.vocab_size,
-                n_layer=c.n_layer,
-                n_head=c.n_head,
-                n_embd=c.n_embd,
-                n_positions=c.n_positions,
-                dropout=model_cfg.dropout,
-                bias=True,
-                layer_norm_epsilon=c.layer_norm_epsilon,
-            )
-        )
+    shape = NativeConfig(
+        vocab_size=c.vocab_size,
+        n_layer=c.n_layer,
+        n_head=c.n_head,
+        n_embd=c.n_embd,
+        n_positions=c.n_positions,
+        dropout=model_cfg.dropout,
+        bias=True,
+        layer_norm_epsilon=c.layer_norm_epsilon,
+    )
+    model, _ = on_meta(lambda: GPT2(shape))  # no values: each comes from the weights, once
     dtypes = {name: p.dtype for name, p in model.named_parameters(remove_duplicate=False)}
     state = from_hf_state_dict(hf.state_dict(), device, dtypes)
     del hf

@@ -59,18 +59,28 @@ class InitRecord(TorchDispatchMode):
         self.fills: list[tuple[torch._ops.OpOverload, torch.Tensor, tuple, dict]] = []
         self.made: set[int] = set()  # storages a recognised factory made
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: torch would wrap __torch_dispatch__ in dynamo's `disable`, whose first call
+        imports torch._dynamo (sympy and all: seconds of every rank's start-up, 0.08 GB of
+        its memory); a build is never compiled."""
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in RANDOM_FILLS + CONSTANT_FILLS and args[0].is_meta:
+            self.fills.append((func, args[0], tuple(args[1:]), dict(kwargs)))
+            # Not run: a meta tensor holds no values, and a random fill's meta kernel is
+            # Python's, whose first use imports sympy (seconds of every rank's start-up).
+            return args[0]
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            # a draw the replay would not take, which moves every later one
+            raise NotReplayable(f"{func} draws random numbers the replay cannot repeat")
         packet = func.overloadpacket
         if packet in UNINITIALISED or packet in FACTORY_FILLS:
             kwargs = {**kwargs, "device": torch.device("meta")}
         out = func(*args, **kwargs)
-        random = torch.Tag.nondeterministic_seeded in func.tags
-        if func in RANDOM_FILLS + CONSTANT_FILLS and args[0].is_meta:
-            self.fills.append((func, args[0], tuple(args[1:]), dict(kwargs)))
-        elif random:  # a draw the replay would not take, which moves every later one
-            raise NotReplayable(f"{func} draws random numbers the replay cannot repeat")
-        elif isinstance(out, torch.Tensor) and out.is_meta and packet in FACTORY_FILLS:
+        if isinstance(out, torch.Tensor) and out.is_meta and packet in FACTORY_FILLS:
             fill, fill_args = FACTORY_FILLS[packet]
             self.fills.append((fill, out, fill_args(args), {}))
             self.made.add(storage_key(out))
@@ -83,12 +93,19 @@ class InitRecord(TorchDispatchMode):
         return out
 
 
-def materialise(build: Callable[[], torch.nn.Module], device: torch.device) -> torch.nn.Module:
-    """`build()` run on the meta device, its parameters allocated on `device` and given the
-    values a CPU build would have (see the module's docstring)."""
+def on_meta(build: Callable[[], torch.nn.Module]) -> tuple[torch.nn.Module, InitRecord]:
+    """`build()` with every tensor it makes on the meta device, and the record of its fills
+    (not run on `meta`: see InitRecord)."""
     record = InitRecord()
     with record:
         model = build()
+    return model, record
+
+
+def materialise(build: Callable[[], torch.nn.Module], device: torch.device) -> torch.nn.Module:
+    """`build()` run on the meta device, its parameters allocated on `device` and given the
+    values a CPU build would have (see the module's docstring)."""
+    model, record = on_meta(build)
     if any(True for _ in model.buffers()):
         raise NotReplayable(f"{type(model).__name__} has buffers, which the replay does not make")
     unmade = [n for n, p in model.named_parameters() if storage_key(p) not in record.made]
@@ -135,7 +152,9 @@ def _allocate(model: torch.nn.Module, device: torch.device) -> dict[int, torch.n
             if meta is None:
                 continue
             if id(meta) not in new:
-                made = torch.empty_like(meta, device=device)
+                # (empty_like from `meta` goes through torch._refs, which imports sympy)
+                made = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype,
+                                           device=device)  # fmt: skip
                 new[id(meta)] = torch.nn.Parameter(made, requires_grad=meta.requires_grad)
                 owners[storage_key(meta)] = new[id(meta)]
             module._parameters[name] = new[id(meta)]
