@@ -4,9 +4,9 @@ renderers size --mem and the pod's memory with `node_processes` (launcher.submit
 node_memory); `launcher.plan` prints `host_per_node`.
 
 What a rank holds on the host (docs/plan.md, "Host memory"):
-- its process: Python, torch, the launcher, the process group, the data, the build's
-  machinery, the end-of-run report (RANK_BASE_BYTES, measured), and on a GPU the CUDA
-  context and libraries' host side (CUDA_HOST_BYTES, assumed);
+- its process: Python, torch, the launcher, the process group, the data, the end-of-run
+  report (RANK_BASE_BYTES, measured; an engine's own imports, `Engine.host_process_bytes`),
+  and on a GPU the CUDA context and libraries' host side (CUDA_HOST_BYTES, assumed);
 - while the model is built: one parameter at a time, drawn on the CPU and copied to the
   device (launcher.model.materialize; a checkpoint's tensors are read from the page cache,
   which a node's ranks share); on the CPU the model is built in place, in its own weights;
@@ -16,8 +16,10 @@ What a rank holds on the host (docs/plan.md, "Host memory"):
 The build ends before training begins: a rank's peak is its process plus the larger of
 the two.
 
-A forked DataLoader worker shares its parent's pages copy-on-write: it costs the node
-only the pages it writes itself (WORKER_OWN_BYTES, measured), not another process.
+A forked DataLoader worker shares its rank's pages copy-on-write: it is not another
+process's worth. It costs the node the pages it writes itself (WORKER_OWN_BYTES), and the
+rank's workers together keep the pages the rank had when it forked them and wrote again
+afterwards (FORK_KEPT_BYTES of heap; on the CPU the weights too): `workers_bytes`.
 """
 
 from __future__ import annotations
