@@ -14,9 +14,9 @@ are bit for bit those of a build on the CPU: a CPU and a GPU run, and every worl
 start from the same weights. On another device each fill is drawn into a CPU tensor of
 that one parameter's shape and copied over: the host holds one parameter at a time. A
 fill of a tensor the model dropped (nn.Linear's own weight of GPT-2's LM head, replaced by
-the tied embedding) is drawn and thrown away, so that every later draw stays where it was;
-a uniform one in slices (the CPU draws one number per element, in order), so that not even
-that tensor is ever whole in memory.
+the tied embedding) is drawn and thrown away, so that every later draw stays where it was:
+as the uniform numbers the CPU would draw for it, in slices (`uniform_draws`), so that not
+even that tensor is ever whole in memory.
 """
 
 from __future__ import annotations
@@ -181,12 +181,29 @@ def _fill(func, target: torch.Tensor, args: tuple, kwargs: dict, scratch: Scratc
 
 def _draw_and_drop(func, meta: torch.Tensor, args: tuple, kwargs: dict, scratch: Scratch) -> None:
     """The draws a fill of a dropped tensor took, taken and thrown away (constant fills
-    draw nothing)."""
-    if func is aten.uniform_.default:
-        left = meta.numel()
-        while left:
-            n = min(left, SKIP_SLICE)
-            func(scratch.like(torch.Size([n]), meta.dtype), *args, **kwargs)
-            left -= n
-    elif func in RANDOM_FILLS:
+    draw nothing); in slices where the CPU's draws allow (`uniform_draws`)."""
+    if func not in RANDOM_FILLS:
+        return
+    count = uniform_draws(func, meta)
+    if count is None:  # drawn whole, as the build drew it
         func(_drawn(meta, scratch), *args, **kwargs)
+        return
+    while count:
+        n = min(count, SKIP_SLICE)
+        aten.uniform_.default(scratch.like(torch.Size([n]), meta.dtype))
+        count -= n
+
+
+def uniform_draws(func, meta: torch.Tensor) -> int | None:
+    """How many uniform numbers of its dtype the CPU draws for `func` filling `meta`, one
+    after the other, so that the same count drawn in slices leaves the generator where the
+    fill would; None where that is not so. uniform_: one an element. normal_ of a
+    contiguous tensor of 16 or more elements: one an element, and 16 more for the last 16
+    when the count is not a multiple of 16 (ATen's normal_fill: the uniforms first, then
+    Box-Muller in blocks of 16); a smaller or strided one draws normals one by one."""
+    n = meta.numel()
+    if func is aten.uniform_.default:
+        return n
+    if meta.is_contiguous() and n >= 16 and meta.dtype.is_floating_point:
+        return n + (16 if n % 16 else 0)
+    return None

@@ -11,7 +11,7 @@ from transformers import GPT2LMHeadModel
 from launcher.config import compose
 from launcher.model.build import build_model, padded_vocab_size
 from launcher.model.gpt2 import GPT2, GPT2Config
-from launcher.model.materialize import SKIP_SLICE, NotReplayable, materialise
+from launcher.model.materialize import SKIP_SLICE, NotReplayable, materialise, uniform_draws
 
 # A vocabulary over GPT-2's padding, so that the LM head's dropped uniform fill (vocab x
 # width) is thrown away in several slices.
@@ -100,3 +100,24 @@ def test_pretrained_weights_load_in_the_models_dtype_with_the_tie(tmp_path):
     theirs = hf.state_dict()["transformer.h.0.attn.c_attn.weight"]  # Conv1D: [in, out]
     ours = native.state_dict()["transformer.h.0.attn.c_attn.weight"]
     assert torch.equal(ours, theirs.float().t())
+
+
+@pytest.mark.parametrize("fill", ["uniform_", "normal_"])
+@pytest.mark.parametrize("numel", [16, 17, 1000, 1_000_003])
+def test_a_dropped_fill_is_skipped_as_the_draws_it_takes(fill, numel):
+    """The generator after `uniform_draws` uniform numbers drawn in slices is where the
+    fill itself leaves it (float32 and float64; a count not a multiple of 16 included)."""
+    for dtype in (torch.float32, torch.float64):
+        meta = torch.empty(numel, dtype=dtype, device="meta")
+        func = getattr(torch.ops.aten, fill).default
+        torch.manual_seed(11)
+        func(torch.empty(numel, dtype=dtype))
+        after_fill = torch.rand(4)
+        torch.manual_seed(11)
+        count = uniform_draws(func, meta)
+        while count:
+            n = min(count, 999)
+            torch.empty(n, dtype=dtype).uniform_()
+            count -= n
+        assert torch.equal(torch.rand(4), after_fill), (fill, numel, dtype)
+    assert uniform_draws(torch.ops.aten.normal_.default, torch.empty(15, device="meta")) is None
