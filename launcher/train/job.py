@@ -22,6 +22,7 @@ from launcher.checkpoint.manager import CheckpointManager, plan_resume
 from launcher.checkpoint.memory import MemoryTier
 from launcher.config import ConfigError, TrainConfig, typed
 from launcher.config.batch import BatchPlan
+from launcher.config.model_shape import millions
 from launcher.config.registry import build_strategy, engine
 from launcher.data import TokenData, build_train_loader, prepare_data
 from launcher.data.cache import cache_root
@@ -36,6 +37,7 @@ from launcher.resilience.faults import FaultInjector, peer_left
 from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime import disk
 from launcher.runtime.disk import shm_available_bytes
+from launcher.runtime.launch_clock import wall_seconds
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.lock import RunLock
 from launcher.runtime.process import (
@@ -127,12 +129,8 @@ def build_data_and_model(cfg: TrainConfig, rt: Runtime):
         device=rt.device,  # made there: no whole copy per rank in the node's host memory
     )
     fpt = flops_per_token(model, t.seq_len)
-    log.info(
-        "model %s: %.2fM parameters, %.3g FLOPs/token",
-        cfg.model.name,
-        count_params(model) / 1e6,
-        fpt,
-    )
+    log.info("model %s: %s parameters, %.3g FLOPs/token", cfg.model.name,
+             millions(count_params(model)), fpt)  # fmt: skip
     return data, model, fpt
 
 
@@ -301,6 +299,8 @@ class Job:
             if summary:  # the plan's forecast beside what the run measured, in every sink
                 summary = {**summary, "exit_code": code, "forecast": self.forecast}
             images = write_report(rt.run_dir, summary) if rt.is_main and summary else {}
+            if summary:  # to the last write: the closing block, W&B, TensorBoard, summary.json
+                summary["wall_time_s"] = wall_seconds(rt.launch.job_started)
             for sink in self.sinks:
                 sink.log_images(images)
                 sink.close(summary)
