@@ -114,6 +114,12 @@ class Engine:
     # (cfg, parameters, world size) -> bytes of one durable checkpoint, every rank's files
     checkpoint_total: Callable[[Any, int, int], int] | None = None
     step_collectives: Callable[[Any, int, int], list[tuple[str, int, int]]] | None = None
+    # (cfg, parameters, world size) -> bytes of the training state one rank keeps in host
+    # memory rather than on its device (offload; launcher.plan.host); None: none
+    host_state: Callable[[Any, int, int], int] | None = None
+    # what the engine's own imports and set-up add to a rank's host memory (measured with
+    # benchmarks/host_memory.py; launcher.plan.host)
+    host_process_bytes: int = 0
     drops_steps: bool = False  # Strategy.drop_step: trainer.on_nonfinite=skip|rewind allowed
     # Strategy.zero_grad between micro-steps: trainer.micro_batch_size=auto and
     # trainer.on_oom=retry (the micro-batch changes in-process) allowed

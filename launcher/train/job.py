@@ -94,7 +94,11 @@ def build_data_and_model(cfg: TrainConfig, rt: Runtime):
         raise ConfigError(disk.no_space_line("the data cache", cache, None)) from exc
     log.info("data: %s", data.description)
     model = build_model(
-        cfg.model, data.vocab_size, eot_id=data.eot_id, grad_checkpointing=t.grad_checkpointing
+        cfg.model,
+        data.vocab_size,
+        eot_id=data.eot_id,
+        grad_checkpointing=t.grad_checkpointing,
+        device=rt.device,  # made there: no whole copy per rank in the node's host memory
     )
     fpt = flops_per_token(model, t.seq_len)
     log.info("model %s: %s parameters, %.3g FLOPs/token", cfg.model.name,
@@ -166,7 +170,7 @@ class Job:
     def train(self) -> dict:
         """Claim the run directory, build, resume, run the loop; the end-of-run summary."""
         cfg, rt = self.cfg, self.rt
-        self.lock = claim_run_dir(rt)  # nothing in the run directory is written before this
+        self.lock = claim_run_dir(rt, cfg.run)  # nothing in the run directory is written before
         exit_codes.report_start(rt.run_dir)  # this node's heartbeat names this rank
         first_failure.watch(rt.run_dir, rt.rank)
         self.watchdog = HangWatchdog(  # start-up, then the loop's phases (on_hang: the loop's)
