@@ -102,7 +102,7 @@ class Engine:
     # shard where the engine shards); None: the engine cannot write the tier
     memory_checkpoint: Callable[[Any, int, int], int] | None = None
     # that estimate is of state every rank holds alike, which a node's ranks write once
-    # between them (launcher.checkpoint.node_share), not once each
+    # between them (launcher.checkpoint.memory.node_share), not once each
     memory_checkpoint_replicated: bool = False
     # The plan (launcher.plan), per rank at a world size: (cfg, parameters, world size) ->
     # bytes of the training state {"weights", "grads", "optimizer"} (and "gathered": weights

@@ -159,6 +159,14 @@ def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
     problem = micro_batch_problem(t, world_size) or BatchPlan.of(t, world_size).problem()
     if problem:
         raise ConfigError(problem)
+    for key in ("checkpoint_interval", "memory_checkpoint_interval"):
+        value = getattr(t, key)
+        if value != AUTO and (isinstance(value, bool) or not isinstance(value, int | None)):
+            shown = {"True": "true", "False": "false"}.get(str(value), value)  # as typed
+            raise ConfigError(
+                f"trainer.{key}={shown}: give a whole number of steps (0: off) or auto "
+                "(Young's interval from the measured cost and trainer.mtbf_h)"
+            )
     if t.seq_len > m.n_positions:
         raise ConfigError(
             f"trainer.seq_len={t.seq_len} exceeds model.n_positions={m.n_positions}; "

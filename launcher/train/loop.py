@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 from launcher.checkpoint.manager import CheckpointManager
 from launcher.config.batch import AUTO, BatchPlan
 from launcher.config.schema import (
+    ExcludeConfig,
     ProfilerConfig,
     TrainConfig,
     TrainerConfig,
@@ -38,7 +39,7 @@ from launcher.resilience.faults import FaultInjector
 from launcher.resilience.preemption import StopVote
 from launcher.resilience.stragglers import StragglerWatch
 from launcher.resilience.watchdog import HangWatchdog
-from launcher.runtime.process import Runtime
+from launcher.runtime.process import Runtime, node_name
 from launcher.strategy.base import Strategy
 from launcher.train import micro_batch
 from launcher.train.evaluate import Evaluator
@@ -78,11 +79,12 @@ class LoopConfig:
     watchdog: WatchdogConfig
     impl: str  # model.impl
     attention: str  # model.attention
+    exclude: ExcludeConfig  # a persistent straggler's host to bad_hosts (exclude.straggler)
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> LoopConfig:
         m = cfg.model
-        return cls(cfg.trainer, cfg.profiler, cfg.watchdog, m.impl, m.attention)
+        return cls(cfg.trainer, cfg.profiler, cfg.watchdog, m.impl, m.attention, cfg.exclude)
 
 
 # open_loader(plan, start_step=..., wrap_windows=...): this rank's training batches of `plan`
@@ -111,6 +113,9 @@ class TrainLoop:
         self.batch = BatchPlan.of(self.t, rt.world_size)
         self.stop = StopVote(rt.control_group)
         self.stragglers = StragglerWatch(cfg.watchdog, announce=rt.is_main)
+        if cfg.exclude.straggler:  # each rank's host, on rank 0, which names the straggler
+            self.stragglers.keep_off(cfg.exclude.straggler_intervals,
+                                     rt.gather_objects(node_name()), rt.run_dir)  # fmt: skip
         self.nonfinite = NonFinite(self.t, rt, checkpoints, recorder)
         model = (cfg.impl, cfg.attention)
         self.evaluate = Evaluator(rt, strategy, val, self.t.eval_batches, model, self.stop.poll)
@@ -309,7 +314,7 @@ class TrainLoop:
         if not last and (stopping or self.stop.poll()):
             self._save(step, wait=True)
             raise Stopped(step)
-        if t.checkpoint_interval and (step % t.checkpoint_interval == 0 or last):
+        if self.checkpoints.durable_due(step, last):
             self._save(step, wait=last)
         elif not last and self.checkpoints.memory_due(step):
             self.nonfinite.check(step, self.interval)
