@@ -141,7 +141,9 @@ def wrong_form_problem(text: str) -> str | None:
         if kind == OverrideType.CHANGE:
             return f"{text}: an experiment is added, with a +: write +{text} ({HELP})"
     elif name in default_groups():
-        fix = f"{name}={override.get_value_element_as_str()}" if override.value() else ""
+        fix = f"{name}=<option>"
+        if override.value() and not override.is_sweep_override():
+            fix = f"{name}={override.get_value_element_as_str()}"
         if kind in (OverrideType.ADD, OverrideType.FORCE_ADD):
             return (f"{text}: {name} is a group every run has one option of; choose another with "
                     f"{fix}, without the + ({HELP})")  # fmt: skip

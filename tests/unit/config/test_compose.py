@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from launcher.config import compose
-from launcher.config.compose import config_groups, default_groups
+from launcher.config.compose import HELP, config_groups, default_groups, wrong_form_problem
 from launcher.config.sweep import compose_points
 from launcher.train.front_door import main
 
@@ -103,3 +103,15 @@ def test_the_right_forms_still_compose():
     compose(["+exp=profile", "~exp", "+exp=throughput"])  # an added experiment can go again
     assert compose(["+exp=profile", "model=gpt2", "trainer.max_steps=5"]).trainer.max_steps == 5
     assert compose(["++trainer.max_steps=5"]).trainer.max_steps == 5  # Hydra's force form
+
+
+@pytest.mark.parametrize("group", sorted(default_groups()))
+def test_a_sweep_over_a_group_is_a_right_form_and_its_wrong_form_still_one_line(group):
+    """`nccl=default,debug` is a sweep (the check of the points says whether it may vary);
+    with a + it is still a wrong form, named without a value a sweep cannot print."""
+    options = sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml"))[:2]
+    swept = f"{group}={','.join(options)}"
+    assert wrong_form_problem(swept) is None
+    said = wrong_form_problem(f"+{swept}")
+    assert said == (f"+{swept}: {group} is a group every run has one option of; choose another "
+                    f"with {group}=<option>, without the + ({HELP})")  # fmt: skip

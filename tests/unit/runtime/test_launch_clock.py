@@ -18,8 +18,12 @@ from in_process import CPU, trainer
 
 
 def test_a_process_start_is_read_from_proc():
+    """Between the machine's boot (/proc/stat's btime) and now: this test's interpreter may
+    have run for the whole tier, so no bound tighter than that holds."""
     mine = launch_clock.process_started()
-    assert mine is not None and 0 <= time.time() - mine < 600  # this test's interpreter
+    with open("/proc/stat") as stat:
+        booted = next(int(ln.split()[1]) for ln in stat if ln.startswith("btime "))
+    assert mine is not None and booted - 1 <= mine <= time.time()
     parent = launch_clock.process_started(os.getppid())
     assert parent is not None and parent <= mine + 0.05  # clock ticks: 10 ms
     assert launch_clock.process_started(2**30) is None  # no such process
