@@ -2,16 +2,17 @@
 may know about one: each engine declares it in its own package as an `Engine`, and nothing
 outside `launcher/strategy/` compares an engine's name.
 
-The built-in engines are `ddp`, `deepspeed` and `fsdp2`; another package adds one through
-the `launcher.engines` entry-point group (the entry point names a module whose `ENGINE` is an
-`Engine`), with no edit to the launcher: docs/architecture.md, "Adding an engine".
+Every engine, the built-in `ddp`, `deepspeed` and `fsdp2` too, is an entry point of the
+`launcher.engines` group naming a module whose `ENGINE` is an `Engine` (the built-in ones in
+the launcher's pyproject.toml; another package adds one in its own, with no edit to the
+launcher: docs/architecture.md, "Adding an engine").
 
 The registry is config's: the schema registers each engine's config as a `strategy` option
 and the rules read what each engine allows, while the engines (launcher.strategy, a higher
-layer) import this module for `Engine`, `Format` and `StrategyConfig`. Engines are found by
-module name (`BUILTIN`, the entry points) and imported when first asked, as an engine of
-another package is, so that config imports nothing of strategy/ (docs/architecture.md, "The
-layers") and an engine's own imports (DeepSpeed) happen only when a run chooses it.
+layer) import this module for `Engine`, `Format` and `StrategyConfig`. The registry reads
+the entry-point group and names no engine (launcher.config.plugins), so config stays below
+the engines at run time too (docs/architecture.md, "The layers"), and an engine's own
+imports (DeepSpeed) happen only when a run chooses it.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 from omegaconf import MISSING
 
-BUILTIN = ("launcher.strategy.ddp", "launcher.strategy.deepspeed", "launcher.strategy.fsdp2")
+from launcher.config import plugins
+
 ENTRY_POINTS = "launcher.engines"
 
 
@@ -134,16 +135,9 @@ class Engine:
 
 @functools.cache
 def engines() -> dict[str, Engine]:
-    """Every engine this installation has, by name: the built-in ones, then the entry
-    points'. A name declared twice is an error of the installation, said at once."""
-    found: dict[str, Engine] = {}
-    modules = [*BUILTIN, *(ep.value for ep in entry_points(group=ENTRY_POINTS))]
-    for module in modules:
-        engine = importlib.import_module(module).ENGINE
-        if engine.name in found:
-            raise RuntimeError(f"engine {engine.name} is declared twice (again by {module})")
-        found[engine.name] = engine
-    return found
+    """Every engine this installation has, by name: the built-in ones, then other
+    packages'. A name declared twice is an error of the installation, said at once."""
+    return plugins.by_name(plugins.loaded(ENTRY_POINTS, "ENGINE"), "engine")
 
 
 def schemas() -> dict[str, type[StrategyConfig]]:

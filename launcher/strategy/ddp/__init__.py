@@ -12,6 +12,7 @@ from launcher.config.errors import ConfigError
 from launcher.config.model_shape import param_sizes
 from launcher.config.ranges import Range, one_of, ranged
 from launcher.config.registry import Engine, Format, StrategyConfig
+from launcher.strategy.ddp.files import FILES
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 DEFAULT_BUCKET_MB = 25.0
@@ -48,8 +49,6 @@ class DDPConfig(StrategyConfig):
     )
 
 
-# Whole model and optimizer: DDP keeps every rank's identical, so rank 0 writes them.
-FILES = ("model.pt", "optimizer.pt")
 FORMAT = Format("torch", marker=FILES[0], reader="launcher.strategy.ddp.files")
 
 

@@ -11,13 +11,11 @@ from __future__ import annotations
 from launcher.config.errors import ConfigError
 from launcher.config.registry import Engine, Format
 from launcher.strategy.deepspeed.ds_config import (
+    STRATEGY_FILE,
     DeepSpeedConfig,
     DeepSpeedConfigError,
     build_ds_config,
 )
-
-STRATEGY_FILE = "strategy.json"  # in each DeepSpeed checkpoint: what wrote it
-
 
 FORMAT = Format("deepspeed", marker=STRATEGY_FILE, reader="launcher.strategy.deepspeed.universal")
 

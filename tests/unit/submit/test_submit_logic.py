@@ -322,7 +322,7 @@ def test_pod_security_restricted_rules_each_catch_their_break(tmp_path, case):
     jb = next(o for o in objs if o["kind"] == "Job")
     jb["spec"]["template"]["spec"] = broken
     with pytest.raises(ConfigError, match="Pod Security 'restricted'"):
-        k8s_check.check(objs, k8s.expectations(job))
+        k8s_check.check(objs, k8s.expectations(job), k8s.kinds()["job"])
 
 
 def test_root_is_the_explicit_opt_out(tmp_path):
