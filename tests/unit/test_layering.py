@@ -103,6 +103,7 @@ def names_in(tree: ast.AST) -> set[str]:
     }
 
 
+@functools.cache
 def entry_points() -> dict[str, dict[str, str]]:
     """pyproject.toml's entry points: group -> {name: module}."""
     import tomllib
@@ -111,6 +112,7 @@ def entry_points() -> dict[str, dict[str, str]]:
     return project.get("entry-points", {})
 
 
+@functools.cache
 def group_readers() -> dict[str, str]:
     """group -> the module that reads it (the one whose source holds the group's name)."""
     readers = {}
@@ -369,6 +371,46 @@ def test_no_module_reaches_another_modules_private_names():
 )
 def test_cycle_finder(graph, expected):
     assert cycles(graph) == expected
+
+
+def module_table() -> list[tuple[list[str], str]]:
+    """docs/architecture.md's module table: (the paths in a row's first cell, the row's
+    text), for the rows that name a path of `launcher/`."""
+    text = ARCHITECTURE.read_text().split("## The modules", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        paths = re.findall(r"`([^`]+)`", cells[0])
+        if line.startswith("| `") and paths and paths[0].startswith("launcher/"):
+            rows.append((paths, line))
+    return rows
+
+
+def tabled_modules() -> set[Path]:
+    """The files the module table names: each path of a row's first cell (a name after the
+    first is in the first one's folder: `launcher/strategy/base.py`, `optim.py`); for a
+    folder's row (`launcher/plan/`), its package and every `<name>.py` of that folder the
+    row names (`memory.py`)."""
+    named = set()
+    for paths, line in module_table():
+        first = REPO / paths[0]
+        folder = first if paths[0].endswith("/") else first.parent
+        for path in paths:
+            target = REPO / path if path.startswith("launcher/") else folder / path
+            named.add(target / "__init__.py" if path.endswith("/") else target)
+        if paths[0].endswith("/"):
+            named |= {folder / name for name in re.findall(r"`(\w+\.py)`", line)}
+    return named
+
+
+def test_the_module_table_names_every_module():
+    """docs/architecture.md's module table says each module's one job: a new module gets a
+    row (or its name in its folder's row), a module gone loses it. A package's `__init__.py`
+    that only says what the package owns is the package's row of the layer table."""
+    found = {p for p in module_names().values() if p.name != "__init__.py" or has_logic(p)}
+    tabled = tabled_modules()
+    assert sorted(str(p.relative_to(REPO)) for p in found - tabled) == []
+    assert sorted(str(p.relative_to(REPO)) for p in tabled if not p.is_file()) == []
 
 
 TESTS = REPO / "tests"
