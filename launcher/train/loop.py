@@ -185,16 +185,17 @@ class TrainLoop:
 
     def _one_step(self, profiler) -> None:
         """Train the next step and do what comes after it; a rewind goes back instead."""
+        lr = lr_at(self.step, self.t)
         try:
             with step_region(profiler, self.step + 1):
-                self._train_step(self.step)
+                self._train_step(self.step, lr)
         except Rewound as rewound:
             self.step = rewound.step
             return
         self.step += 1
         if profiler is not None:
             self._profiler_step(profiler)
-        self._after_step(self.step, lr_at(self.step - 1, self.t))
+        self._after_step(self.step, lr)
         self.watchdog.step_done(self.step)
 
     def _profiler_step(self, profiler) -> None:
@@ -213,8 +214,8 @@ class TrainLoop:
             write_summary(self.rt.run_dir, self.recorder.summary("failed: hang detected", step))
 
     # -- a step ------------------------------------------------------------------------
-    def _train_step(self, step: int) -> None:
-        """One optimizer step: accumulate over micro-batches, then step at this step's lr."""
+    def _train_step(self, step: int, lr: float) -> None:
+        """One optimizer step: accumulate over micro-batches, then step at `lr`."""
         self.timer.start()
         if step == self.start_step:
             self.faults.phase("first step")
@@ -239,7 +240,7 @@ class TrainLoop:
         else:
             for loss in losses:
                 self.interval.add_loss(loss)
-            self.interval.grad_norm = self.strategy.step(lr_at(step, self.t))
+            self.interval.grad_norm = self.strategy.step(lr)
         self.timer.stop()
         self.interval.end_step()
 
