@@ -474,11 +474,27 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
     ),
     (
         "docs/quickstart.md",
-        ". .venv/bin/activate && pip install -e '.[test]' && python -m pytest",
+        "torchrun --standalone --nproc_per_node=2 -m launcher.train +exp=python_sample",
     ): (
-        "skip",
-        "the test suite itself (.ci/run and the lead run it)",
+        "check",
+        "minutes of training; its compute is pinned to the measured run (tests/unit/config/test_experiments.py)",
     ),
+    (
+        "docs/quickstart.md",
+        "python -m launcher.generate runs/latest --prompt 'class ' --max-tokens 200 --seed 1 --temperature 0.7",
+    ): ("skip", "needs the recipe's finished run (minutes); its sample is a real run's output"),
+    (
+        "docs/cluster.md",
+        "python -m launcher.submit slurm --dry-run cluster.nodes=2 trainer.global_batch_size=64",
+    ): ("dry", "rendered with --dry-run (applying needs a cluster)"),
+    (
+        "docs/cluster.md",
+        "python -m launcher.submit k8s --dry-run cluster.nodes=2 trainer.global_batch_size=64",
+    ): ("dry", "rendered with --dry-run (applying needs a cluster)"),
+    (
+        "docs/train.md",
+        "torchrun --standalone --nproc_per_node=2 -m launcher.train +exp=python_sample model.n_layer=6 trainer.max_steps=1000",
+    ): ("check", "composed and validated at its world size (a run takes minutes or a GPU)"),
     (
         "docs/slurm.md",
         "python -m launcher.submit slurm cluster.nodes=2 cluster.gpus_per_node=8 cluster.slurm.partition=gpu cluster.time_limit=04:00:00 trainer.global_batch_size=64 run.root=/shared/$USER/runs",

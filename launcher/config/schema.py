@@ -311,9 +311,10 @@ ClusterConfig = backends.with_sections(ClusterBase, list(backends.builtin().valu
 class TuneConfig:
     """`python -m launcher.tune`'s rounds (docs/tuning.md); launcher.train ignores it.
 
-    A candidate is kept when its median step time beats the incumbent's by more than
-    `noise_multiple` x the measured noise (the larger spread of the two sets of repeats)
-    and by at least `min_gain` of the incumbent's step time."""
+    A candidate is kept when its repeats give more tokens/s than the incumbent's in a rank
+    test (launcher.tune.decision), its median gain exceeds `noise_multiple` x the measured
+    noise (the larger relative spread of the two sides' repeats, outliers left out) and is
+    at least `min_gain`."""
 
     # wall time for the rounds; the confirmation runs come after
     budget_s: float = ranged(1800.0, POSITIVE)
@@ -329,9 +330,9 @@ class TuneConfig:
     loss_tolerance: float = ranged(
         0.02, Range(low=0.0, why="0: a math-changing candidate must match exactly")
     )
-    # the smallest speed-up worth keeping, as a fraction of a step
+    # the smallest gain in tokens/s worth keeping, as a fraction of the incumbent's
     min_gain: float = ranged(0.05, BELOW_1)
-    # how many measured spreads a gain must exceed
+    # how many measured relative spreads a gain in tokens/s must exceed
     noise_multiple: float = ranged(1.0, NON_NEGATIVE)
     max_rounds: int = ranged(6, AT_LEAST_1)
     # steps of each confirmation run (baseline and winner)

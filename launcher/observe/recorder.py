@@ -17,6 +17,7 @@ from launcher.config.schema import TrainerConfig
 from launcher.observe.metrics import KIND_STEMS, KIND_SUFFIXES, Aggregate, aggregate
 from launcher.observe.sinks import Sink
 from launcher.resilience.bad_steps import BadSteps
+from launcher.runtime.launch_clock import wall_seconds
 from launcher.runtime.process import Runtime
 
 log = logging.getLogger("launcher")
@@ -163,5 +164,5 @@ class Recorder:
             **self.bad_step_counts(),
             **self.micro_batch_figures(),
             "flops_per_token": self.flops_per_token,
-            "wall_time_s": time.perf_counter() - self.start_time,
+            "wall_time_s": wall_seconds(self.rt.launch.job_started),  # from the launch
         }

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from launcher.config import ConfigError, compose, friendly_overrides
+from launcher.config.model_shape import millions
 from launcher.data.shm import human_bytes
 from launcher.paths import atomic_write
 from launcher.plan import forecast
@@ -126,7 +127,7 @@ def table(plan: dict) -> str:
     j, m, c, s, t = (plan[k] for k in ("job", "memory", "checkpoint", "step", "totals"))
     device = m["gpu_per_rank"]
     lines = [
-        f"plan: {j['model']} ({j['parameters'] / 1e6:.0f}M parameters), strategy={j['strategy']}, "
+        f"plan: {j['model']} ({millions(j['parameters'])} parameters), strategy={j['strategy']}, "
         f"{j['nodes']} node(s) x {j['procs_per_node']} rank(s) on {j['device']} "
         f"({j['link']}), global batch {j['global_batch']} x {j['seq_len']} tokens "
         f"(micro-batch {j['micro_batch']}, accumulation {j['accum']})",

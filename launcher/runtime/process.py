@@ -17,6 +17,7 @@ import random
 import secrets
 import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -296,6 +297,7 @@ def end_job(rt: Runtime) -> None:
     if rt.log_file is not None:
         logging.getLogger().removeHandler(rt.log_file)
         rt.log_file.close()
+    rt.launch.job_started = time.time()  # the next job's wall time counts from here
 
 
 def skip_collection_at_exit() -> None:

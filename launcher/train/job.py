@@ -22,6 +22,7 @@ from launcher.checkpoint.manager import CheckpointManager, plan_resume
 from launcher.checkpoint.memory import MemoryTier
 from launcher.config import ConfigError, TrainConfig, typed
 from launcher.config.batch import BatchPlan
+from launcher.config.model_shape import millions
 from launcher.config.registry import build_strategy, engine
 from launcher.data import TokenData, build_train_loader, prepare_data
 from launcher.data.cache import cache_root
@@ -43,6 +44,7 @@ from launcher.resilience.faults import FaultInjector, peer_left
 from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime import disk
 from launcher.runtime.disk import shm_available_bytes
+from launcher.runtime.launch_clock import wall_seconds
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.lock import RunLock
 from launcher.runtime.process import (
@@ -130,12 +132,8 @@ def build_data_and_model(cfg: TrainConfig, rt: Runtime):
         cfg.model, data.vocab_size, eot_id=data.eot_id, grad_checkpointing=t.grad_checkpointing
     )
     fpt = flops_per_token(model, t.seq_len)
-    log.info(
-        "model %s: %.2fM parameters, %.3g FLOPs/token",
-        cfg.model.name,
-        count_params(model) / 1e6,
-        fpt,
-    )
+    log.info("model %s: %s parameters, %.3g FLOPs/token", cfg.model.name,
+             millions(count_params(model)), fpt)  # fmt: skip
     return data, model, fpt
 
 
@@ -305,6 +303,8 @@ class Job:
             if summary:  # the plan's forecast beside what the run measured, in every sink
                 summary = {**summary, "exit_code": code, "forecast": self.forecast}
             images = write_report(rt.run_dir, summary) if rt.is_main and summary else {}
+            if summary:  # to the last write: the closing block, W&B, TensorBoard, summary.json
+                summary["wall_time_s"] = wall_seconds(rt.launch.job_started)
             for sink in self.sinks:
                 sink.log_images(images)
                 sink.close(summary)

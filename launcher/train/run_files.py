@@ -6,6 +6,7 @@ rank with one line, the files as they were (each is written whole or not at all)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 from pathlib import Path
@@ -32,6 +33,7 @@ from launcher.runtime import disk, envinfo
 from launcher.runtime.latest import point_latest
 from launcher.runtime.lock import LockHeld, RunLock
 from launcher.runtime.process import Runtime, launch_key, open_run_dir, ranks_per_node
+from launcher.train.next_steps import next_commands
 
 log = logging.getLogger("launcher")
 
@@ -203,6 +205,7 @@ def rank0_sinks(
             cfg.trainer.max_steps,
             start_step,
             run_dir=rt.run_dir,
+            what_next=functools.partial(next_commands, rt.run_dir),
             world_size=rt.world_size,
             brief=point is not None,
             quiet=rt.launch.quiet_progress,

@@ -4,7 +4,7 @@ experiment the overrides describe, in rounds, inside this one launch (docs/tunin
 The overrides are composed and checked as launcher.train would, together with the tuner's
 own `tune.*` keys and the trials' settings, so a bad value is one line and exit code 2
 before any process group starts. Then the rounds run (launcher.tune.rounds), and rank 0
-writes tune/report.{md,json}, tune/step_time.png and tune/tuned.yaml into the run
+writes tune/report.{md,json}, tune/tokens_per_s.png and tune/tuned.yaml into the run
 directory, also when a stop request ends the tuning early (exit code 143).
 """
 
@@ -37,8 +37,9 @@ USAGE = """usage: torchrun [--standalone --nproc_per_node=N] -m launcher.tune [o
 
 Tune the training experiment the overrides describe (the same overrides launcher.train
 takes, one experiment, not a sweep): rounds of a profiled run, the analyser's evidence,
-timed trials of the changes it points at, keeping what beats the incumbent by more than
-the noise. Writes <run dir>/tune/report.{md,json}, step_time.png and tuned.yaml.
+timed trials of the changes it points at, keeping what gives more tokens/s than the
+incumbent beyond the noise. Writes <run dir>/tune/report.{md,json}, tokens_per_s.png and
+tuned.yaml.
 Settings: tune.budget_s, tune.trial_steps, tune.repeats, tune.loss_tolerance, ...
 (docs/tuning.md, docs/configuration.md)."""
 
