@@ -12,9 +12,9 @@ import sys
 from launcher.config import ConfigError, compose, friendly_overrides
 from launcher.data.shm import human_bytes
 from launcher.plan.memory import shm_need
+from launcher.preflight import check_config, machine_problems
 from launcher.runtime import envinfo
 from launcher.runtime.process import env_world, ranks_per_node
-from launcher.train.preflight import check_config, machine_problems
 
 USAGE = """usage: python -m launcher.doctor [--json] [overrides...]
 

@@ -1,7 +1,7 @@
 """The semantic check of a composed config, judged alone (no machine, no files, no other
 layer): values with a spelled-out default resolved (`normalize`), then every value and
 combination that cannot run refused (`validate`), naming the key path. What needs the
-machine, the files or an engine's own config is launcher.train.preflight's.
+machine, the files or an engine's own config is launcher.preflight's.
 """
 
 from __future__ import annotations
@@ -268,7 +268,7 @@ def _reject_unknown_keys(node: DictConfig, prefix: str) -> None:
 
 
 def _validate_data_source(d: DataConfig) -> None:
-    """What each data source needs set (whether its files exist is launcher.train.preflight's)."""
+    """What each data source needs set (whether its files exist is launcher.preflight's)."""
     wanted = {
         "text_files": "text file globs, e.g. data.paths=[a/*.txt]",
         "memmap": "pre-tokenized .bin files",

@@ -30,14 +30,14 @@ from launcher.config.backends import backend, shell_text_keys
 from launcher.config.secret_keys import is_secret_key, secret_in
 from launcher.data.tokenizer import tokenizer_path_problem
 from launcher.paths import can_create_in
-from launcher.runtime import run_dir_check
-from launcher.runtime.lock import LockHeld, tool_lock
-from launcher.train.preflight import (
+from launcher.preflight import (
     check_config,
     data_file_problems,
     init_from_problem,
     resume_problem,
 )
+from launcher.runtime import run_dir_check
+from launcher.runtime.lock import LockHeld, tool_lock
 
 SUBMIT_DIR = "submit"
 # What each node runs in place of `torchrun` (same arguments; exits with the contract code).

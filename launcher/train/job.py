@@ -39,6 +39,7 @@ from launcher.observe.nccl_transport import transport_recorders
 from launcher.observe.recorder import Recorder
 from launcher.observe.report import write_report
 from launcher.plan import forecast as plan_forecast
+from launcher.preflight import tier_room
 from launcher.resilience import burnin, exit_codes, first_failure
 from launcher.resilience.faults import FaultInjector, peer_left
 from launcher.resilience.watchdog import HangWatchdog
@@ -58,7 +59,6 @@ from launcher.runtime.process import (
 from launcher.train.loop import LoopConfig, Stopped, TrainLoop
 from launcher.train.micro_batch import OutOfMemory
 from launcher.train.nonfinite import NonFiniteLoss
-from launcher.train.preflight import tier_room
 from launcher.train.run_files import (
     already_completed,
     claim_run_dir,

@@ -18,9 +18,9 @@ from launcher.config import compose
 from launcher.config.model_shape import param_count
 from launcher.model.build import build_model
 from launcher.plan.memory import loader_shm_need, shm_need
+from launcher.preflight import tier_room
 from launcher.strategy import fsdp2
 from launcher.strategy.base import host_copy
-from launcher.train.preflight import tier_room
 
 GIB = 2**30
 VOCAB = 64

@@ -12,7 +12,7 @@ from torch.profiler import profile
 from launcher.config import ConfigError, compose
 from launcher.config.schema import ATTENTION_BACKENDS, PRECISIONS
 from launcher.model.build import build_model, loss_function
-from launcher.train.preflight import attention_problem
+from launcher.preflight import attention_problem
 
 from attention_ops import FLASH_CPU, MATH
 
