@@ -64,7 +64,7 @@ def interval(cfg, restarts: int | None = None) -> int:
     if chosen is not None:
         return int(chosen)
     restarts = restarts_from_env() if restarts is None else restarts
-    able = engine(cfg.strategy.name).memory_checkpoint is not None
+    able = engine(cfg.strategy.name).memory_tier is not None
     return DEFAULT_INTERVAL if restarts > 0 and able else 0
 
 
@@ -72,8 +72,8 @@ def state_bytes(cfg, world_size: int = 1) -> int:
     """One rank's memory checkpoint, estimated by its engine from the model's shape: the
     whole model and optimizer state (DDP), or this rank's shard of it at `world_size` (FSDP2,
     DeepSpeed's partitions; the default 1 is the largest a rank can need)."""
-    estimate = engine(cfg.strategy.name).memory_checkpoint
-    return estimate(cfg, param_count(cfg.model), world_size) if estimate else 0
+    tier = engine(cfg.strategy.name).memory_tier
+    return tier.checkpoint_bytes(cfg, param_count(cfg.model), world_size) if tier else 0
 
 
 def node_state_bytes(cfg, procs_per_node: int, world_size: int) -> int:
@@ -81,7 +81,8 @@ def node_state_bytes(cfg, procs_per_node: int, world_size: int) -> int:
     holds alike once (its ranks write a part each, launcher.checkpoint.node_share), the
     state each rank holds alone once per rank."""
     one = state_bytes(cfg, world_size)
-    return one if engine(cfg.strategy.name).memory_checkpoint_replicated else one * procs_per_node
+    tier = engine(cfg.strategy.name).memory_tier
+    return one if tier and tier.replicated else one * procs_per_node
 
 
 def in_shm(cfg) -> bool:

@@ -71,22 +71,32 @@ def _no_differences(_saved: dict, _now: dict) -> list[tuple[str, str]]:
 
 
 @dataclass(frozen=True)
-class Engine:
-    """One engine: its config, what it refuses, its checkpoint format and what it loads."""
+class Capabilities:
+    """What a run of the engine may ask for and what it needs: config.validate judges a
+    config by it, preflight checks the machine for it, the job starts the process group."""
 
-    name: str
-    schema: type[StrategyConfig]
-    strategy: str  # "module:Class" of its launcher.strategy.base.Strategy, built when chosen
-    format: Format
     needs_process_group: bool = False  # even a run of one process
-    # None: loads every other engine's format its `Format.reader` can read; else the clause
-    # that says why it cannot ("DeepSpeed loads no other engine's checkpoint").
-    refuses_other_formats: str | None = None
-    has_yaml: bool = True  # conf/strategy/<name>.yaml exists; else the schema is the option
     rules: Callable[[Any, int], None] = _nothing  # (cfg, world_size): raises ConfigError
     # (typed cfg, world size): the engine's own config built and judged (raises ConfigError);
     # None: nothing beyond `rules`
     config_check: Callable[[Any, int], None] | None = None
+    packages: tuple[tuple[str, str], ...] = ()  # (import name, pip install line)
+    device_problem: Callable[[Any, bool], str | None] = _nothing  # (cfg, on_cpu)
+    compiles: bool = True  # trainer.compile is allowed
+    async_checkpoint: bool = False  # trainer.async_checkpoint is allowed
+    drops_steps: bool = False  # Strategy.drop_step: trainer.on_nonfinite=skip|rewind allowed
+    # Strategy.zero_grad between micro-steps: trainer.micro_batch_size=auto and
+    # trainer.on_oom=retry (the micro-batch changes in-process) allowed
+    resizes_micro_batch: bool = False
+
+
+@dataclass(frozen=True)
+class Resume:
+    """How the engine's checkpoints resume and are resumed (launcher.checkpoint.resume)."""
+
+    # None: loads every other engine's format its `Format.reader` can read; else the clause
+    # that says why it cannot ("DeepSpeed loads no other engine's checkpoint").
+    refuses_other_formats: str | None = None
     identity: Callable[[Any], dict] = lambda _cfg: {}  # extra keys meta.json records
     # (saved, now) identity dicts of two checkpoints of this engine: [(what, fix)] that keeps
     # one from being resumed by the other
@@ -94,39 +104,65 @@ class Engine:
     resume_with: Callable[[dict], str] | None = None  # saved identity -> overrides; None: name
     # saved identity -> why other engines cannot load it (None: they can)
     unreadable_by_others: Callable[[dict], str | None] = _nothing
-    packages: tuple[tuple[str, str], ...] = ()  # (import name, pip install line)
-    device_problem: Callable[[Any, bool], str | None] = _nothing  # (cfg, on_cpu)
-    compiles: bool = True  # trainer.compile is allowed
-    async_checkpoint: bool = False  # trainer.async_checkpoint is allowed
-    # Strategy.snapshot, the memory tier (trainer.memory_checkpoint_interval): (cfg, the
-    # model's parameter count, world size) -> bytes of one rank's memory checkpoint (its
-    # shard where the engine shards); None: the engine cannot write the tier
-    memory_checkpoint: Callable[[Any, int, int], int] | None = None
-    # that estimate is of state every rank holds alike, which a node's ranks write once
-    # between them (launcher.checkpoint.node_share), not once each
-    memory_checkpoint_replicated: bool = False
-    # The plan (launcher.plan), per rank at a world size: (cfg, parameters, world size) ->
-    # bytes of the training state {"weights", "grads", "optimizer"} (and "gathered": weights
-    # unsharded for a while, where the engine shards them), and (cfg, parameters,
-    # world size) -> one step's gradient and parameter collectives [(op, bytes, times)],
-    # op one of all_reduce, reduce_scatter, all_gather (bytes: the full buffer, as
-    # nccl-tests counts it)
-    train_state: Callable[[Any, int, int], dict[str, int]] | None = None
-    # (cfg, parameters, world size) -> bytes of one durable checkpoint, every rank's files
-    checkpoint_total: Callable[[Any, int, int], int] | None = None
-    step_collectives: Callable[[Any, int, int], list[tuple[str, int, int]]] | None = None
-    drops_steps: bool = False  # Strategy.drop_step: trainer.on_nonfinite=skip|rewind allowed
-    # Strategy.zero_grad between micro-steps: trainer.micro_batch_size=auto and
-    # trainer.on_oom=retry (the micro-batch changes in-process) allowed
-    resizes_micro_batch: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the plan (launcher.plan) computes the engine's run with, per rank at a world
+    size: (cfg, parameters, world size) -> bytes of the training state {"weights",
+    "grads", "optimizer"} (and "gathered": weights unsharded for a while, where the engine
+    shards them); -> bytes of one durable checkpoint, every rank's files; -> one step's
+    gradient and parameter collectives [(op, bytes, times)], op one of all_reduce,
+    reduce_scatter, all_gather (bytes: the full buffer, as nccl-tests counts it)."""
+
+    train_state: Callable[[Any, int, int], dict[str, int]]
+    checkpoint_total: Callable[[Any, int, int], int]
+    step_collectives: Callable[[Any, int, int], list[tuple[str, int, int]]]
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What the tuner (launcher.tune) may try for the engine."""
+
+    # (cfg) -> [(changes, changes_math)]: what it may try against exposed communication
+    candidates: Callable[[Any], list[tuple[dict, bool]]] = lambda _cfg: []
     # The key (MiB) that sizes the engine's gradient buckets, if one does: the tuner tries
     # the sizes the plan's bucket model (launcher.plan.comm.bucket_sizes) predicts best
     bucket_key: str | None = None
-    # (cfg) -> [(changes, changes_math)]: what the tuner may try against exposed communication
-    tune_candidates: Callable[[Any], list[tuple[dict, bool]]] = lambda _cfg: []
+
+
+@dataclass(frozen=True)
+class MemoryTier:
+    """The engine writes the memory tier (trainer.memory_checkpoint_interval) through
+    `Strategy.snapshot` (launcher.checkpoint.memory)."""
+
+    # (cfg, the model's parameter count, world size) -> bytes of one rank's memory
+    # checkpoint (its shard where the engine shards)
+    checkpoint_bytes: Callable[[Any, int, int], int]
+    # that estimate is of state every rank holds alike, which a node's ranks write once
+    # between them (launcher.checkpoint.node_share), not once each
+    replicated: bool = False
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine: its config, its strategy and checkpoint format, and the facets it has,
+    each read by the one place that needs it (None: the engine has not that facet)."""
+
+    name: str
+    schema: type[StrategyConfig]
+    strategy: str  # "module:Class" of its launcher.strategy.base.Strategy, built when chosen
+    format: Format
+    has_yaml: bool = True  # conf/strategy/<name>.yaml exists; else the schema is the option
+    capabilities: Capabilities = Capabilities()
+    resume: Resume = Resume()
+    plan: Plan | None = None
+    tuning: Tuning | None = None
+    memory_tier: MemoryTier | None = None
 
     def overrides_to_resume(self, saved: dict) -> str:
-        return self.resume_with(saved) if self.resume_with else f"strategy={self.name}"
+        with_ = self.resume.resume_with
+        return with_(saved) if with_ else f"strategy={self.name}"
 
     def build(self, *args):
         module, _, cls = self.strategy.partition(":")

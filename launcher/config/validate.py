@@ -155,15 +155,16 @@ def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
     problem = fault_problem(cfg.fault, world_size, t.max_steps)  # the kind's own rules
     if problem:
         raise ConfigError(problem)
-    chosen = engine(cfg.strategy.name)
+    declared = engine(cfg.strategy.name)
+    chosen = declared.capabilities
     if t.async_checkpoint and not chosen.async_checkpoint:
-        able = [e.name for e in engines().values() if e.async_checkpoint]
+        able = [e.name for e in engines().values() if e.capabilities.async_checkpoint]
         raise ConfigError(
             f"trainer.async_checkpoint=true needs strategy={' or '.join(able)} (an asynchronous "
             f"save); strategy={cfg.strategy.name} writes its checkpoints synchronously"
         )
-    if t.memory_checkpoint_interval and chosen.memory_checkpoint is None:  # an added engine's
-        able = [e.name for e in engines().values() if e.memory_checkpoint is not None]
+    if t.memory_checkpoint_interval and declared.memory_tier is None:  # an added engine's
+        able = [e.name for e in engines().values() if e.memory_tier is not None]
         raise ConfigError(
             f"trainer.memory_checkpoint_interval={t.memory_checkpoint_interval} needs "
             f"strategy={' or '.join(able)}; strategy={cfg.strategy.name} cannot write the "
@@ -177,7 +178,7 @@ def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
             "null: 10 under torchrun's restarts), or trainer.memory_checkpoint_peer=false"
         )
     if t.on_nonfinite != "stop" and not chosen.drops_steps:
-        able = [e.name for e in engines().values() if e.drops_steps]
+        able = [e.name for e in engines().values() if e.capabilities.drops_steps]
         raise ConfigError(
             f"trainer.on_nonfinite={t.on_nonfinite} is not supported with "
             f"strategy={cfg.strategy.name} (its engine owns the optimizer step); use "
@@ -186,7 +187,7 @@ def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
     resizing = [f"trainer.{k}={getattr(t, k)}" for k, v in (("micro_batch_size", AUTO),
                 ("on_oom", "retry")) if getattr(t, k) == v]  # fmt: skip
     if resizing and not chosen.resizes_micro_batch:
-        able = [e.name for e in engines().values() if e.resizes_micro_batch]
+        able = [e.name for e in engines().values() if e.capabilities.resizes_micro_batch]
         raise ConfigError(
             f"{resizing[0]} is not supported with strategy={cfg.strategy.name} (its engine "
             f"cannot abandon a step part-way and redo it at another micro-batch); give "

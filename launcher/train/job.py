@@ -148,7 +148,7 @@ def run(cfg: DictConfig, launch: LaunchState, point: str | None = None) -> int:
     """
     freeze_what_lasts()  # before the job makes anything: its collections then walk its own
     cfg = typed(cfg)
-    needs_group = engine(cfg.strategy.name).needs_process_group
+    needs_group = engine(cfg.strategy.name).capabilities.needs_process_group
     rt = start(RuntimeConfig.of(cfg), launch, point, needs_group=needs_group)
     if point is not None and cfg.resume == "auto" and already_completed(rt):
         log.info("sweep point %s already completed in %s; not run again", point, rt.run_dir)

@@ -9,7 +9,7 @@ See docs/deepspeed.md."""
 from __future__ import annotations
 
 from launcher.config.errors import ConfigError
-from launcher.config.registry import Engine, Format
+from launcher.config.registry import Capabilities, Engine, Format, MemoryTier, Plan, Resume
 from launcher.strategy.deepspeed.ds_config import (
     STRATEGY_FILE,
     DeepSpeedConfig,
@@ -163,19 +163,25 @@ ENGINE = Engine(
     schema=DeepSpeedConfig,
     strategy="launcher.strategy.deepspeed.engine:DeepSpeedStrategy",
     format=FORMAT,
-    needs_process_group=True,
-    refuses_other_formats="DeepSpeed loads no other engine's checkpoint",
-    rules=rules,
-    config_check=config_check,
-    identity=identity,
-    own_differences=own_differences,
-    resume_with=resume_with,
-    unreadable_by_others=unreadable_by_others,
-    packages=(("deepspeed", "pip install 'launcher[deepspeed]'"),),
-    device_problem=device_problem,
-    compiles=False,
-    memory_checkpoint=memory_checkpoint_bytes,
-    train_state=train_state,
-    checkpoint_total=checkpoint_total,
-    step_collectives=step_collectives,
+    capabilities=Capabilities(
+        needs_process_group=True,
+        rules=rules,
+        config_check=config_check,
+        packages=(("deepspeed", "pip install 'launcher[deepspeed]'"),),
+        device_problem=device_problem,
+        compiles=False,
+    ),
+    resume=Resume(
+        refuses_other_formats="DeepSpeed loads no other engine's checkpoint",
+        identity=identity,
+        own_differences=own_differences,
+        resume_with=resume_with,
+        unreadable_by_others=unreadable_by_others,
+    ),
+    plan=Plan(
+        train_state=train_state,
+        checkpoint_total=checkpoint_total,
+        step_collectives=step_collectives,
+    ),
+    memory_tier=MemoryTier(checkpoint_bytes=memory_checkpoint_bytes),
 )

@@ -10,7 +10,7 @@ from typing import Any
 
 from launcher.config.errors import ConfigError
 from launcher.config.ranges import one_of
-from launcher.config.registry import Engine, Format, StrategyConfig
+from launcher.config.registry import Capabilities, Engine, Format, MemoryTier, Plan, StrategyConfig
 
 OFFLOAD_DEVICES = ("none", "cpu")
 
@@ -106,12 +106,13 @@ ENGINE = Engine(
     schema=FSDP2Config,
     strategy="launcher.strategy.fsdp2.engine:FSDP2Strategy",
     format=FORMAT,
-    needs_process_group=True,
-    rules=rules,
-    async_checkpoint=True,
-    drops_steps=True,
-    memory_checkpoint=memory_checkpoint_bytes,
-    train_state=train_state,
-    checkpoint_total=checkpoint_total,
-    step_collectives=step_collectives,
+    capabilities=Capabilities(
+        needs_process_group=True, rules=rules, async_checkpoint=True, drops_steps=True
+    ),
+    plan=Plan(
+        train_state=train_state,
+        checkpoint_total=checkpoint_total,
+        step_collectives=step_collectives,
+    ),
+    memory_tier=MemoryTier(checkpoint_bytes=memory_checkpoint_bytes),
 )
