@@ -13,6 +13,7 @@ informative.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import signal
@@ -72,6 +73,44 @@ def end_stopped_ranks_after_a_hang(folder: Path, done: threading.Event) -> None:
             )
 
 
+class BadArguments(ValueError):
+    """torchrun's own arguments refused, worded as the one line the user sees."""
+
+
+def _refuse(message: str):
+    raise BadArguments(message)
+
+
+def check_arguments(argv: list[str]) -> None:
+    """torchrun's arguments, judged before its agent starts: what its parser refuses, what
+    its launch config refuses (a node count, a process count, a restart count), and a
+    training module or script that is not there, each as one line (torchrun itself would
+    print its usage block, or a traceback from inside its agent)."""
+    parser = torch_run.get_args_parser()
+    parser.error = _refuse  # one line instead of the usage block and exit
+    args = parser.parse_args(argv)
+    try:
+        torch_run.parse_min_max_nnodes(args.nnodes)
+    except ValueError:
+        raise BadArguments(f"--nnodes={args.nnodes}: give a node count, N or MIN:MAX") from None
+    try:
+        config, _, _ = torch_run.config_from_args(args)
+    except (ValueError, AssertionError, RuntimeError) as exc:
+        raise BadArguments(" ".join(str(exc).split())) from None
+    if config.nproc_per_node < 1:
+        raise BadArguments(f"--nproc-per-node={args.nproc_per_node}: give at least 1 process")
+    script = args.training_script
+    if args.module:
+        try:
+            found = importlib.util.find_spec(script) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise BadArguments(f"-m {script}: no such module; e.g. -m launcher.train")
+    elif not args.no_python and not Path(script).is_file():
+        raise BadArguments(f"{script}: no such script; e.g. -m launcher.train")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -79,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         print()
         torch_run.get_args_parser().print_help()
         return 0
+    try:
+        check_arguments(argv)
+    except BadArguments as exc:
+        print(f"error: launcher.torchrun: {exc}; see python -m launcher.torchrun --help",
+              file=sys.stderr)  # fmt: skip
+        return exit_codes.BAD_INPUT
     forward_every_signal(os.environ)
     with tempfile.TemporaryDirectory(prefix="launcher-outcome-") as folder:
         os.environ[exit_codes.OUTCOME_DIR_ENV] = folder

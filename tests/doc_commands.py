@@ -276,6 +276,10 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
         "kubectl create secret generic wandb --from-literal=api-key=$WANDB_API_KEY",
     ): ("skip", "needs a Kubernetes cluster and a W&B key"),
     (
+        "docs/kubernetes.md",
+        'kubectl create secret generic launcher-secrets --from-literal=HF_TOKEN="$HF_TOKEN"',
+    ): ("skip", "needs a Kubernetes cluster and a Hugging Face token"),
+    (
         "docs/logging.md",
         "torchrun --standalone --nproc_per_node=2 -m launcher.train logger=tensorboard",
     ): ("check", "composed and validated at its world size (a run takes minutes or a GPU)"),

@@ -49,11 +49,12 @@ COMPILES = declaring(lambda e: e.capabilities.compiles)
 MEMORY_TIER = declaring(lambda e: e.memory_tier is not None)
 # The groups whose knobs the matrix must cover (the other groups are launch-wide, cluster
 # or fault settings: tests/launches/test_comm.py, test_slurm.py, test_k8s.py, test_faults.py).
-GROUPS = ("strategy", "trainer", "model", "data", "profiler", "logger", "burnin")
+GROUPS = ("strategy", "trainer", "model", "data", "profiler", "logger", "burnin", "run")
 # The data layer hands every engine the same token tensors, however they were read: its
 # sources (and their dtype) are launched on DDP, and one of them (synthetic) on every engine.
-# The burn-in gate runs before any engine is built: launched on DDP.
-ENGINE_FREE = ("data.source", "data.dtype", "burnin.enabled", "burnin.action")
+# The burn-in gate runs before any engine is built, and who may read the run directory is
+# no engine's concern: launched on DDP.
+ENGINE_FREE = ("data.source", "data.dtype", "burnin.enabled", "burnin.action", "run.access")
 DATA_ENGINES = ENGINES[:1]  # DDP, the first built-in
 
 # On top of tests/launch.py's FAST_USER_LOADER (workers on): short, no eval, no checkpoints.
@@ -494,6 +495,17 @@ ROWS: list[Row] = [
         "same losses bit for bit; no rank of one machine is 4x slower, so refuse lets it train",
         engines=DATA_ENGINES,
     ),
+    *[
+        row(
+            f"run_access_{access}",
+            [f"run.access={access}"],
+            "equal",
+            "who may read the run directory (its mode; tests/unit/runtime/test_run_dir_check.py "
+            "reads it back): nothing the ranks compute",
+            engines=DATA_ENGINES,
+        )
+        for access in ("group", "world")
+    ],
     row(
         "wandb_online",
         ["logger.mode=online"],

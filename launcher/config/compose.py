@@ -48,6 +48,33 @@ def compose(overrides: list[str], sweep: bool = False) -> DictConfig:
         raise ConfigError(describe_compose_error(exc)) from exc
 
 
+def compose_problems(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(every override composition refuses, one line each; the overrides it accepts):
+    launcher.doctor lists them all where a launch stops at the first. Each override is added
+    to the ones accepted before it, in the order given, so that a key of a chosen option
+    (strategy=deepspeed, then strategy.zero_stage) is judged with its option. (Each try
+    stands alone, outside the handler of another: an error is described from its causes.)"""
+    first = _compose_problem(overrides)
+    if first is None:
+        return [], list(overrides)
+    found, accepted = [], []
+    for override in overrides:
+        problem = _compose_problem([*accepted, override])
+        if problem is None:
+            accepted.append(override)
+        else:
+            found.append(problem)
+    return (found, accepted) if found else ([first], [])
+
+
+def _compose_problem(overrides: list[str]) -> str | None:
+    try:
+        compose(overrides)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def refuse_schema_options(overrides: list[str]) -> None:
     """`strategy=ddp_schema` names the typed schema an option file starts from (registered in
     the same group, so Hydra would compose it), not an engine option: one line instead."""

@@ -34,6 +34,7 @@ from launcher.config.ranges import (
     ranges_of,
 )
 from launcher.config.registry import StrategyConfig, engines
+from launcher.paths import ACCESS_MODES
 
 CONFIG_MODULE = "launcher.conf"
 CONFIG_NAME = "train"
@@ -57,6 +58,9 @@ AUTO = "auto"  # trainer.micro_batch_size=auto: the largest that fits, found at 
 class RunConfig:
     root: str = "runs"
     id: str | None = None
+    # who may read the run directory besides you: private (0700), group (0750), world
+    # (0755); its files are reachable only through it (docs/run-directory.md)
+    access: str = one_of("private", tuple(ACCESS_MODES))
 
 
 @dataclass
@@ -301,6 +305,10 @@ class ClusterBase:
     workdir: str | None = None  # where the job starts (the checkout); null: submit's cwd
     setup: list[str] = field(default_factory=list)  # shell lines run before torchrun
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables
+    # variables holding secrets the job needs, by name: Slurm passes them from the
+    # submitting shell, Kubernetes from a Secret (cluster.k8s.env_secret); values never
+    # enter the job's files
+    secrets: list[str] = field(default_factory=list)
 
 
 # The built-in backends' sections (cluster.slurm, cluster.k8s) are there whatever the cluster.

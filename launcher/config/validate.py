@@ -15,7 +15,7 @@ from launcher.config.batch import AUTO, BatchPlan, micro_batch_problem
 from launcher.config.compose import unknown_key_line
 from launcher.config.errors import ConfigError, check_choice
 from launcher.config.fault_kinds import fault_problem
-from launcher.config.ranges import range_problem
+from launcher.config.ranges import range_problems
 from launcher.config.registry import engine, engines, schemas
 from launcher.config.schema import (
     DataConfig,
@@ -111,23 +111,45 @@ def validate(cfg: DictConfig, world_size: int) -> TrainConfig:
     the composed config (its keys and nodes); the rules read the typed sections, as the
     job's parts do.
     """
-    normalize(cfg, world_size)
-    _reject_unknown_keys(cfg, "")
-    problem = range_problem(cfg, all_ranges())
-    if problem:
-        raise ConfigError(problem)
-    problem = run_id_problem(cfg.run.id)
-    if cfg.run.id is None and os.environ.get("LAUNCHER_RUN_ID"):
-        problem = run_id_problem(os.environ["LAUNCHER_RUN_ID"], "LAUNCHER_RUN_ID")
-    if problem:
-        raise ConfigError(problem)
-    for key, allowed in all_choices().items():
-        if OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT:  # the chosen engine's
-            check_choice(key, OmegaConf.select(cfg, key), allowed)
+    found = key_problems(cfg, world_size)
+    if found:
+        raise ConfigError(found[0])
     _validate_engine(cfg)
     checked = typed(cfg)
     _validate_rules(checked, world_size)
     return checked
+
+
+def key_problems(cfg: DictConfig, world_size: int) -> list[str]:
+    """The problems of keys judged each alone, all of them, in validate's order: unknown
+    keys, every numeric key's range, the run id, the choices (the config normalised first)."""
+    normalize(cfg, world_size)
+    found = [*_unknown_keys(cfg, ""), *range_problems(cfg, all_ranges())]
+    problem = run_id_problem(cfg.run.id)
+    if cfg.run.id is None and os.environ.get("LAUNCHER_RUN_ID"):
+        problem = run_id_problem(os.environ["LAUNCHER_RUN_ID"], "LAUNCHER_RUN_ID")
+    found += [problem] if problem else []
+    for key, allowed in all_choices().items():
+        if OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT:  # the chosen engine's
+            try:
+                check_choice(key, OmegaConf.select(cfg, key), allowed)
+            except ConfigError as exc:
+                found.append(str(exc))
+    return found
+
+
+def problems(cfg: DictConfig, world_size: int) -> list[str]:
+    """Every problem `validate` refuses the config for, one line each (launcher.doctor's
+    list): each key's own problems, all; the rules that relate keys only when those hold
+    (they assume them), the first of them."""
+    found = key_problems(cfg, world_size)
+    if found:
+        return found
+    try:
+        validate(cfg, world_size)
+    except ConfigError as exc:
+        return [str(exc)]
+    return []
 
 
 def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
@@ -252,20 +274,23 @@ def _validate_watchdog(w: WatchdogConfig, dist_timeout_s: int) -> None:
             )
 
 
-def _reject_unknown_keys(node: DictConfig, prefix: str) -> None:
-    """Catch keys added with Hydra's `+key=value`, which composition lets through. Each
-    node is judged by its own schema: the `strategy` node by the chosen engine's."""
+def _unknown_keys(node: DictConfig, prefix: str) -> list[str]:
+    """Keys added with Hydra's `+key=value`, which composition lets through, one line each.
+    Each node is judged by its own schema: the `strategy` node by the chosen engine's."""
     schema_type = OmegaConf.get_type(node)
     if not is_dataclass(schema_type):
-        return  # a free-form mapping such as strategy.extra or cluster.env
+        return []  # a free-form mapping such as strategy.extra or cluster.env
     known = {f.name for f in fields(schema_type)}
+    found = []
     for key in node:
         path = f"{prefix}{key}"
         if key not in known:
-            raise ConfigError(unknown_key_line(path, schema_type))
+            found.append(unknown_key_line(path, schema_type))
+            continue
         child = node._get_node(key)
         if isinstance(child, DictConfig):
-            _reject_unknown_keys(child, f"{path}.")
+            found += _unknown_keys(child, f"{path}.")
+    return found
 
 
 def _validate_data_source(d: DataConfig) -> None:

@@ -43,9 +43,13 @@ TUNE_MODULE = "launcher.tune"
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help") or "--help" in argv:
+    if argv and (argv[0] in ("-h", "--help") or "--help" in argv):
         print(usage())
-        return 0 if argv else exit_codes.BAD_INPUT
+        return exit_codes.DONE
+    if not argv:
+        print(f"error: give a target: python -m launcher.submit {{{','.join(backends())}}} "
+              "[--dry-run] [overrides...] (--help says more)", file=sys.stderr)  # fmt: skip
+        return exit_codes.BAD_INPUT
     target, rest = argv[0], argv[1:]
     if target not in backends():
         print(

@@ -328,10 +328,23 @@ def sbatch_options(job: SubmitJob) -> list[str]:
 
 def export_names(job: SubmitJob, environ: dict[str, str] | None = None) -> list[str]:
     """What the job gets of the submitting shell, by name: EXPORT_BASE, cluster.slurm.export,
-    and (given the shell's `environ`, at submit) its variables named as secrets."""
-    names = [*EXPORT_BASE, *map(str, job.cluster.slurm.export)]
+    cluster.secrets, and (given the shell's `environ`, at submit) its variables named as
+    secrets."""
+    names = [*EXPORT_BASE, *map(str, job.cluster.slurm.export), *map(str, job.cluster.secrets)]
     names += sorted(n for n in (environ or {}) if is_secret_key(n) and _NAME.match(n))
     return list(dict.fromkeys(names))
+
+
+def check_secrets_set(job: SubmitJob, environ: dict[str, str]) -> None:
+    """Each of cluster.secrets is set in the submitting shell, which the job takes it from:
+    a job started without one fails at its first use, after the queue wait."""
+    unset = [str(n) for n in job.cluster.secrets if not environ.get(str(n))]
+    if unset:
+        raise ConfigError(
+            f"cluster.secrets names {', '.join(unset)}, which this shell does not set; export "
+            f"{'it' if len(unset) == 1 else 'them'} before submitting (the job takes "
+            "cluster.secrets from the submitting shell by name)"
+        )
 
 
 def _notes(job: SubmitJob) -> list[str]:
@@ -362,6 +375,9 @@ def _setup_lines(job: SubmitJob) -> list[str]:
     if s.container_image is not None:
         lines.append(f"mkdir -p {shlex.quote(str(_cache_dir(job)))}")  # a mount's source
     lines += list(c.setup)
+    sif = image_file(job)
+    if sif is not None:  # after the setup lines: they may load the runtime (module load)
+        lines.append(_convert_once(job, sif))
     if not lines:
         return ["  : # (none: cluster.slurm.modules, cluster.slurm.venv and cluster.setup)"]
     return init + [f"  {{ {line}\n  }} || setup_failed $? {shlex.quote(line)}" for line in lines]
@@ -406,8 +422,11 @@ def container_name(job: SubmitJob) -> str:
 
 def _srun_options(job: SubmitJob) -> list[str]:
     s = job.cluster.slurm
-    # Slurm 22.05's srun no longer inherits --cpus-per-task from the batch job.
+    # Slurm 22.05's srun no longer inherits --cpus-per-task from the batch job. The binding
+    # is stated, not left to the site's TaskPluginParam: the one task of each node, torchrun
+    # and its ranks, is held to the CPUs the job was given (docs/slurm.md).
     opts = [f"--nodes={job.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus_per_task(job)}"]
+    opts.append(f"--cpu-bind={s.cpu_bind}")
     opts.append(f"--wait={SRUN_WAIT_S}")
     if s.resv_ports:
         opts.append("--resv-ports=1")
@@ -425,13 +444,48 @@ def _pyxis_options(job: SubmitJob) -> list[str]:
     ]
 
 
+# Images an Apptainer/Singularity exec would pull and convert itself (on every node, at
+# every start): converted once instead, into a SIF under run.root (image_file).
+REMOTE_IMAGES = ("docker://", "docker-daemon://", "oras://", "library://", "shub://")
+IMAGES_DIR = ".images"  # under run.root, which every node sees; launcher.runs skips it
+
+
+def image_file(job: SubmitJob) -> Path | None:
+    """The SIF an Apptainer/Singularity job runs a remote image (docker://...) from: one
+    per image under run.root, converted once by the batch shell (`_convert_once`) and
+    reused by every node, start, requeue and later run of that image; None for a local
+    .sif or pyxis."""
+    s = job.cluster.slurm
+    image = str(s.container_image or "")
+    if s.container_runtime == "pyxis" or not image.startswith(REMOTE_IMAGES):
+        return None
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", image.split("://", 1)[1].rsplit("/", 1)[-1])
+    digest = hashlib.sha256(image.encode()).hexdigest()[:12]
+    return job.run_root / IMAGES_DIR / f"{name}-{digest}.sif"
+
+
+def _convert_once(job: SubmitJob, sif: Path) -> str:
+    """The setup line that builds `sif` from the remote image unless it is there: into a
+    name of this job's, then renamed, so a job that starts meanwhile never runs half a
+    file (two jobs converting at once each rename a whole one)."""
+    s = job.cluster.slurm
+    tmp = shlex.quote(f"{sif}.job") + '"$SLURM_JOB_ID"'
+    final, folder = shlex.quote(str(sif)), shlex.quote(str(sif.parent))
+    image = shlex.quote(str(s.container_image))
+    return (
+        f"[ -s {final} ] || {{ mkdir -p {folder} && {s.container_runtime} build --force "
+        f"{tmp} {image} && mv -f {tmp} {final}; }}"
+    )
+
+
 def _apptainer(job: SubmitJob) -> str:
-    """`apptainer exec` (or singularity) of the image, the mounts bound, GPUs passed in."""
+    """`apptainer exec` (or singularity) of the image (its SIF, for a remote one), the
+    mounts bound, GPUs passed in."""
     s = job.cluster.slurm
     gpus = " --nv" if job.cluster.gpus_per_node else ""
     binds = shlex.quote(",".join(container_mounts(job)))
     workdir = shlex.quote(str(job.workdir))
-    image = shlex.quote(str(s.container_image))
+    image = shlex.quote(str(image_file(job) or s.container_image))
     return f"{s.container_runtime} exec{gpus} --bind {binds} --pwd {workdir} {image}"
 
 
@@ -576,6 +630,7 @@ def submit(job: SubmitJob, paths: list[Path]) -> str:
     s = job.cluster.slurm
     if s.container_image is not None and s.container_runtime == "pyxis":
         _check_pyxis()
+    check_secrets_set(job, dict(os.environ))
     check_partition(job)
     if s.resv_ports:
         _check_resv_ports()

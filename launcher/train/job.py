@@ -201,7 +201,9 @@ class Job:
     def train(self) -> dict:
         """Claim the run directory, build, resume, run the loop; the end-of-run summary."""
         cfg, rt = self.cfg, self.rt
-        self.lock = claim_run_dir(rt)  # nothing in the run directory is written before this
+        self.lock = claim_run_dir(
+            rt, cfg.run
+        )  # nothing in the run directory is written before this
         first_failure.watch(rt.run_dir, rt.rank)
         self.watchdog = HangWatchdog(  # start-up, then the loop's phases (on_hang: the loop's)
             cfg.watchdog,

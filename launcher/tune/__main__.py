@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.config import ConfigError, friendly_overrides, sweep
 from launcher.config.sweep import flatten
+from launcher.paths import make_run_dir
 from launcher.preflight import preflight
 from launcher.resilience import exit_codes
 from launcher.runtime import process as runtime
@@ -121,7 +122,7 @@ def own_run_dir(cfg: DictConfig):
     problem = run_dir_check.problem(run_dir, runtime.env_world()[2])
     if problem:
         fail_bad_input(ConfigError(problem))
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_run_dir(run_dir, Path(cfg.run.root).expanduser(), cfg.run.access)
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(tool_lock(run_dir, "tune", "use another run.id"))

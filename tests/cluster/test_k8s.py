@@ -141,8 +141,9 @@ def test_example_fields(example):
     assert "--rdzv-endpoint=launcher-example-0.launcher-example:29500" in c["args"]
     res = c["resources"]
     assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == 8
-    # the disk-backed emptyDirs' sizeLimits (home 10Gi + tmp 2Gi), requested
-    assert res["requests"]["ephemeral-storage"] == "12Gi"
+    # the disk-backed emptyDirs' sizeLimits (home 10Gi + tmp 2Gi) and the container's own
+    # disk (disk_margin 2Gi), requested and limited
+    assert res["requests"]["ephemeral-storage"] == res["limits"]["ephemeral-storage"] == "14Gi"
     workers = job.cfg.data.num_workers
     assert res["requests"]["cpu"] == str(8 * (1 + workers)) and "cpu" not in res["limits"]
     # /dev/shm: the loaders' need on 8 ranks and the memory tier's on the node (on by default
@@ -210,6 +211,21 @@ FULL = [
     "cluster.k8s.topology_spread_key=kubernetes.io/hostname",
 ]
 VOLCANO = ["cluster.k8s.gang=volcano", "cluster.k8s.queue=research"]
+# What a TrainJob cannot carry (refused for it: test_a_trainjob_refuses_what_it_cannot_carry).
+NOT_FOR_TRAINJOB = (
+    "cluster.k8s.priority_class",
+    "cluster.k8s.ttl_after_finished_s",
+    "cluster.k8s.topology_spread_key",
+    "cluster.workdir",
+    "cluster.k8s.gang=volcano",
+)
+
+
+def for_kind(kind: str, overrides: list[str]) -> list[str]:
+    """`overrides` as a kind takes them: a TrainJob without what it cannot carry."""
+    if kind != "trainjob":
+        return overrides
+    return [o for o in overrides if not o.startswith(NOT_FOR_TRAINJOB)]
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +237,7 @@ def variants(tmp_path_factory) -> tuple[Path, dict[str, dict[str, str]]]:
     return tmp_path, {
         f"{kind}-{variant}": render_into(
             tmp_path / f"{kind}-{variant}",
-            [*overrides, *root, f"cluster.k8s.kind={kind}"],
+            [*for_kind(kind, overrides), *root, f"cluster.k8s.kind={kind}"],
         )
         for kind in k8s.kinds()
         for variant, overrides in (
@@ -445,9 +461,9 @@ def test_security_qos_and_gang_options(variants):
                 assert broken == [] or name.endswith("-full"), (name, broken)
     # Guaranteed QoS: every resource's limit equals its request, CPUs whole.
     res = c["resources"]
-    assert {k: v for k, v in res["requests"].items() if k != "ephemeral-storage"} == res["limits"]
+    assert res["requests"] == res["limits"]  # ephemeral-storage too: requested as limited
     assert res["limits"]["cpu"] == "24" and res["limits"]["rdma/ib"] == 1  # 8 x (1 + 2 workers)
-    assert c["imagePullPolicy"] == "IfNotPresent"  # a pinned tag
+    assert c["imagePullPolicy"] == "IfNotPresent"  # a tag (the notes say it pins nothing)
     # Kueue: the queue label on the workload, created suspended.
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     assert job["spec"]["suspend"] is True
@@ -496,7 +512,7 @@ def test_dry_run_notes_and_owner_patch(tmp_path, capsys):
     lines = err.splitlines()
     assert lines[0] == (
         "warning: cluster.k8s.image=launcher:latest names no fixed build (cluster.k8s."
-        "allow_floating_image=true): nodes may run different code; pin a tag or digest"
+        "allow_floating_image=true): nodes may run different code; pin a digest"
     )
     assert lines[1].startswith(
         "warning: cluster.k8s.image=launcher:latest with cluster.k8s.image_pull_policy="
@@ -563,7 +579,8 @@ def test_dry_run_notes_and_owner_patch(tmp_path, capsys):
         (
             ["cluster.k8s.image=registry.example.com/launcher"],
             "cluster.k8s.image=registry.example.com/launcher: names no fixed build (:latest or "
-            "no tag), so pods may run different code; give a tag or digest",
+            "no tag), so pods may run different code; give a digest (repo/launcher@sha256:...), "
+            "or at least a tag",
         ),
         (["+cluster.env.GH_PAT=abc"], "cluster.env.GH_PAT is a secret: it would be"),
         (
@@ -822,3 +839,29 @@ def test_sigterm_to_the_pods_stops_with_a_checkpoint_and_143(tmp_path):
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
     assert latest == f"step_{s['steps']:08d}", latest  # the stop checkpoint, complete
     assert (run_dir / "checkpoints" / latest / "meta.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "cluster.k8s.priority_class=high",
+        "cluster.k8s.ttl_after_finished_s=3600",
+        "cluster.k8s.topology_spread_key=kubernetes.io/hostname",
+        "cluster.k8s.image_pull_policy=Always",
+        "cluster.workdir=/workspace",
+        "cluster.k8s.gang=volcano",
+    ],
+)
+def test_a_trainjob_refuses_what_it_cannot_carry(tmp_path, capsys, override):
+    """Kubeflow Trainer's runtime patch has no field for these (the CRD's schema): a
+    TrainJob would drop them without a word, so each is one line naming the key and where
+    it goes instead; the other kinds carry it."""
+    key = override.split("=")[0]
+    args = [*EXAMPLE[:3], f"run.root={tmp_path}", "run.id=tj", override]
+    queue = ["cluster.k8s.queue=research"] if "volcano" in override else []
+    assert main(["k8s", "--dry-run", "cluster.k8s.kind=trainjob", *args, *queue]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {key}="), err
+    assert "a TrainJob cannot set" in err and "cluster.k8s.kind=jobset" in err
+    assert not (tmp_path / "tj").exists()
+    assert main(["k8s", "--dry-run", "cluster.k8s.kind=jobset", *args, *queue]) == 0

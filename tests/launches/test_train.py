@@ -55,6 +55,7 @@ def test_run_directory_layout_and_metrics(ws2_run):
     ):
         assert (run_dir / name).is_file(), name
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000024"
+    assert run_dir.stat().st_mode & 0o777 == 0o700  # run.access=private: the default
     records = [r for r in metrics(run_dir) if "loss" in r]
     assert [r["step"] for r in records] == list(range(1, 25))
     for r in records:

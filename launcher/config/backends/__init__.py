@@ -39,9 +39,12 @@ class Backend:
     summary: str  # what it renders, for --help: "an sbatch script"
     tool: str  # what submit hands the files to, for --help: "sbatch"
     docs: str  # the page that explains its keys
-    secret_way: str  # how this cluster gets a secret to the job (a refusal's fix)
+    secret_way: str  # how this cluster gets a secret to the job (a refusal's fix): cluster.secrets
     schema: type | None = None  # its section, cluster.<name>; None: none
     shell_text: tuple[str, ...] = ()  # the section's keys whose values become shell text
+    # the section's keys every user of the cluster can read (the job list, `kubectl get`):
+    # a long run of hex digits there is refused, not only warned about
+    public_text: tuple[str, ...] = ()
     # A running rank's environment -> the id its scheduler gave the job (every rank of the
     # job shares it, a requeue keeps it): the key a run directory is found again by; None:
     # not a job of this backend
@@ -99,6 +102,11 @@ def backend(name: str) -> Backend:
 def shell_text_keys() -> tuple[str, ...]:
     """Every backend's keys whose values become shell text, as cluster.<name>.<key>."""
     return tuple(f"cluster.{b.name}.{key}" for b in backends().values() for key in b.shell_text)
+
+
+def public_text_keys() -> tuple[str, ...]:
+    """Every backend's keys that every user of its cluster reads, as cluster.<name>.<key>."""
+    return tuple(f"cluster.{b.name}.{key}" for b in backends().values() for key in b.public_text)
 
 
 def job_key(environ: Mapping[str, str]) -> str | None:

@@ -38,6 +38,8 @@ class K8sConfig:
     runs_pvc: str = "launcher-runs"  # PersistentVolumeClaim (ReadWriteMany) mounted at run.root
     wandb_secret: str | None = "wandb"  # Secret holding WANDB_API_KEY; null: none
     wandb_secret_key: str = "api-key"  # the key inside that Secret
+    # the Secret holding cluster.secrets' variables, one key each, named as the variable
+    env_secret: str = "launcher-secrets"
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[Any] = field(default_factory=list)
     gpu_toleration: bool = True  # tolerate the GPU nodes' taint (gpu_resource:NoSchedule)
@@ -52,6 +54,9 @@ class K8sConfig:
     run_as_user: int = ranged(1000, Range(low=1, why="a non-root UID"))
     home_size: str = "10Gi"  # restricted: the writable HOME emptyDir (caches, data cache)
     tmp_size: str = "2Gi"  # restricted: the writable /tmp emptyDir
+    # restricted: the container's own disk (its writable layer, its logs) on top of the
+    # emptyDirs: ephemeral-storage is requested and limited at their sum
+    disk_margin: str = "2Gi"
     gang: str = "none"  # none, kueue (queue-name label, suspended) or volcano (min members)
     queue: str | None = None  # the Kueue LocalQueue or the Volcano queue
     # failed pods tolerated per node (disruptions not counted)
@@ -78,9 +83,11 @@ BACKEND = Backend(
     summary="an Indexed Job and its Service",
     tool="kubectl apply",
     docs="docs/kubernetes.md",
-    secret_way="give it through a Secret (cluster.k8s.wandb_secret names the one holding "
-    "WANDB_API_KEY)",
+    secret_way="put it in the Secret cluster.k8s.env_secret and name it in "
+    "cluster.secrets=[NAME]: every pod gets it by secretKeyRef",
     schema=K8sConfig,
+    # whoever may list the namespace's pods reads their names, labels and annotations
+    public_text=("name", "labels", "annotations"),
     stop_window="termination_grace_s",
     # torchrun's agent must have ended (its workers checkpointed and exited) this long
     # before the kubelet's SIGKILL at terminationGracePeriodSeconds, so the pod exits with

@@ -42,7 +42,7 @@ from launcher.submit.k8s.checks import (
 )
 from launcher.submit.k8s.kind import Kind
 from launcher.submit.k8s.names import INSTANCE_LABEL, name_of
-from launcher.submit.k8s.pod import pod_template, without_nodes
+from launcher.submit.k8s.pod import floating, pinned, pod_template, without_nodes
 
 # What tests and the burn-in docs reach through this module.
 __all__ = [
@@ -122,6 +122,19 @@ def notes(job: SubmitJob) -> list[str]:
             f"needs: Secret {k.wandb_secret} with key {k.wandb_secret_key} ({required}: "
             f"kubectl create secret generic {k.wandb_secret} "
             f"--from-literal={k.wandb_secret_key}=$WANDB_API_KEY{ns_flag})"
+        )
+    if job.cluster.secrets:
+        names = [str(n) for n in job.cluster.secrets]
+        literals = " ".join(f'--from-literal={n}="${n}"' for n in names)
+        lines.append(
+            f"needs: Secret {k.env_secret} with key(s) {', '.join(names)} (cluster.secrets: "
+            f"kubectl create secret generic {k.env_secret} {literals}{ns_flag})"
+        )
+    if not pinned(str(k.image)) and not floating(str(k.image)):
+        lines.append(
+            f"image: cluster.k8s.image={k.image} is a tag, which names a build only until it "
+            "is pushed again (a later pod would run the new one, nodes that pulled it keep "
+            "theirs); pin a digest (repo/launcher@sha256:...) for a long run"
         )
     refused = read_bad_hosts(job.run_dir)
     if refused:

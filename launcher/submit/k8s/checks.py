@@ -55,12 +55,13 @@ def check_options(job: SubmitJob) -> None:
             "which Pod Security 'restricted' (and 'baseline') refuse: the namespace must "
             "enforce 'privileged' or exempt these pods"
         )
-    for key in ("home_size", "tmp_size"):
+    for key in ("home_size", "tmp_size", "disk_margin"):
         k8s_check.parse_quantity(k[key], f"cluster.k8s.{key}")
     stop_time.check_stop_window(job, BACKEND)
     _check_deadline(job)
     _check_version(job)
     _check_image(job)
+    _check_spread(job)
     _check_cpu(job)
 
 
@@ -107,20 +108,20 @@ def _check_version(job: SubmitJob) -> None:
 
 
 def _check_image(job: SubmitJob) -> None:
-    """A tag or digest names the build every pod runs; :latest (or none) may differ from
-    node to node and from one restart to the next: refused, or warned with
-    cluster.k8s.allow_floating_image=true."""
+    """Only a digest pins the build every pod runs (a tag may be pushed again: notes say
+    so); :latest (or none) may differ from node to node and from one restart to the next:
+    refused, or warned with cluster.k8s.allow_floating_image=true."""
     k = job.cluster.k8s
     if floating(str(k.image)):
         if not k.allow_floating_image:
             raise ConfigError(
                 f"cluster.k8s.image={k.image}: names no fixed build (:latest or no tag), so "
-                "pods may run different code; give a tag or digest (launcher:0.1.0, "
-                "repo/launcher@sha256:...), or set cluster.k8s.allow_floating_image=true"
+                "pods may run different code; give a digest (repo/launcher@sha256:...), or "
+                "at least a tag (launcher:0.1.0), or set cluster.k8s.allow_floating_image=true"
             )
         job.warnings.append(
             f"cluster.k8s.image={k.image} names no fixed build (cluster.k8s."
-            "allow_floating_image=true): nodes may run different code; pin a tag or digest"
+            "allow_floating_image=true): nodes may run different code; pin a digest"
         )
     policy = image_pull_policy(job)
     if policy not in ("Always", "IfNotPresent", "Never"):
@@ -130,8 +131,20 @@ def _check_image(job: SubmitJob) -> None:
     if policy != "Always" and floating(str(k.image)):
         job.warnings.append(
             f"cluster.k8s.image={k.image} with cluster.k8s.image_pull_policy={policy}: a node "
-            "that pulled an older :latest keeps running it; pin a tag or digest, or leave "
+            "that pulled an older :latest keeps running it; pin a digest, or leave "
             "image_pull_policy=null (Always)"
+        )
+
+
+def _check_spread(job: SubmitJob) -> None:
+    """Spreading a training job over zones (or regions) puts every step's all-reduce on
+    the slowest, dearest links there are: said, since a user may want it for availability."""
+    key = str(job.cluster.k8s.topology_spread_key or "")
+    if "zone" in key.lower() or "region" in key.lower():
+        job.warnings.append(
+            f"cluster.k8s.topology_spread_key={key} spreads the pods over zones: NCCL's "
+            "all-reduce then crosses zones every step; pack them instead (one zone by "
+            "node_selector or affinity, docs/kubernetes.md)"
         )
 
 

@@ -169,7 +169,7 @@ def own_service(kubectl: str, job: SubmitJob) -> str:
     return f"service/{name} is owned by job/{name}: deleting the Job removes it"
 
 
-def check(objects: list[dict], expect: Expect) -> None:
+def check_workload(objects: list[dict], expect: Expect) -> None:
     """The Indexed Job (a pod per node, its last pod's hostname a DNS label) and the
     headless Service its pods find each other through."""
     job = the(objects, "Job")
@@ -224,7 +224,7 @@ KIND = Kind(
     name="job",
     endpoint=endpoint,
     objects=objects,
-    check=check,
+    check=check_workload,
     remove=remove,
     after_apply=own_service,
 )

@@ -86,7 +86,7 @@ def jobset_rules(job: SubmitJob) -> list[dict]:
     return rules
 
 
-def check(objects: list[dict], expect: Expect) -> None:
+def check_workload(objects: list[dict], expect: Expect) -> None:
     """One replicated Indexed Job, DNS hostnames on, restarts owned by the set, and a Job
     failed by its podFailurePolicy or its deadline failing the set without a restart."""
     jobset = the(objects, "JobSet")
@@ -141,5 +141,5 @@ KIND = Kind(
     name="jobset",
     endpoint=endpoint,
     objects=lambda job, pod: [("jobset.yaml", jobset(job, pod))],
-    check=check,
+    check=check_workload,
 )

@@ -187,15 +187,19 @@ def resources(job: SubmitJob, memory_limit: str) -> dict:
     gpus = int(job.cluster.gpus_per_node)
     cpu = cpu_request(job)
     requests: dict = {"cpu": cpu, "memory": memory_limit}
+    limits: dict = {"memory": memory_limit}
     if k.security == "restricted":
-        # the disk-backed emptyDirs (home, tmp) count against the node's ephemeral storage:
-        # request what their sizeLimits allow, so that the scheduler places the pod by it
+        # The disk-backed emptyDirs (home, tmp) and the container's own writes (its writable
+        # layer, its logs) are the pod's ephemeral storage: requested, so that the scheduler
+        # places the pod where that much disk is free, and limited at the same sum, so that
+        # a runaway write evicts this pod rather than fill the node's disk under others.
         disk = sum(
             k8s_check.parse_quantity(k[key], f"cluster.k8s.{key}")
-            for key in ("home_size", "tmp_size")
+            for key in ("home_size", "tmp_size", "disk_margin")
         )
-        requests["ephemeral-storage"] = k8s_check.format_bytes(int(disk))
-    limits: dict = {"memory": memory_limit}
+        requests["ephemeral-storage"] = limits["ephemeral-storage"] = k8s_check.format_bytes(
+            int(disk)
+        )
     if k.guaranteed:
         limits = {"cpu": cpu, **limits}
     if gpus:
@@ -245,7 +249,8 @@ def container_command(job: SubmitJob, kind: Kind, endpoint: str) -> tuple[list[s
 
 
 def container_env(job: SubmitJob) -> list[dict]:
-    """The `nccl` group's and cluster.env's variables; the W&B key only through a Secret."""
+    """The `nccl` group's and cluster.env's variables; the W&B key and cluster.secrets only
+    through Secrets."""
     k = job.cluster.k8s
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
     # The node, as the burn-in gate names a slow one (and the next render excludes it).
@@ -263,6 +268,9 @@ def container_env(job: SubmitJob) -> list[dict]:
         if job.cfg.logger.mode != "online":
             ref["optional"] = True
         env.append({"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": ref}})
+    for name in job.cluster.secrets:  # the Secret's key is the variable's name
+        ref = {"name": str(k.env_secret), "key": str(name)}
+        env.append({"name": str(name), "valueFrom": {"secretKeyRef": ref}})
     return env
 
 
@@ -273,6 +281,12 @@ def image_pull_policy(job: SubmitJob) -> str:
     if k.image_pull_policy:
         return str(k.image_pull_policy)
     return "Always" if floating(str(k.image)) else "IfNotPresent"
+
+
+def pinned(image: str) -> bool:
+    """True for an image reference by digest (repo@sha256:...), the only one that names one
+    build for good: a tag names what was last pushed under it."""
+    return "@sha256:" in image or "@sha512:" in image
 
 
 def floating(image: str) -> bool:

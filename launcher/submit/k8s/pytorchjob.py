@@ -50,7 +50,7 @@ def pytorchjob(job: SubmitJob, pod: dict) -> dict:
     }
 
 
-def check(objects: list[dict], expect: Expect) -> None:
+def check_workload(objects: list[dict], expect: Expect) -> None:
     """A Master and nodes-1 Workers, each pod's training container named as the operator
     expects, every pod rendezvousing at the Master's Service."""
     ptj = the(objects, "PyTorchJob")
@@ -76,7 +76,7 @@ KIND = Kind(
     name="pytorchjob",
     endpoint=lambda job: f"{name_of(job)}-master-0:{job.cluster.rdzv_port}",
     objects=lambda job, pod: [("pytorchjob.yaml", pytorchjob(job, pod))],
-    check=check,
+    check=check_workload,
     node_rank="RANK",
     container="pytorch",
     port_name=PYTORCHJOB_PORT_NAME,

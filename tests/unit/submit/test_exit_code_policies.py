@@ -37,7 +37,8 @@ def test_every_contract_code_has_a_row():
 
 def case_arms(script: str) -> dict[str, str]:
     """{pattern: meaning} of the script's `case "$code"`, one entry per `|` alternative."""
-    block = script[script.index('case "$code" in') : script.index("esac")]
+    begin = script.index('case "$code" in')
+    block = script[begin : script.index("esac", begin)]
     arms = {}
     for arm in block.split("\n", 1)[1].split(";;"):
         if ")" not in arm:

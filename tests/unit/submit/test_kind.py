@@ -46,7 +46,7 @@ def leaderworkerset(job: SubmitJob, pod: dict) -> dict:
     }
 
 
-def check(objects: list[dict], expect: k8s_check.Expect) -> None:
+def check_workload(objects: list[dict], expect: k8s_check.Expect) -> None:
     """One group of cluster.nodes pods, each the pod every kind wraps, rendezvousing at the
     leader."""
     lws = k8s_check.the(objects, "LeaderWorkerSet")
@@ -68,7 +68,7 @@ KIND = Kind(
     name=NAME,
     endpoint=endpoint,
     objects=lambda job, pod: [("leaderworkerset.yaml", leaderworkerset(job, pod))],
-    check=check,
+    check=check_workload,
     node_rank="LWS_WORKER_INDEX",
     pod_restart_policy=False,
 )

@@ -4,12 +4,16 @@ input, and the submitted tuner."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from omegaconf import OmegaConf
+from refusals import refusal
 
 from launcher.config import ConfigError, compose, normalize
 from launcher.submit.__main__ import main as submit_main
 from launcher.tune.__main__ import check
+from launcher.tune.__main__ import main as tune_main
 from launcher.tune.candidates import propose
 from launcher.tune.decision import Measured, Trial, best, judge, outliers, rank_test
 from launcher.tune.report import write_tuned_yaml
@@ -239,3 +243,36 @@ def test_the_report_leads_with_tokens_per_s_and_names_the_outlier(tmp_path):
     assert "| 1 | none | 1 | 4,566 ±21 (outlier: repeat 2) |" in md
     plot(report, tmp_path / "tokens_per_s.png")
     assert (tmp_path / "tokens_per_s.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# The tuner's front door, in-process (each refused before any process group or trial): its
+# own keys' ranges and choices, a sweep, a typo in tune.skip, an unknown flag, a run
+# directory in a wrong form, and the trainer's own refusals through it.
+FRONT_DOOR = [
+    (["tune.repeats=1"], "tune.repeats=1: must be at least 2 (one trial cannot measure noise)"),
+    (["tune.budget_s=nan"], "tune.budget_s=nan: must be a finite number greater than 0"),
+    (["tune.noise_multiple=-1"], "tune.noise_multiple=-1.0: must be 0 or more"),
+    (["tune.loss_tolerance=inf"], "tune.loss_tolerance=inf: must be a finite number 0 or more"),
+    (["tune.trial_steps=2"], "tune.trial_steps=2: must be at least 4"),
+    (["tune.skip=[data.num_wrkers]"], "tune.skip: data.num_wrkers is not a key of this "
+     "experiment's config (did you mean data.num_workers?)"),
+    (["+tune.foo=1"], "tune.foo: unknown key"),
+    (["+exp=bucket_sweep"], "launcher.tune tunes one experiment, but the overrides sweep"),
+    (["--bogus"], "--bogus: not a flag this command takes"),
+    (["trainer.max_steps=0"], "trainer.max_steps=0: must be at least 1"),
+    (["run.id=r", "RUN_DIR_AS_A_FILE"], "r is a file, where the launcher keeps a folder"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "words"), FRONT_DOOR, ids=[" ".join(a) for a, _ in FRONT_DOOR])
+def test_the_front_door_refuses_in_one_line_before_anything_starts(
+    monkeypatch, capsys, tmp_path, args, words
+):
+    if "RUN_DIR_AS_A_FILE" in args:
+        (tmp_path / "r").write_text("not a run directory")
+        args = ["run.id=r"]
+    argv = ["launcher.tune", f"run.root={tmp_path}", *args]
+    monkeypatch.setattr(sys, "argv", argv)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert words in refusal(capsys, tune_main)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
