@@ -34,7 +34,8 @@ from omegaconf import OmegaConf
 
 from launcher.checkpoint.protocol import find_resumable, read_meta
 from launcher.config import compose
-from launcher.plan import forecast, memory
+from launcher.plan import forecast
+from launcher.plan import host as host_memory
 
 BASE = ["trainer.global_batch_size=16", "trainer.micro_batch_size=4", "trainer.seq_len=128",
         "trainer.log_interval=5", "trainer.eval_interval=0", "data.max_bytes=400000",
@@ -90,7 +91,7 @@ def step_times(args, root: Path) -> list[str]:
     measured = forecast.measured_from(base)
     summary = json.loads((base / "summary.json").read_text())
     cfg, _ = config_of(base)
-    host = memory.host_per_node(cfg, 2, 2, on_gpu=False)
+    host = host_memory.host_per_node(cfg, 2, 2, on_gpu=False)
     predicted_rank = host["rank_process"]  # a rank's own pages (its workers' apart)
     peak = summary["mem/host_peak_gb"] * 1e9
     rows = [

@@ -134,7 +134,13 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
     ),
     (
         "docs/benchmarks.md",
-        "python benchmarks/startup.py [--pairs 4] [--warmup 1] [--nproc 2] [--out FILE] [overrides...]",
+        "python benchmarks/startup.py [--pairs 4] [--warmup 1] [--nproc 2] [--judge wall|cpu] "
+        "[--out FILE] [overrides...]",
+    ): ("skip", "a template: placeholders to fill in"),
+    (
+        "docs/benchmarks.md",
+        "python benchmarks/host_memory.py [--build gpt2-tiny,gpt2,gpt2-medium,gpt2-large] "
+        "[--pretrained gpt2] [--runs all] [--impl native]",
     ): ("skip", "a template: placeholders to fill in"),
     (
         "docs/benchmarks.md",

@@ -118,6 +118,12 @@ class Plan:
     train_state: Callable[[Any, int, int], dict[str, int]]
     checkpoint_total: Callable[[Any, int, int], int]
     step_collectives: Callable[[Any, int, int], list[tuple[str, int, int]]]
+    # (cfg, parameters, world size) -> bytes of the training state one rank keeps in host
+    # memory rather than on its device (offload; launcher.plan.host); None: none
+    host_state: Callable[[Any, int, int], int] | None = None
+    # what the engine's own imports and set-up add to a rank's host memory (measured with
+    # benchmarks/host_memory.py; launcher.plan.host)
+    host_process_bytes: int = 0
 
 
 @dataclass(frozen=True)

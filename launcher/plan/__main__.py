@@ -156,10 +156,12 @@ def table(plan: dict) -> str:
     lines += [f"| {name} | {_b(v['state_bytes'])} | {_b(v['total_bytes'])} |"
               for name, v in m["by_engine"].items()]  # fmt: skip
     stop = c["stop"]
+    host = m["host_per_node"]
     lines += [
         "",
-        f"host memory per node {_b(m['host_per_node_bytes'])} (of which /dev/shm "
-        f"{_b(m['shm_per_node_bytes'])})",
+        f"host memory per node {_b(m['host_per_node_bytes'])}: a rank at its peak "
+        f"{_b(host['rank_process'])} ({_host_parts(host['rank'])}), its DataLoader workers "
+        f"{_b(host['workers'])}, /dev/shm {_b(m['shm_per_node_bytes'])}",
         f"checkpoint: {_b(c['bytes_per_rank'])} on the largest rank, {_b(c['bytes_total'])} in "
         f"all, written in {_s(c['write_s'])}; a stop needs "
         + ", ".join(f"{_s(b['need_s'])} of {b['key']}={b['window_s']} "
@@ -182,6 +184,12 @@ def table(plan: dict) -> str:
     for key, b in plan["basis"].items():
         lines.append(f"  {key}: {'measured' if b['measured'] else 'assumed'}: {b['why']}")
     return "\n".join(lines)
+
+
+def _host_parts(rank: dict) -> str:
+    """A rank's host memory by part, the ones it has (launcher.plan.host.rank_bytes)."""
+    return ", ".join(f"{k.replace('_', ' ')} {_b(v)}" for k, v in rank.items()
+                     if v and k != "total")  # fmt: skip
 
 
 if __name__ == "__main__":

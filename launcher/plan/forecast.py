@@ -26,6 +26,7 @@ from launcher.config.model_shape import param_count, shape_flops_per_token
 from launcher.config.registry import engine
 from launcher.data.tokenizer import TOKENIZER_DIR, saved_vocab_size
 from launcher.plan import comm, memory, stop
+from launcher.plan import host as host_memory
 from launcher.plan.presets import DEFAULT_DEVICE, DEVICES, Device, Link, link_for
 
 ENGINES = (  # the engines and ZeRO stages set beside the configured one
@@ -197,7 +198,8 @@ def build(cfg, target: Target, measured: Measured | None = None, restarts: int |
         other = memory.device_per_rank(_with(cfg, overrides), world, target.on_gpu)
         state = sum(other[k] for k in ("weights", "grads", "optimizer"))
         by_engine[name] = {"state_bytes": state, "total_bytes": other["total"]}
-    host = memory.host_per_node(cfg, procs, world, target.on_gpu, restarts)
+    host = host_memory.host_per_node(cfg, procs, world, target.on_gpu, restarts)
+    basis["host_memory"] = _basis(not target.on_gpu, host_memory.basis(target.on_gpu))
     basis["memory"] = _basis(False, "the engine's state by its declaration; activations "
                              "34 x seq x micro x width bytes a layer (Korthikanti et al. 2022); "
                              f"headroom {memory.HEADROOM:.0%} + 1 GB a GPU rank")  # fmt: skip

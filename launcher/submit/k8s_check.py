@@ -63,7 +63,7 @@ class Expect:
     gpus_per_node: int
     gpu_resource: str
     shm_need: int  # bytes of /dev/shm one pod's loaders need
-    process_memory: int  # bytes the processes get besides /dev/shm (cluster.k8s.memory)
+    process_memory: int  # bytes the processes get besides /dev/shm (cluster.k8s.memory, plan)
     rdzv_port: int
     security: str = "restricted"  # Pod Security's 'restricted' profile; root: not checked
     guaranteed: bool = False  # CPU limit = request (QoS Guaranteed)
@@ -345,8 +345,8 @@ def _check_shm(obj, container, where, shm, path, expect: Expect) -> None:
         raise ConfigError(
             f"{named(obj)}: {where}.resources.limits.memory={limits['memory']} leaves "
             f"{format_bytes(int(max(memory - size, 0)))} beside /dev/shm's sizeLimit "
-            f"{empty_dir['sizeLimit']}, less than cluster.k8s.memory="
-            f"{format_bytes(expect.process_memory)} for the processes; memory-backed "
+            f"{empty_dir['sizeLimit']}, less than the {format_bytes(expect.process_memory)} "
+            "the processes get (cluster.k8s.memory, or the plan's); memory-backed "
             "emptyDir pages count against the container's memory"
         )
 

@@ -43,7 +43,7 @@ from launcher.submit.job import (
     time_limit_s,
     visible,
 )
-from launcher.submit.node_memory import NodeMemory, node_memory
+from launcher.submit.node_memory import PROCESS_MARGIN, NodeMemory, node_memory
 
 SCRIPT = "job.sbatch"
 OUTPUT = "slurm-%j.out"  # in the submit/ folder; requeued runs append to the same file
@@ -183,13 +183,18 @@ def slurm_bytes(text: str, key: str) -> int:
 
 
 def job_memory(job: SubmitJob) -> NodeMemory:
-    """The node's need (node_memory, the same sum as a pod's memory request): processes x
-    cluster.slurm.mem_per_process, the /dev/shm need, cluster.slurm.shm_margin. Slurm does
-    not restart torchrun's workers (--max-restarts 0): the memory tier keeps its default."""
+    """The node's need (node_memory, the same sum as a pod's memory request): its processes
+    (processes x cluster.slurm.mem_per_process, or the plan's), the /dev/shm need,
+    cluster.slurm.shm_margin. Slurm does not restart torchrun's workers (--max-restarts 0):
+    the memory tier keeps its default."""
     s = job.cluster.slurm
-    per_process = slurm_bytes(s.mem_per_process, "cluster.slurm.mem_per_process")
     margin = slurm_bytes(s.shm_margin, "cluster.slurm.shm_margin")
-    return node_memory(job, 0, per_process * job.procs_per_node, margin)
+    given = None
+    if s.mem_per_process is not None:
+        per_process = slurm_bytes(s.mem_per_process, "cluster.slurm.mem_per_process")
+        given = (f"cluster.slurm.mem_per_process={s.mem_per_process} (x {job.procs_per_node} "
+                 "process(es))", per_process * job.procs_per_node)  # fmt: skip
+    return node_memory(job, 0, margin, given)
 
 
 def mem_option(job: SubmitJob) -> str:
@@ -220,9 +225,8 @@ def _check_memory(job: SubmitJob) -> None:
     if given < need.total:
         job.warnings.append(
             f"cluster.slurm.mem={s.mem} is less than the {need.total // MIB} MiB the job needs "
-            f"per node ({job.procs_per_node} x cluster.slurm.mem_per_process="
-            f"{s.mem_per_process} + {need.shm // MIB} MiB of /dev/shm); leave it null to "
-            "have it computed"
+            f"per node ({need.processes // MIB} MiB for its {job.procs_per_node} process(es) + "
+            f"{need.shm // MIB} MiB of /dev/shm); leave it null to have it computed"
         )
 
 
@@ -355,9 +359,14 @@ def _notes(job: SubmitJob) -> list[str]:
     if s.exclusive:
         return ["# --mem=0: all of each node's memory (cluster.slurm.exclusive=true, mem=null)."]
     m = job_memory(job)
+    processes = (
+        f"{job.procs_per_node} process(es) x cluster.slurm.mem_per_process={s.mem_per_process}"
+        if s.mem_per_process is not None
+        else f"{job.procs_per_node} process(es): the plan's {-(-m.processes_need // MIB)} MiB "
+        f"+ {PROCESS_MARGIN:.0%} (launcher.plan host memory)"
+    )
     return [
-        f"# --mem: {job.procs_per_node} process(es) x cluster.slurm.mem_per_process="
-        f"{s.mem_per_process} + /dev/shm {m.shm_need // MIB} MiB (loaders, memory tier)",
+        f"# --mem: {processes} + /dev/shm {m.shm_need // MIB} MiB (loaders, memory tier)",
         f"# + cluster.slurm.shm_margin={s.shm_margin}: the node's need (cluster.slurm.mem=null).",
     ]
 

@@ -129,7 +129,11 @@ def build_data_and_model(cfg: TrainConfig, rt: Runtime):
         raise ConfigError(disk.no_space_line("the data cache", cache, None)) from exc
     log.info("data: %s", data.description)
     model = build_model(
-        cfg.model, data.vocab_size, eot_id=data.eot_id, grad_checkpointing=t.grad_checkpointing
+        cfg.model,
+        data.vocab_size,
+        eot_id=data.eot_id,
+        grad_checkpointing=t.grad_checkpointing,
+        device=rt.device,  # made there: no whole copy per rank in the node's host memory
     )
     fpt = flops_per_token(model, t.seq_len)
     log.info("model %s: %s parameters, %.3g FLOPs/token", cfg.model.name,

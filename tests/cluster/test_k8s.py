@@ -35,11 +35,13 @@ import yaml
 
 from launcher.checkpoint import memory as memory_tier
 from launcher.config import ConfigError
+from launcher.plan.host import node_processes
 from launcher.plan.memory import shm_need
 from launcher.submit import k8s, k8s_check, pod_security
 from launcher.submit.__main__ import main
 from launcher.submit.job import prepare
 from launcher.submit.k8s.job import service_owner_patch
+from launcher.submit.node_memory import PROCESS_MARGIN
 
 from launch import FAST, losses, metrics, summary
 from paths import FIXTURES, REPO
@@ -160,7 +162,10 @@ def test_example_fields(example):
         "sizeLimit": k8s_check.format_bytes(need + 2**30),
     }
     memory = k8s_check.parse_quantity(res["limits"]["memory"], "limit")
-    assert memory == 64 * 2**30 + k8s_check.parse_quantity(shm["emptyDir"]["sizeLimit"], "shm")
+    processes = int(node_processes(job.cfg, 8, 16, True, restarts) * (1 + PROCESS_MARGIN))
+    assert memory == -(-processes // 2**20) * 2**20 + k8s_check.parse_quantity(
+        shm["emptyDir"]["sizeLimit"], "shm"
+    )  # the plan's host memory for the pod's processes (cluster.k8s.memory=null), /dev/shm
     assert {"name": "runs", "mountPath": "/runs"} in c["volumeMounts"]
     wandb = next(e for e in c["env"] if e["name"] == "WANDB_API_KEY")
     assert wandb["valueFrom"]["secretKeyRef"] == {
@@ -666,7 +671,7 @@ BROKEN = {
     ),
     "shm-over-memory": (
         _break(f"{POD} volumes 0 emptyDir sizeLimit", "65Gi"),
-        "beside /dev/shm's sizeLimit 65Gi, less than cluster.k8s.memory=64Gi",
+        "beside /dev/shm's sizeLimit 65Gi, less than the 23774Mi the processes get",
     ),
     "shm-on-disk": (_break(f"{POD} volumes 0 emptyDir", {}), "not an emptyDir with medium: Memory"),
     "wrong-subdomain": (_break(f"{POD} subdomain", "other"), "subdomain='other' does not name"),

@@ -255,7 +255,7 @@ def test_rendered_policies(tmp_path, capfd):
     assert "at most 20 requeues (cluster.slurm.max_requeues)" in text
     assert 'if [ "$restart" -ge 20 ]; then' in text
     mem = int(re.search(r"#SBATCH --mem=(\d+)M\n", text).group(1))  # the node's need
-    assert mem >= 8192 + 1024 and "# --mem: 1 process(es) x cluster.slurm.mem_per_process" in text
+    assert mem > 1024 and "# --mem: 1 process(es): the plan's " in text  # CPU: 0.4 GB + model
     assert "scancel --signal=TERM" in text.split("on_term()")[0]  # only on USR1's path
     # A resubmission with the same run id keeps the earlier script.
     text2 = render_text(
@@ -277,8 +277,9 @@ def test_rendered_policies(tmp_path, capfd):
     # quoted for Hydra, in the arguments file
     assert "\"cluster.slurm.container_image='nvcr.io#nvidia/pytorch:24.05-py3'\"" in text2
     assert "#SBATCH --job-name=mine" in text2
-    # a GPU job asks for its memory: 4 processes x 8G, /dev/shm's need, the 1G margin
-    assert int(re.search(r"#SBATCH --mem=(\d+)M\n", text2).group(1)) >= 4 * 8192 + 1024
+    # a GPU job asks for its memory: 4 processes of 2.4 GB (the plan's, launcher.plan.host)
+    # with 25% on top, /dev/shm's need, the 1G margin
+    assert int(re.search(r"#SBATCH --mem=(\d+)M\n", text2).group(1)) >= 4 * 2861 + 1024
     assert "--resv-ports=1" in text2
     assert subprocess.run(["bash", "-n", "-c", text2]).returncode == 0
 

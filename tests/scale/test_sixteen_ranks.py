@@ -119,9 +119,8 @@ def slurm_job(root):
         cluster.stop()
         pytest.skip(f"no Slurm cluster: {exc}")
     try:
-        # the tiny model's memory a rank (4 x the default 8G is more than this machine has)
-        shape = [f"cluster.nodes={NODES}", f"cluster.procs_per_node={RANKS // NODES}",
-                 "cluster.slurm.mem_per_process=1G"]  # fmt: skip
+        # --mem: the plan's host memory for 4 tiny-model ranks a node (mem_per_process=null)
+        shape = [f"cluster.nodes={NODES}", f"cluster.procs_per_node={RANKS // NODES}"]
         job_id, run_dir = submit(cluster, root / "slurm", "s", [*shape, *SCHEDULE])
         state = wait_until_done(cluster, job_id, run_dir, LAUNCH_TIMEOUT)
         return state, run_dir, (run_dir / "submit" / f"slurm-{job_id}.out").read_text()

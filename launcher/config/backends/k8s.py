@@ -28,7 +28,9 @@ class K8sConfig:
     image_pull_secrets: list[str] = field(default_factory=list)
     service_account: str | None = None
     cpu: str | None = None  # CPU request per pod; null: processes x (1 + DataLoader workers)
-    memory: str = "64Gi"  # for the processes; the container limit adds /dev/shm's size
+    # for the processes; null: the plan's host memory (launcher.plan.host, with a margin), a
+    # figure below it refused; the container limit adds /dev/shm's size
+    memory: str | None = None
     guaranteed: bool = False  # Guaranteed QoS: CPU limit = request (whole CPUs)
     gpu_resource: str = "nvidia.com/gpu"  # the extended resource cluster.gpus_per_node counts
     rdma_resource: str | None = None  # e.g. rdma/ib: RDMA devices for nccl=infiniband

@@ -27,9 +27,11 @@ class SlurmConfig:
     # (cores), or placement left to the kernel (none); docs/slurm.md
     cpu_bind: str = one_of("cores", CPU_BINDS)
     # per node, as sbatch takes it: 500G, 0 (all of the node's); null: exclusive=true asks
-    # for all of it (--mem=0), else the job's need (mem_per_process x processes + /dev/shm)
+    # for all of it (--mem=0), else the job's need (its processes + /dev/shm)
     mem: str | None = None
-    mem_per_process: str = "8G"  # host memory a rank and its loader workers use besides /dev/shm
+    # host memory a rank and its loader workers use besides /dev/shm; null: the plan's
+    # (launcher.plan.host, with a margin); a figure below the plan's need is refused
+    mem_per_process: str | None = None
     shm_margin: str = "1G"  # in --mem on top of /dev/shm's need: NCCL's shared memory etc.
     exclusive: bool = False  # whole nodes: --exclusive, and --mem=0 unless mem is given
     constraint: str | None = None

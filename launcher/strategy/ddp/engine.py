@@ -19,7 +19,13 @@ from launcher.config.registry import engine, format_of
 from launcher.config.schema import TrainerConfig
 from launcher.observe.comm_stats import StepComm
 from launcher.runtime.process import Runtime
-from launcher.strategy.base import Strategy, compile_mode, host_copy, load_other_format
+from launcher.strategy.base import (
+    Strategy,
+    compile_mode,
+    fingerprint,
+    host_copy,
+    load_other_format,
+)
 from launcher.strategy.ddp import comm_hooks, powersgd
 from launcher.strategy.ddp.comm_timing import CommTimer
 from launcher.strategy.ddp.files import FILES
@@ -119,8 +125,7 @@ class DDPStrategy(Strategy):
 
     @torch.no_grad()
     def replica_fingerprint(self) -> list[float]:
-        params = [p.detach().double() for p in self.raw_model.parameters()]
-        return [sum(p.sum().item() for p in params), sum(p.square().sum().item() for p in params)]
+        return fingerprint(self.raw_model.parameters())
 
     def comm_buckets(self) -> int | None:
         """How many gradient buckets DDP all-reduces per step (set by bucket_cap_mb)."""

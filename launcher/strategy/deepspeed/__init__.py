@@ -102,6 +102,17 @@ def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
     return {"weights": weights + master, "grads": grads, "optimizer": 8 * share}
 
 
+def host_state(cfg, params: int, world_size: int) -> int:
+    """ZeRO-Offload: with the optimizer on the CPU, the rank's partition of the fp32 master
+    weights, their gradients and AdamW's two moments (16 bytes a parameter); with ZeRO-3's
+    parameters on the CPU too, its partition of the module in trainer.precision."""
+    s = cfg.strategy
+    share = -(-params // world_size)
+    optimizer = 16 * share if s.offload_optimizer == "cpu" else 0
+    low = 4 if cfg.trainer.precision == "fp32" else 2
+    return optimizer + (low * share if s.offload_param == "cpu" else 0)
+
+
 def step_collectives(cfg, params: int, world_size: int) -> list[tuple[str, int, int]]:
     """ZeRO-0: an all-reduce of the gradients; ZeRO-1/2: the gradients reduce-scattered
     and the updated weights all-gathered, in trainer.precision; ZeRO-3: the weights
@@ -182,6 +193,9 @@ ENGINE = Engine(
         train_state=train_state,
         checkpoint_total=checkpoint_total,
         step_collectives=step_collectives,
+        host_state=host_state,
+        # a gpt2-tiny rank's peak, ZeRO-2 less DDP (benchmarks/host_memory.py)
+        host_process_bytes=70 * 10**6,
     ),
     memory_tier=MemoryTier(checkpoint_bytes=memory_checkpoint_bytes),
 )

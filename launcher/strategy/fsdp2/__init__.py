@@ -65,6 +65,12 @@ def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
             "gathered": gathered}  # fmt: skip
 
 
+def host_state(cfg, params: int, world_size: int) -> int:
+    """strategy.offload=cpu: the rank's shards of the fp32 weights, gradients and AdamW's
+    moments live on the host (the optimizer steps there): 16 bytes a parameter of its share."""
+    return 16 * -(-params // world_size) if cfg.strategy.offload == "cpu" else 0
+
+
 def step_collectives(cfg, params: int, world_size: int) -> list[tuple[str, int, int]]:
     """Per block and the root: the weights all-gathered in trainer.precision for each
     micro-step's forward, again for its backward when resharded after forward, and the
@@ -113,6 +119,7 @@ ENGINE = Engine(
         train_state=train_state,
         checkpoint_total=checkpoint_total,
         step_collectives=step_collectives,
+        host_state=host_state,
     ),
     memory_tier=MemoryTier(checkpoint_bytes=memory_checkpoint_bytes),
 )

@@ -165,13 +165,16 @@ def _check_cpu(job: SubmitJob) -> None:
 
 
 def pod_memory(job: SubmitJob) -> NodeMemory:
-    """The pod's memory (node_memory: the same sum as Slurm's --mem): cluster.k8s.memory
-    for the processes, the /dev/shm need, cluster.k8s.shm_margin; torchrun restarts as
-    cluster.k8s.max_restarts, which the memory tier's default follows."""
+    """The pod's memory (node_memory: the same sum as Slurm's --mem): cluster.k8s.memory,
+    or the plan's, for the processes, the /dev/shm need, cluster.k8s.shm_margin; torchrun
+    restarts as cluster.k8s.max_restarts, which the memory tier's default follows."""
     k = job.cluster.k8s
-    processes = k8s_check.parse_quantity(k.memory, "cluster.k8s.memory")
+    given = None
+    if k.memory is not None:
+        processes = k8s_check.parse_quantity(k.memory, "cluster.k8s.memory")
+        given = (f"cluster.k8s.memory={k.memory}", int(processes))
     margin = k8s_check.parse_quantity(k.shm_margin, "cluster.k8s.shm_margin")
-    return node_memory(job, int(k.max_restarts), int(processes), int(margin))
+    return node_memory(job, int(k.max_restarts), int(margin), given)
 
 
 def expectations(job: SubmitJob, memory: NodeMemory | None = None) -> k8s_check.Expect:

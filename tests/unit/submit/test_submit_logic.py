@@ -26,7 +26,7 @@ from launcher.model.build import build_model
 from launcher.submit import k8s, k8s_check, pod_security, slurm
 from launcher.submit.__main__ import main as submit_main
 from launcher.submit.job import prepare
-from launcher.submit.node_memory import node_memory
+from launcher.submit.node_memory import PROCESS_MARGIN, node_memory
 
 from launch import FAST
 from submit_render import SHAPE, render
@@ -427,26 +427,33 @@ def test_reserved_ports_and_module_init(tmp_path):
     assert "  { module load cuda/12.4\n  } || setup_failed $? 'module load cuda/12.4'" in setup
 
 
+@pytest.mark.parametrize(
+    "target, override",
+    [("slurm", "cluster.slurm.mem_per_process=100M"), ("k8s", "cluster.k8s.memory=100Mi")],
+)
+def test_a_process_memory_below_the_plans_need_is_refused(tmp_path, capsys, target, override):
+    """A rank's process alone is 0.4 GB (launcher.plan.host): a node asking less for its
+    processes would be killed for memory at start-up; one line, exit 2, nothing written."""
+    err = refused(target, tmp_path, capsys, override)
+    assert err.startswith(f"error: {override}")
+    assert "GiB the job's processes need on a node (launcher.plan: 1 rank(s)" in err
+    assert err.rstrip().endswith("leave it null to have it sized from the plan")
+
+
 def test_memory_is_the_pod_arithmetic_or_the_whole_node(tmp_path, capsys):
-    """--mem is node_memory's sum, as the pod's memory limit: 8 processes x 8 GiB, the
-    /dev/shm need, a 1 GiB margin (Slurm does not restart workers: the pod, here, neither).
-    exclusive=true asks for whole nodes (--mem=0); a mem below /dev/shm's need is refused."""
+    """--mem is node_memory's sum, as the pod's memory limit: the plan's host memory for 8
+    processes with its margin, the /dev/shm need, a 1 GiB margin (Slurm does not restart
+    workers: the pod, here, neither). exclusive=true asks for whole nodes (--mem=0); a mem
+    below /dev/shm's need is refused."""
     gpu = ["cluster.gpus_per_node=8", "trainer.global_batch_size=32", "data.num_workers=2"]
     script = render("slurm", tmp_path, *gpu)["job.sbatch"]
-    pod = pod_container(
-        render(
-            "k8s",
-            tmp_path / "k",
-            *gpu,
-            "cluster.k8s.memory=64Gi",
-            "cluster.k8s.max_restarts=0",
-        )
-    )
+    pod = pod_container(render("k8s", tmp_path / "k", *gpu, "cluster.k8s.max_restarts=0"))
     mib = k8s_check.parse_quantity(pod["resources"]["limits"]["memory"], "memory") / 2**20
     assert f"#SBATCH --mem={int(mib)}M\n" in script and "--exclusive" not in script
     job = prepare("slurm", [*FAST, *gpu, f"run.root={tmp_path}", "run.id=m"])
     need = slurm.job_memory(job)
-    assert need == node_memory(job, 0, 8 * 8 * 2**30, 2**30)
+    assert need == node_memory(job, 0, 2**30)
+    assert need.processes == int(need.processes_need * (1 + PROCESS_MARGIN))
     assert int(mib) == -(-need.total // 2**20) and need.shm_need > 0
     whole = render("slurm", tmp_path, *gpu, "cluster.slurm.exclusive=true", run_id="x")
     assert "#SBATCH --mem=0\n" in whole["job.sbatch"]
