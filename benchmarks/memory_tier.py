@@ -15,7 +15,7 @@ two steps, the thread's write while the next step runs, and the seal after it.
 
 --growth times the tier's own work, per rank, for each model size: DDP's model and AdamW
 state (after an optimizer step, so the moments exist) cut into the part one rank of a node
-of `--ranks` ranks copies (launcher.checkpoint.node_share, as the trainer does), the copy to
+of `--ranks` ranks copies (launcher.checkpoint.memory.node_share, as the trainer does), the copy to
 host memory and the write into /dev/shm, medians of `--repeats`. What grows with the state
 is the bytes; the table shows whether the time per byte stays flat (it should: a copy and a
 write), and what a rank's share of a node costs as the node's ranks split it.
@@ -43,7 +43,8 @@ from overhead import (  # benchmarks/ is on the path
     window,
 )
 
-from launcher.checkpoint import memory, node_share
+from launcher.checkpoint import memory
+from launcher.checkpoint.memory import node_share
 from launcher.config import compose
 from launcher.config.model_shape import GPT2_VOCAB, param_count
 from launcher.model.build import build_model

@@ -25,8 +25,9 @@ from pathlib import Path
 from torch.distributed import run as torch_run
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import RendezvousError
 
-from launcher.resilience import exit_codes
+from launcher.resilience import exit_codes, node_presence
 from launcher.runtime.process_tree import stopped_workers
 
 log = logging.getLogger("launcher.torchrun")
@@ -133,20 +134,30 @@ def main(argv: list[str] | None = None) -> int:
             target=end_stopped_ranks_after_a_hang, args=(Path(folder), done), daemon=True
         )
         reaper.start()
+        presence = node_presence.NodePresence(Path(folder), node_presence.wait_s())
+        presence.start()
         try:
             torch_run.main(argv)
             succeeded = True
         except ChildFailedError:
             pass  # torchrun has printed which rank failed first
+        except RendezvousError as exc:  # e.g. the node that held the rendezvous' store left
+            print(f"launcher.torchrun: the rendezvous failed: {exc}", file=sys.stderr)
         except SignalException as exc:
-            stopped_by = exc.sigval.name
-            print(f"launcher.torchrun: stopped by {stopped_by}", file=sys.stderr)
+            if not presence.lost:  # else: the end this front door chose, said below
+                stopped_by = exc.sigval.name
+                print(f"launcher.torchrun: stopped by {stopped_by}", file=sys.stderr)
         finally:
             done.set()
             reaper.join()
         ranks = exit_codes.read_reports(Path(folder))
         chosen = exit_codes.read_reports(Path(folder), chosen=True)
-    code = exit_codes.job_code(ranks, succeeded, chosen)
+        lost = presence.lost or lost_at_end(presence, ranks, succeeded, chosen)
+        code = exit_codes.NODE_LOST if lost else exit_codes.job_code(ranks, succeeded, chosen)
+        presence.close(code)
+    if lost:
+        print(lost, file=sys.stderr)
+        node_presence.record_in_summary(presence.run_dir, presence.ranks, lost)
     killed = stopped_by not in (None, "SIGQUIT") and code in (
         exit_codes.CRASH,  # killed before any rank could say where it was
         exit_codes.STOPPED_NO_CHECKPOINT,  # a rank said: in a phase that cannot be cut short
@@ -163,6 +174,15 @@ def main(argv: list[str] | None = None) -> int:
         print(killed_before_checkpoint(stopped_by), file=sys.stderr)
     exit_codes.report_node(code)
     return code
+
+
+def lost_at_end(presence, ranks: dict[int, int], succeeded: bool, chosen: dict) -> str | None:
+    """The lost-node line for a job whose ranks crashed (torchrun ended without waiting for
+    a replacement: no restart left) while another node's heartbeat stopped; else None."""
+    if exit_codes.job_code(ranks, succeeded, chosen) != exit_codes.CRASH:
+        return None
+    silent = presence.silent_at_end()
+    return node_presence.lost_line(silent) if silent else None
 
 
 def killed_before_checkpoint(signal_name: str) -> str:

@@ -57,6 +57,14 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
         "python benchmarks/memory_tier.py [--pairs 8] [--steps 60] [--interval 10] [--out FILE] [overrides...]",
     ): ("skip", "a usage line (options in brackets); tests/launches/test_benchmarks.py runs it"),
     (
+        "docs/benchmarks.md",
+        "python benchmarks/goodput.py [--minutes 15] [--every 180] [--nodes 4] [--per-node 4] [--out FILE] [overrides...]",
+    ): ("skip", "a usage line; 16 ranks for 15 minutes under faults: a benchmark, never a test"),
+    (
+        "docs/benchmarks.md",
+        "python benchmarks/host_memory.py [--build gpt2-tiny,gpt2,gpt2-medium,gpt2-large] [--pretrained gpt2] [--runs all] [--impl native]",
+    ): ("skip", "a usage line (options in brackets): builds and runs that take minutes"),
+    (
         "docs/burnin.md",
         "python -m launcher.submit slurm cluster.nodes=1 cluster.procs_per_node=2 burnin.action=refuse burnin.tolerance=3 fault.kind=slow_device fault.rank=0 fault.seconds=0.2",
     ): ("dry", "rendered with --dry-run (applying needs a cluster)"),
@@ -136,11 +144,6 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
         "docs/benchmarks.md",
         "python benchmarks/startup.py [--pairs 4] [--warmup 1] [--nproc 2] [--judge wall|cpu] "
         "[--out FILE] [overrides...]",
-    ): ("skip", "a template: placeholders to fill in"),
-    (
-        "docs/benchmarks.md",
-        "python benchmarks/host_memory.py [--build gpt2-tiny,gpt2,gpt2-medium,gpt2-large] "
-        "[--pretrained gpt2] [--runs all] [--impl native]",
     ): ("skip", "a template: placeholders to fill in"),
     (
         "docs/benchmarks.md",

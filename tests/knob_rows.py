@@ -46,15 +46,17 @@ ASYNC_SAVE = declaring(lambda e: e.capabilities.async_checkpoint)
 DROPS_STEPS = declaring(lambda e: e.capabilities.drops_steps)
 RESIZES = declaring(lambda e: e.capabilities.resizes_micro_batch)
 COMPILES = declaring(lambda e: e.capabilities.compiles)
-MEMORY_TIER = declaring(lambda e: e.memory_tier is not None)
+MEMORY_TIER = declaring(lambda e: e.memory_checkpoint is not None)
 # The groups whose knobs the matrix must cover (the other groups are launch-wide, cluster
 # or fault settings: tests/launches/test_comm.py, test_slurm.py, test_k8s.py, test_faults.py).
-GROUPS = ("strategy", "trainer", "model", "data", "profiler", "logger", "burnin", "run")
+GROUPS = ("strategy", "trainer", "model", "data", "profiler", "logger", "burnin", "run", "exclude")
 # The data layer hands every engine the same token tensors, however they were read: its
 # sources (and their dtype) are launched on DDP, and one of them (synthetic) on every engine.
-# The burn-in gate runs before any engine is built, and who may read the run directory is
-# no engine's concern: launched on DDP.
-ENGINE_FREE = ("data.source", "data.dtype", "burnin.enabled", "burnin.action", "run.access")
+# The burn-in gate runs before any engine is built, who may read the run directory is no
+# engine's concern, nor what keeps a host off the next attempts: launched on DDP.
+EXCLUDE = ("exclude.burnin", "exclude.hang", "exclude.device_error", "exclude.straggler")
+ENGINE_FREE = ("data.source", "data.dtype", "burnin.enabled", "burnin.action", "run.access",
+               *EXCLUDE)  # fmt: skip
 DATA_ENGINES = ENGINES[:1]  # DDP, the first built-in
 
 # On top of tests/launch.py's FAST_USER_LOADER (workers on): short, no eval, no checkpoints.
@@ -326,7 +328,7 @@ ROWS: list[Row] = [
         ["trainer.memory_checkpoint_interval=2"],
         "refused",
         "its engine declares no memory snapshot",
-        engines=not_declaring(lambda e: e.memory_tier is not None),
+        engines=not_declaring(lambda e: e.memory_checkpoint is not None),
         refusal=f"trainer.memory_checkpoint_interval=2 needs strategy={' or '.join(MEMORY_TIER)}",
     ),
     row(
@@ -335,6 +337,18 @@ ROWS: list[Row] = [
         "equal",
         "one node: no peer to copy to, said in one line (two nodes' copies and a lost node's "
         "restore from them: tests/launches/test_memory_tier.py)",
+        engines=MEMORY_TIER,
+    ),
+    row(
+        "auto_intervals",
+        [
+            "trainer.checkpoint_interval=auto",
+            "trainer.memory_checkpoint_interval=auto",
+            "trainer.mtbf_h=0.001",
+        ],  # fmt: skip
+        "equal",
+        "both tiers at Young's interval from their measured costs (a failure every 3.6 s: a "
+        "save every step or two after the first at step 2); saves change no number",
         engines=MEMORY_TIER,
     ),
     row(
@@ -506,6 +520,14 @@ ROWS: list[Row] = [
         )
         for access in ("group", "world")
     ],
+    row(
+        "exclude_off",
+        [f"{key}=false" for key in EXCLUDE],
+        "equal",
+        "no failure names a host in a healthy run: nothing would be recorded either way (the "
+        "kinds that record: tests/unit/resilience/test_bad_hosts.py and the launches it names)",
+        engines=DATA_ENGINES,
+    ),
     row(
         "wandb_online",
         ["logger.mode=online"],

@@ -128,13 +128,14 @@ def range_problems(cfg: DictConfig, ranges: dict[str, Range]) -> list[str]:
 
 def numeric_keys(schema: DictConfig, prefix: str = "") -> list[str]:
     """Every key of a structured config whose type is int or float, or a list of them, or
-    Any with a number as its default (trainer.micro_batch_size: a number, or auto)."""
+    Any with a number or null as its default (trainer.micro_batch_size: a number, or auto;
+    trainer.memory_checkpoint_interval: a number, auto, or null)."""
     keys = []
     for key in schema:
         node = schema._get_node(key)
         path = f"{prefix}{key}"
         numeric_list = isinstance(node, ListConfig) and node._metadata.element_type in (int, float)
-        numeric_any = isinstance(node, AnyNode) and type(node._value()) in (int, float)
+        numeric_any = isinstance(node, AnyNode) and type(node._value()) in (int, float, type(None))
         if isinstance(node, (IntegerNode, FloatNode)) or numeric_list or numeric_any:
             keys.append(path)
         elif isinstance(node, DictConfig):

@@ -138,15 +138,15 @@ class Tuning:
 
 
 @dataclass(frozen=True)
-class MemoryTier:
+class MemoryCheckpoint:
     """The engine writes the memory tier (trainer.memory_checkpoint_interval) through
     `Strategy.snapshot` (launcher.checkpoint.memory)."""
 
     # (cfg, the model's parameter count, world size) -> bytes of one rank's memory
     # checkpoint (its shard where the engine shards)
-    checkpoint_bytes: Callable[[Any, int, int], int]
+    size: Callable[[Any, int, int], int]
     # that estimate is of state every rank holds alike, which a node's ranks write once
-    # between them (launcher.checkpoint.node_share), not once each
+    # between them (launcher.checkpoint.memory.node_share), not once each
     replicated: bool = False
 
 
@@ -164,7 +164,7 @@ class Engine:
     resume: Resume = Resume()
     plan: Plan | None = None
     tuning: Tuning | None = None
-    memory_tier: MemoryTier | None = None
+    memory_checkpoint: MemoryCheckpoint | None = None
 
     def overrides_to_resume(self, saved: dict) -> str:
         with_ = self.resume.resume_with

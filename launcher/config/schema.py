@@ -130,15 +130,21 @@ class TrainerConfig:
     log_interval: int = ranged(10, AT_LEAST_1)
     eval_interval: int = ranged(100, Range(low=0, why="0: never"))
     eval_batches: int = ranged(4, AT_LEAST_1)
-    checkpoint_interval: int = ranged(100, Range(low=0, why="0: never"))
+    # steps between durable checkpoints; 0: never; auto: Young's interval, sqrt(2 x the
+    # measured write cost x trainer.mtbf_h), recomputed at every save (docs/checkpoints.md)
+    checkpoint_interval: Any = ranged(100, Range(low=0, why="0: never; or auto"))
     keep_checkpoints: int = ranged(2, AT_LEAST_1)
     async_checkpoint: bool = False  # strategy=fsdp2: files written while training goes on
     # Steps between two memory-tier checkpoints (each rank's state in node memory; what a
     # torchrun restart resumes from, docs/checkpoints.md); 0: off; null: 10 where torchrun
-    # restarts the job (--max-restarts > 0) and the engine can, else off.
-    memory_checkpoint_interval: int | None = ranged(
-        None, Range(low=0, why="0: off; null: 10 under restarts")
+    # restarts the job (--max-restarts > 0) and the engine can, else off; auto: Young's
+    # interval from the measured copy time, as trainer.checkpoint_interval=auto.
+    memory_checkpoint_interval: Any = ranged(
+        None, Range(low=0, why="0: off; null: 10 under restarts; or auto")
     )
+    # The job's mean time between failures (hours), which the `auto` intervals follow; null:
+    # 6,300 node-hours (Llama 3's training) divided by the job's nodes (docs/checkpoints.md)
+    mtbf_h: float | None = ranged(None, POSITIVE)
     memory_checkpoint_dir: str = "/dev/shm"  # node-local memory (a tmpfs) the tier writes to
     # Also keep each rank's memory checkpoints in the memory of a rank on the next node, so
     # that a node lost whole costs at most one memory interval (docs/checkpoints.md)
@@ -240,6 +246,21 @@ class BurninConfig:
     )
     iters: int = ranged(10, AT_LEAST_1)  # timed repetitions of the matmul and each all-reduce
     budget_s: float = ranged(10.0, POSITIVE)  # the gate's budget: one that takes longer says so
+
+
+@dataclass
+class ExcludeConfig:
+    """Which failures keep their host off the run's next attempts: recorded with the reason
+    in the run directory's bad_hosts, which a Slurm requeue adds to the job's excluded nodes
+    and a re-render of the pods to their node anti-affinity (docs/faults.md)."""
+
+    burnin: bool = True  # a host the burn-in gate refused (burnin.action=refuse)
+    hang: bool = True  # a hang's culprit, as the hang verdict names it
+    device_error: bool = True  # a rank that failed with a device error (ECC, Xid, ...)
+    straggler: bool = True  # a straggler for straggler_intervals log intervals in a row
+    straggler_intervals: int = ranged(
+        20, Range(low=1, why="log intervals in a row as the slowest rank, watchdog.straggler_frac")
+    )
 
 
 @dataclass
@@ -377,6 +398,7 @@ class TrainConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     burnin: BurninConfig = field(default_factory=BurninConfig)
+    exclude: ExcludeConfig = field(default_factory=ExcludeConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)

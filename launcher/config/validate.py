@@ -159,6 +159,14 @@ def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
     problem = micro_batch_problem(t, world_size) or BatchPlan.of(t, world_size).problem()
     if problem:
         raise ConfigError(problem)
+    for key in ("checkpoint_interval", "memory_checkpoint_interval"):
+        value = getattr(t, key)
+        if value != AUTO and (isinstance(value, bool) or not isinstance(value, int | None)):
+            shown = {"True": "true", "False": "false"}.get(str(value), value)  # as typed
+            raise ConfigError(
+                f"trainer.{key}={shown}: give a whole number of steps (0: off) or auto "
+                "(Young's interval from the measured cost and trainer.mtbf_h)"
+            )
     if t.seq_len > m.n_positions:
         raise ConfigError(
             f"trainer.seq_len={t.seq_len} exceeds model.n_positions={m.n_positions}; "
@@ -185,8 +193,8 @@ def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
             f"trainer.async_checkpoint=true needs strategy={' or '.join(able)} (an asynchronous "
             f"save); strategy={cfg.strategy.name} writes its checkpoints synchronously"
         )
-    if t.memory_checkpoint_interval and declared.memory_tier is None:  # an added engine's
-        able = [e.name for e in engines().values() if e.memory_tier is not None]
+    if t.memory_checkpoint_interval and declared.memory_checkpoint is None:  # an added engine's
+        able = [e.name for e in engines().values() if e.memory_checkpoint is not None]
         raise ConfigError(
             f"trainer.memory_checkpoint_interval={t.memory_checkpoint_interval} needs "
             f"strategy={' or '.join(able)}; strategy={cfg.strategy.name} cannot write the "

@@ -18,7 +18,7 @@ from launcher.config import ConfigError, compose, friendly_overrides
 from launcher.config.model_shape import millions
 from launcher.data.shm import human_bytes
 from launcher.paths import atomic_write
-from launcher.plan import forecast
+from launcher.plan import forecast, goodput
 from launcher.runtime import run_dir_check
 from launcher.runtime.lock import LockHeld, tool_lock
 
@@ -180,6 +180,7 @@ def table(plan: dict) -> str:
         lines.append(f"to step {t['steps']}: {_s(t['time_s'])}{hours}{cost}")
     else:
         lines.append(f"step: no time forecast ({plan['basis']['step.compute_s']['why']})")
+    lines += ["", *goodput.lines(plan["goodput"])]
     lines += ["", "basis (measured or assumed):"]
     for key, b in plan["basis"].items():
         lines.append(f"  {key}: {'measured' if b['measured'] else 'assumed'}: {b['why']}")

@@ -25,7 +25,7 @@ from launcher.config import compose
 from launcher.config.model_shape import param_count, shape_flops_per_token
 from launcher.config.registry import engine
 from launcher.data.tokenizer import TOKENIZER_DIR, saved_vocab_size
-from launcher.plan import comm, memory, stop
+from launcher.plan import comm, goodput, memory, stop
 from launcher.plan import host as host_memory
 from launcher.plan.presets import DEFAULT_DEVICE, DEVICES, Device, Link, link_for
 
@@ -53,6 +53,7 @@ class Measured:
     write_bytes_per_s: float | None = None
     device: str | None = None
     vocab_size: int | None = None  # the tokenizer's, as its checkpoints record the model
+    startup_s: float | None = None  # from its process's start to its first step: a restart's
 
 
 @dataclass
@@ -137,6 +138,7 @@ def measured_from(run_dir: Path) -> Measured:
         out.busbw = float(summary["comm/busbw_gbps"]) * 1e9
         out.comm_bytes = summary.get("comm/bytes")
         out.collectives = summary.get("comm/buckets")
+    out.startup_s = summary.get("startup_s")
     env = _json(run_dir / "env.json")
     devices = env.get("devices") or []
     out.device = devices[0].get("name") if devices and isinstance(devices[0], dict) else None
@@ -167,10 +169,10 @@ def checkpoint_bytes(cfg, world_size: int) -> dict[str, int]:
     shards, ZeRO's rank 0 the module too), and every rank's together."""
     declared = engine(cfg.strategy.name)
     params = param_count(cfg.model)
-    if declared.memory_tier is None or declared.plan is None:
+    if declared.memory_checkpoint is None or declared.plan is None:
         return {"per_rank": params * 12, "total": params * 12}  # an added engine: the state
     return {
-        "per_rank": declared.memory_tier.checkpoint_bytes(cfg, params, world_size),
+        "per_rank": declared.memory_checkpoint.size(cfg, params, world_size),
         "total": declared.plan.checkpoint_total(cfg, params, world_size),
     }
 
@@ -246,9 +248,12 @@ def build(cfg, target: Target, measured: Measured | None = None, restarts: int |
             "mfu": tokens_per_s * fpt / (peak * world) if peak else None,
         }
     steps = int(t.max_steps)
+    good = goodput.forecast(cfg, target.nodes, procs, target.on_gpu, write_s,
+                            step["time_s"] if step else None,
+                            measured.startup_s if measured else None, restarts)  # fmt: skip
     totals = None
     if step:
-        saves = steps // int(t.checkpoint_interval) if t.checkpoint_interval else 0
+        saves = goodput.saves(good, steps)
         time_s = steps * step["time_s"] + saves * write_s
         hours = time_s * world / 3600 if target.on_gpu else None
         cost = cfg.cluster.gpu_hour_cost
@@ -294,6 +299,7 @@ def build(cfg, target: Target, measured: Measured | None = None, restarts: int |
             "overlap": overlap,
         },  # fmt: skip
         "totals": totals or {"steps": steps, "time_s": None, "gpu_hours": None},
+        "goodput": good,
         "basis": basis,
     }
 

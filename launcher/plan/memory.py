@@ -13,7 +13,7 @@ from launcher.checkpoint import memory as tier
 from launcher.config.batch import AUTO
 from launcher.config.model_shape import GPT2_VOCAB, padded_vocab_size, param_count
 from launcher.config.registry import engine
-from launcher.data.shm import shm_need_bytes
+from launcher.data.shm import loader_shm_need
 
 HEADROOM = 0.10  # of the device's total: the caching allocator's fragmentation (assumed)
 CONTEXT_BYTES = 1 * 10**9  # CUDA context, cuBLAS/NCCL workspaces, per rank (assumed)
@@ -26,18 +26,6 @@ def micro_batch(cfg, world_size: int) -> int:
     if micro == AUTO:
         return max(1, int(cfg.trainer.global_batch_size) // world_size)
     return int(micro)
-
-
-def loader_shm_need(cfg) -> int:
-    """Bytes of /dev/shm one rank's DataLoader workers hold at once."""
-    micro = cfg.trainer.micro_batch_size
-    return shm_need_bytes(
-        num_workers=cfg.data.num_workers,
-        prefetch_factor=cfg.data.prefetch_factor,
-        # auto: at most the per-rank batch, bounded here (no world size) by the global one
-        micro_batch=cfg.trainer.global_batch_size if micro == AUTO else micro,
-        seq_len=cfg.trainer.seq_len,
-    )
 
 
 def shm_need(

@@ -203,8 +203,13 @@ def check_interval_fits(
     limit: str, usable: float, t: DictConfig, step_time_s, group: str, before: str
 ) -> None:
     """One checkpoint interval must fit into the time a start can train, or a job that is
-    stopped or killed at its limit makes no progress but through its stop checkpoint."""
-    if step_time_s is None or not t.checkpoint_interval:
+    stopped or killed at its limit makes no progress but through its stop checkpoint. An
+    `auto` interval is the run's to choose (launcher.checkpoint.cadence): not checked here."""
+    if (
+        step_time_s is None
+        or not isinstance(t.checkpoint_interval, int)
+        or not t.checkpoint_interval
+    ):
         return
     needed = t.checkpoint_interval * step_time_s
     if needed > usable:

@@ -31,10 +31,9 @@ from launcher.config import ConfigError
 from launcher.config.backends.slurm import BACKEND
 from launcher.config.secret_keys import is_secret_key
 from launcher.data.cache import cache_root
-from launcher.resilience import exit_codes
-from launcher.resilience.burnin import BAD_HOSTS, read_bad_hosts
+from launcher.resilience import bad_hosts, exit_codes
 from launcher.runtime.args_file import ARGS_FILE_ENV
-from launcher.submit import stop_time
+from launcher.submit import slurm_exclude, stop_time
 from launcher.submit.job import (
     FRONT_DOOR,
     SubmitJob,
@@ -273,6 +272,7 @@ def render(job: SubmitJob) -> dict[str, str]:
         "setup": "\n".join(_setup_lines(job)),
         "setup_failed_exit": str(SETUP_FAILED_EXIT),
         "bad_node_exit": str(exit_codes.BAD_NODE),
+        "node_lost_exit": str(exit_codes.NODE_LOST),
         "warning_window": str(s.signal_lead_s + SIGNAL_EARLY_S + WARNING_SLACK_S),
         "exports": "\n".join(
             f"export {name}={shlex.quote(value)}" for name, value in job.env().items()
@@ -315,7 +315,7 @@ def sbatch_options(job: SubmitJob) -> list[str]:
         opts.append("--exclusive")
     if s.constraint is not None:
         opts.append(f"--constraint={s.constraint}")
-    refused = read_bad_hosts(job.run_dir)  # the burn-in gates of this run's earlier jobs
+    refused = bad_hosts.read(job.run_dir)  # what this run's earlier jobs keep off (bad_hosts)
     if refused:
         opts.append(f"--exclude={','.join(refused)}")
     opts += [
@@ -535,28 +535,33 @@ def _policy(job: SubmitJob) -> str:
         return "requeue policy: none (cluster.slurm.requeue=false); resubmit to resume"
     cap = "no cap" if s.max_requeues is None else f"at most {s.max_requeues} requeues"
     return (
-        "requeue policy: on a preemption (USR1 well before the time limit) always; on the "
-        "time limit's warning (USR1) or a detected hang (exit 5) only when a newer checkpoint "
-        f"was completed during this start; {cap} (cluster.slurm.max_requeues); this job has "
-        "been requeued $restart time(s)"
+        "requeue policy: on a preemption (USR1 well before the time limit) or a lost node "
+        "(exit 8) always; on the time limit's warning (USR1) or a detected hang (exit 5) only "
+        f"when a newer checkpoint was completed during this start; {cap} "
+        "(cluster.slurm.max_requeues), without the hosts in the run directory's bad_hosts; "
+        "this job has been requeued $restart time(s)"
     )
 
 
 def _requeue_block(job: SubmitJob) -> str:
-    """Requeue only what can make progress: after a preemption (whether or not this start
-    advanced: the next may run undisturbed), after the time limit's warning or a hang only
-    when this start completed a newer checkpoint than the one it began from, never after
-    bad input (2), a non-finite loss (3) or out of memory (4); once after a refused node
-    (6), elsewhere."""
+    """Requeue only what can make progress: after a preemption or a lost node (whether or
+    not this start advanced: the next may run undisturbed), after the time limit's warning
+    or a hang only when this start completed a newer checkpoint than the one it began from,
+    never after bad input (2), a non-finite loss (3) or out of memory (4); once after a
+    refused node (6). Every requeue keeps the run's bad hosts out (launcher.submit.
+    slurm_exclude)."""
     s = job.cluster.slurm
     if not s.requeue:
         return "# cluster.slurm.requeue=false: a stopped job is not requeued; submit it again"
+    lost = exit_codes.NODE_LOST
     lines = [
+        *slurm_exclude.function(job.nodes),
         *_bad_node_block(job),
-        "# Requeue after a preemption; after the time limit's warning or a hang only when this",
-        "# start advanced the checkpoint.",
-        'if { [ "$stop" = USR1 ] || [ "$code" -eq 5 ]; } && [ "$code" -ne 2 ] '
-        '&& [ "$code" -ne 3 ] && [ "$code" -ne 4 ]; then',
+        "# Requeue after a preemption or a lost node; after the time limit's warning or a hang",
+        "# only when this start advanced the checkpoint.",
+        f'[ "$code" -eq {lost} ] && cause="node lost"',
+        f'if {{ [ "$stop" = USR1 ] || [ "$code" -eq 5 ] || [ "$code" -eq {lost} ]; }} '
+        '&& [ "$code" -ne 2 ] && [ "$code" -ne 3 ] && [ "$code" -ne 4 ]; then',
         "  reached=$(checkpoints)",
     ]
     test = "if"
@@ -568,14 +573,13 @@ def _requeue_block(job: SubmitJob) -> str:
         ]
         test = "elif"
     lines += [
-        f'  {test} [ "$cause" != preemption ] && [ "$reached" = "$started_at" ]; then',
+        f'  {test} [ "$cause" != preemption ] && [ "$cause" != "node lost" ] '
+        '&& [ "$reached" = "$started_at" ]; then',
         '    echo "launcher: not requeued: no newer checkpoint was completed during this start '
         '(still ${started_at:-none}); a requeue would make no progress"',
         "  else",
-        '    echo "launcher: requeueing job $SLURM_JOB_ID${cause:+ ($cause)}; it resumes from '
+        f'    {slurm_exclude.FUNCTION} "${{cause:+ ($cause)}}; it resumes from '
         '${reached:-the start}"',
-        '    scontrol requeue "$SLURM_JOB_ID"',
-        "    exit 0",
         "  fi",
         "fi",
     ]
@@ -584,43 +588,21 @@ def _requeue_block(job: SubmitJob) -> str:
 
 def _bad_node_block(job: SubmitJob) -> list[str]:
     """After the burn-in gate refused a node (exit 6, the hosts in the run directory's
-    bad_hosts): requeue once with them added to the job's excluded nodes. Slurm changes a
-    job's ExcNodeList only while it is pending, hence requeuehold, update, release; the TERM
-    that the requeue sends this shell is not Slurm ending the job, so it is ignored here.
-    When the partition has too few nodes left without them, the job would pend for ever
-    (BadConstraints): it ends instead, with one line naming the hosts."""
+    bad_hosts): requeue once, the hosts excluded (launcher.submit.slurm_exclude)."""
     code = exit_codes.BAD_NODE
     return [
         f"# The burn-in gate refused a node (exit {code}): requeue once, without the hosts.",
         f'if [ "$code" -eq {code} ]; then',
-        f'  bad=$(paste -sd, "$run_dir"/{BAD_HOSTS} 2>/dev/null)',
         '  marker="$run_dir/submit/burnin-requeued.$SLURM_JOB_ID"',
-        '  if [ -z "$bad" ]; then',
-        f'    echo "launcher: not requeued: exit {code} but no $run_dir/{BAD_HOSTS} names a host"',
+        f'  if [ -z "$({slurm_exclude.HOSTS})" ]; then',
+        f'    echo "launcher: not requeued: exit {code} but no $run_dir/{bad_hosts.FILE} names '
+        'a host"',
         '  elif [ -e "$marker" ]; then',
         '    echo "launcher: not requeued: the burn-in gate refused a node again after its one '
-        'requeue (refused so far: $bad)"',
+        "requeue (kept off so far: $(" + slurm_exclude.HOSTS + '))"',
         "  else",
-        '    excluded=$(scontrol -o show job "$SLURM_JOB_ID" | grep -o "ExcNodeList=[^ ]*" '
-        "| cut -d= -f2)",
-        '    [ "$excluded" = "(null)" ] && excluded=""',
-        '    exclude=$({ [ -n "$excluded" ] && scontrol show hostnames "$excluded"; '
-        'scontrol show hostnames "$bad"; } | sort -u | paste -sd, -)',
-        '    left=$(sinfo -h -N -p "$SLURM_JOB_PARTITION" -o %N | sort -u '
-        '| grep -vxF -f <(tr , "\\n" <<< "$exclude") | wc -l)',
-        f'    if [ "$left" -lt {job.nodes} ]; then',
-        '      echo "launcher: not requeued: without the node(s) the burn-in gate refused '
-        f"($exclude) partition $SLURM_JOB_PARTITION has $left node(s) and the job needs "
-        f'{job.nodes}; fix or replace those nodes, or lower cluster.nodes"',
-        "    else",
-        '      echo "launcher: requeueing job $SLURM_JOB_ID once without the node(s) the '
-        'burn-in gate refused: --exclude=$exclude"',
-        '      touch "$marker"',
-        '      trap "" TERM',
-        '      scontrol requeuehold "$SLURM_JOB_ID" && scontrol update JobId="$SLURM_JOB_ID" '
-        'ExcNodeList="$exclude" && scontrol release "$SLURM_JOB_ID"',
-        "      exit 0",
-        "    fi",
+        '    touch "$marker"',
+        f'    {slurm_exclude.FUNCTION} " once after the burn-in gate refused a node"',
         "  fi",
         "fi",
     ]
@@ -670,13 +652,13 @@ def check_partition(job: SubmitJob) -> None:
     if proc.returncode != 0 or not nodes:
         return  # sbatch names the partition problem itself
     name = s.partition or next(iter(rows))[2].rstrip("*")
-    refused = set(read_bad_hosts(job.run_dir))
+    refused = set(bad_hosts.read(job.run_dir))
     usable = {n: m for n, m in nodes.items() if n not in refused}
     if len(usable) < job.nodes:
         raise ConfigError(
             f"cluster.nodes={job.nodes}: partition {name} has {len(usable)} node(s) besides "
-            f"the ones this run's burn-in gate refused ({', '.join(sorted(refused))}, "
-            f"{job.run_dir / BAD_HOSTS}); fix or replace those nodes, or lower cluster.nodes"
+            f"the ones this run keeps off ({', '.join(sorted(refused))}, "
+            f"{job.run_dir / bad_hosts.FILE}); fix or replace those nodes, or lower cluster.nodes"
         )
     mem = mem_option(job)
     if mem == "0":

@@ -19,7 +19,6 @@ from omegaconf import DictConfig
 from launcher.checkpoint import memory, resume
 from launcher.checkpoint import protocol as checkpoint
 from launcher.checkpoint.manager import CheckpointManager, plan_resume
-from launcher.checkpoint.memory import MemoryTier
 from launcher.config import ConfigError, TrainConfig, typed
 from launcher.config.batch import BatchPlan
 from launcher.config.model_shape import millions
@@ -39,12 +38,10 @@ from launcher.observe.nccl_transport import transport_recorders
 from launcher.observe.recorder import Recorder
 from launcher.observe.report import write_report
 from launcher.plan import forecast as plan_forecast
-from launcher.preflight import tier_room
-from launcher.resilience import burnin, exit_codes, first_failure
+from launcher.resilience import bad_hosts, burnin, exit_codes, first_failure
 from launcher.resilience.faults import FaultInjector, peer_left
 from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime import disk
-from launcher.runtime.disk import shm_available_bytes
 from launcher.runtime.launch_clock import wall_seconds
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.lock import RunLock
@@ -53,6 +50,7 @@ from launcher.runtime.process import (
     RuntimeConfig,
     end_job,
     freeze_what_lasts,
+    node_name,
     ranks_per_node,
     start,
 )
@@ -81,32 +79,6 @@ def forecast_of(cfg: TrainConfig, rt: Runtime, vocab_size: int) -> dict | None:
                                   rt.run_dir)  # fmt: skip
     log.info("%s", plan_forecast.line(made))
     return made
-
-
-def memory_tier(cfg: TrainConfig, rt: Runtime, model) -> MemoryTier | None:
-    """This rank's memory tier (launcher.checkpoint.memory), when it is on."""
-    every = memory.interval(cfg)
-    if not every:
-        return None
-    if memory.in_shm(cfg):  # the node's /dev/shm must hold it: every rank agrees
-        room = shm_available_bytes()
-        free = (room[1] if room else 0) + memory.held_bytes(
-            cfg.trainer.memory_checkpoint_dir, rt.run_dir
-        )
-        fits, why = tier_room(cfg, ranks_per_node(), rt.world_size, free)
-        verdicts = rt.all_gather_objects(why)
-        why = next((w for w in verdicts if w), None)
-        if why and cfg.trainer.memory_checkpoint_interval is not None:
-            raise ConfigError(why)
-        if why:
-            if rt.is_main:
-                log.warning("%s", why)
-            return None
-    if rt.is_main:
-        log.info("memory tier: every %d steps, in %s", every, cfg.trainer.memory_checkpoint_dir)
-    identity = resume.identity(cfg, model, rt.world_size)
-    t = cfg.trainer
-    return MemoryTier(t.memory_checkpoint_dir, every, rt, identity, t.memory_checkpoint_peer)
 
 
 def build_data_and_model(cfg: TrainConfig, rt: Runtime):
@@ -205,9 +177,8 @@ class Job:
     def train(self) -> dict:
         """Claim the run directory, build, resume, run the loop; the end-of-run summary."""
         cfg, rt = self.cfg, self.rt
-        self.lock = claim_run_dir(
-            rt, cfg.run
-        )  # nothing in the run directory is written before this
+        self.lock = claim_run_dir(rt, cfg.run)  # nothing in the run directory is written before
+        exit_codes.report_start(rt.run_dir)  # this node's heartbeat names this rank
         first_failure.watch(rt.run_dir, rt.rank)
         self.watchdog = HangWatchdog(  # start-up, then the loop's phases (on_hang: the loop's)
             cfg.watchdog,
@@ -216,13 +187,14 @@ class Job:
             start_step=0,
             on_hang=self._hang_in_start_up,
             async_writes=cfg.trainer.async_checkpoint,
+            record_culprits=cfg.exclude.hang,
         )
         faults = FaultInjector(cfg.fault, rank=rt.rank, run_dir=rt.run_dir)
         faults.phase("start-up")
-        self.gate = burnin.gate(cfg.burnin, faults, rt)  # a bad node costs seconds, no more
+        self.gate = burnin.gate(cfg.burnin, faults, rt, record=cfg.exclude.burnin)
         data, model, fpt = build_data_and_model(cfg, rt)
         self.forecast = forecast_of(cfg, rt, data.vocab_size)
-        tier = memory_tier(cfg, rt, model)
+        tier = memory.open_tier(cfg, rt, model)
         folders = plan_resume(cfg, rt, model, tier)
         if folders is None:
             return {}  # finished already: nothing is trained, summary.json stays as it is
@@ -280,6 +252,10 @@ class Job:
         done = self.watchdog.step if self.watchdog is not None else None
         failing = done + 1 if self.loop is not None and done is not None else None
         failed = first_failure.settle(exc, failing, self.rt.is_main)
+        if self.cfg.exclude.device_error and bad_hosts.is_device_error(exc):
+            at = f" at step {failing}" if failing is not None else ""
+            why = f"device error: rank {self.rt.rank}{at}: {first_failure.one_line(exc)}"
+            bad_hosts.record(self.rt.run_dir, {node_name(): why})
         with contextlib.suppress(AttributeError):  # an exception type without a __dict__
             exc.launcher_settled = True  # the front door logs no traceback on the terminal
         ran = self.recorder is not None and self.recorder.start_time is not None  # steps began

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 from launcher.checkpoint.manager import CheckpointManager
 from launcher.config.batch import AUTO, BatchPlan
 from launcher.config.schema import (
+    ExcludeConfig,
     ProfilerConfig,
     TrainConfig,
     TrainerConfig,
@@ -39,7 +40,7 @@ from launcher.resilience.faults import FaultInjector
 from launcher.resilience.preemption import StopVote
 from launcher.resilience.stragglers import StragglerWatch
 from launcher.resilience.watchdog import HangWatchdog
-from launcher.runtime.process import Runtime
+from launcher.runtime.process import Runtime, node_name
 from launcher.strategy.base import Strategy
 from launcher.train import micro_batch
 from launcher.train.evaluate import Evaluator
@@ -77,10 +78,11 @@ class LoopConfig:
     trainer: TrainerConfig
     profiler: ProfilerConfig
     watchdog: WatchdogConfig
+    exclude: ExcludeConfig  # a persistent straggler's host to bad_hosts (exclude.straggler)
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> LoopConfig:
-        return cls(cfg.trainer, cfg.profiler, cfg.watchdog)
+        return cls(cfg.trainer, cfg.profiler, cfg.watchdog, cfg.exclude)
 
 
 # open_loader(plan, start_step=..., skip_windows=..., wrap_windows=...): this rank's training
@@ -110,6 +112,9 @@ class TrainLoop:
         self.batch = BatchPlan.of(self.t, rt.world_size)
         self.stop = StopVote(rt.control_group)
         self.stragglers = StragglerWatch(cfg.watchdog, announce=rt.is_main)
+        if cfg.exclude.straggler:  # each rank's host, on rank 0, which names the straggler
+            self.stragglers.keep_off(cfg.exclude.straggler_intervals,
+                                     rt.gather_objects(node_name()), rt.run_dir)  # fmt: skip
         self.nonfinite = NonFinite(self.t, rt, checkpoints, recorder)
         self.evaluate = Evaluator(rt, strategy, val, self.t.eval_batches, loss, self.stop.poll)
         self.micro = micro_batch.MicroSteps(rt, strategy, loss, faults, self.t.on_oom == "retry")
@@ -309,7 +314,7 @@ class TrainLoop:
         if not last and (stopping or self.stop.poll()):
             self._save(step, wait=True)
             raise Stopped(step)
-        if t.checkpoint_interval and (step % t.checkpoint_interval == 0 or last):
+        if self.checkpoints.durable_due(step, last):
             self._save(step, wait=last)
         elif not last and self.checkpoints.memory_due(step):
             self.nonfinite.check(step, self.interval)

@@ -371,6 +371,8 @@ def test_failure_policies_per_kind(variants):
     assert inner["podFailurePolicy"]["rules"] == [fail_at_once, ignore]
     assert jobset["failurePolicy"] == {
         "maxRestarts": 6,  # 3 per node x 2 nodes
+        # a restart waits until every old pod is gone (its stop checkpoint written)
+        "restartStrategy": "BlockingRecreate",
         "rules": [
             {
                 "name": "fail-on-bad-input-nonfinite-oom",
@@ -779,7 +781,12 @@ def test_pods_rendezvous_and_train_into_one_run_directory(pod_reference):
     assert run_dir.parent.stat().st_gid == 1000  # OnRootMismatch gave the volume's root
     homes = list(cluster.state_dir.glob("pod*.volumes/home/.cache/launcher"))
     assert len(homes) == 2 and all(any(h.iterdir()) for h in homes)
-    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["rank0.log", "rank1.log"]
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == [
+        "nodes", "rank0.log", "rank1.log"
+    ]  # fmt: skip
+    # each pod's launcher.torchrun kept its heartbeat there, and left it saying it ended
+    beats = [yaml.safe_load(p.read_text()) for p in (run_dir / "logs" / "nodes").iterdir()]
+    assert sorted((b["ranks"], b["ended"]) for b in beats) == [([0], 0), ([1], 0)]
     env = yaml.safe_load((run_dir / "env.json").read_text())
     # The trainer saw the pod's hostname and a /dev/shm of the rendered sizeLimit.
     assert env["hostname"] in ("launcher-ref-0", "launcher-ref-1")

@@ -32,6 +32,7 @@ from slurm_cluster import ClusterUnavailable, SlurmCluster, job_state
 from slurm_cluster import submit as slurm_submit
 from slurm_cluster import wait_until_done as slurm_wait_until_done
 
+from launcher.resilience import bad_hosts
 from launcher.submit.__main__ import main as submit_main
 from launcher.submit.slurm import EXAMPLE_OVERRIDES, render_example
 
@@ -390,7 +391,10 @@ def test_a_stop_in_setup_is_taken_at_once_and_said_once(cluster, tmp_path):
     for name, (job_id, run_dir) in jobs.items():
         state = wait_until_done(cluster, job_id, run_dir)
         out = slurm_output(run_dir, job_id)
-        assert "requeue policy: on a preemption (USR1 well before the time limit) always" in out
+        assert (
+            "requeue policy: on a preemption (USR1 well before the time limit) or a lost node "
+            "(exit 8) always" in out
+        )
         stop = "TERM" if name in ("cancelled", "line_stopped") else "USR1"
         said = (
             f"launcher: {stop} during setup: training did not start and wrote no checkpoint; "
@@ -583,8 +587,8 @@ def test_cpus_per_task_and_secrets_from_the_submitting_shell(cluster, tmp_path):
         ),
         (
             "cluster.nodes=2",
-            "error: cluster.nodes=2: partition debug has 1 node(s) besides the ones this run's "
-            "burn-in gate refused (n1,",
+            "error: cluster.nodes=2: partition debug has 1 node(s) besides the ones this run "
+            "keeps off (n1,",
         ),
     ],
     ids=[
@@ -683,10 +687,11 @@ def test_a_node_the_burn_in_gate_refuses_is_excluded_on_the_one_requeue(cluster,
     assert (
         "launcher: training ended with exit code 6 (bad node: the burn-in gate refused n1)" in out
     )
-    assert f"launcher: requeueing job {job_id} once without the node(s) the burn-in gate " \
-        "refused: --exclude=n1" in out  # fmt: skip
+    assert f"launcher: requeueing job {job_id} once after the burn-in gate refused a node, " \
+        f"without the node(s) in {run_dir}/bad_hosts: --exclude=n1" in out  # fmt: skip
     assert re.search(r"burn-in: slower than the others .*: rank 0 on n1: matmul", out)
     assert f"launcher: job {job_id}, start 1, nodes n2" in out
-    assert (run_dir / "bad_hosts").read_text() == "n1\n"
+    assert bad_hosts.read(run_dir) == ["n1"]
+    assert bad_hosts.reasons(run_dir)["n1"].startswith("burn-in: rank 0: matmul")
     assert json.loads((run_dir / "burnin.json").read_text())["verdict"] == "pass"  # on n2
     assert summary(run_dir)["status"] == "completed"

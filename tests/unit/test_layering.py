@@ -93,13 +93,26 @@ def loaded_nodes(tree: ast.AST) -> list[ast.AST]:
     return [node for node in ast.walk(tree) if id(node) not in skipped]
 
 
+def logger_names(tree: ast.AST) -> set[int]:
+    """The strings that name a logger (`logging.getLogger("launcher.torchrun")`): a logger is
+    named after its module by habit, which loads nothing."""
+    return {
+        id(arg)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "attr", getattr(node.func, "id", None)) == "getLogger"
+        for arg in node.args
+    }
+
+
 def names_in(tree: ast.AST) -> set[str]:
     """The launcher modules a source names in its strings: loads by name."""
+    loggers = logger_names(tree)
     return {
         named
         for node in loaded_nodes(tree)
         if isinstance(node, ast.Constant) and isinstance(node.value, str)
-        if (named := module_named(node.value))
+        if id(node) not in loggers and (named := module_named(node.value))
     }
 
 
@@ -264,6 +277,7 @@ def test_a_module_named_in_a_string_is_an_arrow():
     assert "strategy.ddp.engine" in import_graph()["strategy.ddp"]
     tree = ast.parse('BUILTIN = ("launcher.resilience.faults",)')
     assert names_in(tree) == {"resilience.faults"}
+    assert names_in(ast.parse('log = logging.getLogger("launcher.torchrun")')) == set()
     assert layer_of(package_of("resilience.faults")) > layer_of("config")
 
 

@@ -15,7 +15,7 @@ from launcher.config.registry import (
     Capabilities,
     Engine,
     Format,
-    MemoryTier,
+    MemoryCheckpoint,
     Plan,
     StrategyConfig,
     Tuning,
@@ -148,5 +148,5 @@ ENGINE = Engine(
         step_collectives=step_collectives,
     ),
     tuning=Tuning(candidates=tune_candidates, bucket_key="strategy.bucket_cap_mb"),
-    memory_tier=MemoryTier(checkpoint_bytes=memory_checkpoint_bytes, replicated=True),
+    memory_checkpoint=MemoryCheckpoint(size=memory_checkpoint_bytes, replicated=True),
 )

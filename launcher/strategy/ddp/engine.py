@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from launcher.checkpoint import node_share
-from launcher.checkpoint.node_share import ALONE, NodeShare
+from launcher.checkpoint.memory import node_share
+from launcher.checkpoint.memory.node_share import ALONE, NodeShare
 from launcher.config.registry import engine, format_of
 from launcher.config.schema import TrainerConfig
 from launcher.observe.comm_stats import StepComm
@@ -155,7 +155,8 @@ class DDPStrategy(Strategy):
 
     def snapshot(self, rank: int, share: NodeShare = ALONE):
         """PowerSGD's memory of this rank, and this rank's part of the model and optimizer,
-        which every rank holds alike: the node keeps one copy (launcher.checkpoint.node_share)."""
+        which every rank holds alike: the node keeps one copy
+        (launcher.checkpoint.memory.node_share)."""
         files = host_copy(self._state_files(rank, whole=False))
         part = host_copy(node_share.part_of(self._state_files(rank, whole=True), share))
 

@@ -9,7 +9,7 @@ See docs/deepspeed.md."""
 from __future__ import annotations
 
 from launcher.config.errors import ConfigError
-from launcher.config.registry import Capabilities, Engine, Format, MemoryTier, Plan, Resume
+from launcher.config.registry import Capabilities, Engine, Format, MemoryCheckpoint, Plan, Resume
 from launcher.strategy.deepspeed.ds_config import (
     STRATEGY_FILE,
     DeepSpeedConfig,
@@ -197,5 +197,5 @@ ENGINE = Engine(
         # a gpt2-tiny rank's peak, ZeRO-2 less DDP (benchmarks/host_memory.py)
         host_process_bytes=70 * 10**6,
     ),
-    memory_tier=MemoryTier(checkpoint_bytes=memory_checkpoint_bytes),
+    memory_checkpoint=MemoryCheckpoint(size=memory_checkpoint_bytes),
 )

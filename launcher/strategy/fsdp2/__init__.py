@@ -10,7 +10,14 @@ from typing import Any
 
 from launcher.config.errors import ConfigError
 from launcher.config.ranges import one_of
-from launcher.config.registry import Capabilities, Engine, Format, MemoryTier, Plan, StrategyConfig
+from launcher.config.registry import (
+    Capabilities,
+    Engine,
+    Format,
+    MemoryCheckpoint,
+    Plan,
+    StrategyConfig,
+)
 
 OFFLOAD_DEVICES = ("none", "cpu")
 
@@ -121,5 +128,5 @@ ENGINE = Engine(
         step_collectives=step_collectives,
         host_state=host_state,
     ),
-    memory_tier=MemoryTier(checkpoint_bytes=memory_checkpoint_bytes),
+    memory_checkpoint=MemoryCheckpoint(size=memory_checkpoint_bytes),
 )

@@ -29,7 +29,7 @@ import yaml
 from omegaconf import DictConfig
 
 from launcher.config import ConfigError, plugins
-from launcher.resilience.burnin import BAD_HOSTS, read_bad_hosts
+from launcher.resilience import bad_hosts
 from launcher.submit import k8s_check, stop_time
 from launcher.submit.job import SubmitJob
 from launcher.submit.k8s.checks import (
@@ -136,11 +136,12 @@ def notes(job: SubmitJob) -> list[str]:
             "is pushed again (a later pod would run the new one, nodes that pulled it keep "
             "theirs); pin a digest (repo/launcher@sha256:...) for a long run"
         )
-    refused = read_bad_hosts(job.run_dir)
+    refused = bad_hosts.read(job.run_dir)
     if refused:
         lines.append(
-            f"excluded: node(s) {', '.join(refused)}, refused by this run's burn-in gate "
-            f"({job.run_dir / BAD_HOSTS}; docs/burnin.md)"
+            f"excluded: node(s) {', '.join(refused)}, kept off by this run "
+            f"({job.run_dir / bad_hosts.FILE}: burn-in refusals, hang culprits, device errors, "
+            "stragglers; docs/faults.md)"
         )
     lines += kind.needs(job)
     if k.gang == "kueue":

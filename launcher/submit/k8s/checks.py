@@ -198,7 +198,7 @@ def expectations(job: SubmitJob, memory: NodeMemory | None = None) -> k8s_check.
 def without_default_tier(job: SubmitJob, expect: k8s_check.Expect) -> k8s_check.Expect:
     """`expect` with the memory tier's share left out of /dev/shm where cluster.k8s.shm_size
     cannot hold it and trainer.memory_checkpoint_interval is left to its default: the
-    trainer turns the tier off at the start of each pod (launcher.train.job.memory_tier),
+    trainer turns the tier off at the start of each pod (launcher.checkpoint.memory.open_tier),
     said here in one warning."""
     k = job.cluster.k8s
     if k.shm_size is None or any(

@@ -37,7 +37,10 @@ def jobset(job: SubmitJob, pod: dict) -> dict:
     """The same Indexed Job as the only replicated Job of a JobSet, which makes the
     headless Service itself (named after the JobSet). As in JobSet's own PyTorch example the
     inner Job has backoffLimit 0 and the JobSet restarts the whole set (maxRestarts); a Job
-    failed by its podFailurePolicy (exit 2, 3, 4) fails the JobSet without a restart."""
+    failed by its podFailurePolicy (exit 2, 3, 4) fails the JobSet without a restart. A
+    restart recreates the Jobs only once every pod of the old ones is gone
+    (BlockingRecreate): the old generation's stop checkpoint is written before a new pod
+    starts (the run directory's lock makes a new rank 0 wait for it too)."""
     k = job.cluster.k8s
     template: dict = {"spec": job_spec(job, pod, restarts_owned_by_jobset=True)}
     if k.gang == "volcano":
@@ -48,7 +51,11 @@ def jobset(job: SubmitJob, pod: dict) -> dict:
             "publishNotReadyAddresses": True,
             "subdomain": name_of(job),
         },
-        "failurePolicy": {"maxRestarts": restart_budget(job), "rules": jobset_rules(job)},
+        "failurePolicy": {
+            "maxRestarts": restart_budget(job),
+            "restartStrategy": "BlockingRecreate",
+            "rules": jobset_rules(job),
+        },
     }
     if k.ttl_after_finished_s is not None:
         # on the JobSet: the inner Job's would delete the Job and leave the JobSet behind

@@ -10,7 +10,8 @@ import shlex
 from omegaconf import OmegaConf
 
 from launcher.config.backends.k8s import BACKEND
-from launcher.resilience.burnin import read_bad_hosts
+from launcher.resilience import bad_hosts
+from launcher.resilience.node_presence import WAIT_ENV
 from launcher.submit import k8s_check
 from launcher.submit.job import FRONT_DOOR, SubmitJob
 from launcher.submit.k8s.kind import Kind
@@ -110,7 +111,7 @@ def pod_settings(job: SubmitJob, kind: Kind) -> dict:
 
 def placement(job: SubmitJob) -> dict:
     """Where the pods may run: the node selector, the tolerations, one pod per value of the
-    spread key, and the affinity, off the nodes this run's burn-in gates refused."""
+    spread key, and the affinity, off the nodes this run keeps off (its bad_hosts)."""
     k = job.cluster.k8s
     spec: dict = {}
     if k.node_selector:
@@ -128,7 +129,7 @@ def placement(job: SubmitJob) -> dict:
             }
         ]
     affinity = OmegaConf.to_container(k.affinity, resolve=True) if k.affinity else {}
-    refused = read_bad_hosts(job.run_dir)  # the burn-in gates of this run's earlier pods
+    refused = bad_hosts.read(job.run_dir)  # what this run's earlier pods keep off
     if refused:
         affinity = without_nodes(affinity, refused)
     if affinity:
@@ -253,8 +254,11 @@ def container_env(job: SubmitJob) -> list[dict]:
     through Secrets."""
     k = job.cluster.k8s
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
-    # The node, as the burn-in gate names a slow one (and the next render excludes it).
+    # The node, as bad_hosts names one to keep off (and the next render excludes it).
     env.append({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    # A lost pod's replacement is waited for as long as the rendezvous waits for it; then the
+    # others end with 8 (node lost), naming its ranks (launcher.resilience.node_presence).
+    env.append({"name": WAIT_ENV, "value": str(int(k.rdzv_timeout_s))})
     if k.security == "restricted":
         env.append({"name": "HOME", "value": HOME_DIR})
     env += [{"name": name, "value": value} for name, value in job.env().items()]

@@ -128,7 +128,7 @@ def test_a_sharded_engine_needs_its_ranks_share_of_the_state():
 
 def test_an_engine_without_the_tier_is_refused_in_one_line(monkeypatch):
     """An added engine (the `launcher.engines` entry points) that declares no snapshot."""
-    monkeypatch.setitem(engines(), "fsdp2", replace(engines()["fsdp2"], memory_tier=None))
+    monkeypatch.setitem(engines(), "fsdp2", replace(engines()["fsdp2"], memory_checkpoint=None))
     cfg = compose(["strategy=fsdp2", "trainer.memory_checkpoint_interval=5"])
     assert memory.interval(cfg, restarts=3) == 5
     assert memory.interval(compose(["strategy=fsdp2"]), restarts=3) == 0  # its default: off

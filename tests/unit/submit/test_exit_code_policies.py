@@ -27,6 +27,7 @@ POLICIES = {
     ec.HANG: ("hang detected", "counted", "permanent"),
     ec.BAD_NODE: ("bad node", "counted", "permanent"),
     ec.STOPPED_NO_CHECKPOINT: ("stopped without a checkpoint", "counted", "permanent"),
+    ec.NODE_LOST: ("node lost", "counted", "permanent"),
     ec.STOPPED: ("stopped with a checkpoint", "counted", "retryable"),
 }
 
