@@ -18,10 +18,10 @@ from launcher.config.compose import compose_problems
 from launcher.config.validate import problems as config_problems
 from launcher.data.shm import human_bytes
 from launcher.plan.memory import shm_need
+from launcher.preflight import check_config, machine_problems
 from launcher.resilience import exit_codes
 from launcher.runtime import envinfo
 from launcher.runtime.process import env_world, ranks_per_node
-from launcher.train.preflight import check_config, machine_problems
 
 USAGE = """usage: python -m launcher.doctor [--json] [overrides...]
 

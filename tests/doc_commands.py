@@ -142,7 +142,8 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
     ),
     (
         "docs/benchmarks.md",
-        "python benchmarks/startup.py [--pairs 4] [--warmup 1] [--nproc 2] [--out FILE] [overrides...]",
+        "python benchmarks/startup.py [--pairs 4] [--warmup 1] [--nproc 2] [--judge wall|cpu] "
+        "[--out FILE] [overrides...]",
     ): ("skip", "a template: placeholders to fill in"),
     (
         "docs/benchmarks.md",

@@ -42,10 +42,10 @@ def not_declaring(allows: Callable[[Engine], bool]) -> tuple[str, ...]:
     return tuple(name for name in ENGINES if name not in declaring(allows))
 
 
-ASYNC_SAVE = declaring(lambda e: e.async_checkpoint)
-DROPS_STEPS = declaring(lambda e: e.drops_steps)
-RESIZES = declaring(lambda e: e.resizes_micro_batch)
-COMPILES = declaring(lambda e: e.compiles)
+ASYNC_SAVE = declaring(lambda e: e.capabilities.async_checkpoint)
+DROPS_STEPS = declaring(lambda e: e.capabilities.drops_steps)
+RESIZES = declaring(lambda e: e.capabilities.resizes_micro_batch)
+COMPILES = declaring(lambda e: e.capabilities.compiles)
 MEMORY_TIER = declaring(lambda e: e.memory_checkpoint is not None)
 # The groups whose knobs the matrix must cover (the other groups are launch-wide, cluster
 # or fault settings: tests/launches/test_comm.py, test_slurm.py, test_k8s.py, test_faults.py).
@@ -312,7 +312,7 @@ ROWS: list[Row] = [
         ["trainer.async_checkpoint=true"],
         "refused",
         "its engine writes its checkpoints synchronously",
-        engines=not_declaring(lambda e: e.async_checkpoint),
+        engines=not_declaring(lambda e: e.capabilities.async_checkpoint),
         refusal=f"trainer.async_checkpoint=true needs strategy={' or '.join(ASYNC_SAVE)}",
     ),
     row(
@@ -363,7 +363,7 @@ ROWS: list[Row] = [
         ["trainer.on_nonfinite=skip"],
         "refused",
         "its engine owns the optimizer step",
-        engines=not_declaring(lambda e: e.drops_steps),
+        engines=not_declaring(lambda e: e.capabilities.drops_steps),
         refusal="trainer.on_nonfinite=skip is not supported with strategy={engine}",
     ),
     row(
@@ -378,7 +378,7 @@ ROWS: list[Row] = [
         ["trainer.on_nonfinite=rewind"],
         "refused",
         "its engine owns the optimizer step",
-        engines=not_declaring(lambda e: e.drops_steps),
+        engines=not_declaring(lambda e: e.capabilities.drops_steps),
         refusal="trainer.on_nonfinite=rewind is not supported with strategy={engine}",
     ),
     row(
@@ -394,7 +394,7 @@ ROWS: list[Row] = [
         "refused",
         "its engine cannot redo a step part-way at another micro-batch (DeepSpeed fixes it in "
         "its config)",
-        engines=not_declaring(lambda e: e.resizes_micro_batch),
+        engines=not_declaring(lambda e: e.capabilities.resizes_micro_batch),
         refusal="trainer.on_oom=retry is not supported with strategy={engine}",
     ),
     row(
@@ -403,7 +403,7 @@ ROWS: list[Row] = [
         "refused",
         "its engine cannot redo a step part-way at another micro-batch (DeepSpeed fixes it in "
         "its config)",
-        engines=not_declaring(lambda e: e.resizes_micro_batch),
+        engines=not_declaring(lambda e: e.capabilities.resizes_micro_batch),
         refusal="trainer.micro_batch_size=auto is not supported with strategy={engine}",
     ),
     # Knobs that change the numbers.
@@ -587,7 +587,7 @@ ROWS: list[Row] = [
             [f"trainer.compile={mode}"],
             "refused",
             "its engine is not compiled here (DeepSpeed's)",
-            engines=not_declaring(lambda e: e.compiles),
+            engines=not_declaring(lambda e: e.capabilities.compiles),
             refusal=f"trainer.compile={mode} is not supported with strategy={{engine}}",
         )
         for mode in ("default", "reduce-overhead", "max-autotune")

@@ -72,7 +72,7 @@ def _rng_state(device: torch.device) -> dict:
 class CheckpointManager:
     """This rank's side of the run's checkpoints, and the data position they record: the
     data window (0-based, one step's sequences) the next step reads, ahead of the step by
-    the windows trainer.on_nonfinite=rewind skipped (`skip_windows`, read past by the loop).
+    the windows trainer.on_nonfinite=rewind skipped (`skip_windows`, which the loader skips).
     """
 
     def __init__(

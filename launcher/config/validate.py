@@ -1,7 +1,7 @@
 """The semantic check of a composed config, judged alone (no machine, no files, no other
 layer): values with a spelled-out default resolved (`normalize`), then every value and
 combination that cannot run refused (`validate`), naming the key path. What needs the
-machine, the files or an engine's own config is launcher.train.preflight's.
+machine, the files or an engine's own config is launcher.preflight's.
 """
 
 from __future__ import annotations
@@ -185,14 +185,15 @@ def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
     problem = fault_problem(cfg.fault, world_size, t.max_steps)  # the kind's own rules
     if problem:
         raise ConfigError(problem)
-    chosen = engine(cfg.strategy.name)
+    declared = engine(cfg.strategy.name)
+    chosen = declared.capabilities
     if t.async_checkpoint and not chosen.async_checkpoint:
-        able = [e.name for e in engines().values() if e.async_checkpoint]
+        able = [e.name for e in engines().values() if e.capabilities.async_checkpoint]
         raise ConfigError(
             f"trainer.async_checkpoint=true needs strategy={' or '.join(able)} (an asynchronous "
             f"save); strategy={cfg.strategy.name} writes its checkpoints synchronously"
         )
-    if t.memory_checkpoint_interval and chosen.memory_checkpoint is None:  # an added engine's
+    if t.memory_checkpoint_interval and declared.memory_checkpoint is None:  # an added engine's
         able = [e.name for e in engines().values() if e.memory_checkpoint is not None]
         raise ConfigError(
             f"trainer.memory_checkpoint_interval={t.memory_checkpoint_interval} needs "
@@ -207,7 +208,7 @@ def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
             "null: 10 under torchrun's restarts), or trainer.memory_checkpoint_peer=false"
         )
     if t.on_nonfinite != "stop" and not chosen.drops_steps:
-        able = [e.name for e in engines().values() if e.drops_steps]
+        able = [e.name for e in engines().values() if e.capabilities.drops_steps]
         raise ConfigError(
             f"trainer.on_nonfinite={t.on_nonfinite} is not supported with "
             f"strategy={cfg.strategy.name} (its engine owns the optimizer step); use "
@@ -216,7 +217,7 @@ def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
     resizing = [f"trainer.{k}={getattr(t, k)}" for k, v in (("micro_batch_size", AUTO),
                 ("on_oom", "retry")) if getattr(t, k) == v]  # fmt: skip
     if resizing and not chosen.resizes_micro_batch:
-        able = [e.name for e in engines().values() if e.resizes_micro_batch]
+        able = [e.name for e in engines().values() if e.capabilities.resizes_micro_batch]
         raise ConfigError(
             f"{resizing[0]} is not supported with strategy={cfg.strategy.name} (its engine "
             f"cannot abandon a step part-way and redo it at another micro-batch); give "
@@ -301,7 +302,7 @@ def _unknown_keys(node: DictConfig, prefix: str) -> list[str]:
 
 
 def _validate_data_source(d: DataConfig) -> None:
-    """What each data source needs set (whether its files exist is launcher.train.preflight's)."""
+    """What each data source needs set (whether its files exist is launcher.preflight's)."""
     wanted = {
         "text_files": "text file globs, e.g. data.paths=[a/*.txt]",
         "memmap": "pre-tokenized .bin files",

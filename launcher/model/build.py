@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +68,26 @@ def model_loss(module: torch.nn.Module, impl: str, x: torch.Tensor, y: torch.Ten
     if impl == "native":
         return module(x, targets=y)
     return lm_loss(module(input_ids=x).logits, y)
+
+
+# (module, inputs, targets) -> the mean loss of one micro-batch
+LossFunction = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def loss_function(model_cfg: ModelConfig) -> LossFunction:
+    """The loss of a micro-batch as this model computes it (`model.impl`'s way, in
+    `model.attention`'s SDPA kernel): what the model hands the loop and the eval, which then
+    know neither key."""
+    impl, attention = model_cfg.impl, model_cfg.attention
+
+    def loss(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return model_loss(module, impl, x, y)
+
+    def loss_with_kernel(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
+        with attention_backend(attention):
+            return model_loss(module, impl, x, y)
+
+    return loss if attention == "auto" else loss_with_kernel
 
 
 @contextlib.contextmanager

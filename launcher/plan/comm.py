@@ -52,8 +52,8 @@ def fitted(link: Link, busbw: float, nbytes: float, collectives: int, ranks: int
 def step_comm(cfg, world_size: int, link: Link) -> dict:
     """One step's collectives as the engine declares them (launcher.strategy.<engine>),
     each timed: {"collectives": [...], "bytes": total, "time_s": total}."""
-    declared = engine(cfg.strategy.name).step_collectives
-    rows = declared(cfg, param_count(cfg.model), world_size) if declared else []
+    plan = engine(cfg.strategy.name).plan
+    rows = plan.step_collectives(cfg, param_count(cfg.model), world_size) if plan else []
     timed = [
         {"op": op, "bytes": size, "times": times,
          "time_s": times * collective_s(op, size, world_size, link)}
@@ -113,7 +113,7 @@ def bucket_sizes(cfg, key: str, default_mb: float, world_size: int, link: Link,
     else the smallest: equal layouts time the same), only those predicted to expose less
     than the configured size."""
     params = param_count(cfg.model)
-    declared = engine(cfg.strategy.name).step_collectives
+    declared = engine(cfg.strategy.name).plan.step_collectives
 
     def predicted(mb: float) -> float:
         sized = OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"{key}={mb}"]))

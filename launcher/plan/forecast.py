@@ -169,11 +169,11 @@ def checkpoint_bytes(cfg, world_size: int) -> dict[str, int]:
     shards, ZeRO's rank 0 the module too), and every rank's together."""
     declared = engine(cfg.strategy.name)
     params = param_count(cfg.model)
-    if declared.memory_checkpoint is None or declared.checkpoint_total is None:
+    if declared.memory_checkpoint is None or declared.plan is None:
         return {"per_rank": params * 12, "total": params * 12}  # an added engine: the state
     return {
-        "per_rank": declared.memory_checkpoint(cfg, params, world_size),
-        "total": declared.checkpoint_total(cfg, params, world_size),
+        "per_rank": declared.memory_checkpoint.size(cfg, params, world_size),
+        "total": declared.plan.checkpoint_total(cfg, params, world_size),
     }
 
 

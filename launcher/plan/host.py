@@ -5,13 +5,13 @@ node_memory); `launcher.plan` prints `host_per_node`.
 
 What a rank holds on the host (docs/plan.md, "Host memory"):
 - its process: Python, torch, the launcher, the process group, the data, the end-of-run
-  report (RANK_BASE_BYTES, measured; an engine's own imports, `Engine.host_process_bytes`),
+  report (RANK_BASE_BYTES, measured; an engine's own imports, its `Plan`'s `host_process_bytes`),
   and on a GPU the CUDA context and libraries' host side (CUDA_HOST_BYTES, assumed);
 - while the model is built: one parameter at a time, drawn on the CPU and copied to the
   device (launcher.model.materialize; a checkpoint's tensors are read from the page cache,
   which a node's ranks share); on the CPU the model is built in place, in its own weights;
 - while it trains: on the CPU the training state and activations; pinned batches (GPU);
-  the state an engine keeps on the host (`Engine.host_state`: offload); a checkpoint's
+  the state an engine keeps on the host (its `Plan`'s `host_state`: offload); a checkpoint's
   host copy while it is written (the memory tier's share; an asynchronous save's).
 The build ends before training begins: a rank's peak is its process plus the larger of
 the two.
@@ -33,7 +33,7 @@ from launcher.plan.memory import activation_bytes, micro_batch, shm_need, train_
 # Measured with benchmarks/host_memory.py on the 2-core CPU machine (Linux, torch 2.13,
 # Python 3.11, from /proc): the peak resident size (VmHWM) of a gpt2-tiny rank under
 # torchrun, 2 ranks, the default data and DataLoader (2 workers), DDP and FSDP2 (DeepSpeed
-# adds its imports: Engine.host_process_bytes): what a rank is when its model and training
+# adds its imports: its Plan's host_process_bytes): what a rank is when its model and training
 # state are nothing. Its start-up, build and end-of-run report included.
 RANK_BASE_BYTES = 400 * 10**6
 # The same process's CUDA context, cuBLAS/cuDNN/NCCL host-side state and pinned staging
@@ -84,15 +84,16 @@ def checkpoint_copy_bytes(cfg, ranks_per_node: int, world_size: int,
         node = tier.node_state_bytes(cfg, ranks_per_node, world_size)
         copies.append(-(-node // ranks_per_node))
     declared = engine(cfg.strategy.name)
-    if cfg.trainer.async_checkpoint and declared.async_checkpoint:
-        copies.append(-(-declared.checkpoint_total(cfg, param_count(cfg.model), world_size)
+    if cfg.trainer.async_checkpoint and declared.capabilities.async_checkpoint and declared.plan:
+        copies.append(-(-declared.plan.checkpoint_total(cfg, param_count(cfg.model), world_size)
                         // world_size))  # fmt: skip
     return max(copies)
 
 
 def offloaded_bytes(cfg, world_size: int) -> int:
     """The training state the engine keeps in host memory (offload), per rank."""
-    declared = engine(cfg.strategy.name).host_state
+    plan = engine(cfg.strategy.name).plan
+    declared = plan.host_state if plan else None
     return declared(cfg, param_count(cfg.model), world_size) if declared else 0
 
 
@@ -100,12 +101,13 @@ def rank_bytes(cfg, ranks_per_node: int, world_size: int, on_gpu: bool,
                restarts: int | None = None) -> dict[str, int]:  # fmt: skip
     """One rank's process at its peak, by part (see the module's docstring)."""
     micro = micro_batch(cfg, world_size)
+    plan = engine(cfg.strategy.name).plan
     training = (
         0 if on_gpu else sum(train_state(cfg, world_size).values()) + activation_bytes(cfg, micro)
     )
     parts = {
         "process": RANK_BASE_BYTES
-        + engine(cfg.strategy.name).host_process_bytes
+        + (plan.host_process_bytes if plan else 0)
         + (CUDA_HOST_BYTES if on_gpu else 0),
         "build": build_bytes(cfg, on_gpu),
         "training": training,

@@ -43,10 +43,10 @@ def shm_need(
 def train_state(cfg, world_size: int) -> dict[str, int]:
     """Bytes per rank of weights, gradients and optimizer state, as the engine holds them at
     `world_size` (its declaration in launcher.strategy.<engine>)."""
-    declared = engine(cfg.strategy.name).train_state
-    if declared is None:
-        raise ValueError(f"strategy={cfg.strategy.name} declares no train_state for the plan")
-    return declared(cfg, param_count(cfg.model), world_size)
+    plan = engine(cfg.strategy.name).plan
+    if plan is None:
+        raise ValueError(f"strategy={cfg.strategy.name} declares no plan")
+    return plan.train_state(cfg, param_count(cfg.model), world_size)
 
 
 def activation_bytes(cfg, micro: int, checkpointing: bool | None = None) -> int:

@@ -26,6 +26,7 @@ from launcher.config import ConfigError, compose, sweep
 from launcher.config.backends import backends
 from launcher.config.validate import key_problems
 from launcher.paths import keep_aside, make_run_dir
+from launcher.preflight import preflight
 from launcher.rehearse import report
 from launcher.rehearse.cases import CASES, NAMES, Case
 from launcher.rehearse.launches import CaseFailed, kill_leftovers
@@ -34,7 +35,6 @@ from launcher.rehearse.shrink import KEPT, shrunk
 from launcher.runtime import process as runtime
 from launcher.runtime import run_dir_check
 from launcher.runtime.lock import LockHeld, tool_lock
-from launcher.train.preflight import preflight
 
 log = logging.getLogger("launcher.rehearse")
 FALLBACK_PRECISION = "trainer.precision=fp32"

@@ -127,7 +127,7 @@ class Strategy(ABC):
         rank holds alike, launcher.checkpoint.memory.node_share) copied to host memory now, and the
         function that writes it into this rank's folder of the memory tier, in node-local
         memory, where `load` at the same world size reads it (with the node's other parts).
-        Engines declaring `memory_checkpoint` have it."""
+        Engines declaring a `MemoryCheckpoint` have it."""
         raise NotImplementedError(f"{type(self).__name__} cannot write the memory tier")
 
     @abstractmethod

@@ -1,9 +1,10 @@
 """`python -m launcher.submit <backend> [--dry-run] [overrides...]`, a backend one of
 launcher.config.backends' (slurm, k8s, and those other packages add).
 
-Each backend names a renderer module with `render(job) -> {file name: text}` (which also
-checks what it rendered, raising ConfigError) and `submit(job, paths) -> str` (hands the
-files to the cluster and returns what identifies the job there), and may have
+Each backend has a renderer module (its `launcher.renderers` entry point) with
+`render(job) -> {file name: text}` (which also checks what it rendered, raising ConfigError)
+and `submit(job, paths) -> str` (hands the files to the cluster and returns what identifies
+the job there), and may have
 `notes(job) -> [line]`: what must exist before the job can run, and how to remove it. The
 files go into the run directory's submit/ folder and their paths are printed on stdout, one
 per line; warnings and notes go to stderr.
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         return exit_codes.BAD_INPUT
     dry_run, tune = "--dry-run" in rest, "--tune" in rest
     overrides = [a for a in rest if a not in ("--dry-run", "--tune")]
-    renderer = backends()[target].module()
+    renderer = backends()[target].renderer()
     try:
         job = prepare(target, overrides)
         if tune:

@@ -28,15 +28,15 @@ from omegaconf.errors import OmegaConfBaseException
 from launcher.config import ConfigError, sweep
 from launcher.data.tokenizer import tokenizer_path_problem
 from launcher.paths import can_create_in, make_run_dir
-from launcher.runtime import run_dir_check
-from launcher.runtime.lock import LockHeld, tool_lock
-from launcher.submit.secret_checks import check_secrets, shell_texts
-from launcher.train.preflight import (
+from launcher.preflight import (
     check_config,
     data_file_problems,
     init_from_problem,
     resume_problem,
 )
+from launcher.runtime import run_dir_check
+from launcher.runtime.lock import LockHeld, tool_lock
+from launcher.submit.secret_checks import check_secrets, shell_texts
 
 SUBMIT_DIR = "submit"
 # What each node runs in place of `torchrun` (same arguments; exits with the contract code).

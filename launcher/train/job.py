@@ -26,7 +26,14 @@ from launcher.config.registry import build_strategy, engine
 from launcher.data import TokenData, build_train_loader, prepare_data
 from launcher.data.cache import cache_root
 from launcher.data.tokenizer import TOKENIZER_DIR
-from launcher.model.build import build_model, count_params, flops_per_token, mfu, peak_flops
+from launcher.model.build import (
+    build_model,
+    count_params,
+    flops_per_token,
+    loss_function,
+    mfu,
+    peak_flops,
+)
 from launcher.observe.nccl_transport import transport_recorders
 from launcher.observe.recorder import Recorder
 from launcher.observe.report import write_report
@@ -117,7 +124,7 @@ def run(cfg: DictConfig, launch: LaunchState, point: str | None = None) -> int:
     """
     freeze_what_lasts()  # before the job makes anything: its collections then walk its own
     cfg = typed(cfg)
-    needs_group = engine(cfg.strategy.name).needs_process_group
+    needs_group = engine(cfg.strategy.name).capabilities.needs_process_group
     rt = start(RuntimeConfig.of(cfg), launch, point, needs_group=needs_group)
     if point is not None and cfg.resume == "auto" and already_completed(rt):
         log.info("sweep point %s already completed in %s; not run again", point, rt.run_dir)
@@ -200,8 +207,9 @@ class Job:
         self.recorder = Recorder(rt, cfg.trainer, self.sinks, batch.tokens_per_step, fpt,
                                  lambda tps: mfu(tps, fpt, peak, rt.world_size),
                                  batch.micro_batch)  # fmt: skip
-        self.loop = TrainLoop(LoopConfig.of(cfg), rt, self.strategy, loader_opener(cfg, rt, data),
-                              data.val, self.recorder, checkpoints, faults)  # fmt: skip
+        self.loop = TrainLoop(LoopConfig.of(cfg), rt, self.strategy, loss_function(cfg.model),
+                              loader_opener(cfg, rt, data), data.val, self.recorder, checkpoints,
+                              faults)  # fmt: skip
         start_step = checkpoints.resume(folders, cfg.resume == "auto", batch)
         if rt.is_main and data.save_tokenizer is not None:  # for launcher.generate and export
             data.save_tokenizer(rt.run_dir / TOKENIZER_DIR)  # once the run is this launch's

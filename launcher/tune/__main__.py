@@ -21,13 +21,13 @@ from omegaconf import DictConfig, OmegaConf
 from launcher.config import ConfigError, friendly_overrides, sweep
 from launcher.config.sweep import flatten
 from launcher.paths import make_run_dir
+from launcher.preflight import preflight
 from launcher.resilience import exit_codes
 from launcher.runtime import process as runtime
 from launcher.runtime import run_dir_check
 from launcher.runtime.lock import LockHeld, tool_lock
 from launcher.train import front_door as train
 from launcher.train.bad_input import fail_bad_input
-from launcher.train.preflight import preflight
 from launcher.tune.report import markdown, report_dict, write_all
 from launcher.tune.rounds import Tuner
 from launcher.tune.trials import PROFILED_STEPS, TUNE_LOGGER, Trials

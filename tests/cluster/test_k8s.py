@@ -40,6 +40,7 @@ from launcher.plan.memory import shm_need
 from launcher.submit import k8s, k8s_check, pod_security
 from launcher.submit.__main__ import main
 from launcher.submit.job import prepare
+from launcher.submit.k8s.job import service_owner_patch
 from launcher.submit.node_memory import PROCESS_MARGIN
 
 from launch import FAST, losses, metrics, summary
@@ -243,7 +244,7 @@ def variants(tmp_path_factory) -> tuple[Path, dict[str, dict[str, str]]]:
             tmp_path / f"{kind}-{variant}",
             [*for_kind(kind, overrides), *root, f"cluster.k8s.kind={kind}"],
         )
-        for kind in k8s.KINDS
+        for kind in k8s.kinds()
         for variant, overrides in (
             ("plain", EXAMPLE[:3]),
             ("full", FULL),
@@ -531,7 +532,7 @@ def test_dry_run_notes_and_owner_patch(tmp_path, capsys):
     ) in lines
     assert "note: remove: kubectl delete job,service -n ml -l app.kubernetes.io/instance=" in err
     job = prepare("k8s", [*EXAMPLE[:3], f"run.root={tmp_path}", "run.id=n1"])
-    owner = k8s.service_owner_patch(job, "uid-1")["metadata"]["ownerReferences"][0]
+    owner = service_owner_patch(job, "uid-1")["metadata"]["ownerReferences"][0]
     assert owner == {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -702,7 +703,7 @@ def test_checks_name_the_broken_field(example, case):
     objs = copy.deepcopy(objects(files))
     broken(objs)
     with pytest.raises(ConfigError) as err:
-        k8s_check.check(list(objs.values()), k8s.expectations(job))
+        k8s_check.check(list(objs.values()), k8s.expectations(job), k8s.kinds()["job"])
     assert expected in str(err.value)
     assert "\n" not in str(err.value)
 

@@ -80,7 +80,7 @@ def test_the_gate_names_the_slow_rank_then_warns_or_refuses(tmp_path):
 
 
 def bad_node_block(script: str) -> str:
-    """The requeue function (launcher.submit.slurm_exclude) and the block of exit 6."""
+    """The requeue function (launcher.submit.slurm.exclude) and the block of exit 6."""
     start = script.index("# Requeue this job, the run's bad hosts")
     return script[start : script.index("# Requeue after a preemption")]
 

@@ -57,8 +57,8 @@ def state_bytes(cfg, world_size: int = 1) -> int:
     """One rank's memory checkpoint, estimated by its engine from the model's shape: the
     whole model and optimizer state (DDP), or this rank's shard of it at `world_size` (FSDP2,
     DeepSpeed's partitions; the default 1 is the largest a rank can need)."""
-    estimate = engine(cfg.strategy.name).memory_checkpoint
-    return estimate(cfg, param_count(cfg.model), world_size) if estimate else 0
+    tier = engine(cfg.strategy.name).memory_checkpoint
+    return tier.size(cfg, param_count(cfg.model), world_size) if tier else 0
 
 
 def node_state_bytes(cfg, procs_per_node: int, world_size: int) -> int:
@@ -66,7 +66,8 @@ def node_state_bytes(cfg, procs_per_node: int, world_size: int) -> int:
     holds alike once (its ranks write a part each, launcher.checkpoint.memory.node_share),
     the state each rank holds alone once per rank."""
     one = state_bytes(cfg, world_size)
-    return one if engine(cfg.strategy.name).memory_checkpoint_replicated else one * procs_per_node
+    tier = engine(cfg.strategy.name).memory_checkpoint
+    return one if tier and tier.replicated else one * procs_per_node
 
 
 def in_shm(cfg) -> bool:

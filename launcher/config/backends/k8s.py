@@ -82,7 +82,6 @@ class K8sConfig:
 
 BACKEND = Backend(
     name="k8s",
-    renderer="launcher.submit.k8s",
     summary="an Indexed Job and its Service",
     tool="kubectl apply",
     docs="docs/kubernetes.md",

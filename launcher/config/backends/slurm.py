@@ -73,7 +73,6 @@ def job_key(environ: Mapping[str, str]) -> str | None:
 
 BACKEND = Backend(
     name="slurm",
-    renderer="launcher.submit.slurm",
     summary="an sbatch script",
     tool="sbatch",
     docs="docs/slurm.md",

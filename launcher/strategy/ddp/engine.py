@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from launcher.checkpoint.memory import node_share
 from launcher.checkpoint.memory.node_share import ALONE, NodeShare
-from launcher.config.registry import format_of
+from launcher.config.registry import engine, format_of
 from launcher.config.schema import TrainerConfig
 from launcher.observe.comm_stats import StepComm
 from launcher.runtime.process import Runtime
@@ -25,15 +26,20 @@ from launcher.strategy.base import (
     host_copy,
     load_other_format,
 )
-from launcher.strategy.ddp import FILES, FORMAT, DDPConfig, comm_hooks, powersgd
+from launcher.strategy.ddp import comm_hooks, powersgd
 from launcher.strategy.ddp.comm_timing import CommTimer
+from launcher.strategy.ddp.files import FILES
 from launcher.strategy.optim import build_optimizer
+
+if TYPE_CHECKING:  # the declaration names this module; this one only reads its config
+    from launcher.strategy.ddp import DDPConfig
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class DDPStrategy(Strategy):
     def __init__(self, s: DDPConfig, t: TrainerConfig, rt: Runtime, model: torch.nn.Module):
+        self.format = engine(s.name).format  # DDP's, or a variant's that declares it
         self.device = rt.device
         self.rank = rt.rank
         self.precision = t.precision
@@ -166,7 +172,7 @@ class DDPStrategy(Strategy):
         if node_share.holds_part(folder):  # a memory checkpoint: the node's parts
             whole = node_share.part_files(folder)
         # Another engine's format is read by its own reader (sealed with every file's size).
-        elif format_of(folder) in (FORMAT, None):
+        elif format_of(folder) in (self.format, None):
             whole = [folder / f for f in FILES]
         else:
             whole = []
@@ -175,7 +181,7 @@ class DDPStrategy(Strategy):
     def load(self, folder: Path) -> None:
         if node_share.holds_part(folder):
             self._load_whole_state(node_share.join(folder, self.device))
-        elif format_of(folder) in (FORMAT, None):
+        elif format_of(folder) in (self.format, None):
             self._load_whole_state({
                 name: torch.load(folder / name, map_location=self.device, weights_only=True)
                 for name in FILES

@@ -9,15 +9,13 @@ See docs/deepspeed.md."""
 from __future__ import annotations
 
 from launcher.config.errors import ConfigError
-from launcher.config.registry import Engine, Format
+from launcher.config.registry import Capabilities, Engine, Format, MemoryCheckpoint, Plan, Resume
 from launcher.strategy.deepspeed.ds_config import (
+    STRATEGY_FILE,
     DeepSpeedConfig,
     DeepSpeedConfigError,
     build_ds_config,
 )
-
-STRATEGY_FILE = "strategy.json"  # in each DeepSpeed checkpoint: what wrote it
-
 
 FORMAT = Format("deepspeed", marker=STRATEGY_FILE, reader="launcher.strategy.deepspeed.universal")
 
@@ -176,21 +174,28 @@ ENGINE = Engine(
     schema=DeepSpeedConfig,
     strategy="launcher.strategy.deepspeed.engine:DeepSpeedStrategy",
     format=FORMAT,
-    needs_process_group=True,
-    refuses_other_formats="DeepSpeed loads no other engine's checkpoint",
-    rules=rules,
-    config_check=config_check,
-    identity=identity,
-    own_differences=own_differences,
-    resume_with=resume_with,
-    unreadable_by_others=unreadable_by_others,
-    packages=(("deepspeed", "pip install 'launcher[deepspeed]'"),),
-    device_problem=device_problem,
-    compiles=False,
-    memory_checkpoint=memory_checkpoint_bytes,
-    train_state=train_state,
-    checkpoint_total=checkpoint_total,
-    step_collectives=step_collectives,
-    host_state=host_state,
-    host_process_bytes=70 * 10**6,  # a gpt2-tiny rank's peak, ZeRO-2 less DDP (host_memory.py)
+    capabilities=Capabilities(
+        needs_process_group=True,
+        rules=rules,
+        config_check=config_check,
+        packages=(("deepspeed", "pip install 'launcher[deepspeed]'"),),
+        device_problem=device_problem,
+        compiles=False,
+    ),
+    resume=Resume(
+        refuses_other_formats="DeepSpeed loads no other engine's checkpoint",
+        identity=identity,
+        own_differences=own_differences,
+        resume_with=resume_with,
+        unreadable_by_others=unreadable_by_others,
+    ),
+    plan=Plan(
+        train_state=train_state,
+        checkpoint_total=checkpoint_total,
+        step_collectives=step_collectives,
+        host_state=host_state,
+        # a gpt2-tiny rank's peak, ZeRO-2 less DDP (benchmarks/host_memory.py)
+        host_process_bytes=70 * 10**6,
+    ),
+    memory_checkpoint=MemoryCheckpoint(size=memory_checkpoint_bytes),
 )

@@ -26,8 +26,7 @@ from launcher.observe.comm_stats import StepComm
 from launcher.runtime.process import Runtime
 from launcher.strategy.base import Strategy, fingerprint, host_copy
 from launcher.strategy.collective_timer import CollectiveTimer
-from launcher.strategy.deepspeed import STRATEGY_FILE
-from launcher.strategy.deepspeed.ds_config import DeepSpeedConfig, build_ds_config
+from launcher.strategy.deepspeed.ds_config import STRATEGY_FILE, DeepSpeedConfig, build_ds_config
 from launcher.strategy.deepspeed.ds_import import import_deepspeed, restore_torch_linear
 from launcher.strategy.deepspeed.universal import converted_folder, needs_conversion
 from launcher.strategy.optim import build_optimizer

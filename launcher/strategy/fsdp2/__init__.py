@@ -10,7 +10,14 @@ from typing import Any
 
 from launcher.config.errors import ConfigError
 from launcher.config.ranges import one_of
-from launcher.config.registry import Engine, Format, StrategyConfig
+from launcher.config.registry import (
+    Capabilities,
+    Engine,
+    Format,
+    MemoryCheckpoint,
+    Plan,
+    StrategyConfig,
+)
 
 OFFLOAD_DEVICES = ("none", "cpu")
 
@@ -112,13 +119,14 @@ ENGINE = Engine(
     schema=FSDP2Config,
     strategy="launcher.strategy.fsdp2.engine:FSDP2Strategy",
     format=FORMAT,
-    needs_process_group=True,
-    rules=rules,
-    async_checkpoint=True,
-    drops_steps=True,
-    memory_checkpoint=memory_checkpoint_bytes,
-    train_state=train_state,
-    checkpoint_total=checkpoint_total,
-    step_collectives=step_collectives,
-    host_state=host_state,
+    capabilities=Capabilities(
+        needs_process_group=True, rules=rules, async_checkpoint=True, drops_steps=True
+    ),
+    plan=Plan(
+        train_state=train_state,
+        checkpoint_total=checkpoint_total,
+        step_collectives=step_collectives,
+        host_state=host_state,
+    ),
+    memory_checkpoint=MemoryCheckpoint(size=memory_checkpoint_bytes),
 )

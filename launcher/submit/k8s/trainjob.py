@@ -13,6 +13,7 @@ from launcher.submit.job import SubmitJob
 from launcher.submit.k8s import jobset
 from launcher.submit.k8s.kind import Kind
 from launcher.submit.k8s.names import deadline_s, workload_metadata
+from launcher.submit.k8s_check import Expect, check_endpoint, check_pod, named, the
 
 TRAINJOB_CONTAINER = "node"
 TRAINJOB_MANAGER = "launcher"
@@ -109,10 +110,37 @@ def trainjob(job: SubmitJob, pod: dict) -> dict:
     }
 
 
+def check_workload(objects: list[dict], expect: Expect) -> None:
+    """The pod a TrainJob's node runs, as its trainer and its runtime patch make it up
+    (the runtime adds the rest), checked as any other kind's."""
+    tj = the(objects, "TrainJob")
+    spec = tj["spec"]
+    trainer = spec.get("trainer") or {}
+    if trainer.get("numNodes") != expect.nodes:
+        raise ConfigError(
+            f"{named(tj)}: spec.trainer.numNodes={trainer.get('numNodes')!r}, expected "
+            f"{expect.nodes} (cluster.nodes)"
+        )
+    patches = spec.get("runtimePatches") or []
+    path = "spec.runtimePatches[0].trainingRuntimeSpec.template.spec.replicatedJobs[0]"
+    try:
+        rjob = patches[0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+        pod = rjob["template"]["spec"]["template"]
+    except (IndexError, KeyError):
+        raise ConfigError(f"{named(tj)}: {path}.template.spec.template is missing") from None
+    container = {**pod["spec"]["containers"][0], **trainer}
+    container["resources"] = trainer.get("resourcesPerNode") or {}
+    merged = {**pod, "spec": {**pod["spec"], "containers": [container]}}
+    check_pod(tj, merged, f"{path}.template.spec.template", expect, None)
+    name = tj["metadata"]["name"]
+    check_endpoint(tj, merged, path, f"{name}-{rjob['name']}-0-0.{name}", expect)
+
+
 KIND = Kind(
     name="trainjob",
     endpoint=jobset.endpoint,
     objects=lambda job, pod: [("trainjob.yaml", trainjob(job, pod))],
+    check=check_workload,
     container=TRAINJOB_CONTAINER,
     needs=needs,
 )

@@ -21,10 +21,10 @@ from launcher.config import ConfigError, compose
 from launcher.config.model_shape import param_count
 from launcher.config.registry import engines
 from launcher.plan.memory import shm_need
+from launcher.preflight import check_config
 from launcher.runtime.process import Runtime
 from launcher.strategy import fsdp2
 from launcher.strategy.base import host_copy
-from launcher.train.preflight import check_config
 
 IDENTITY = {"model": {"name": "m"}, "strategy": {"name": "ddp"}, "world_size": 1}
 

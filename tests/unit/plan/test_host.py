@@ -87,7 +87,7 @@ def test_offloaded_state_is_host_memory_per_rank(overrides, per_param):
     rank = host.rank_bytes(cfg, 8, 16, on_gpu=True, restarts=0)
     assert rank["offloaded"] == per_param * share
     process = host.RANK_BASE_BYTES + host.CUDA_HOST_BYTES
-    process += engine(cfg.strategy.name).host_process_bytes
+    process += engine(cfg.strategy.name).plan.host_process_bytes
     assert rank["total"] == process + max(4 * XL_EMBEDDING, rank["offloaded"] + rank["pinned"])
 
 
@@ -99,7 +99,7 @@ def test_a_checkpoint_copy_is_held_while_it_is_written():
     assert host.checkpoint_copy_bytes(cfg, 8, 16, restarts=3) == -(-node // 8)
     assert host.checkpoint_copy_bytes(cfg, 8, 16, restarts=0) == 0
     fsdp2 = xl("strategy=fsdp2", "trainer.async_checkpoint=true")
-    total = engine("fsdp2").checkpoint_total(fsdp2, param_count(fsdp2.model), 16)
+    total = engine("fsdp2").plan.checkpoint_total(fsdp2, param_count(fsdp2.model), 16)
     assert host.checkpoint_copy_bytes(fsdp2, 8, 16, restarts=0) == -(-total // 16)
 
 

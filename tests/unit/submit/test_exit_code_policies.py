@@ -11,7 +11,7 @@ import re
 import pytest
 
 from launcher.resilience import exit_codes as ec
-from launcher.submit import k8s
+from launcher.submit.k8s.job import pod_failure_policy
 
 from submit_render import render
 
@@ -65,7 +65,7 @@ def test_the_sbatch_script_names_each_code_in_an_arm_of_its_own(arms, code):
 def job_action(code: int) -> str:
     if code == ec.DONE:
         return "succeeds"
-    for rule in k8s.pod_failure_policy()["rules"]:
+    for rule in pod_failure_policy()["rules"]:
         if "onExitCodes" in rule and code in rule["onExitCodes"]["values"]:
             return rule["action"]
     return "counted"  # against backoffLimitPerIndex (Job) or maxRestarts (JobSet)

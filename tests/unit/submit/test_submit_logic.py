@@ -309,7 +309,7 @@ def test_pod_security_restricted_rules_each_catch_their_break(tmp_path, case):
     jb = next(o for o in objs if o["kind"] == "Job")
     jb["spec"]["template"]["spec"] = broken
     with pytest.raises(ConfigError, match="Pod Security 'restricted'"):
-        k8s_check.check(objs, k8s.expectations(job))
+        k8s_check.check(objs, k8s.expectations(job), k8s.kinds()["job"])
 
 
 def test_root_is_the_explicit_opt_out(tmp_path):
@@ -468,8 +468,8 @@ def test_memory_is_the_pod_arithmetic_or_the_whole_node(tmp_path, capsys):
 # The front door's own arguments, each one line and exit 2, nothing written (its keys' bad
 # values: the tables above, tests/unit/submit/test_secret_checks.py, tests/cluster/).
 FRONT_DOOR = [
-    ([], "error: give a target: python -m launcher.submit {slurm,k8s"),
-    (["pbs", "--dry-run"], "error: unknown target 'pbs'; use one of: slurm, k8s"),
+    ([], "error: give a target: python -m launcher.submit {k8s,slurm"),
+    (["pbs", "--dry-run"], "error: unknown target 'pbs'; use one of: k8s, slurm"),
     (["slurm", "--dry-run", "--bogus"], "error: --bogus: not a flag this command takes"),
     (["k8s", "--dry-run", "--tune", "+exp=bucket_sweep"], "error: --tune tunes one experiment"),
     (["slurm", "--dry-run", "cluster=k8s"], "error: cluster=k8s does not match `submit slurm`"),

@@ -24,10 +24,10 @@ from launcher.config.ranges import Range, numeric_keys
 from launcher.config.registry import schemas
 from launcher.config.schema import all_ranges
 from launcher.config.sweep import main as sweep_main
+from launcher.preflight import init_from_problem, logger_problems
 from launcher.runtime.disk import shm_available_bytes
 from launcher.strategy.deepspeed import cpu_has_fp16
 from launcher.train.front_door import main
-from launcher.train.preflight import init_from_problem, logger_problems
 
 from paths import REPO
 

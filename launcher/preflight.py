@@ -50,7 +50,7 @@ def check_config(cfg: DictConfig, world_size: int) -> TrainConfig:
     as these keys build it (DeepSpeed's, with `strategy.extra`): what a submission checks
     before it reaches the cluster. The checked config as the schema's dataclasses."""
     checked = validate(cfg, world_size)
-    check = engine(checked.strategy.name).config_check
+    check = engine(checked.strategy.name).capabilities.config_check
     if check is not None:
         check(checked, world_size)  # the dataclasses the strategy will get
     return checked
@@ -91,7 +91,7 @@ def device_problems(cfg: TrainConfig) -> list[str]:
 
     t = cfg.trainer
     on_cpu = t.device == "cpu" or (t.device == "auto" and not torch.cuda.is_available())
-    refused = engine(cfg.strategy.name).device_problem(cfg, on_cpu)
+    refused = engine(cfg.strategy.name).capabilities.device_problem(cfg, on_cpu)
     if refused:
         return [refused]
     attention = attention_problem(cfg.model.attention, on_cpu, t.precision)
@@ -210,7 +210,7 @@ def init_from_problem(value: str) -> str | None:
 def package_problems(cfg: TrainConfig) -> list[str]:
     """Optional packages the chosen settings import later."""
     strategy = cfg.strategy.name
-    needs = [(p, f"strategy={strategy}", fix) for p, fix in engine(strategy).packages]
+    needs = [(p, f"strategy={strategy}", fix) for p, fix in engine(strategy).capabilities.packages]
     if cfg.data.source == "wikitext2":
         needs.append(("datasets", "data=wikitext2", "pip install 'launcher[hub]'"))
     return [p for p in (missing_package(*need) for need in needs) if p]

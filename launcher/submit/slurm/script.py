@@ -1,53 +1,39 @@
-"""The experiment as an sbatch script: one torchrun per node through srun, c10d rendezvous
-on the first node (on a port derived from the job id, or one Slurm reserves), and a
-checkpoint-and-requeue when Slurm warns of a preemption (always) or of the time limit, or
-the trainer detects a hang (for as long as each start advances the checkpoint), at most
-cluster.slurm.max_requeues times.
-
-Nothing secret is written into it: the job gets the submitting shell's variables by name
-(--export), the trainer's overrides through a 0600 file rather than the ranks' command
-lines, and --mem is the node's need as a pod's memory request is (node_memory).
-
-The script is `templates/slurm.sbatch` with the job's values filled in; slurm/README.md
-explains it line by line and docs/slurm.md explains the choices (the signal path above all).
-"""
+"""The sbatch script: `templates/slurm.sbatch` with the job's values filled in. One torchrun
+per node through srun, c10d rendezvous on the first node (on a port derived from the job id,
+or one Slurm reserves), the job's environment by name (--export), the trainer's overrides
+through a 0600 file rather than the ranks' command lines, containers (pyxis, Apptainer), and
+the requeue that runs when Slurm warns or a start ends (launcher.submit.slurm.exclude keeps
+the run's bad hosts out). slurm/README.md explains the script line by line."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shlex
-import shutil
-import subprocess
-import sys
 from importlib import resources
 from pathlib import Path
 
-from omegaconf import DictConfig
-
-from launcher.config import ConfigError
-from launcher.config.backends.slurm import BACKEND
 from launcher.config.secret_keys import is_secret_key
 from launcher.data.cache import cache_root
 from launcher.resilience import bad_hosts, exit_codes
 from launcher.runtime.args_file import ARGS_FILE_ENV
-from launcher.submit import slurm_exclude, stop_time
-from launcher.submit.job import (
-    FRONT_DOOR,
-    SubmitJob,
-    check_interval_fits,
-    prepare,
-    time_limit_s,
-    visible,
+from launcher.submit.job import FRONT_DOOR, SubmitJob, prepare
+from launcher.submit.node_memory import PROCESS_MARGIN
+from launcher.submit.slurm import exclude
+from launcher.submit.slurm.probes import PYXIS_OPTION
+from launcher.submit.slurm.resources import (
+    MIB,
+    SIGNAL_EARLY_S,
+    VARIABLE_NAME,
+    check,
+    cpus_per_task,
+    job_memory,
+    mem_option,
 )
-from launcher.submit.node_memory import PROCESS_MARGIN, NodeMemory, node_memory
 
 SCRIPT = "job.sbatch"
 OUTPUT = "slurm-%j.out"  # in the submit/ folder; requeued runs append to the same file
-# Slurm checks time limits periodically and may send the warning this much early.
-SIGNAL_EARLY_S = 60
 # After the first task of the step ends, srun waits this long before it ends the others:
 # time for every node to finish a stop together, not so long that a crash lingers.
 SRUN_WAIT_S = 60
@@ -69,9 +55,6 @@ EXAMPLE_OVERRIDES = [
     "run.root=/shared/runs",
     "run.id=example",
 ]
-# pyxis (NVIDIA's SPANK plugin) adds this option to srun; without it srun refuses the job.
-PYXIS_OPTION = "--container-image"
-CONTAINER_RUNTIMES = ("pyxis", "apptainer", "singularity")
 # What the job gets of the submitting shell's environment (sbatch --export, by name; Slurm
 # adds its SLURM_* variables): what a shell and Python need, then cluster.slurm.export, and
 # at submit the variables of that shell whose names name a secret (WANDB_API_KEY, HF_TOKEN).
@@ -89,176 +72,11 @@ EXPORT_BASE = (
     "PYTHONPATH",
     "SLURM_CONF",
 )
-MIB = 2**20
 # The warning comes signal_lead_s (and up to SIGNAL_EARLY_S more) before the time limit; a
 # USR1 with more time left than that, and this slack, is a preemption (or an operator's).
 WARNING_SLACK_S = 60
 # A failed setup line ends the job with the contract's bad-input code: a retry fails alike.
 SETUP_FAILED_EXIT = 2
-MAX_SIGNAL_LEAD_S = 65535  # sbatch --signal takes at most 16 bits of seconds
-GPU_REQUESTS = ("gpus-per-node", "gres")
-_PLAIN = re.compile(r"^[^\s'\"\\`$;]+$")  # a value an #SBATCH line can carry as it is
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([KMGT]?)B?$", re.IGNORECASE)  # sbatch --mem's sizes
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def check(job: SubmitJob) -> None:
-    """Reject settings sbatch would misread or that cannot work; one line each."""
-    c, s, t = job.cluster, job.cluster.slurm, job.cfg.trainer
-    for key in ("partition", "account", "qos", "mem", "constraint", "container_image"):
-        _plain(f"cluster.slurm.{key}", s[key])
-    _plain("cluster.job_name", job.job_name)
-    if s.gpu_request not in GPU_REQUESTS:
-        raise ConfigError(
-            f"cluster.slurm.gpu_request={s.gpu_request}: not one of {', '.join(GPU_REQUESTS)} "
-            "(gres: --gres=gpu:N, for clusters without select/cons_tres)"
-        )
-    last_port = c.rdzv_port + s.rdzv_port_range - 1
-    if s.rdzv_port_range < 1 or not 1024 <= c.rdzv_port <= last_port <= 65535:
-        raise ConfigError(
-            f"cluster.rdzv_port={c.rdzv_port} with cluster.slurm.rdzv_port_range="
-            f"{s.rdzv_port_range}: the ports {c.rdzv_port}..{last_port} must lie within "
-            "1024..65535 (the job uses rdzv_port + job id mod rdzv_port_range)"
-        )
-    _check_cpus(job)
-    stop_time.check_stop_window(job, BACKEND)
-    _check_memory(job)
-    if s.container_runtime not in CONTAINER_RUNTIMES:
-        raise ConfigError(
-            f"cluster.slurm.container_runtime={s.container_runtime}: not one of "
-            f"{', '.join(CONTAINER_RUNTIMES)}"
-        )
-    for name in s.export:
-        if not _NAME.match(str(name)):
-            raise ConfigError(
-                f"cluster.slurm.export: {name!r} is not a variable name; give names only "
-                "(their values stay in the submitting shell)"
-            )
-    if s.venv is not None and visible(s.venv, job.workdir):
-        activate = Path(s.venv).expanduser() / "bin" / "activate"
-        if not activate.is_file():
-            raise ConfigError(
-                f"cluster.slurm.venv={s.venv}: {activate} does not exist; give the folder "
-                "of a virtual environment (python -m venv makes one)"
-            )
-    if s.max_requeues is not None and s.max_requeues < 0:
-        raise ConfigError(f"cluster.slurm.max_requeues={s.max_requeues}: must be 0 or more")
-    if not 1 <= s.signal_lead_s <= MAX_SIGNAL_LEAD_S:
-        raise ConfigError(
-            f"cluster.slurm.signal_lead_s={s.signal_lead_s}: must be within 1..{MAX_SIGNAL_LEAD_S}"
-        )
-    for line in s.extra_sbatch:
-        if "\n" in line or not line.strip().removeprefix("#SBATCH").strip().startswith("-"):
-            raise ConfigError(
-                f"cluster.slurm.extra_sbatch: {line!r} is not an sbatch option; "
-                "give options such as --reservation=big or --mail-type=END, one per item"
-            )
-    for line in list(c.setup) + list(s.modules):
-        if "\n" in line:
-            raise ConfigError(f"cluster.setup/cluster.slurm.modules: {line!r} spans lines")
-    if job.cfg.dist.backend == "nccl" and not c.gpus_per_node:
-        raise ConfigError(
-            "dist.backend=nccl needs GPUs but cluster.gpus_per_node=0; give the GPUs per node, "
-            "or use dist.backend=auto (gloo on CPU-only partitions)"
-        )
-    if c.time_limit is not None:
-        _check_time_limit(str(c.time_limit), s, t)
-
-
-def cpus_per_task(job: SubmitJob) -> int:
-    """cluster.slurm.cpus_per_task, else what one node's processes use: each rank and each
-    of its DataLoader workers (one CPU each), as a pod's CPU request."""
-    given = job.cluster.slurm.cpus_per_task
-    return int(given) if given is not None else job.cpu_need
-
-
-def slurm_bytes(text: str, key: str) -> int:
-    """A size as sbatch --mem takes it (500G, 1.5T, 4096 = MiB) in bytes; ConfigError if not."""
-    m = _SIZE.match(str(text).strip())
-    if not m:
-        raise ConfigError(f"{key}={text!r}: not a size sbatch takes; write e.g. 8G, 500M, 0")
-    unit = {"": 1, "K": 2**-10, "M": 1, "G": 2**10, "T": 2**20}[m.group(2).upper()]
-    return int(float(m.group(1)) * unit * MIB)
-
-
-def job_memory(job: SubmitJob) -> NodeMemory:
-    """The node's need (node_memory, the same sum as a pod's memory request): its processes
-    (processes x cluster.slurm.mem_per_process, or the plan's), the /dev/shm need,
-    cluster.slurm.shm_margin. Slurm does not restart torchrun's workers (--max-restarts 0):
-    the memory tier keeps its default."""
-    s = job.cluster.slurm
-    margin = slurm_bytes(s.shm_margin, "cluster.slurm.shm_margin")
-    given = None
-    if s.mem_per_process is not None:
-        per_process = slurm_bytes(s.mem_per_process, "cluster.slurm.mem_per_process")
-        given = (f"cluster.slurm.mem_per_process={s.mem_per_process} (x {job.procs_per_node} "
-                 "process(es))", per_process * job.procs_per_node)  # fmt: skip
-    return node_memory(job, 0, margin, given)
-
-
-def mem_option(job: SubmitJob) -> str:
-    """--mem's value: cluster.slurm.mem; else 0 (the whole node's) with exclusive=true;
-    else the job's need in MiB, rounded up."""
-    s = job.cluster.slurm
-    if s.mem is not None:
-        return str(s.mem)
-    if s.exclusive:
-        return "0"
-    return f"{-(-job_memory(job).total // MIB)}M"
-
-
-def _check_memory(job: SubmitJob) -> None:
-    """A given --mem must hold /dev/shm's need (refused) and should hold the whole need
-    (warned); 0, or null (computed), always does."""
-    s = job.cluster.slurm
-    need = job_memory(job)
-    if s.mem is None or str(s.mem) == "0":
-        return
-    given = slurm_bytes(s.mem, "cluster.slurm.mem")
-    if given < need.shm:
-        raise ConfigError(
-            f"cluster.slurm.mem={s.mem} is less than the {need.shm // MIB} MiB /dev/shm alone "
-            "needs per node (DataLoader workers, memory tier and cluster.slurm.shm_margin, "
-            "docs/shared-memory.md); raise it, or leave it null to have it computed"
-        )
-    if given < need.total:
-        job.warnings.append(
-            f"cluster.slurm.mem={s.mem} is less than the {need.total // MIB} MiB the job needs "
-            f"per node ({need.processes // MIB} MiB for its {job.procs_per_node} process(es) + "
-            f"{need.shm // MIB} MiB of /dev/shm); leave it null to have it computed"
-        )
-
-
-def _check_cpus(job: SubmitJob) -> None:
-    given = job.cluster.slurm.cpus_per_task
-    if given is not None and given < 1:
-        raise ConfigError(f"cluster.slurm.cpus_per_task={given}: must be at least 1")
-    if given is not None and given < job.cpu_need:
-        job.warnings.append(
-            f"cluster.slurm.cpus_per_task={given} is less than the {job.cpu_need} CPUs the "
-            f"node's {job.procs_per_node} process(es) and their data.num_workers DataLoader "
-            "workers use (one each); where Slurm confines tasks to their CPUs they share "
-            "these; leave it null to have it computed"
-        )
-
-
-def _check_time_limit(limit: str, s: DictConfig, t: DictConfig) -> None:
-    total = time_limit_s(limit)
-    usable = total - s.signal_lead_s - SIGNAL_EARLY_S
-    if usable <= 0:
-        raise ConfigError(
-            f"cluster.time_limit={limit} ({total} s) leaves no time to train: Slurm warns "
-            f"cluster.slurm.signal_lead_s={s.signal_lead_s} s (and up to {SIGNAL_EARLY_S} s "
-            "more) before it; raise the time limit or lower signal_lead_s"
-        )
-    check_interval_fits(limit, usable, t, s.step_time_s, "cluster.slurm", "before Slurm's warning")
-
-
-def _plain(key: str, value) -> None:
-    if value is not None and not _PLAIN.match(str(value)):
-        raise ConfigError(
-            f"{key}={value!r}: sbatch cannot take spaces, quotes or $ here; give a plain value"
-        )
 
 
 def render(job: SubmitJob) -> dict[str, str]:
@@ -335,20 +153,8 @@ def export_names(job: SubmitJob, environ: dict[str, str] | None = None) -> list[
     cluster.secrets, and (given the shell's `environ`, at submit) its variables named as
     secrets."""
     names = [*EXPORT_BASE, *map(str, job.cluster.slurm.export), *map(str, job.cluster.secrets)]
-    names += sorted(n for n in (environ or {}) if is_secret_key(n) and _NAME.match(n))
+    names += sorted(n for n in (environ or {}) if is_secret_key(n) and VARIABLE_NAME.match(n))
     return list(dict.fromkeys(names))
-
-
-def check_secrets_set(job: SubmitJob, environ: dict[str, str]) -> None:
-    """Each of cluster.secrets is set in the submitting shell, which the job takes it from:
-    a job started without one fails at its first use, after the queue wait."""
-    unset = [str(n) for n in job.cluster.secrets if not environ.get(str(n))]
-    if unset:
-        raise ConfigError(
-            f"cluster.secrets names {', '.join(unset)}, which this shell does not set; export "
-            f"{'it' if len(unset) == 1 else 'them'} before submitting (the job takes "
-            "cluster.secrets from the submitting shell by name)"
-        )
 
 
 def _notes(job: SubmitJob) -> list[str]:
@@ -549,13 +355,13 @@ def _requeue_block(job: SubmitJob) -> str:
     or a hang only when this start completed a newer checkpoint than the one it began from,
     never after bad input (2), a non-finite loss (3) or out of memory (4); once after a
     refused node (6). Every requeue keeps the run's bad hosts out (launcher.submit.
-    slurm_exclude)."""
+    slurm.exclude)."""
     s = job.cluster.slurm
     if not s.requeue:
         return "# cluster.slurm.requeue=false: a stopped job is not requeued; submit it again"
     lost = exit_codes.NODE_LOST
     lines = [
-        *slurm_exclude.function(job.nodes),
+        *exclude.function(job.nodes),
         *_bad_node_block(job),
         "# Requeue after a preemption or a lost node; after the time limit's warning or a hang",
         "# only when this start advanced the checkpoint.",
@@ -578,8 +384,7 @@ def _requeue_block(job: SubmitJob) -> str:
         '    echo "launcher: not requeued: no newer checkpoint was completed during this start '
         '(still ${started_at:-none}); a requeue would make no progress"',
         "  else",
-        f'    {slurm_exclude.FUNCTION} "${{cause:+ ($cause)}}; it resumes from '
-        '${reached:-the start}"',
+        f'    {exclude.FUNCTION} "${{cause:+ ($cause)}}; it resumes from ${{reached:-the start}}"',
         "  fi",
         "fi",
     ]
@@ -588,146 +393,26 @@ def _requeue_block(job: SubmitJob) -> str:
 
 def _bad_node_block(job: SubmitJob) -> list[str]:
     """After the burn-in gate refused a node (exit 6, the hosts in the run directory's
-    bad_hosts): requeue once, the hosts excluded (launcher.submit.slurm_exclude)."""
+    bad_hosts): requeue once, the hosts excluded (launcher.submit.slurm.exclude)."""
     code = exit_codes.BAD_NODE
     return [
         f"# The burn-in gate refused a node (exit {code}): requeue once, without the hosts.",
         f'if [ "$code" -eq {code} ]; then',
         '  marker="$run_dir/submit/burnin-requeued.$SLURM_JOB_ID"',
-        f'  if [ -z "$({slurm_exclude.HOSTS})" ]; then',
+        f'  if [ -z "$({exclude.HOSTS})" ]; then',
         f'    echo "launcher: not requeued: exit {code} but no $run_dir/{bad_hosts.FILE} names '
         'a host"',
         '  elif [ -e "$marker" ]; then',
         '    echo "launcher: not requeued: the burn-in gate refused a node again after its one '
-        "requeue (kept off so far: $(" + slurm_exclude.HOSTS + '))"',
+        "requeue (kept off so far: $(" + exclude.HOSTS + '))"',
         "  else",
         '    touch "$marker"',
-        f'    {slurm_exclude.FUNCTION} " once after the burn-in gate refused a node"',
+        f'    {exclude.FUNCTION} " once after the burn-in gate refused a node"',
         "  fi",
         "fi",
     ]
 
 
-def submit(job: SubmitJob, paths: list[Path]) -> str:
-    """`sbatch` the script; what the partition cannot give, and Slurm's rejection (a missing
-    partition...), become one line. --export on the command line, which SBATCH_EXPORT in
-    the submitting shell cannot override as it does an #SBATCH line."""
-    sbatch = shutil.which("sbatch")
-    if sbatch is None:
-        raise ConfigError(
-            "sbatch not found: submit from a machine with the Slurm client, or use --dry-run "
-            f"and run `sbatch {paths[0]}` there"
-        )
-    s = job.cluster.slurm
-    if s.container_image is not None and s.container_runtime == "pyxis":
-        _check_pyxis()
-    check_secrets_set(job, dict(os.environ))
-    check_partition(job)
-    if s.resv_ports:
-        _check_resv_ports()
-    export = f"--export={','.join(export_names(job, dict(os.environ)))}"
-    proc = subprocess.run(
-        [sbatch, "--parsable", export, str(paths[0])], capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        raise ConfigError(f"sbatch rejected the job: {_slurm_error(proc.stderr)}")
-    job_id = proc.stdout.strip().split(";")[0]
-    output = job.submit_dir / OUTPUT.replace("%j", job_id)
-    return f"submitted Slurm job {job_id}; run dir {job.run_dir}; Slurm output {output}"
-
-
-def check_partition(job: SubmitJob) -> None:
-    """The partition must hold cluster.nodes nodes that are not excluded (the burn-in
-    gate's refusals) and have the memory --mem asks for (`sinfo`: each node's RealMemory);
-    otherwise the job would pend for ever. One line naming the figures and the keys."""
-    s = job.cluster.slurm
-    where = ["-p", str(s.partition)] if s.partition else []
-    proc = subprocess.run(
-        ["sinfo", "-h", "-N", "-o", "%N %m %P", *where], capture_output=True, text=True
-    )
-    rows = [ln.split() for ln in proc.stdout.splitlines() if len(ln.split()) == 3]
-    if not s.partition:
-        rows = [r for r in rows if r[2].endswith("*")]  # the default partition
-    nodes = {r[0]: int(r[1].rstrip("+")) for r in rows if r[1].rstrip("+").isdigit()}
-    if proc.returncode != 0 or not nodes:
-        return  # sbatch names the partition problem itself
-    name = s.partition or next(iter(rows))[2].rstrip("*")
-    refused = set(bad_hosts.read(job.run_dir))
-    usable = {n: m for n, m in nodes.items() if n not in refused}
-    if len(usable) < job.nodes:
-        raise ConfigError(
-            f"cluster.nodes={job.nodes}: partition {name} has {len(usable)} node(s) besides "
-            f"the ones this run keeps off ({', '.join(sorted(refused))}, "
-            f"{job.run_dir / bad_hosts.FILE}); fix or replace those nodes, or lower cluster.nodes"
-        )
-    mem = mem_option(job)
-    if mem == "0":
-        return
-    need = -(-slurm_bytes(mem, "cluster.slurm.mem") // MIB)
-    fits = sorted(m for m in usable.values() if m >= need)
-    if len(fits) < job.nodes:
-        raise ConfigError(
-            f"--mem={mem} ({need} MiB per node) is more than partition {name} can give "
-            f"{job.nodes} node(s) (largest: {max(usable.values())} MiB): lower "
-            "cluster.slurm.mem_per_process or data.num_workers, set cluster.slurm.mem, or "
-            "use cluster.slurm.exclusive=true (--mem=0: whole nodes)"
-        )
-
-
-def _check_resv_ports() -> None:
-    """srun --resv-ports needs a port range in MpiParams; without one the step fails after
-    the queue wait."""
-    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True)
-    if not re.search(r"^MpiParams\s*=.*\bports=\d", config.stdout, re.MULTILINE):
-        raise ConfigError(
-            "cluster.slurm.resv_ports=true, but this cluster reserves no ports (no "
-            "MpiParams=ports=<range> in `scontrol show config`); leave resv_ports=false, or "
-            "ask your admins for a port range"
-        )
-
-
-def _check_pyxis() -> None:
-    """Containers need pyxis on the nodes; without it srun refuses the option after the
-    queue wait. The plugin adds its options to `srun --help`, so ask that here."""
-    srun = shutil.which("srun")
-    found = (
-        srun
-        and PYXIS_OPTION in subprocess.run([srun, "--help"], capture_output=True, text=True).stdout
-    )
-    if not found:
-        raise ConfigError(
-            "cluster.slurm.container_image needs the pyxis plugin, but this cluster's srun "
-            f"has no {PYXIS_OPTION} (`srun --help`); ask your admins for pyxis and enroot, "
-            "or leave container_image=null and use cluster.slurm.modules or venv"
-        )
-
-
-def _slurm_error(stderr: str) -> str:
-    """Slurm's error lines, without their `sbatch: error:` prefixes, as one line."""
-    lines = [ln.split("error:", 1)[1].strip() for ln in stderr.splitlines() if "error:" in ln]
-    unique = list(dict.fromkeys(ln for ln in lines if ln))
-    return "; ".join(unique) or " ".join(stderr.split()) or "no reason given"
-
-
 def render_example() -> str:
     """slurm/job.sbatch as the renderer writes it today (a test keeps the two identical)."""
     return render(prepare("slurm", EXAMPLE_OVERRIDES, check_paths=False))[SCRIPT]
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] != ["--example"]:
-        sys.exit("usage: python -m launcher.submit.slurm --example > slurm/job.sbatch")
-    sys.stdout.write(render_example())
-
-
-def rehearse(seen, s: DictConfig, key: str, write: stop_time.WriteTime) -> None:
-    """launcher.rehearse's cluster case: the signal lead holds the stop checkpoint's write,
-    and a preempted job is requeued, a limited number of times."""
-    seen.ok(
-        f"signal_lead_s={s.signal_lead_s} holds the {write.seconds:.1f} s "
-        f"stop checkpoint ({write.why})"
-    )
-    seen.require(bool(s.requeue), f"{key}.requeue=false: a preempted job is not requeued")
-    seen.require(s.max_requeues is not None,
-                 f"{key}.max_requeues=null: a failing job requeues forever")  # fmt: skip
-    seen.ok(f"requeue limited to {s.max_requeues}")
