@@ -9,3 +9,22 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # Not installed there: conf/ ships as the package launcher.conf only through pip.
 python3 -c "import launcher.conf" 2>/dev/null || ln -sfn ../conf launcher/conf
+# Not installed there either: the launcher's own engines, backends, fault kinds and Kubernetes
+# kinds are pyproject.toml's entry points, which an installation's metadata carries. Write that
+# metadata (its entry points only) where Python finds it.
+if ! python3 -c "import sys; from importlib.metadata import entry_points as e; \
+        sys.exit(not e(group='launcher.engines'))" 2>/dev/null; then
+    python3 - <<'PY'
+import pathlib, tomllib
+project = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["project"]
+info = pathlib.Path("/tmp/launcher-meta") / f"launcher-{project['version']}.dist-info"
+info.mkdir(parents=True, exist_ok=True)
+(info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: launcher\nVersion: {project['version']}\n")
+groups = project["entry-points"].items()
+(info / "entry_points.txt").write_text("".join(
+    f"[{group}]\n" + "".join(f"{name} = {module}\n" for name, module in points.items()) + "\n"
+    for group, points in groups
+))
+PY
+    export PYTHONPATH=/tmp/launcher-meta:$PYTHONPATH
+fi

@@ -15,7 +15,7 @@ two steps, the thread's write while the next step runs, and the seal after it.
 
 --growth times the tier's own work, per rank, for each model size: DDP's model and AdamW
 state (after an optimizer step, so the moments exist) cut into the part one rank of a node
-of `--ranks` ranks copies (launcher.checkpoint.node_share, as the trainer does), the copy to
+of `--ranks` ranks copies (launcher.checkpoint.memory.node_share, as the trainer does), the copy to
 host memory and the write into /dev/shm, medians of `--repeats`. What grows with the state
 is the bytes; the table shows whether the time per byte stays flat (it should: a copy and a
 write), and what a rank's share of a node costs as the node's ranks split it.
@@ -43,14 +43,15 @@ from overhead import (  # benchmarks/ is on the path
     window,
 )
 
-from launcher.checkpoint import memory, node_share
+from launcher.checkpoint import memory
+from launcher.checkpoint.memory import node_share
 from launcher.config import compose
 from launcher.config.model_shape import GPT2_VOCAB, param_count
 from launcher.model.build import build_model
 from launcher.runtime.process import pick_device
 from launcher.strategy.base import host_copy
 
-BUDGET = 0.03  # the tier may cost at most 3% of a step (issue 30)
+TARGET = 1.03  # the tier may cost at most 3% of a step
 
 
 def main() -> int:
@@ -93,7 +94,7 @@ def main() -> int:
     for side in ("off", "on"):
         print(f"| {side:<11} | {statistics.median(p[side] for p in pairs) * 1e3:16.2f} |")
     figures = {"device": str(device), "overrides": args.overrides, "interval": args.interval}
-    return verdict(pairs, BUDGET, args.out, figures)
+    return verdict(pairs, TARGET, args.out, figures)
 
 
 def state_of(model_name: str) -> tuple[int, dict]:

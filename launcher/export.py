@@ -11,16 +11,16 @@ exit 2.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from launcher.checkpoint.export import ExportError, export
+from launcher.flags import FlagParser
 from launcher.resilience import exit_codes
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = FlagParser(prog="python -m launcher.export", description=__doc__.splitlines()[0])
     parser.add_argument("source", type=Path, help="a run directory or a checkpoint folder")
     parser.add_argument("out", type=Path, help="the folder to write (new or empty)")
     args = parser.parse_args(argv)

@@ -1,5 +1,5 @@
 """Files and folders a run writes: whether a folder can be written, asked before anything
-is written, and writing a file whole.
+is written, a run directory made as private as `run.access` says, and writing a file whole.
 
 Permission bits do not tell (root passes `os.access` on /proc and on read-only mounts), so
 the test is to create and remove a temporary file in the folder, or, when the folder does
@@ -28,6 +28,39 @@ def creatable_dir_problem(folder: str | Path, label: str, fix: str) -> str | Non
     """Like `writable_dir_problem`, but an existing folder is accepted as it is: a shared
     cache may be read-only once built."""
     return None if Path(folder).expanduser().is_dir() else writable_dir_problem(folder, label, fix)
+
+
+# run.access: who may read a run directory besides its owner. The directory's mode is the
+# gate: the files inside keep the modes the umask gives them, and nobody the mode leaves
+# out can reach them (a run holds its config, logs and weights; Slurm's output file too).
+ACCESS_MODES = {"private": 0o700, "group": 0o750, "world": 0o755}
+
+
+def make_run_dir(run_dir: Path, root: Path, access: str) -> None:
+    """Make `run_dir` (and a sweep's folder above it) under `root` with `access`'s mode;
+    an existing one is given that mode (the config says who may read the run). The run
+    root itself is left as it is: it may be shared."""
+    mode = ACCESS_MODES[access]
+    run_dir, root = Path(run_dir), Path(root)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    below = [run_dir, *run_dir.parents]
+    for folder in below[: below.index(root)] if root in below else [run_dir]:
+        try:
+            if folder.stat().st_mode & 0o777 != mode:
+                folder.chmod(mode)
+        except PermissionError:
+            pass  # another user's folder (a shared sweep): its owner decides
+
+
+def same_access(files_in: Path, like: Path) -> None:
+    """Give the folder `files_in` and every file in it the access of the folder `like` (an
+    export is as readable as the run directory it came from): the folder `like`'s mode,
+    its files that mode without the execute bits."""
+    mode = like.stat().st_mode & 0o777
+    for path in Path(files_in).iterdir():
+        if path.is_file() and not path.is_symlink():
+            path.chmod(mode & 0o666)
+    Path(files_in).chmod(mode)
 
 
 def nearest_existing(path: Path) -> Path:

@@ -13,6 +13,7 @@ informative.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import signal
@@ -24,8 +25,9 @@ from pathlib import Path
 from torch.distributed import run as torch_run
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous.api import RendezvousError
 
-from launcher.resilience import exit_codes
+from launcher.resilience import exit_codes, node_presence
 from launcher.runtime.process_tree import stopped_workers
 
 log = logging.getLogger("launcher.torchrun")
@@ -72,6 +74,44 @@ def end_stopped_ranks_after_a_hang(folder: Path, done: threading.Event) -> None:
             )
 
 
+class BadArguments(ValueError):
+    """torchrun's own arguments refused, worded as the one line the user sees."""
+
+
+def _refuse(message: str):
+    raise BadArguments(message)
+
+
+def check_arguments(argv: list[str]) -> None:
+    """torchrun's arguments, judged before its agent starts: what its parser refuses, what
+    its launch config refuses (a node count, a process count, a restart count), and a
+    training module or script that is not there, each as one line (torchrun itself would
+    print its usage block, or a traceback from inside its agent)."""
+    parser = torch_run.get_args_parser()
+    parser.error = _refuse  # one line instead of the usage block and exit
+    args = parser.parse_args(argv)
+    try:
+        torch_run.parse_min_max_nnodes(args.nnodes)
+    except ValueError:
+        raise BadArguments(f"--nnodes={args.nnodes}: give a node count, N or MIN:MAX") from None
+    try:
+        config, _, _ = torch_run.config_from_args(args)
+    except (ValueError, AssertionError, RuntimeError) as exc:
+        raise BadArguments(" ".join(str(exc).split())) from None
+    if config.nproc_per_node < 1:
+        raise BadArguments(f"--nproc-per-node={args.nproc_per_node}: give at least 1 process")
+    script = args.training_script
+    if args.module:
+        try:
+            found = importlib.util.find_spec(script) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise BadArguments(f"-m {script}: no such module; e.g. -m launcher.train")
+    elif not args.no_python and not Path(script).is_file():
+        raise BadArguments(f"{script}: no such script; e.g. -m launcher.train")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
@@ -79,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         print()
         torch_run.get_args_parser().print_help()
         return 0
+    try:
+        check_arguments(argv)
+    except BadArguments as exc:
+        print(f"error: launcher.torchrun: {exc}; see python -m launcher.torchrun --help",
+              file=sys.stderr)  # fmt: skip
+        return exit_codes.BAD_INPUT
     forward_every_signal(os.environ)
     with tempfile.TemporaryDirectory(prefix="launcher-outcome-") as folder:
         os.environ[exit_codes.OUTCOME_DIR_ENV] = folder
@@ -88,20 +134,30 @@ def main(argv: list[str] | None = None) -> int:
             target=end_stopped_ranks_after_a_hang, args=(Path(folder), done), daemon=True
         )
         reaper.start()
+        presence = node_presence.NodePresence(Path(folder), node_presence.wait_s())
+        presence.start()
         try:
             torch_run.main(argv)
             succeeded = True
         except ChildFailedError:
             pass  # torchrun has printed which rank failed first
+        except RendezvousError as exc:  # e.g. the node that held the rendezvous' store left
+            print(f"launcher.torchrun: the rendezvous failed: {exc}", file=sys.stderr)
         except SignalException as exc:
-            stopped_by = exc.sigval.name
-            print(f"launcher.torchrun: stopped by {stopped_by}", file=sys.stderr)
+            if not presence.lost:  # else: the end this front door chose, said below
+                stopped_by = exc.sigval.name
+                print(f"launcher.torchrun: stopped by {stopped_by}", file=sys.stderr)
         finally:
             done.set()
             reaper.join()
         ranks = exit_codes.read_reports(Path(folder))
         chosen = exit_codes.read_reports(Path(folder), chosen=True)
-    code = exit_codes.job_code(ranks, succeeded, chosen)
+        lost = presence.lost or lost_at_end(presence, ranks, succeeded, chosen)
+        code = exit_codes.NODE_LOST if lost else exit_codes.job_code(ranks, succeeded, chosen)
+        presence.close(code)
+    if lost:
+        print(lost, file=sys.stderr)
+        node_presence.record_in_summary(presence.run_dir, presence.ranks, lost)
     killed = stopped_by not in (None, "SIGQUIT") and code in (
         exit_codes.CRASH,  # killed before any rank could say where it was
         exit_codes.STOPPED_NO_CHECKPOINT,  # a rank said: in a phase that cannot be cut short
@@ -118,6 +174,15 @@ def main(argv: list[str] | None = None) -> int:
         print(killed_before_checkpoint(stopped_by), file=sys.stderr)
     exit_codes.report_node(code)
     return code
+
+
+def lost_at_end(presence, ranks: dict[int, int], succeeded: bool, chosen: dict) -> str | None:
+    """The lost-node line for a job whose ranks crashed (torchrun ended without waiting for
+    a replacement: no restart left) while another node's heartbeat stopped; else None."""
+    if exit_codes.job_code(ranks, succeeded, chosen) != exit_codes.CRASH:
+        return None
+    silent = presence.silent_at_end()
+    return node_presence.lost_line(silent) if silent else None
 
 
 def killed_before_checkpoint(signal_name: str) -> str:

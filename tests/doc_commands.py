@@ -57,6 +57,14 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
         "python benchmarks/memory_tier.py [--pairs 8] [--steps 60] [--interval 10] [--out FILE] [overrides...]",
     ): ("skip", "a usage line (options in brackets); tests/launches/test_benchmarks.py runs it"),
     (
+        "docs/benchmarks.md",
+        "python benchmarks/goodput.py [--minutes 15] [--every 180] [--nodes 4] [--per-node 4] [--out FILE] [overrides...]",
+    ): ("skip", "a usage line; 16 ranks for 15 minutes under faults: a benchmark, never a test"),
+    (
+        "docs/benchmarks.md",
+        "python benchmarks/host_memory.py [--build gpt2-tiny,gpt2,gpt2-medium,gpt2-large] [--pretrained gpt2] [--runs all] [--impl native]",
+    ): ("skip", "a usage line (options in brackets): builds and runs that take minutes"),
+    (
         "docs/burnin.md",
         "python -m launcher.submit slurm cluster.nodes=1 cluster.procs_per_node=2 burnin.action=refuse burnin.tolerance=3 fault.kind=slow_device fault.rank=0 fault.seconds=0.2",
     ): ("dry", "rendered with --dry-run (applying needs a cluster)"),
@@ -134,7 +142,8 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
     ),
     (
         "docs/benchmarks.md",
-        "python benchmarks/startup.py [--pairs 4] [--warmup 1] [--nproc 2] [--out FILE] [overrides...]",
+        "python benchmarks/startup.py [--pairs 4] [--warmup 1] [--nproc 2] [--judge wall|cpu] "
+        "[--out FILE] [overrides...]",
     ): ("skip", "a template: placeholders to fill in"),
     (
         "docs/benchmarks.md",
@@ -275,6 +284,10 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
         "docs/kubernetes.md",
         "kubectl create secret generic wandb --from-literal=api-key=$WANDB_API_KEY",
     ): ("skip", "needs a Kubernetes cluster and a W&B key"),
+    (
+        "docs/kubernetes.md",
+        'kubectl create secret generic launcher-secrets --from-literal=HF_TOKEN="$HF_TOKEN"',
+    ): ("skip", "needs a Kubernetes cluster and a Hugging Face token"),
     (
         "docs/logging.md",
         "torchrun --standalone --nproc_per_node=2 -m launcher.train logger=tensorboard",
@@ -478,11 +491,27 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
     ): ("check", "composed and validated at its world size (a run takes minutes or a GPU)"),
     (
         "docs/quickstart.md",
-        ". .venv/bin/activate && pip install -e '.[test]' && python -m pytest",
+        "torchrun --standalone --nproc_per_node=2 -m launcher.train +exp=python_sample",
     ): (
-        "skip",
-        "the test suite itself (.ci/run and the lead run it)",
+        "check",
+        "minutes of training; its compute is pinned to the measured run (tests/unit/config/test_experiments.py)",
     ),
+    (
+        "docs/quickstart.md",
+        "python -m launcher.generate runs/latest --prompt 'class ' --max-tokens 200 --seed 1 --temperature 0.7",
+    ): ("skip", "needs the recipe's finished run (minutes); its sample is a real run's output"),
+    (
+        "docs/cluster.md",
+        "python -m launcher.submit slurm --dry-run cluster.nodes=2 trainer.global_batch_size=64",
+    ): ("dry", "rendered with --dry-run (applying needs a cluster)"),
+    (
+        "docs/cluster.md",
+        "python -m launcher.submit k8s --dry-run cluster.nodes=2 trainer.global_batch_size=64",
+    ): ("dry", "rendered with --dry-run (applying needs a cluster)"),
+    (
+        "docs/train.md",
+        "torchrun --standalone --nproc_per_node=2 -m launcher.train +exp=python_sample model.n_layer=6 trainer.max_steps=1000",
+    ): ("check", "composed and validated at its world size (a run takes minutes or a GPU)"),
     (
         "docs/slurm.md",
         "python -m launcher.submit slurm cluster.nodes=2 cluster.gpus_per_node=8 cluster.slurm.partition=gpu cluster.time_limit=04:00:00 trainer.global_batch_size=64 run.root=/shared/$USER/runs",

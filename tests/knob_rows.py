@@ -42,18 +42,21 @@ def not_declaring(allows: Callable[[Engine], bool]) -> tuple[str, ...]:
     return tuple(name for name in ENGINES if name not in declaring(allows))
 
 
-ASYNC_SAVE = declaring(lambda e: e.async_checkpoint)
-DROPS_STEPS = declaring(lambda e: e.drops_steps)
-RESIZES = declaring(lambda e: e.resizes_micro_batch)
-COMPILES = declaring(lambda e: e.compiles)
+ASYNC_SAVE = declaring(lambda e: e.capabilities.async_checkpoint)
+DROPS_STEPS = declaring(lambda e: e.capabilities.drops_steps)
+RESIZES = declaring(lambda e: e.capabilities.resizes_micro_batch)
+COMPILES = declaring(lambda e: e.capabilities.compiles)
 MEMORY_TIER = declaring(lambda e: e.memory_checkpoint is not None)
 # The groups whose knobs the matrix must cover (the other groups are launch-wide, cluster
 # or fault settings: tests/launches/test_comm.py, test_slurm.py, test_k8s.py, test_faults.py).
-GROUPS = ("strategy", "trainer", "model", "data", "profiler", "logger", "burnin")
+GROUPS = ("strategy", "trainer", "model", "data", "profiler", "logger", "burnin", "run", "exclude")
 # The data layer hands every engine the same token tensors, however they were read: its
 # sources (and their dtype) are launched on DDP, and one of them (synthetic) on every engine.
-# The burn-in gate runs before any engine is built: launched on DDP.
-ENGINE_FREE = ("data.source", "data.dtype", "burnin.enabled", "burnin.action")
+# The burn-in gate runs before any engine is built, who may read the run directory is no
+# engine's concern, nor what keeps a host off the next attempts: launched on DDP.
+EXCLUDE = ("exclude.burnin", "exclude.hang", "exclude.device_error", "exclude.straggler")
+ENGINE_FREE = ("data.source", "data.dtype", "burnin.enabled", "burnin.action", "run.access",
+               *EXCLUDE)  # fmt: skip
 DATA_ENGINES = ENGINES[:1]  # DDP, the first built-in
 
 # On top of tests/launch.py's FAST_USER_LOADER (workers on): short, no eval, no checkpoints.
@@ -309,7 +312,7 @@ ROWS: list[Row] = [
         ["trainer.async_checkpoint=true"],
         "refused",
         "its engine writes its checkpoints synchronously",
-        engines=not_declaring(lambda e: e.async_checkpoint),
+        engines=not_declaring(lambda e: e.capabilities.async_checkpoint),
         refusal=f"trainer.async_checkpoint=true needs strategy={' or '.join(ASYNC_SAVE)}",
     ),
     row(
@@ -337,6 +340,18 @@ ROWS: list[Row] = [
         engines=MEMORY_TIER,
     ),
     row(
+        "auto_intervals",
+        [
+            "trainer.checkpoint_interval=auto",
+            "trainer.memory_checkpoint_interval=auto",
+            "trainer.mtbf_h=0.001",
+        ],  # fmt: skip
+        "equal",
+        "both tiers at Young's interval from their measured costs (a failure every 3.6 s: a "
+        "save every step or two after the first at step 2); saves change no number",
+        engines=MEMORY_TIER,
+    ),
+    row(
         "on_nonfinite_skip",
         ["trainer.on_nonfinite=skip"],
         "equal",
@@ -348,7 +363,7 @@ ROWS: list[Row] = [
         ["trainer.on_nonfinite=skip"],
         "refused",
         "its engine owns the optimizer step",
-        engines=not_declaring(lambda e: e.drops_steps),
+        engines=not_declaring(lambda e: e.capabilities.drops_steps),
         refusal="trainer.on_nonfinite=skip is not supported with strategy={engine}",
     ),
     row(
@@ -363,7 +378,7 @@ ROWS: list[Row] = [
         ["trainer.on_nonfinite=rewind"],
         "refused",
         "its engine owns the optimizer step",
-        engines=not_declaring(lambda e: e.drops_steps),
+        engines=not_declaring(lambda e: e.capabilities.drops_steps),
         refusal="trainer.on_nonfinite=rewind is not supported with strategy={engine}",
     ),
     row(
@@ -379,7 +394,7 @@ ROWS: list[Row] = [
         "refused",
         "its engine cannot redo a step part-way at another micro-batch (DeepSpeed fixes it in "
         "its config)",
-        engines=not_declaring(lambda e: e.resizes_micro_batch),
+        engines=not_declaring(lambda e: e.capabilities.resizes_micro_batch),
         refusal="trainer.on_oom=retry is not supported with strategy={engine}",
     ),
     row(
@@ -388,7 +403,7 @@ ROWS: list[Row] = [
         "refused",
         "its engine cannot redo a step part-way at another micro-batch (DeepSpeed fixes it in "
         "its config)",
-        engines=not_declaring(lambda e: e.resizes_micro_batch),
+        engines=not_declaring(lambda e: e.capabilities.resizes_micro_batch),
         refusal="trainer.micro_batch_size=auto is not supported with strategy={engine}",
     ),
     # Knobs that change the numbers.
@@ -494,6 +509,25 @@ ROWS: list[Row] = [
         "same losses bit for bit; no rank of one machine is 4x slower, so refuse lets it train",
         engines=DATA_ENGINES,
     ),
+    *[
+        row(
+            f"run_access_{access}",
+            [f"run.access={access}"],
+            "equal",
+            "who may read the run directory (its mode; tests/unit/runtime/test_run_dir_check.py "
+            "reads it back): nothing the ranks compute",
+            engines=DATA_ENGINES,
+        )
+        for access in ("group", "world")
+    ],
+    row(
+        "exclude_off",
+        [f"{key}=false" for key in EXCLUDE],
+        "equal",
+        "no failure names a host in a healthy run: nothing would be recorded either way (the "
+        "kinds that record: tests/unit/resilience/test_bad_hosts.py and the launches it names)",
+        engines=DATA_ENGINES,
+    ),
     row(
         "wandb_online",
         ["logger.mode=online"],
@@ -553,7 +587,7 @@ ROWS: list[Row] = [
             [f"trainer.compile={mode}"],
             "refused",
             "its engine is not compiled here (DeepSpeed's)",
-            engines=not_declaring(lambda e: e.compiles),
+            engines=not_declaring(lambda e: e.capabilities.compiles),
             refusal=f"trainer.compile={mode} is not supported with strategy={{engine}}",
         )
         for mode in ("default", "reduce-overhead", "max-autotune")

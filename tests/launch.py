@@ -225,15 +225,20 @@ def start_agent(
     return start(cmd, output, base_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"))
 
 
-def start_agents(args: list[str], outputs: list[Path], *, nproc: int, rdzv_id: str, extra_args=()):
+def start_agents(
+    args: list[str], outputs: list[Path], *, nproc: int, rdzv_id: str, extra_args=(),
+    per_node=lambda i: [],
+):  # fmt: skip
     """len(outputs) agents of one job on this machine, as that many nodes (start_agent):
-    (the agents, a function that starts node i's agent again, as a replaced node would)."""
+    (the agents, a function that starts node i's agent again, as a replaced node would).
+    `per_node(i)`: overrides of node i's agent alone, asked at each start (a node's own
+    memory folder: a replacement's is a new one)."""
     endpoint = f"127.0.0.1:{free_port()}"
 
     def agent(i: int) -> subprocess.Popen:
         return start_agent(
-            args, outputs[i], nodes=len(outputs), nproc=nproc, endpoint=endpoint,
-            rdzv_id=rdzv_id, host=i == 0, extra_args=extra_args,
+            [*args, *per_node(i)], outputs[i], nodes=len(outputs), nproc=nproc,
+            endpoint=endpoint, rdzv_id=rdzv_id, host=i == 0, extra_args=extra_args,
         )  # fmt: skip
 
     return [agent(i) for i in range(len(outputs))], agent

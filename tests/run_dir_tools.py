@@ -10,6 +10,8 @@ import socket
 import time
 from pathlib import Path
 
+import yaml
+
 from launcher.runtime import lock
 
 
@@ -48,3 +50,37 @@ def leftovers(run: Path) -> list[str]:
         for p in run.rglob(".*")
         if p.name.startswith((".tmp-", ".lock")) or p.name.endswith(".tmp")
     )
+
+
+FINISHED_STEPS = range(2, 21, 2)
+
+
+def finished_run_dir(folder, *, loss0: float, lr: float, ranks: int = 4, slow_rank: int = 2):
+    """A run directory as a finished 20-step run leaves it: config, summary, metrics, ranks
+    (a slow rank, eval every 10 steps, 75 s of wall time)."""
+    folder.mkdir(parents=True)
+    config = {"trainer": {"lr": lr, "max_steps": 20}, "strategy": {"name": "ddp"},
+              "run": {"id": folder.name}}  # fmt: skip
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    records = []
+    for step in FINISHED_STEPS:
+        record = {"step": step, "loss": loss0 - step * 0.05, "tokens_per_s": 1000.0 + step,
+                  "step_time_s/p50": 0.02, "step_time_s/max": 0.03 + 0.001 * step,
+                  "step_time_s/slowest_rank": slow_rank, "comm/overhead_frac": 0.3,
+                  "data_wait_s": 0.001, "mem/peak_gb": None, "mem/host_peak_gb": 0.5}  # fmt: skip
+        if step % 10 == 0:
+            record["eval/loss"] = record["loss"] + 0.1
+        records.append(record)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    per_rank = [
+        {"step": step, "step_time_s": [0.02 + 0.01 * (r == slow_rank) for r in range(ranks)],
+         "comm/exposed_s": [0.005 * r for r in range(ranks)], "data_wait_s": [0.001] * ranks}
+        for step in FINISHED_STEPS
+    ]  # fmt: skip
+    (folder / "ranks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in per_rank))
+    summary = {"status": "completed", "run_id": folder.name, "world_size": ranks, "steps": 20,
+               "loss": records[-1]["loss"], "eval/loss": records[-1]["eval/loss"],
+               "tokens_per_s": 1010.0, "mfu": None, "wall_time_s": 75.0,
+               "exit_code": 0}  # fmt: skip
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return folder

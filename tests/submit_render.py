@@ -18,3 +18,21 @@ def render(target: str, tmp_path: Path, *overrides: str, run_id="r") -> dict[str
     assert submit_main([target, "--dry-run", *args]) == 0
     folder = tmp_path / run_id / "submit"
     return {p.name: p.read_text() for p in sorted(folder.iterdir())}
+
+
+def slurm_stand_ins(nodes: list[str]) -> str:
+    """bash stand-ins for what the sbatch script asks of Slurm: `sinfo` lists the
+    partition's `nodes`; `scontrol -o show job` names the job's excluded nodes ($EXCLUDED),
+    `scontrol show hostnames` splits a comma list, and every other call is recorded in
+    $run_dir/calls for the test to read."""
+    listed = "\\n".join(nodes)
+    return f"""
+sinfo() {{ printf '{listed}\\n'; }}
+scontrol() {{
+  case "$1 $2" in
+    "-o show") echo "JobId=$SLURM_JOB_ID JobName=x ExcNodeList=$EXCLUDED Reason=None" ;;
+    "show hostnames") echo "$3" | tr , '\\n' ;;
+    *) echo "$*" >> "$run_dir/calls" ;;
+  esac
+}}
+"""

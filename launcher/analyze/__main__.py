@@ -21,6 +21,7 @@ from launcher.analyze.hang import analyze_hang, has_hang, markdown_hang, write_h
 from launcher.analyze.images import write_images
 from launcher.analyze.report import analyze, markdown, write
 from launcher.analyze.trace import TraceError
+from launcher.flags import FlagParser
 from launcher.paths import writable_dir_problem
 from launcher.runtime.lock import LockHeld, tool_lock
 
@@ -63,7 +64,11 @@ def explain_hang(run_dir: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launcher.analyze", description=__doc__)
+    parser = FlagParser(
+        prog="python -m launcher.analyze",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories")
     parser.add_argument(
         "--no-wandb",

@@ -18,7 +18,7 @@ from launcher.observe.peaks import peak_for_name
 
 TOP = 10
 COLUMNS = (
-    ("step_s", "step"),
+    ("step_s", "step time"),
     ("compute_s", "compute"),
     ("comm_s", "comm"),
     ("exposed_comm_s", "exposed"),

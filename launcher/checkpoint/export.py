@@ -19,7 +19,7 @@ from launcher.checkpoint import protocol as checkpoint
 from launcher.config.registry import format_of, formats
 from launcher.data.tokenizer import TOKENIZER_DIR
 from launcher.model.gpt2 import config_of, hf_config, to_hf_state_dict
-from launcher.paths import is_mount_point, writable_dir_problem
+from launcher.paths import is_mount_point, same_access, writable_dir_problem
 from launcher.runtime import disk
 from launcher.runtime.lock import LockHeld, tool_lock
 
@@ -52,16 +52,20 @@ def newest_readable(source: Path) -> tuple[Path, dict[str, torch.Tensor]]:
             "(trainer.checkpoint_interval > 0) or a complete checkpoints/step_<n> folder"
         )
     problems = []
-    for i, folder in enumerate(found):
+    for folder in found:
         try:
-            return folder, read_state(folder)
+            state = read_state(folder)
         except ExportError:
             raise
         except Exception as exc:  # noqa: BLE001 - any unreadable file: try the previous one
             why = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-            problems.append(f"{folder.name}: {why}")
-            then = "falling back to the previous one" if i + 1 < len(found) else "none is left"
-            print(f"warning: checkpoint {folder} is unreadable ({why}); {then}", file=sys.stderr)
+            problems.append((folder, why))
+            continue
+        for skipped, why in problems:  # said once a readable one is found; else the error
+            print(f"warning: checkpoint {skipped} is unreadable ({why}); falling back to the "
+                  "previous one", file=sys.stderr)  # fmt: skip
+        return folder, state
+    problems = [f"{folder.name}: {why}" for folder, why in problems]
     raise ExportError(f"no checkpoint of {source} could be read ({' | '.join(problems)})")
 
 
@@ -72,6 +76,12 @@ def run_tokenizer(source: Path) -> Path | None:
         if (run_dir / TOKENIZER_DIR / "tokenizer.json").is_file():
             return run_dir / TOKENIZER_DIR
     return None
+
+
+def run_dir_of(source: Path) -> Path:
+    """The run directory of `source`: itself, or the run a checkpoints/step_<n> is of."""
+    source = Path(source).absolute()
+    return source.parent.parent if source.parent.name == "checkpoints" else source
 
 
 def export(source: Path, out: Path) -> Path:
@@ -97,7 +107,7 @@ def export(source: Path, out: Path) -> Path:
     try:
         with tool_lock(out.parent, "export", "choose another OUT_DIR", f".{out.name}.export.lock"):
             not_empty_problem(out)  # again, now that no other export can write it
-            write_whole(model, run_tokenizer(source), out, needed=needed)
+            write_whole(model, run_tokenizer(source), out, needed=needed, like=run_dir_of(source))
     except LockHeld as exc:
         if exc.disk_full:
             raise ExportError(disk.no_space_line("the export", out, needed)) from exc
@@ -138,10 +148,11 @@ def model_of(source: Path):
     return folder, model, sum(t.numel() * t.element_size() for t in state.values())
 
 
-def write_whole(model, tokenizer: Path | None, out: Path, *, needed: int) -> None:
+def write_whole(model, tokenizer: Path | None, out: Path, *, needed: int, like: Path) -> None:
     """`model.save_pretrained` (and the tokenizer's files beside it) into a temporary
-    sibling, renamed to `out` when complete, so a full disk (or any failure) leaves no half
-    an export; a full disk is one line."""
+    sibling, as readable as the run directory `like` (safetensors writes its file for its
+    owner alone), renamed to `out` when complete, so a full disk (or any failure) leaves no
+    half an export; a full disk is one line."""
     tmp = out.with_name(f".tmp-{out.name}")
     shutil.rmtree(tmp, ignore_errors=True)  # a crashed export's leftover
     try:
@@ -149,6 +160,7 @@ def write_whole(model, tokenizer: Path | None, out: Path, *, needed: int) -> Non
         if tokenizer is not None:
             for path in tokenizer.iterdir():
                 shutil.copyfile(path, tmp / path.name)
+        same_access(tmp, like)
         os.rename(tmp, out)  # replaces an empty `out` (POSIX rename)
     except OSError as exc:
         if disk.is_full(exc, out.parent):

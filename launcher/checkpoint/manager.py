@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -14,14 +15,14 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from launcher.checkpoint import cadence, resume
 from launcher.checkpoint import protocol as checkpoint
-from launcher.checkpoint import resume
 from launcher.checkpoint.memory import MemoryTier
 from launcher.config import ConfigError, TrainConfig
 from launcher.config.batch import BatchPlan
 from launcher.config.schema import TrainerConfig
 from launcher.resilience.decide import decide_on_main
-from launcher.runtime.process import Runtime
+from launcher.runtime.process import Runtime, ranks_per_node
 
 log = logging.getLogger("launcher")
 
@@ -44,7 +45,7 @@ def plan_resume(
     now = resume.identity(cfg, model, rt.world_size)
     max_steps = cfg.trainer.max_steps
     # This launch's own memory checkpoint (a restart before the first durable checkpoint)
-    continues = bool(tier and cfg.resume == "auto" and tier.newest_common(None, 0))
+    continues = bool(tier and cfg.resume == "auto" and tier.find(None, 0).step is not None)
 
     def decide() -> list[str] | None:
         decided = resume.plan(cfg.resume, rt.run_dir, now, max_steps, continues)
@@ -71,7 +72,7 @@ def _rng_state(device: torch.device) -> dict:
 class CheckpointManager:
     """This rank's side of the run's checkpoints, and the data position they record: the
     data window (0-based, one step's sequences) the next step reads, ahead of the step by
-    the windows trainer.on_nonfinite=rewind skipped (`skip_windows`, read past by the loop).
+    the windows trainer.on_nonfinite=rewind skipped (`skip_windows`, which the loader skips).
     """
 
     def __init__(
@@ -96,9 +97,26 @@ class CheckpointManager:
         self.memory = memory  # the memory tier (launcher.checkpoint.memory), when on
         if memory is not None:  # rank 0's lineage, which the durable meta.json records
             memory.follow(rt.broadcast_object(self.writer.meta["lineage"]))
+        # When each tier saves (launcher.checkpoint.cadence): its interval, or auto
+        mtbf = cadence.mtbf_s(trainer.mtbf_h, max(1, rt.world_size // ranks_per_node()))
+        self.durable_every = self._cadence("trainer.checkpoint_interval",
+                                           trainer.checkpoint_interval, mtbf)  # fmt: skip
+        self.memory_every = self._cadence(
+            "trainer.memory_checkpoint_interval",
+            trainer.memory_checkpoint_interval if memory is None or
+            trainer.memory_checkpoint_interval == cadence.AUTO else memory.every, mtbf,
+        )  # fmt: skip
         self.data_step: int | None = None
         self.skip_windows: set[int] = set()  # windows a rewind skips when it comes to them
         self.rng_file = f"rng_rank{rt.rank}.pt"
+
+    def _cadence(self, key: str, every, mtbf: tuple[float, str]):
+        if every != cadence.AUTO:
+            return cadence.Fixed(every or 0)
+        chosen = cadence.Young(key, self.rt, mtbf)
+        if self.rt.is_main:
+            log.info("%s", chosen.first_line())
+        return chosen
 
     # -- resume ------------------------------------------------------------------------
     def resume(self, folders: list[Path], auto: bool, batch: BatchPlan) -> int:
@@ -107,6 +125,8 @@ class CheckpointManager:
         ones, newest first. Returns the step to continue from (0: a fresh start)."""
         newer = self.newer_in_memory(folders) if auto else None
         start_step = self._restore_first([newer, *folders] if newer else folders, batch)
+        for every in (self.durable_every, self.memory_every):
+            every.begin(start_step)
         if self.memory is not None:
             held = newer if newer and start_step == checkpoint.step_of(newer) else None
             self.memory.keep_only(held)
@@ -237,6 +257,11 @@ class CheckpointManager:
             "data_step": self.data_step,
         }
 
+    def durable_due(self, step: int, last: bool) -> bool:
+        """Whether a durable checkpoint of `step` is due (the last step's whenever the
+        checkpoints are on)."""
+        return bool(self.durable_every.every) and (last or self.durable_every.due(step))
+
     def save(self, step: int, batch: BatchPlan, wait: bool = False) -> None:
         """A durable checkpoint of `step`; with trainer.async_checkpoint the files are written
         while training goes on, unless `wait` (a stop, the end of the run)."""
@@ -246,17 +271,21 @@ class CheckpointManager:
             torch.save(_rng_state(self.rt.device), folder / self.rng_file)
             return pending
 
+        started = time.perf_counter()
         self.writer.save(step, write, self._progress(step, batch))
         if wait:
             self.writer.complete()
+        else:  # what the save cost the loop, which an auto interval follows
+            self.durable_every.measured(step, time.perf_counter() - started)
 
     def memory_due(self, step: int) -> bool:
         """Whether the memory tier checkpoints `step` (never when it is off)."""
-        return self.memory is not None and self.memory.due(step)
+        return self.memory is not None and self.memory.on and self.memory_every.due(step)
 
     def save_to_memory(self, step: int, batch: BatchPlan) -> None:
         """A memory-tier checkpoint of `step`: the state is copied now, between two steps,
         and written by the tier's thread while the next step runs (sealed after it)."""
+        started = time.perf_counter()
         write_state = self.engine.snapshot(self.rt.rank, self.memory.share)
         rng = _rng_state(self.rt.device)
 
@@ -265,6 +294,7 @@ class CheckpointManager:
             torch.save(rng, folder / self.rng_file)
 
         self.memory.save(step, write, self._progress(step, batch))
+        self.memory_every.measured(step, time.perf_counter() - started)
 
     def step_done(self) -> None:
         """Between two steps: the memory checkpoint of the step before is sealed, if one."""

@@ -50,7 +50,7 @@ def identity(cfg, model, world_size: int) -> dict:
     """What a checkpoint must share with a launch to be resumed by it (goes in meta.json)."""
     mc = getattr(model, "config", None)
     shape = {k: int(getattr(mc, k, None) or getattr(cfg.model, k, None) or 0) for k in MODEL_KEYS}
-    strategy = {"name": str(cfg.strategy.name), **engine(cfg.strategy.name).identity(cfg)}
+    strategy = {"name": str(cfg.strategy.name), **engine(cfg.strategy.name).resume.identity(cfg)}
     return {
         "model": {"name": str(cfg.model.name), "impl": str(cfg.model.impl), **shape},
         "strategy": strategy,
@@ -170,12 +170,12 @@ def _engine_differences(ss: dict, ns: dict) -> list[Difference]:
     engine reads the checkpoint's format (launcher.config.registry)."""
     now = engine(ns["name"])
     if not ss.get("name") or ss["name"] == ns["name"]:
-        return [Difference(what, fix) for what, fix in now.own_differences(ss, ns)]
+        return [Difference(what, fix) for what, fix in now.resume.own_differences(ss, ns)]
     there = engines().get(ss["name"])
     if there is None:
         why = "an engine this installation does not have"
     else:
-        why = now.refuses_other_formats or there.unreadable_by_others(ss)
+        why = now.resume.refuses_other_formats or there.resume.unreadable_by_others(ss)
     if not why:
         return []  # the launch's engine reads the other's format, at any world size
     fix = there.overrides_to_resume(ss) if there else f"strategy={ss['name']}"

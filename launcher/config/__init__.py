@@ -3,7 +3,7 @@
 (`ranges`), the engines a run can name and what each declares (`registry`), the batch
 arithmetic (`batch`), the `nccl` group's variables (`nccl_vars`), which keys hold secrets
 (`secret_keys`) and the points of a sweep and their summary (`sweep`). Checks that need the
-machine, files or other layers are launcher.train.preflight's."""
+machine, files or other layers are launcher.preflight's."""
 
 from __future__ import annotations
 

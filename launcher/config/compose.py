@@ -6,9 +6,12 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import importlib.resources
+import re
 from dataclasses import fields, is_dataclass
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from launcher.config import backends
@@ -30,6 +33,7 @@ def compose(overrides: list[str], sweep: bool = False) -> DictConfig:
     from hydra.types import RunMode
 
     refuse_schema_options(overrides)
+    refuse_wrong_forms(overrides)
     try:
         with config_loader():
             if not sweep:
@@ -42,6 +46,33 @@ def compose(overrides: list[str], sweep: bool = False) -> DictConfig:
             )
     except Exception as exc:  # noqa: BLE001 - every composition failure becomes one line
         raise ConfigError(describe_compose_error(exc)) from exc
+
+
+def compose_problems(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(every override composition refuses, one line each; the overrides it accepts):
+    launcher.doctor lists them all where a launch stops at the first. Each override is added
+    to the ones accepted before it, in the order given, so that a key of a chosen option
+    (strategy=deepspeed, then strategy.zero_stage) is judged with its option. (Each try
+    stands alone, outside the handler of another: an error is described from its causes.)"""
+    first = _compose_problem(overrides)
+    if first is None:
+        return [], list(overrides)
+    found, accepted = [], []
+    for override in overrides:
+        problem = _compose_problem([*accepted, override])
+        if problem is None:
+            accepted.append(override)
+        else:
+            found.append(problem)
+    return (found, accepted) if found else ([first], [])
+
+
+def _compose_problem(overrides: list[str]) -> str | None:
+    try:
+        compose(overrides)
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def refuse_schema_options(overrides: list[str]) -> None:
@@ -58,6 +89,82 @@ def refuse_schema_options(overrides: list[str]) -> None:
                 f"option; choose {schemas[0].removesuffix('_schema')} (python -m launcher.train "
                 "--help lists the options)"
             )
+
+
+@functools.cache
+def config_groups() -> frozenset[str]:
+    """The config groups of launcher.conf (model, data, strategy, ..., exp)."""
+    conf = importlib.resources.files("launcher.conf")
+    return frozenset(p.name for p in conf.iterdir() if p.is_dir() and not p.name.startswith("_"))
+
+
+@functools.cache
+def default_groups() -> frozenset[str]:
+    """The groups train.yaml chooses an option of (`group=option` changes the choice); the
+    others (`exp`) are added with a `+`."""
+    text = importlib.resources.files("launcher.conf").joinpath(f"{CONFIG_NAME}.yaml").read_text()
+    entries = yaml.safe_load(text).get("defaults", [])
+    chosen = {k for e in entries if isinstance(e, dict) for k in e if not k.startswith("override")}
+    return frozenset(chosen & config_groups())
+
+
+HELP = "python -m launcher.train --help shows each form"
+
+
+def wrong_form_problem(text: str) -> str | None:
+    """The one line for an override written in the wrong form (`exp=profile` for
+    `+exp=profile`, `+model=gpt2` for `model=gpt2`, a key without `=`, a flag's dashes), or
+    None: the forms a user types are `+exp=NAME`, `group=option` and `key=value`."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+    from hydra.errors import HydraException
+
+    key = text.partition("=")[0]
+    if text.startswith("-"):
+        bare = text.lstrip("-")
+        return (f"{text}: not a flag this command takes; an override is written without dashes"
+                f"{f': {bare}' if '=' in bare else ''} ({HELP})")  # fmt: skip
+    if "=" not in text and not text.startswith("~"):
+        if ":" in text:
+            what = text.replace(":", "=", 1)
+        else:
+            what = f"{text}=<option>" if text in config_groups() else f"{text}=<value>"
+        return f"{text}: an override is key=value; write {what} ({HELP})"
+    if not key.lstrip("+~"):
+        return f"{text}: the key before = is missing ({HELP})"
+    try:
+        (override,) = OverridesParser.create().parse_overrides([text])
+    except HydraException:
+        return None  # the parser's own line says where the syntax breaks
+    name, kind = override.key_or_group, override.type
+    if name in config_groups() and name not in default_groups():
+        if kind == OverrideType.CHANGE:
+            return f"{text}: an experiment is added, with a +: write +{text} ({HELP})"
+    elif name in default_groups():
+        fix = f"{name}=<option>"
+        if override.value() and not override.is_sweep_override():
+            fix = f"{name}={override.get_value_element_as_str()}"
+        if kind in (OverrideType.ADD, OverrideType.FORCE_ADD):
+            return (f"{text}: {name} is a group every run has one option of; choose another with "
+                    f"{fix}, without the + ({HELP})")  # fmt: skip
+        if kind == OverrideType.DEL:
+            return (f"{text}: every run needs a {name}; choose another option with "
+                    f"{name}=<option> instead of removing it ({HELP})")  # fmt: skip
+    elif kind == OverrideType.DEL and "." not in name and _schema_node(name) is not None:
+        return f"{text}: {name} cannot be removed; set its keys instead ({name}.<key>=<value>)"
+    return None
+
+
+def refuse_wrong_forms(overrides: list[str]) -> None:
+    """One line for the first override in a wrong form (see wrong_form_problem); `~exp`
+    without an `+exp=` to remove too."""
+    for text in overrides:
+        problem = wrong_form_problem(text)
+        added = [g for g in config_groups() - default_groups() if text == f"~{g}"]
+        if added and not any(o.startswith(f"+{added[0]}=") for o in overrides):
+            problem = f"{text}: no {added[0]} was added (+{added[0]}=NAME), so none can be removed"
+        if problem:
+            raise ConfigError(problem)
 
 
 @contextlib.contextmanager
@@ -173,6 +280,10 @@ def describe_compose_error(exc: BaseException) -> str:
         if isinstance(err, OmegaConfBaseException) and getattr(err, "full_key", None):
             return f"{err.full_key}: {str(err.msg).splitlines()[0]}"
     text = " ".join(str(exc).split())
+    added = re.search(r"An item is already at '([^']+)'\. Either remove \+ prefix: '([^']+)'", text)
+    if added:
+        key, fixed = added.groups()
+        return f"+{fixed}: {key} exists already; write {fixed}, without the + ({HELP})"
     return f"bad override: {text}"
 
 

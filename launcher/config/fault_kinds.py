@@ -1,20 +1,25 @@
 """The fault kinds' registry (`fault.kind`): each kind declares once the hook points where it
 fires, on which ranks it is armed, and the rules its `fault` section must keep. The schema's
 choices of `fault.kind` and the validation read it; the injector that fires the kinds at
-their hook points is launcher.resilience.faults, which declares the built-in kinds (imported
-when the registry is first asked, as the engines' registry imports the engines), so that this
-layer imports nothing above it. A kind of one's own is one `register(FaultKind(...))`.
+their hook points is launcher.resilience.faults, which declares the built-in kinds.
+
+A module that declares kinds is an entry point of the `launcher.fault_kinds` group (the
+built-in ones' in the launcher's pyproject.toml, another package's in its own), loaded when
+the registry is first asked, so that this layer names nothing above it and every process of
+a launch has the same kinds. A kind of one's own is one `register(FaultKind(...))` in such
+a module.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-BUILTIN = "launcher.resilience.faults"  # the module that declares the built-in kinds
+from launcher.config import plugins
+
+ENTRY_POINTS = "launcher.fault_kinds"  # modules that declare kinds when imported
 
 # The hook points: where the job and the loop call the injector (1-based steps).
 PHASE = "phase"  # each time a watched phase begins (config.schema.PHASES), every rank
@@ -74,13 +79,14 @@ def register(kind: FaultKind) -> FaultKind:
 
 
 @functools.cache
-def _builtin() -> None:
-    importlib.import_module(BUILTIN)
+def _declared() -> None:
+    for ep in plugins.declared(ENTRY_POINTS):
+        ep.load()
 
 
 def kinds() -> dict[str, FaultKind]:
     """Every declared kind by name, the built-in ones first."""
-    _builtin()
+    _declared()
     return KINDS
 
 

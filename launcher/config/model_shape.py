@@ -23,6 +23,13 @@ def param_count(m) -> int:
     return sum(param_sizes(m))
 
 
+def millions(params: int) -> str:
+    """A parameter count as the start line and the plan say it: two decimals under ten
+    million (gpt2-tiny's 0.62M, not "1M"), whole millions from there (124M, 1,558M)."""
+    value = params / 1e6
+    return f"{value:.2f}M" if value < 10 else f"{value:,.0f}M"
+
+
 def param_sizes(m) -> list[int]:
     """The elements of each of GPT-2's parameter tensors, in the order the model registers
     them (what DDP's buckets are cut from, a whole tensor each): the token and position

@@ -3,7 +3,7 @@
 The schema only knows types: `model.n_head=0` or `trainer.lr=nan` compose fine and then fail
 deep inside the trainer, after the process group exists. A `Range` gives each numeric key
 (int, float, or a list of them) the values the trainer can use, declared beside its default
-in the schema's dataclass (`ranged`); `range_problem` names the first key outside its range.
+in the schema's dataclass (`ranged`); `range_problems` names every key outside its range.
 A test walks the schema (`numeric_keys`) and fails when a numeric key has no range, so a new
 key cannot skip it. Rules that tie two keys
 together (divisible, within `model.n_positions`) are in `launcher.config.validate`.
@@ -107,9 +107,9 @@ def _walk(schema: type, prefix: str, key: str) -> dict[str, Any]:
 _ABSENT = object()
 
 
-def range_problem(cfg: DictConfig, ranges: dict[str, Range]) -> str | None:
-    """The error line for the first key of `ranges` outside its range, or None when all are
-    inside (a key absent from the config, such as another engine's, is skipped)."""
+def range_problems(cfg: DictConfig, ranges: dict[str, Range]) -> list[str]:
+    """The error line of every key of `ranges` outside its range, in the order of `ranges`."""
+    found = []
     for key, allowed in ranges.items():
         value = OmegaConf.select(cfg, key, default=_ABSENT)
         if value is _ABSENT or value is None:
@@ -122,19 +122,20 @@ def range_problem(cfg: DictConfig, ranges: dict[str, Range]) -> str | None:
         shown = f"{key}={list(value)}" if isinstance(value, ListConfig) else f"{key}={value}"
         finite = "a finite number " if isinstance(bad, float) and not math.isfinite(bad) else ""
         why = f" ({allowed.why})" if allowed.why else ""
-        return f"{shown}: must be {finite}{allowed.rule()}{why}"
-    return None
+        found.append(f"{shown}: must be {finite}{allowed.rule()}{why}")
+    return found
 
 
 def numeric_keys(schema: DictConfig, prefix: str = "") -> list[str]:
     """Every key of a structured config whose type is int or float, or a list of them, or
-    Any with a number as its default (trainer.micro_batch_size: a number, or auto)."""
+    Any with a number or null as its default (trainer.micro_batch_size: a number, or auto;
+    trainer.memory_checkpoint_interval: a number, auto, or null)."""
     keys = []
     for key in schema:
         node = schema._get_node(key)
         path = f"{prefix}{key}"
         numeric_list = isinstance(node, ListConfig) and node._metadata.element_type in (int, float)
-        numeric_any = isinstance(node, AnyNode) and type(node._value()) in (int, float)
+        numeric_any = isinstance(node, AnyNode) and type(node._value()) in (int, float, type(None))
         if isinstance(node, (IntegerNode, FloatNode)) or numeric_list or numeric_any:
             keys.append(path)
         elif isinstance(node, DictConfig):

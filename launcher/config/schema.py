@@ -34,6 +34,7 @@ from launcher.config.ranges import (
     ranges_of,
 )
 from launcher.config.registry import StrategyConfig, engines
+from launcher.paths import ACCESS_MODES
 
 CONFIG_MODULE = "launcher.conf"
 CONFIG_NAME = "train"
@@ -57,6 +58,9 @@ AUTO = "auto"  # trainer.micro_batch_size=auto: the largest that fits, found at 
 class RunConfig:
     root: str = "runs"
     id: str | None = None
+    # who may read the run directory besides you: private (0700), group (0750), world
+    # (0755); its files are reachable only through it (docs/run-directory.md)
+    access: str = one_of("private", tuple(ACCESS_MODES))
 
 
 @dataclass
@@ -126,15 +130,21 @@ class TrainerConfig:
     log_interval: int = ranged(10, AT_LEAST_1)
     eval_interval: int = ranged(100, Range(low=0, why="0: never"))
     eval_batches: int = ranged(4, AT_LEAST_1)
-    checkpoint_interval: int = ranged(100, Range(low=0, why="0: never"))
+    # steps between durable checkpoints; 0: never; auto: Young's interval, sqrt(2 x the
+    # measured write cost x trainer.mtbf_h), recomputed at every save (docs/checkpoints.md)
+    checkpoint_interval: Any = ranged(100, Range(low=0, why="0: never; or auto"))
     keep_checkpoints: int = ranged(2, AT_LEAST_1)
     async_checkpoint: bool = False  # strategy=fsdp2: files written while training goes on
     # Steps between two memory-tier checkpoints (each rank's state in node memory; what a
     # torchrun restart resumes from, docs/checkpoints.md); 0: off; null: 10 where torchrun
-    # restarts the job (--max-restarts > 0) and the engine can, else off.
-    memory_checkpoint_interval: int | None = ranged(
-        None, Range(low=0, why="0: off; null: 10 under restarts")
+    # restarts the job (--max-restarts > 0) and the engine can, else off; auto: Young's
+    # interval from the measured copy time, as trainer.checkpoint_interval=auto.
+    memory_checkpoint_interval: Any = ranged(
+        None, Range(low=0, why="0: off; null: 10 under restarts; or auto")
     )
+    # The job's mean time between failures (hours), which the `auto` intervals follow; null:
+    # 6,300 node-hours (Llama 3's training) divided by the job's nodes (docs/checkpoints.md)
+    mtbf_h: float | None = ranged(None, POSITIVE)
     memory_checkpoint_dir: str = "/dev/shm"  # node-local memory (a tmpfs) the tier writes to
     # Also keep each rank's memory checkpoints in the memory of a rank on the next node, so
     # that a node lost whole costs at most one memory interval (docs/checkpoints.md)
@@ -239,6 +249,21 @@ class BurninConfig:
 
 
 @dataclass
+class ExcludeConfig:
+    """Which failures keep their host off the run's next attempts: recorded with the reason
+    in the run directory's bad_hosts, which a Slurm requeue adds to the job's excluded nodes
+    and a re-render of the pods to their node anti-affinity (docs/faults.md)."""
+
+    burnin: bool = True  # a host the burn-in gate refused (burnin.action=refuse)
+    hang: bool = True  # a hang's culprit, as the hang verdict names it
+    device_error: bool = True  # a rank that failed with a device error (ECC, Xid, ...)
+    straggler: bool = True  # a straggler for straggler_intervals log intervals in a row
+    straggler_intervals: int = ranged(
+        20, Range(low=1, why="log intervals in a row as the slowest rank, watchdog.straggler_frac")
+    )
+
+
+@dataclass
 class NcclConfig:
     name: str = "default"
     env: NcclEnv = field(default_factory=NcclEnv)
@@ -301,6 +326,10 @@ class ClusterBase:
     workdir: str | None = None  # where the job starts (the checkout); null: submit's cwd
     setup: list[str] = field(default_factory=list)  # shell lines run before torchrun
     env: dict[str, str] = field(default_factory=dict)  # extra environment variables
+    # variables holding secrets the job needs, by name: Slurm passes them from the
+    # submitting shell, Kubernetes from a Secret (cluster.k8s.env_secret); values never
+    # enter the job's files
+    secrets: list[str] = field(default_factory=list)
 
 
 # The built-in backends' sections (cluster.slurm, cluster.k8s) are there whatever the cluster.
@@ -311,9 +340,10 @@ ClusterConfig = backends.with_sections(ClusterBase, list(backends.builtin().valu
 class TuneConfig:
     """`python -m launcher.tune`'s rounds (docs/tuning.md); launcher.train ignores it.
 
-    A candidate is kept when its median step time beats the incumbent's by more than
-    `noise_multiple` x the measured noise (the larger spread of the two sets of repeats)
-    and by at least `min_gain` of the incumbent's step time."""
+    A candidate is kept when its repeats give more tokens/s than the incumbent's in a rank
+    test (launcher.tune.decision), its median gain exceeds `noise_multiple` x the measured
+    noise (the larger relative spread of the two sides' repeats, outliers left out) and is
+    at least `min_gain`."""
 
     # wall time for the rounds; the confirmation runs come after
     budget_s: float = ranged(1800.0, POSITIVE)
@@ -329,9 +359,9 @@ class TuneConfig:
     loss_tolerance: float = ranged(
         0.02, Range(low=0.0, why="0: a math-changing candidate must match exactly")
     )
-    # the smallest speed-up worth keeping, as a fraction of a step
+    # the smallest gain in tokens/s worth keeping, as a fraction of the incumbent's
     min_gain: float = ranged(0.05, BELOW_1)
-    # how many measured spreads a gain must exceed
+    # how many measured relative spreads a gain in tokens/s must exceed
     noise_multiple: float = ranged(1.0, NON_NEGATIVE)
     max_rounds: int = ranged(6, AT_LEAST_1)
     # steps of each confirmation run (baseline and winner)
@@ -368,6 +398,7 @@ class TrainConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     burnin: BurninConfig = field(default_factory=BurninConfig)
+    exclude: ExcludeConfig = field(default_factory=ExcludeConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)

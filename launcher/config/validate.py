@@ -1,7 +1,7 @@
 """The semantic check of a composed config, judged alone (no machine, no files, no other
 layer): values with a spelled-out default resolved (`normalize`), then every value and
 combination that cannot run refused (`validate`), naming the key path. What needs the
-machine, the files or an engine's own config is launcher.train.preflight's.
+machine, the files or an engine's own config is launcher.preflight's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from launcher.config.batch import AUTO, BatchPlan, micro_batch_problem
 from launcher.config.compose import unknown_key_line
 from launcher.config.errors import ConfigError, check_choice
 from launcher.config.fault_kinds import fault_problem
-from launcher.config.ranges import range_problem
+from launcher.config.ranges import range_problems
 from launcher.config.registry import engine, engines, schemas
 from launcher.config.schema import (
     DataConfig,
@@ -111,19 +111,9 @@ def validate(cfg: DictConfig, world_size: int) -> TrainConfig:
     the composed config (its keys and nodes); the rules read the typed sections, as the
     job's parts do.
     """
-    normalize(cfg, world_size)
-    _reject_unknown_keys(cfg, "")
-    problem = range_problem(cfg, all_ranges())
-    if problem:
-        raise ConfigError(problem)
-    problem = run_id_problem(cfg.run.id)
-    if cfg.run.id is None and os.environ.get("LAUNCHER_RUN_ID"):
-        problem = run_id_problem(os.environ["LAUNCHER_RUN_ID"], "LAUNCHER_RUN_ID")
-    if problem:
-        raise ConfigError(problem)
-    for key, allowed in all_choices().items():
-        if OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT:  # the chosen engine's
-            check_choice(key, OmegaConf.select(cfg, key), allowed)
+    found = key_problems(cfg, world_size)
+    if found:
+        raise ConfigError(found[0])
     _validate_engine(cfg)
     checked = typed(cfg)
     _validate_rules(checked, world_size)
@@ -136,10 +126,42 @@ def check_config(cfg: DictConfig, world_size: int) -> TrainConfig:
     plan check before anything reaches a cluster. The checked config as the schema's
     dataclasses."""
     checked = validate(cfg, world_size)
-    check = engine(checked.strategy.name).config_check
+    check = engine(checked.strategy.name).capabilities.config_check
     if check is not None:
         check(checked, world_size)  # the dataclasses the strategy will get
     return checked
+
+
+def key_problems(cfg: DictConfig, world_size: int) -> list[str]:
+    """The problems of keys judged each alone, all of them, in validate's order: unknown
+    keys, every numeric key's range, the run id, the choices (the config normalised first)."""
+    normalize(cfg, world_size)
+    found = [*_unknown_keys(cfg, ""), *range_problems(cfg, all_ranges())]
+    problem = run_id_problem(cfg.run.id)
+    if cfg.run.id is None and os.environ.get("LAUNCHER_RUN_ID"):
+        problem = run_id_problem(os.environ["LAUNCHER_RUN_ID"], "LAUNCHER_RUN_ID")
+    found += [problem] if problem else []
+    for key, allowed in all_choices().items():
+        if OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT:  # the chosen engine's
+            try:
+                check_choice(key, OmegaConf.select(cfg, key), allowed)
+            except ConfigError as exc:
+                found.append(str(exc))
+    return found
+
+
+def problems(cfg: DictConfig, world_size: int) -> list[str]:
+    """Every problem `validate` refuses the config for, one line each (launcher.doctor's
+    list): each key's own problems, all; the rules that relate keys only when those hold
+    (they assume them), the first of them."""
+    found = key_problems(cfg, world_size)
+    if found:
+        return found
+    try:
+        validate(cfg, world_size)
+    except ConfigError as exc:
+        return [str(exc)]
+    return []
 
 
 def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
@@ -149,6 +171,14 @@ def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
     problem = micro_batch_problem(t, world_size) or BatchPlan.of(t, world_size).problem()
     if problem:
         raise ConfigError(problem)
+    for key in ("checkpoint_interval", "memory_checkpoint_interval"):
+        value = getattr(t, key)
+        if value != AUTO and (isinstance(value, bool) or not isinstance(value, int | None)):
+            shown = {"True": "true", "False": "false"}.get(str(value), value)  # as typed
+            raise ConfigError(
+                f"trainer.{key}={shown}: give a whole number of steps (0: off) or auto "
+                "(Young's interval from the measured cost and trainer.mtbf_h)"
+            )
     if t.seq_len > m.n_positions:
         raise ConfigError(
             f"trainer.seq_len={t.seq_len} exceeds model.n_positions={m.n_positions}; "
@@ -167,14 +197,15 @@ def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
     problem = fault_problem(cfg.fault, world_size, t.max_steps)  # the kind's own rules
     if problem:
         raise ConfigError(problem)
-    chosen = engine(cfg.strategy.name)
+    declared = engine(cfg.strategy.name)
+    chosen = declared.capabilities
     if t.async_checkpoint and not chosen.async_checkpoint:
-        able = [e.name for e in engines().values() if e.async_checkpoint]
+        able = [e.name for e in engines().values() if e.capabilities.async_checkpoint]
         raise ConfigError(
             f"trainer.async_checkpoint=true needs strategy={' or '.join(able)} (an asynchronous "
             f"save); strategy={cfg.strategy.name} writes its checkpoints synchronously"
         )
-    if t.memory_checkpoint_interval and chosen.memory_checkpoint is None:  # an added engine's
+    if t.memory_checkpoint_interval and declared.memory_checkpoint is None:  # an added engine's
         able = [e.name for e in engines().values() if e.memory_checkpoint is not None]
         raise ConfigError(
             f"trainer.memory_checkpoint_interval={t.memory_checkpoint_interval} needs "
@@ -189,7 +220,7 @@ def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
             "null: 10 under torchrun's restarts), or trainer.memory_checkpoint_peer=false"
         )
     if t.on_nonfinite != "stop" and not chosen.drops_steps:
-        able = [e.name for e in engines().values() if e.drops_steps]
+        able = [e.name for e in engines().values() if e.capabilities.drops_steps]
         raise ConfigError(
             f"trainer.on_nonfinite={t.on_nonfinite} is not supported with "
             f"strategy={cfg.strategy.name} (its engine owns the optimizer step); use "
@@ -198,7 +229,7 @@ def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
     resizing = [f"trainer.{k}={getattr(t, k)}" for k, v in (("micro_batch_size", AUTO),
                 ("on_oom", "retry")) if getattr(t, k) == v]  # fmt: skip
     if resizing and not chosen.resizes_micro_batch:
-        able = [e.name for e in engines().values() if e.resizes_micro_batch]
+        able = [e.name for e in engines().values() if e.capabilities.resizes_micro_batch]
         raise ConfigError(
             f"{resizing[0]} is not supported with strategy={cfg.strategy.name} (its engine "
             f"cannot abandon a step part-way and redo it at another micro-batch); give "
@@ -263,24 +294,27 @@ def _validate_watchdog(w: WatchdogConfig, dist_timeout_s: int) -> None:
             )
 
 
-def _reject_unknown_keys(node: DictConfig, prefix: str) -> None:
-    """Catch keys added with Hydra's `+key=value`, which composition lets through. Each
-    node is judged by its own schema: the `strategy` node by the chosen engine's."""
+def _unknown_keys(node: DictConfig, prefix: str) -> list[str]:
+    """Keys added with Hydra's `+key=value`, which composition lets through, one line each.
+    Each node is judged by its own schema: the `strategy` node by the chosen engine's."""
     schema_type = OmegaConf.get_type(node)
     if not is_dataclass(schema_type):
-        return  # a free-form mapping such as strategy.extra or cluster.env
+        return []  # a free-form mapping such as strategy.extra or cluster.env
     known = {f.name for f in fields(schema_type)}
+    found = []
     for key in node:
         path = f"{prefix}{key}"
         if key not in known:
-            raise ConfigError(unknown_key_line(path, schema_type))
+            found.append(unknown_key_line(path, schema_type))
+            continue
         child = node._get_node(key)
         if isinstance(child, DictConfig):
-            _reject_unknown_keys(child, f"{path}.")
+            found += _unknown_keys(child, f"{path}.")
+    return found
 
 
 def _validate_data_source(d: DataConfig) -> None:
-    """What each data source needs set (whether its files exist is launcher.train.preflight's)."""
+    """What each data source needs set (whether its files exist is launcher.preflight's)."""
     wanted = {
         "text_files": "text file globs, e.g. data.paths=[a/*.txt]",
         "memmap": "pre-tokenized .bin files",

@@ -11,6 +11,7 @@ what an uninterrupted one would, without replaying the stream to get there.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing
 import signal
 from collections.abc import Callable, Iterator
@@ -26,7 +27,9 @@ from launcher.runtime.process_tree import STOP_SIGNALS as TRAINER_STOP_SIGNALS
 
 
 class StepBatchSampler(Sampler[list[int]]):
-    """Yields this rank's micro-batches of window indices, step after step, forever."""
+    """Yields this rank's micro-batches of window indices, step after step, forever, from
+    the data window `start_step` on, past the windows in `skip` (the global batches a rewind
+    skipped: trainer.on_nonfinite=rewind), which are never read."""
 
     def __init__(
         self,
@@ -36,6 +39,7 @@ class StepBatchSampler(Sampler[list[int]]):
         rank: int,
         seed: int,
         start_step: int,
+        skip: frozenset[int] = frozenset(),
     ):
         if num_windows < 1:
             raise ValueError("the training split has no window; it needs seq_len + 1 tokens")
@@ -49,16 +53,20 @@ class StepBatchSampler(Sampler[list[int]]):
         self.rank = rank
         self.seed = seed
         self.start_step = start_step
+        self.skip = skip
         self._epoch = -1
         self._perm = torch.empty(0, dtype=torch.int64)
 
     def __iter__(self) -> Iterator[list[int]]:
-        step = self.start_step
-        while True:
+        for step in self.windows():
             part = self.rank_batch(step)
             for m in range(0, self.per_rank, self.micro_batch):
                 yield part[m : m + self.micro_batch]
-            step += 1
+
+    def windows(self) -> Iterator[int]:
+        """The data windows (global batches, by step) read, in order: one a training step,
+        which the trainer counts its data position by."""
+        return (step for step in itertools.count(self.start_step) if step not in self.skip)
 
     def rank_batch(self, step: int) -> list[int]:
         """This rank's window indices of (0-based) step `step`, in micro-batch order."""
@@ -144,17 +152,22 @@ def build_train_loader(
     rank: int,
     seed: int,
     start_step: int,
+    skip_windows: frozenset[int] = frozenset(),
     num_workers: int,
     pin_memory: bool,
     persistent_workers: bool,
     prefetch_factor: int,
     wrap_windows: Callable[[Dataset, StepBatchSampler], Dataset] | None = None,
 ) -> DataLoader:
-    """An endless loader of (x, y) micro-batches [plan.micro_batch, seq_len] in step order.
+    """An endless loader of (x, y) micro-batches [plan.micro_batch, seq_len] in step order,
+    from the data window `start_step` on, past `skip_windows` (its `batch_sampler.windows()`
+    says which window each step reads).
 
     `wrap_windows` may replace the dataset once the sampler exists (fault injection uses it
     to fail one step's fetch in the worker)."""
-    sampler = StepBatchSampler(len(windows), plan, rank=rank, seed=seed, start_step=start_step)
+    sampler = StepBatchSampler(
+        len(windows), plan, rank=rank, seed=seed, start_step=start_step, skip=skip_windows
+    )
     if num_workers > 0:
         guard_forks()  # the workers are forked from a process with gloo's threads running
     worker_opts = (

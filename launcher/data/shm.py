@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from launcher.config.batch import BatchPlan
 from launcher.runtime.disk import shm_available_bytes
 
 INT64_BYTES = 8
@@ -31,6 +32,18 @@ def shm_need_bytes(
         return 0
     batch_bytes = 2 * micro_batch * seq_len * INT64_BYTES
     return num_workers * prefetch_factor * batch_bytes * 2
+
+
+def loader_shm_need(cfg) -> int:
+    """Bytes of /dev/shm one rank's DataLoader workers hold at once, with this config's
+    data.* and trainer.* settings."""
+    return shm_need_bytes(
+        num_workers=cfg.data.num_workers,
+        prefetch_factor=cfg.data.prefetch_factor,
+        # auto: at most the per-rank batch, bounded here (no world size) by the global one
+        micro_batch=BatchPlan.of(cfg.trainer, 1).micro_batch,
+        seq_len=cfg.trainer.seq_len,
+    )
 
 
 def check_shm(*, need: int, path: str = "/dev/shm") -> str | None:

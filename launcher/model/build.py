@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,7 @@ from launcher.config.model_shape import padded_vocab_size, training_flops
 from launcher.config.schema import ModelConfig
 from launcher.model.gpt2 import GPT2, from_hf_state_dict
 from launcher.model.gpt2 import GPT2Config as NativeConfig
+from launcher.model.materialize import materialise, on_meta
 from launcher.observe.peaks import peak_for_name
 
 log = logging.getLogger(__name__)
@@ -30,18 +32,22 @@ def build_model(
     *,
     eot_id: int | None = None,
     grad_checkpointing: bool = False,
+    device: torch.device | str = "cpu",
 ) -> torch.nn.Module:
     """GPT-2 of `model.impl` (native: launcher.model.gpt2; hf: GPT2LMHeadModel with SDPA
-    attention), from the size's config or the weights of `model.init_from`.
+    attention), from the size's config or the weights of `model.init_from`, made on
+    `device` without a whole copy in host memory first (launcher.model.materialize: the
+    same initial values as a build on the CPU; weights loaded one tensor at a time).
 
     Gradient checkpointing recomputes each block's activations in backward instead of
     keeping them: about a third more compute for much less activation memory.
     """
+    device = torch.device(device)
     if model_cfg.impl == "native":
-        model = _native(model_cfg, vocab_size)
+        model = _native(model_cfg, vocab_size, device)
         model.grad_checkpointing = grad_checkpointing
         return model
-    model = _gpt2(model_cfg, vocab_size, eot_id)
+    model = _gpt2(model_cfg, vocab_size, eot_id, device)
     if grad_checkpointing:
         # transformers 5 renamed the switch; 4.x only has the old name.
         if hasattr(model, "activation_checkpointing_enable"):
@@ -62,6 +68,26 @@ def model_loss(module: torch.nn.Module, impl: str, x: torch.Tensor, y: torch.Ten
     if impl == "native":
         return module(x, targets=y)
     return lm_loss(module(input_ids=x).logits, y)
+
+
+# (module, inputs, targets) -> the mean loss of one micro-batch
+LossFunction = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def loss_function(model_cfg: ModelConfig) -> LossFunction:
+    """The loss of a micro-batch as this model computes it (`model.impl`'s way, in
+    `model.attention`'s SDPA kernel): what the model hands the loop and the eval, which then
+    know neither key."""
+    impl, attention = model_cfg.impl, model_cfg.attention
+
+    def loss(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return model_loss(module, impl, x, y)
+
+    def loss_with_kernel(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
+        with attention_backend(attention):
+            return model_loss(module, impl, x, y)
+
+    return loss if attention == "auto" else loss_with_kernel
 
 
 @contextlib.contextmanager
@@ -101,6 +127,9 @@ SDPA_BACKENDS = {
 
 
 def _load_hf(init_from: str, vocab_size: int):
+    """transformers' model of a `save_pretrained` folder (or hub name), on the CPU: its
+    tensors are views of the memory-mapped weights file, read from the page cache (which a
+    node's ranks share) as they are used, not a copy of the process's own."""
     from transformers import GPT2LMHeadModel
 
     model = GPT2LMHeadModel.from_pretrained(init_from, attn_implementation="sdpa")
@@ -112,20 +141,19 @@ def _load_hf(init_from: str, vocab_size: int):
     return model
 
 
-def _native(model_cfg: ModelConfig, vocab_size: int) -> GPT2:
+def _native(model_cfg: ModelConfig, vocab_size: int, device: torch.device) -> GPT2:
     """launcher.model.gpt2's GPT-2: fresh, or converted from transformers weights."""
     if not model_cfg.init_from:
-        return GPT2(
-            NativeConfig(
-                vocab_size=padded_vocab_size(vocab_size, model_cfg.vocab_multiple),
-                n_layer=model_cfg.n_layer,
-                n_head=model_cfg.n_head,
-                n_embd=model_cfg.n_embd,
-                n_positions=model_cfg.n_positions,
-                dropout=model_cfg.dropout,
-                bias=model_cfg.bias,
-            )
+        shape = NativeConfig(
+            vocab_size=padded_vocab_size(vocab_size, model_cfg.vocab_multiple),
+            n_layer=model_cfg.n_layer,
+            n_head=model_cfg.n_head,
+            n_embd=model_cfg.n_embd,
+            n_positions=model_cfg.n_positions,
+            dropout=model_cfg.dropout,
+            bias=model_cfg.bias,
         )
+        return materialise(lambda: GPT2(shape), device)
     hf = _load_hf(model_cfg.init_from, vocab_size)
     c = hf.config
     if c.activation_function != "gelu_new":
@@ -133,27 +161,32 @@ def _native(model_cfg: ModelConfig, vocab_size: int) -> GPT2:
             f"model.init_from={model_cfg.init_from} uses activation {c.activation_function}; "
             "the native GPT-2 has GPT-2's gelu_new only: use model.impl=hf"
         )
-    model = GPT2(
-        NativeConfig(
-            vocab_size=c.vocab_size,
-            n_layer=c.n_layer,
-            n_head=c.n_head,
-            n_embd=c.n_embd,
-            n_positions=c.n_positions,
-            dropout=model_cfg.dropout,
-            bias=True,
-            layer_norm_epsilon=c.layer_norm_epsilon,
-        )
+    shape = NativeConfig(
+        vocab_size=c.vocab_size,
+        n_layer=c.n_layer,
+        n_head=c.n_head,
+        n_embd=c.n_embd,
+        n_positions=c.n_positions,
+        dropout=model_cfg.dropout,
+        bias=True,
+        layer_norm_epsilon=c.layer_norm_epsilon,
     )
-    model.load_state_dict(from_hf_state_dict(hf.state_dict()))
+    model, _ = on_meta(lambda: GPT2(shape))  # no values: each comes from the weights, once
+    dtypes = {name: p.dtype for name, p in model.named_parameters(remove_duplicate=False)}
+    state = from_hf_state_dict(hf.state_dict(), device, dtypes)
+    del hf
+    model.load_state_dict(state, assign=True)
+    model.lm_head.weight = model.transformer.wte.weight  # assign made the tied pair two
     return model
 
 
-def _gpt2(model_cfg: ModelConfig, vocab_size: int, eot_id: int | None) -> torch.nn.Module:
+def _gpt2(
+    model_cfg: ModelConfig, vocab_size: int, eot_id: int | None, device: torch.device
+) -> torch.nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     if model_cfg.init_from:
-        return _load_hf(model_cfg.init_from, vocab_size)
+        return _load_hf(model_cfg.init_from, vocab_size).to(device)
     config = GPT2Config(
         vocab_size=padded_vocab_size(vocab_size, model_cfg.vocab_multiple),
         n_positions=model_cfg.n_positions,
@@ -168,7 +201,7 @@ def _gpt2(model_cfg: ModelConfig, vocab_size: int, eot_id: int | None) -> torch.
         eos_token_id=eot_id,
     )
     config._attn_implementation = "sdpa"
-    return GPT2LMHeadModel(config)
+    return materialise(lambda: GPT2LMHeadModel(config), device)
 
 
 def count_params(model: torch.nn.Module, *, exclude_position_embeddings: bool = True) -> int:

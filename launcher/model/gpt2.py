@@ -139,13 +139,25 @@ class GPT2(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def from_hf_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def from_hf_state_dict(
+    state: dict[str, torch.Tensor],
+    device: torch.device | None = None,
+    dtypes: dict[str, torch.dtype] | None = None,
+) -> dict[str, torch.Tensor]:
     """transformers' GPT2LMHeadModel state dict -> this module's (Conv1D weights transposed,
-    the attention-mask buffers older transformers keep dropped)."""
-    out = {}
+    the attention-mask buffers older transformers keep dropped), each tensor moved to
+    `device` and cast to its `dtypes[key]` before it is transposed, one at a time: the
+    converted model is never whole anywhere else. Tied tensors stay one tensor."""
+    out: dict[str, torch.Tensor] = {}
+    moved: dict[tuple, torch.Tensor] = {}  # (where, shape) -> the tensor on `device`
     for key, value in state.items():
         if key.endswith((".attn.bias", ".attn.masked_bias")):
             continue
+        where = (value.data_ptr(), tuple(value.shape))
+        if where not in moved:
+            dtype = (dtypes or {}).get(key, value.dtype)
+            moved[where] = value.to(device or value.device, dtype)
+        value = moved[where]
         out[key] = value.t().contiguous() if key.endswith(CONV1D_SUFFIXES) else value
     return out
 

@@ -50,7 +50,6 @@ class Interval:
     steps: int = 0
     data_waits: list[float] = field(default_factory=list)  # seconds, one per step
     loss_sum: torch.Tensor | None = None
-    nonfinite: torch.Tensor | None = None
     grad_norm: torch.Tensor | None = None
     dropped: int = 0  # steps whose non-finite update was skipped: not in loss_sum
     _waited: float = 0.0
@@ -61,9 +60,14 @@ class Interval:
     def add_loss(self, loss: torch.Tensor) -> None:
         """Accumulate on the device; nothing here waits for the device."""
         loss = loss.detach().float()
-        bad = ~torch.isfinite(loss)
         self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
-        self.nonfinite = bad if self.nonfinite is None else self.nonfinite | bad
+
+    @property
+    def nonfinite(self) -> torch.Tensor | None:
+        """Whether a loss added is not finite: a NaN or an infinity in any term leaves the
+        sum non-finite, so the sum says it when read (one op an interval, not one a
+        micro-step)."""
+        return None if self.loss_sum is None else ~torch.isfinite(self.loss_sum)
 
     def end_step(self) -> None:
         self.steps += 1

@@ -17,6 +17,7 @@ from launcher.config.schema import TrainerConfig
 from launcher.observe.metrics import KIND_STEMS, KIND_SUFFIXES, Aggregate, aggregate
 from launcher.observe.sinks import Sink
 from launcher.resilience.bad_steps import BadSteps
+from launcher.runtime.launch_clock import process_started, wall_seconds
 from launcher.runtime.process import Runtime
 
 log = logging.getLogger("launcher")
@@ -56,10 +57,14 @@ class Recorder:
         self.oom_retries = 0  # steps redone at a smaller micro-batch (trainer.on_oom=retry)
         self.micro_batch = micro_batch  # what runs (micro_batch_size=auto, retry)
         self.replicas_in_sync: bool | None = None
+        self.startup_s: float | None = None
 
     def begin(self, start_step: int) -> None:
         self.start_time = time.perf_counter()
         self.start_step = start_step
+        # from this process's start to its first step: what a restart costs to train again
+        started = process_started()
+        self.startup_s = time.time() - started if started is not None else None
 
     def merge(self, step: int, figures: dict) -> Aggregate:
         """Every rank's interval figures merged (the same on every rank). Rank 0 merges
@@ -163,5 +168,6 @@ class Recorder:
             **self.bad_step_counts(),
             **self.micro_batch_figures(),
             "flops_per_token": self.flops_per_token,
-            "wall_time_s": time.perf_counter() - self.start_time,
+            "wall_time_s": wall_seconds(self.rt.launch.job_started),  # from the launch
+            "startup_s": self.startup_s,
         }

@@ -11,8 +11,8 @@ import contextlib
 import json
 import logging
 import math
-import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from launcher.paths import atomic_write
@@ -166,11 +166,13 @@ class ConsoleSink(Sink):
         start_step: int,
         stream=None,
         run_dir: Path | None = None,
+        what_next: Callable[[dict], list[str]] | None = None,
         world_size: int = 2,
         brief: bool = False,
         quiet: bool = False,
     ):
         self.run_dir = run_dir  # for the closing block
+        self.what_next = what_next  # summary -> the closing block's commands
         self.brief = brief  # a sweep point or tuning trial: its closing block's first line
         self.quiet = quiet  # progress lines into the rank's log only, no bar
         self.world_size = world_size  # one process has no slowest rank to name
@@ -203,24 +205,20 @@ class ConsoleSink(Sink):
             self.bar.close()
             self._redirect.close()
         if self.run_dir is not None and summary:
-            block = closing_block(self.run_dir, summary, whole_process=not self.brief)
-            log.info("%s", block.splitlines()[0] if self.brief else block)
+            if self.brief:  # a sweep point or tuning trial: its first line
+                log.info("%s", closing_block(self.run_dir, summary).splitlines()[0])
+                return
+            offered = self.what_next(summary) if self.what_next else []
+            log.info("%s", closing_block(self.run_dir, summary, offered))
 
 
-def process_seconds() -> float | None:
-    """How long this process has run (Linux's /proc), start-up and data preparation included:
-    the wall time a person waited, not only the loop's."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return uptime - ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _wall(seconds) -> str:
-    if not isinstance(seconds, (int, float)):
-        return "?"
+def wall_text(seconds, missing: str = "?") -> str:
+    """A wall time as the closing block and `launcher.runs` both show it: `7.5 s` under a
+    minute, `m:ss` (`h:mm:ss`) from a minute on."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        return missing
+    if not math.isfinite(seconds):
+        return missing
     return f"{seconds:.1f} s" if seconds < 60 else _fmt_eta(seconds)
 
 
@@ -228,16 +226,16 @@ def _figure(value, fmt: str) -> str:
     return format(value, fmt) if isinstance(value, (int, float)) else "none"
 
 
-def closing_block(run_dir: Path, summary: dict, whole_process: bool = True) -> str:
-    """What a person reads at the end of a run: where it is, how long it took, what it
-    reached, and the commands that come next (a failed run: the error above says why).
-    The wall time is the process's (start-up included) when the run is the process's only
-    job, else the training loop's (a sweep point, a tuning trial)."""
+def closing_block(run_dir: Path, summary: dict, next_lines: Sequence[str] = ()) -> str:
+    """What a person reads at the end of a run: where it is, how long it took (summary.json's
+    `wall_time_s`: from the launch to the last write, launcher.runtime.launch_clock), what it
+    reached, its picture, and `next_lines`: the commands that will work on it (the training
+    front door's launcher.train.next_steps). A failed run: one line; the error above says
+    why."""
     status = str(summary.get("status", "?"))
     steps = summary.get("steps")
     head = f"run {run_dir}: {status.split(':')[0]}"
-    wall = (process_seconds() if whole_process else None) or summary.get("wall_time_s")
-    lines = [f"{head}, {steps} steps in {_wall(wall)} wall time"]
+    lines = [f"{head}, {steps} steps in {wall_text(summary.get('wall_time_s'))} wall time"]
     if not status.startswith(("completed", "stopped")):  # the error above says why
         return f"{lines[0]}; summary.json names the first failing rank, logs in {run_dir}/logs"
     lines.append(
@@ -251,10 +249,5 @@ def closing_block(run_dir: Path, summary: dict, whole_process: bool = True) -> s
         )
     )
     lines.append(f"  report: {run_dir / 'report.png'}")
-    lines.append(f"  next: python -m launcher.analyze {run_dir}")
-    lines.append(f"        python -m launcher.export {run_dir} {run_dir}/export")
-    lines.append(f"        python -m launcher.generate {run_dir} --prompt 'def '")
-    more = f"trainer.max_steps=<more than {steps}>" if status.startswith("completed") else ""
-    again = f"        continue: the same command with run.id={summary.get('run_id')} {more}"
-    lines.append(again.rstrip())
+    lines += next_lines
     return "\n".join(lines)

@@ -17,10 +17,11 @@ import sys
 from pathlib import Path
 
 from launcher.config import ConfigError, compose, friendly_overrides
+from launcher.config.model_shape import millions
 from launcher.config.ranges import Range
 from launcher.data.shm import human_bytes
 from launcher.paths import atomic_write
-from launcher.plan import forecast
+from launcher.plan import forecast, goodput
 from launcher.plan.shape import checked, shape_of
 from launcher.runtime import run_dir_check
 from launcher.runtime.lock import LockHeld, tool_lock
@@ -167,7 +168,7 @@ def table(plan: dict) -> str:
     j, m, c, s, t = (plan[k] for k in ("job", "memory", "checkpoint", "step", "totals"))
     device = m["gpu_per_rank"]
     lines = [
-        f"plan: {j['model']} ({j['parameters'] / 1e6:.2f}M parameters, vocabulary "
+        f"plan: {j['model']} ({millions(j['parameters'])} parameters, vocabulary "
         f"{j['vocabulary']:,}), strategy={j['strategy']}, {j['nodes']} node(s) x "
         f"{j['procs_per_node']} rank(s) on {j['device']} ({j['link']}), global batch "
         f"{j['global_batch']} x {j['seq_len']} tokens (micro-batch {j['micro_batch']}, "
@@ -198,10 +199,12 @@ def table(plan: dict) -> str:
     lines += [f"| {name} | {_b(v['state_bytes'])} | {_b(v['total_bytes'])} |"
               for name, v in m["by_engine"].items()]  # fmt: skip
     stop = c["stop"]
+    host = m["host_per_node"]
     lines += [
         "",
-        f"host memory per node {_b(m['host_per_node_bytes'])} (of which /dev/shm "
-        f"{_b(m['shm_per_node_bytes'])})",
+        f"host memory per node {_b(m['host_per_node_bytes'])}: a rank at its peak "
+        f"{_b(host['rank_process'])} ({_host_parts(host['rank'])}), its DataLoader workers "
+        f"{_b(host['workers'])}, /dev/shm {_b(m['shm_per_node_bytes'])}",
         f"checkpoint: {_b(c['bytes_total'])} in all, {c['writers']} rank(s) writing, the "
         f"largest {_b(c['bytes_per_rank'])}, written in {_s(c['write_s'])}; a stop needs "
         + ", ".join(f"{_s(b['need_s'])} of {b['key']}={b['window_s']} "
@@ -220,10 +223,17 @@ def table(plan: dict) -> str:
         lines.append(f"to step {t['start_step'] + t['steps']}: {_s(t['time_s'])}{hours}{cost}")
     else:
         lines.append(f"step: no time forecast ({plan['basis']['step.compute_s']['why']})")
+    lines += ["", *goodput.lines(plan["goodput"])]
     lines += ["", "basis (measured or assumed):"]
     for key, b in plan["basis"].items():
         lines.append(f"  {key}: {'measured' if b['measured'] else 'assumed'}: {b['why']}")
     return "\n".join(lines)
+
+
+def _host_parts(rank: dict) -> str:
+    """A rank's host memory by part, the ones it has (launcher.plan.host.rank_bytes)."""
+    return ", ".join(f"{k.replace('_', ' ')} {_b(v)}" for k, v in rank.items()
+                     if v and k != "total")  # fmt: skip
 
 
 if __name__ == "__main__":

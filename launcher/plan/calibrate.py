@@ -261,6 +261,7 @@ class Calibration:
     data_wait_s: float | None  # a micro-step's (the loader hands out a micro-batch each)
     write_bytes_per_s: float | None
     ignored: list[str]  # runs on another kind of device than the target's
+    startup_s: float | None = None  # the runs' median start-up: what a restart costs
 
     @property
     def sources(self) -> str:
@@ -290,10 +291,12 @@ def fit_runs(paths: list[Path], kind: str | None, preset: Link) -> Calibration:
             overlaps.setdefault(r.engine, []).append(r.overlap)
     writes = [r.written / r.write_s for r in same if r.write_s and r.written]
     waits = [r.wait_s / r.shape.batch.accum for r in same]  # a micro-batch's
+    startups = [r.startup_s for r in records if r.startup_s]  # any device's: the same imports
     return Calibration(
         same, compute, links, {e: statistics.median(v) for e, v in overlaps.items()},
         statistics.median(waits) if waits else None,
         statistics.median(writes) if writes else None, ignored,
+        statistics.median(startups) if startups else None,
     )  # fmt: skip
 
 

@@ -63,8 +63,8 @@ def collective_s(op: str, size: float, topo: Topology) -> float:
 def step_comm(cfg, world_size: int, topo: Topology) -> dict:
     """One step's collectives as the engine declares them (launcher.strategy.<engine>),
     each timed: {"collectives": [...], "bytes": total, "time_s": total}."""
-    declared = engine(cfg.strategy.name).step_collectives
-    rows = declared(cfg, param_count(cfg.model), world_size) if declared else []
+    plan = engine(cfg.strategy.name).plan
+    rows = plan.step_collectives(cfg, param_count(cfg.model), world_size) if plan else []
     timed = [
         {"op": op, "bytes": size, "times": times,
          "time_s": times * collective_s(op, size, topo)}
@@ -125,7 +125,7 @@ def bucket_sizes(cfg, key: str, default_mb: float, world_size: int, topo: Topolo
     than the configured size. The buckets are the engine's own (its `step_collectives`:
     DDP's cut from the fp32 gradients, under a compression hook too)."""
     params = param_count(cfg.model)
-    declared = engine(cfg.strategy.name).step_collectives
+    declared = engine(cfg.strategy.name).plan.step_collectives
 
     def predicted(mb: float) -> float:
         sized = OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"{key}={mb}"]))

@@ -22,7 +22,8 @@ from omegaconf import OmegaConf
 
 from launcher.config import compose
 from launcher.config.registry import engine
-from launcher.plan import comm, memory, stop
+from launcher.plan import comm, goodput, memory, stop
+from launcher.plan import host as host_memory
 from launcher.plan.calibrate import (
     REACH,
     Calibration,
@@ -151,7 +152,8 @@ def build(
         other = memory.device_per_rank(_with(cfg, overrides), world, target.on_gpu)
         state = sum(other[k] for k in ("weights", "grads", "optimizer"))
         by_engine[name] = {"state_bytes": state, "total_bytes": other["total"]}
-    host = memory.host_per_node(cfg, procs, world, target.on_gpu, restarts)
+    host = host_memory.host_per_node(cfg, procs, world, target.on_gpu, restarts)
+    basis["host_memory"] = _basis(not target.on_gpu, host_memory.basis(target.on_gpu))
     basis["memory"] = _basis(
         False,
         "the engine's state by its declaration; activations 34 x seq x micro x width bytes a "
@@ -216,10 +218,12 @@ def build(
             "mfu": batch.tokens_per_step / time_s * fpt / (peak * world) if peak else None,
         }
     steps = max(0, int(t.max_steps) - start_step)
+    startup_s = cal.startup_s if cal else None
+    good = goodput.forecast(cfg, target.nodes, procs, target.on_gpu, write_s,
+                            step["time_s"] if step else None, startup_s, restarts)  # fmt: skip
     totals = None
     if step:
-        every = int(t.checkpoint_interval)
-        saves = (int(t.max_steps) // every - start_step // every) if every else 0
+        saves = goodput.saves(good, int(t.max_steps), start_step)
         time_s = steps * step["time_s"] + saves * write_s
         hours = time_s * world / 3600 if target.on_gpu else None
         cost = cfg.cluster.gpu_hour_cost
@@ -276,6 +280,7 @@ def build(
             "time_s": None,
             "gpu_hours": None,
         },  # fmt: skip
+        "goodput": good,
         "basis": basis,
     }
 
@@ -397,9 +402,8 @@ def at_start(cfg, world_size: int, ranks_per_node: int, device_name: str | None,
     cores = None if on_gpu else os.cpu_count() or 1
     target = Target(nodes, ranks_per_node, on_gpu, device, topo, cores)
     declared = engine(str(cfg.strategy.name))
-    if declared.train_state is None or declared.step_collectives is None:
-        return _no_forecast(f"strategy={cfg.strategy.name} declares no train_state or "
-                            "step_collectives for the plan")  # fmt: skip
+    if declared.plan is None:
+        return _no_forecast(f"strategy={cfg.strategy.name} declares no Plan")
     from launcher.data.vocab import Vocabulary
 
     shape = shape_of(cfg, world_size, Vocabulary(vocab_size, "the run's tokenizer", True))

@@ -40,6 +40,7 @@ FIGURES = {
     "bytes_per_step": Range(low=0.0, high=1e15, why="bytes a step"),
     "inflight_s_per_step": Range(low=0.0, high=DAY, why="seconds a step"),
     "write_s": Range(low=0.0, high=DAY, low_open=True, why="seconds"),
+    "startup_s": Range(low=0.0, high=DAY, why="seconds to the first step"),
 }
 # comm_collectives.json's names for the collectives the plan models
 OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter"}
@@ -79,6 +80,7 @@ class RunRecord:
     samples: list[Sample] = field(default_factory=list)
     write_s: float | None = None
     written: int | None = None  # bytes of its last checkpoint's largest writer
+    startup_s: float | None = None  # from its process's start to its first step: a restart's
 
     @property
     def compute_s(self) -> float:
@@ -96,7 +98,7 @@ def engine_label(cfg) -> str:
     """The engine a run used, with what its checkpoints identify it by besides the
     precision (DeepSpeed's stage): each calibrates its own fixed costs."""
     named = engine(str(cfg.strategy.name))
-    keys = {k: v for k, v in named.identity(cfg).items() if k != "precision"}
+    keys = {k: v for k, v in named.resume.identity(cfg).items() if k != "precision"}
     return str(cfg.strategy.name) + "".join(f" {k}={v}" for k, v in keys.items())
 
 
@@ -147,6 +149,7 @@ def read_run(run_dir: Path) -> RunRecord | None:
         exposed_s=figure("comm/exposed_s"), wait_s=figure("data_wait_s"),
         comm_s=figure("comm/allreduce_s") or None,
         samples=_samples(run_dir, summary, world, per_node, engine_label(cfg)),
+        startup_s=_figure(summary, "startup_s", run_dir / SUMMARY),
     )  # fmt: skip
     write_s = _figure(meta, "write_s", last / "meta.json", required=False) if last else None
     if write_s and meta.get("files"):
@@ -164,12 +167,12 @@ def _largest_writer(shape: RunShape, files: dict, world: int) -> int:
 
 def writes_of(shape: RunShape, world_size: int) -> list[int]:
     """Bytes each rank writes into one durable checkpoint, rank 0 first (the engine's
-    declaration; an engine that declares none: rank 0 the whole state, 12 bytes a
+    declaration; an engine that declares no Plan: rank 0 the whole state, 12 bytes a
     parameter)."""
-    declared = engine(str(shape.cfg.strategy.name)).checkpoint_writes
-    if declared is None:
+    plan = engine(str(shape.cfg.strategy.name)).plan
+    if plan is None:
         return [shape.params * 12]
-    return declared(shape.cfg, shape.params, world_size)
+    return plan.checkpoint_writes(shape.cfg, shape.params, world_size)
 
 
 def largest_share(shape: RunShape, world_size: int) -> float:

@@ -1,5 +1,6 @@
 """Memory, predicted from the config's shape: per rank on the device (the training state by
-its engine, activations, the allocator's headroom), per node in host memory and /dev/shm.
+its engine, activations, the allocator's headroom), and per node in /dev/shm (host memory
+besides: launcher.plan.host).
 
 The /dev/shm figure (`shm_need`) is the one every part of the launcher sizes with: the
 preflight and the doctor check it against the machine, the job records it in env.json, and
@@ -12,13 +13,10 @@ from launcher.checkpoint import memory as tier
 from launcher.config.batch import BatchPlan
 from launcher.config.model_shape import GPT2_VOCAB, padded_vocab_size, param_count
 from launcher.config.registry import engine
-from launcher.data.shm import INT64_BYTES, shm_need_bytes
+from launcher.data.shm import loader_shm_need
 
 HEADROOM = 0.10  # of the device's total: the caching allocator's fragmentation (assumed)
 CONTEXT_BYTES = 1 * 10**9  # CUDA context, cuBLAS/NCCL workspaces, per rank (assumed)
-RANK_HOST_BYTES = 2 * 10**9  # a rank's process on the host: torch, CUDA libraries (assumed)
-CPU_RANK_HOST_BYTES = 3 * 10**8  # the same without CUDA (assumed)
-WORKER_HOST_BYTES = 3 * 10**8  # a forked DataLoader worker's own pages (assumed)
 ACTIVATION_BYTES_PER_LAYER = 34  # x seq x batch x width, 16-bit (Korthikanti et al. 2022)
 COMPILED_BYTES_PER_LAYER = 24  # the same under trainer.compile (activation_bytes)
 
@@ -26,17 +24,6 @@ COMPILED_BYTES_PER_LAYER = 24  # the same under trainer.compile (activation_byte
 def micro_batch(cfg, world_size: int) -> int:
     """The micro-batch the config runs (BatchPlan's: auto starts at the per-rank batch)."""
     return BatchPlan.of(cfg.trainer, world_size).micro_batch
-
-
-def loader_shm_need(cfg) -> int:
-    """Bytes of /dev/shm one rank's DataLoader workers hold at once."""
-    return shm_need_bytes(
-        num_workers=cfg.data.num_workers,
-        prefetch_factor=cfg.data.prefetch_factor,
-        # auto: at most the per-rank batch, bounded here (no world size) by the global one
-        micro_batch=micro_batch(cfg, 1),
-        seq_len=cfg.trainer.seq_len,
-    )
 
 
 def shm_need(
@@ -54,10 +41,10 @@ def shm_need(
 def train_state(cfg, world_size: int) -> dict[str, int]:
     """Bytes per rank of weights, gradients and optimizer state, as the engine holds them at
     `world_size` (its declaration in launcher.strategy.<engine>)."""
-    declared = engine(cfg.strategy.name).train_state
-    if declared is None:
-        raise ValueError(f"strategy={cfg.strategy.name} declares no train_state for the plan")
-    return declared(cfg, param_count(cfg.model), world_size)
+    plan = engine(cfg.strategy.name).plan
+    if plan is None:
+        raise ValueError(f"strategy={cfg.strategy.name} declares no plan")
+    return plan.train_state(cfg, param_count(cfg.model), world_size)
 
 
 def activation_bytes(cfg, micro: int, checkpointing: bool | None = None) -> int:
@@ -108,22 +95,3 @@ def device_per_rank(cfg, world_size: int, on_gpu: bool) -> dict[str, int]:
         "headroom": headroom,
         "total": used + headroom,
     }
-
-
-def host_per_node(cfg, ranks_per_node: int, world_size: int, on_gpu: bool,
-                  restarts: int | None = None) -> dict[str, int]:  # fmt: skip
-    """Host memory one node needs: each rank's process, its DataLoader workers and pinned
-    batches, /dev/shm (the loaders' and the memory tier's), and on the CPU the training
-    itself."""
-    workers = int(cfg.data.num_workers)
-    micro = micro_batch(cfg, world_size)
-    batch = 2 * micro * int(cfg.trainer.seq_len) * INT64_BYTES
-    pinned = batch * max(1, int(cfg.data.prefetch_factor) * max(workers, 1))
-    base = RANK_HOST_BYTES if on_gpu else CPU_RANK_HOST_BYTES
-    training = (
-        0 if on_gpu else sum(train_state(cfg, world_size).values()) + activation_bytes(cfg, micro)
-    )
-    shm = shm_need(cfg, ranks_per_node, world_size, restarts)
-    rank = base + training + (pinned if cfg.data.pin_memory else 0)
-    processes = ranks_per_node * (rank + workers * WORKER_HOST_BYTES)
-    return {"rank_process": rank, "processes": processes, "shm": shm, "total": processes + shm}

@@ -228,7 +228,7 @@ def cluster(r: Rehearsal) -> str:
     """The job launcher.submit would render, with the checks it makes against the stop
     checkpoint's time (the rehearsal's figure, when the stop case ran, else submit's own)."""
     seen, target = Seen(), str(r.cfg.cluster.name)
-    renderer = backend(target).module()
+    renderer = backend(target).renderer()
     try:
         job = prepare(target, [*r.user_overrides, f"run.root={r.run_dir.parent}",
                                f"run.id={r.run_dir.name}"])  # fmt: skip

@@ -24,7 +24,9 @@ from omegaconf import DictConfig
 
 from launcher.config import ConfigError, compose, sweep
 from launcher.config.backends import backends
-from launcher.paths import keep_aside
+from launcher.config.validate import key_problems
+from launcher.paths import keep_aside, make_run_dir
+from launcher.preflight import preflight
 from launcher.rehearse import report
 from launcher.rehearse.cases import CASES, NAMES, Case
 from launcher.rehearse.launches import CaseFailed, kill_leftovers
@@ -33,7 +35,6 @@ from launcher.rehearse.shrink import KEPT, shrunk
 from launcher.runtime import process as runtime
 from launcher.runtime import run_dir_check
 from launcher.runtime.lock import LockHeld, tool_lock
-from launcher.train.preflight import preflight
 
 log = logging.getLogger("launcher.rehearse")
 FALLBACK_PRECISION = "trainer.precision=fp32"
@@ -83,6 +84,9 @@ def plan(overrides: list[str]) -> tuple[DictConfig, list[str], int, list[str]]:
             f"{', '.join(points.swept_keys) or 'several points'}; give one value per key"
         )
     cfg = compose(overrides)
+    own = key_problems(cfg.copy(), 1)  # ranges and choices: no world size in them
+    if own:  # each key as given first: the shrunk experiment is computed from them
+        raise ConfigError(own[0])
     if runtime.ranks_per_node() != runtime.env_world()[2]:
         raise ConfigError("launcher.rehearse runs on one node; start it with one torchrun")
     nproc = default_nproc(cfg)
@@ -122,7 +126,7 @@ def rehearse(overrides: list[str]) -> int:
     problem = run_dir_check.problem(run_dir, nproc)
     if problem:
         raise ConfigError(problem)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_run_dir(run_dir, Path(cfg.run.root).expanduser().absolute(), cfg.run.access)
     try:
         with tool_lock(run_dir, "rehearse", "use another run.id"):
             return _rehearse(Rehearsal(cfg, overrides, mine, nproc, run_dir), cases, notes)

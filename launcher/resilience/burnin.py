@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import statistics
 import time
 from dataclasses import dataclass
@@ -29,14 +27,14 @@ import torch.distributed as dist
 
 from launcher.config.schema import BurninConfig
 from launcher.paths import atomic_write, keep_aside
+from launcher.resilience import bad_hosts
 from launcher.resilience.faults import FaultInjector
 from launcher.runtime.allreduce import bus_bandwidth, time_allreduce
-from launcher.runtime.process import Runtime
+from launcher.runtime.process import Runtime, node_name
 
 log = logging.getLogger("launcher")
 
 REPORT = "burnin.json"
-BAD_HOSTS = "bad_hosts"  # one host a line, every host a gate of this run refused
 MATMUL_N = {"cuda": 8192, "cpu": 512}  # burnin.matmul_size=null
 ALLREDUCE_BYTES = {"cuda": 64 * 2**20, "cpu": 2**20}
 WARMUP = 2
@@ -78,32 +76,6 @@ def outliers(seconds: list[float | None], tolerance: float) -> list[Outlier]:
         if hit.excess > tolerance:
             found.append(hit)
     return found
-
-
-def host_name() -> str:
-    """This node as the scheduler names it: Slurm's node name (what --exclude takes), the
-    Kubernetes node (NODE_NAME, set from the pod's spec.nodeName), else the hostname."""
-    return os.environ.get("SLURMD_NODENAME") or os.environ.get("NODE_NAME") or socket.gethostname()
-
-
-def merge_hosts(known: list[str], new: list[str]) -> list[str]:
-    """The hosts already recorded, then the new ones, each once, in the order first seen."""
-    return list(dict.fromkeys([*known, *new]))
-
-
-def read_bad_hosts(run_dir: Path) -> list[str]:
-    """The hosts the gates of this run refused (`bad_hosts`; none when it is absent)."""
-    try:
-        text = (Path(run_dir) / BAD_HOSTS).read_text()
-    except FileNotFoundError:
-        return []
-    return [line.strip() for line in text.splitlines() if line.strip()]
-
-
-def record_bad_hosts(run_dir: Path, hosts: list[str]) -> None:
-    """Add `hosts` to `bad_hosts`, written whole (the batch script reads it after the step)."""
-    merged = merge_hosts(read_bad_hosts(run_dir), hosts)
-    atomic_write(Path(run_dir) / BAD_HOSTS, "".join(f"{h}\n" for h in merged))
 
 
 def _sync(device: torch.device) -> None:
@@ -161,7 +133,7 @@ def allreduce_figures(rt: Runtime, group, ranks: int, iters: int) -> dict | None
 
 def measure(cfg: BurninConfig, faults: FaultInjector, rt: Runtime, started: float) -> dict:
     """This rank's figures: its host, its matmul and its node's and the job's all-reduce."""
-    host = host_name()
+    host = node_name()
     hosts = rt.all_gather_objects(host)
     n = cfg.matmul_size or MATMUL_N["cuda" if rt.device.type == "cuda" else "cpu"]
     delay = faults.burnin_delay()
@@ -241,6 +213,14 @@ def verdict_line(report: dict) -> str:
     )
 
 
+def refused_hosts(report: dict) -> dict[str, str]:
+    """{host: why} of the hosts a refusal names, for bad_hosts."""
+    why = {s["host"]: f"burn-in: node: {s['figure']}" for s in report["slow_nodes"]}
+    for s in report["slow_ranks"]:
+        why.setdefault(s["host"], f"burn-in: rank {s['rank']}: {s['figure']}")
+    return why
+
+
 def summary(report: dict) -> dict:
     """What env.json keeps of the report (burnin.json has every rank's figures)."""
     keep = ("verdict", "seconds", "budget_s", "tolerance", "action", "matmul_size")
@@ -268,9 +248,10 @@ def keep_earlier_verdict(run_dir: Path) -> None:
         log.info("burn-in: the earlier gate's figures moved to %s", keep_aside(run_dir, earlier))
 
 
-def gate(cfg: BurninConfig, faults: FaultInjector, rt: Runtime) -> dict | None:
+def gate(cfg: BurninConfig, faults: FaultInjector, rt: Runtime, record: bool = True) -> dict | None:
     """Run the gate on every rank (None when burnin.enabled is off); raise BadNode on every
-    rank when it refuses. Rank 0 writes burnin.json (and bad_hosts on a refusal) and logs."""
+    rank when it refuses. Rank 0 writes burnin.json (and, with `record`, exclude.burnin, the
+    refused hosts in bad_hosts) and logs."""
     if not cfg.enabled:
         return None
     started = time.perf_counter()
@@ -294,14 +275,14 @@ def gate(cfg: BurninConfig, faults: FaultInjector, rt: Runtime) -> dict | None:
         "ranks": ranks,
     }
     if rt.is_main:
-        _report(report, rt.run_dir)
+        _report(report, rt.run_dir, record)
     rt.barrier()  # bad_hosts is whole before any rank exits
     if verdict == "refused":
         raise BadNode(verdict_line(report), report["seconds"])
     return report
 
 
-def _report(report: dict, run_dir: Path) -> None:
+def _report(report: dict, run_dir: Path, record: bool) -> None:
     keep_earlier_verdict(run_dir)
     atomic_write(run_dir / REPORT, json.dumps(report, indent=1))
     matmuls = [r["matmul_s"] for r in report["ranks"]]
@@ -326,7 +307,7 @@ def _report(report: dict, run_dir: Path) -> None:
             report["seconds"],
             report["budget_s"],
         )
-    if report["verdict"] == "refused":
-        record_bad_hosts(run_dir, report["bad_hosts"])
+    if report["verdict"] == "refused" and record:
+        bad_hosts.record(run_dir, refused_hosts(report))
     if report["verdict"] == "warned":
         log.warning("%s", verdict_line(report))

@@ -3,8 +3,8 @@
 Slurm (`--requeue` decisions in the sbatch script), a Kubernetes `podFailurePolicy` and
 PyTorchJob's `restartPolicy: ExitCode` act on the code of the process they wait on, so
 each code says what to do next: 2 is never worth retrying, 3 and 4 need a change before a
-retry helps, 5, 7 and 143 resume from the last complete checkpoint, 6 is worth retrying on
-other nodes (the refused host is recorded in the run directory's `bad_hosts`).
+retry helps, 5, 7, 8 and 143 resume from the last complete checkpoint, 6 is worth retrying
+on other nodes (the refused host is recorded in the run directory's `bad_hosts`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ BAD_NODE = 6
 # checkpoint or trace write, the end of the run), and killed by torchrun's shutdown timeout
 # before its end: no stop checkpoint; the steps since the last complete one are lost
 STOPPED_NO_CHECKPOINT = 7
+# A node of the job left it (its processes gone, its heartbeat silent) and no node took its
+# place before the restart's rendezvous gave up (launcher.resilience.node_presence): every
+# other node ends with 8, naming the node's ranks; a requeue or restart on a full set of
+# nodes resumes from the last checkpoint of either tier.
+NODE_LOST = 8
 STOPPED = 143  # stopped on request (SIGTERM/SIGINT) after a complete checkpoint
 
 MEANING = {
@@ -42,6 +47,7 @@ MEANING = {
     HANG: "hang detected",
     BAD_NODE: "bad node refused by the burn-in gate",
     STOPPED_NO_CHECKPOINT: "stopped without a checkpoint",
+    NODE_LOST: "node lost",
     STOPPED: "stopped with a checkpoint",
 }
 
@@ -56,7 +62,7 @@ NODE_CODES_ENV = "LAUNCHER_NODE_CODES"
 # When ranks end differently, the most specific diagnosis is the job's: a bad input or a
 # non-finite loss explains why the other ranks were stopped, not the other way round.
 # A rank that wrote the stop checkpoint (143) shows it is complete: every rank wrote its part.
-PRIORITY = (BAD_INPUT, BAD_NODE, NONFINITE, OOM, HANG, STOPPED, STOPPED_NO_CHECKPOINT)
+PRIORITY = (BAD_INPUT, BAD_NODE, NONFINITE, OOM, NODE_LOST, HANG, STOPPED, STOPPED_NO_CHECKPOINT)
 
 
 def report(code: int, chosen: bool = False) -> None:
@@ -78,6 +84,32 @@ def report(code: int, chosen: bool = False) -> None:
 
 
 CHOSEN = ".chosen"
+STARTED = ".started"  # a worker's word that it runs, holding its run directory
+
+
+def report_start(run_dir: Path) -> None:
+    """Tell the launching front door (if any) that this rank of this attempt runs, and in
+    which run directory: what its node's heartbeat says (launcher.resilience.node_presence)."""
+    folder = os.environ.get(OUTCOME_DIR_ENV)
+    if not folder:
+        return
+    rank = int(os.environ.get("RANK", "0"))
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    with contextlib.suppress(OSError):
+        atomic_write(Path(folder) / f"attempt{attempt:04d}.rank{rank:05d}{STARTED}", str(run_dir))
+
+
+def read_starts(folder: Path) -> tuple[int | None, dict[int, str]]:
+    """(the latest attempt whose ranks started, {rank: its run directory})."""
+    latest: dict[int, dict[int, str]] = {}
+    for path in Path(folder).iterdir():
+        match = re.fullmatch(rf"attempt(\d+)\.rank(\d+){re.escape(STARTED)}", path.name)
+        if match:
+            with contextlib.suppress(OSError):
+                latest.setdefault(int(match[1]), {})[int(match[2])] = path.read_text()
+    if not latest:
+        return None, {}
+    return max(latest), latest[max(latest)]
 
 
 def read_reports(folder: Path, chosen: bool = False) -> dict[int, int]:

@@ -165,6 +165,18 @@ register(
 )
 
 
+# device_error: it raises what a failing GPU says (an uncorrectable ECC error) at `step`:
+# a crash whose host goes to bad_hosts (exclude.device_error)
+def _device_error(fault: FaultInjector, step: int) -> None:
+    raise RuntimeError(
+        f"CUDA error: uncorrectable ECC error encountered (injected by fault.kind=device_error "
+        f"at step {step})"
+    )
+
+
+register(FaultKind("device_error", {BEFORE_STEP: at_step(_device_error)}))
+
+
 # loader_error: its DataLoader worker raises reading step `step`'s first micro-batch
 def _failing_windows(fault: FaultInjector, windows: Dataset, sampler) -> Dataset:
     poisoned = sampler.rank_batch(fault.cfg.step - 1)[: sampler.micro_batch]

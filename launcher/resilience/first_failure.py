@@ -99,15 +99,20 @@ def peer_failure(wait_s: float = 0.0) -> dict | None:
         time.sleep(0.05)
 
 
-def is_peer_loss(exc: BaseException) -> bool:
-    """Whether `exc` (or an exception it was raised while handling) is a collective that
-    broke because the rank at the other end is gone."""
+def says_any(exc: BaseException, markers: tuple[str, ...]) -> bool:
+    """Whether `exc`, or an exception it was raised from or while handling, says one of
+    `markers`."""
     seen: BaseException | None = exc
     while seen is not None:
-        if any(marker in str(seen) for marker in PEER_LOSS_MARKERS):
+        if any(marker in str(seen) for marker in markers):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def is_peer_loss(exc: BaseException) -> bool:
+    """Whether `exc` is a collective that broke because the rank at the other end is gone."""
+    return says_any(exc, PEER_LOSS_MARKERS)
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:

@@ -9,13 +9,20 @@ it stays one, and on the console once per rank and run: on a busy shared host a 
 flaps in and out of a streak is one warning, not one per episode (a tune's trials print
 their lines to their own logs). No extra synchronisation: the figures come from the metrics gather
 that happens anyway.
+
+A straggler that stays the slowest for `exclude.straggler_intervals` intervals in a row is a
+host to keep off the run's next attempts: rank 0 records it in bad_hosts with the figure
+(launcher.resilience.bad_hosts; exclude.straggler), once per host and run.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from omegaconf import DictConfig
+
+from launcher.resilience import bad_hosts
 
 log = logging.getLogger("launcher")
 
@@ -28,6 +35,15 @@ class StragglerWatch:
         self._rank: int | None = None
         self._streak = 0
         self._announced: set[int] = set()  # ranks named on the console in this run already
+        self._persistent = 0  # intervals in a row that make a straggler's host a bad one
+        self._hosts: list[str] = []
+        self._run_dir: Path | None = None
+
+    def keep_off(self, intervals: int, hosts: list[str] | None, run_dir: Path) -> None:
+        """Record the host of a straggler that lasts `intervals` intervals in bad_hosts
+        (`hosts`: each rank's, on the rank that announces; None elsewhere)."""
+        if self.announce and hosts:
+            self._persistent, self._hosts, self._run_dir = intervals, hosts, run_dir
 
     def update(self, figures: dict) -> dict:
         """The straggler fields for this interval's record (None when there is none)."""
@@ -50,4 +66,16 @@ class StragglerWatch:
                 100 * excess,
                 self._streak,
             )
+        if self._persistent and self._streak == max(self._persistent, self.needed):
+            self._record(rank, excess)
         return {"straggler/rank": rank, "straggler/excess_frac": excess}
+
+    def _record(self, rank: int, excess: float) -> None:
+        host = self._hosts[rank]
+        if host in bad_hosts.read(self._run_dir):
+            return
+        why = (f"straggler: rank {rank} computed {100 * excess:.0f}% longer per step than the "
+               f"other ranks' median for {self._streak} log intervals in a row")  # fmt: skip
+        bad_hosts.record(self._run_dir, {host: why})
+        log.warning("straggler: rank %d's host %s goes to bad_hosts, kept off the run's next "
+                    "attempts (exclude.straggler=false keeps it)", rank, host)  # fmt: skip

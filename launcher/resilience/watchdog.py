@@ -31,8 +31,8 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
-import socket
 import statistics
 import sys
 import threading
@@ -44,8 +44,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from launcher.resilience import exit_codes
+from launcher.resilience import bad_hosts, exit_codes
+from launcher.resilience.hang_verdict import analyze_hang
 from launcher.runtime.nccl_capture import FR_BUFFER_ENV, FR_LEGACY_ENV
+from launcher.runtime.process import node_name
 from launcher.runtime.process_tree import stopped_workers
 
 log = logging.getLogger("launcher")
@@ -103,8 +105,10 @@ class HangWatchdog:
         start_step: int,
         on_hang: Callable[[int], None],
         async_writes: bool = False,
+        record_culprits: bool = False,
     ):
         self.cfg = cfg
+        self.record_culprits = record_culprits  # exclude.hang: the culprits' hosts to bad_hosts
         self.rank = rank
         self.run_dir = run_dir
         self.on_hang = on_hang
@@ -323,6 +327,9 @@ class HangWatchdog:
         if missing and declared_by is None:
             log.error("hang: no record from rank(s) %s: they could not run", missing)
             end_stopped_peers(missing)
+        if declared_by is None and self.record_culprits:
+            with contextlib.suppress(Exception):  # the exit and its stacks come first
+                keep_culprits_off(self.run_dir, step, self._started)
         exit_codes.report(exit_codes.HANG)
         logging.shutdown()
         os._exit(exit_codes.HANG)
@@ -338,7 +345,7 @@ class HangWatchdog:
         main = frames.get(threading.main_thread().ident)
         record = {
             "rank": self.rank,
-            "host": socket.gethostname(),
+            "host": node_name(),
             "pid": os.getpid(),
             "step": step,
             "phase": phase,
@@ -361,6 +368,41 @@ class HangWatchdog:
         folder.mkdir(exist_ok=True)
         dump = with_process_groups(_dump_fr_trace(True, True, False))
         (folder / f"rank_{self.rank}").write_bytes(dump)
+
+
+def keep_culprits_off(run_dir: Path, step: int, since: float) -> None:
+    """The hang verdict's culprits (launcher.resilience.hang_verdict: what `launcher.analyze`
+    names), their hosts recorded in bad_hosts with the reason (exclude.hang). A rank that
+    wrote no record because it had already ended on an error of its own since `since` (its
+    peer lost, say) is not the hang's culprit: its host is not recorded."""
+    verdict = analyze_hang(run_dir)
+    found = {}
+    for rank in verdict["culprits"]:
+        host = verdict["ranks"][rank]["host"]
+        if host and not ended_on_error(run_dir / "logs" / f"rank{rank}.log", since):
+            found.setdefault(host, f"hang: rank {rank} {verdict['reason']} (after step {step})")
+    if found:
+        bad_hosts.record(run_dir, found)
+        log.error("hang: the culprit's host(s) %s go to bad_hosts, kept off the run's next "
+                  "attempts (exclude.hang=false keeps them)", ", ".join(found))  # fmt: skip
+
+
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \[rank \d+\] ERROR ")
+
+
+def ended_on_error(rank_log: Path, since: float) -> bool:
+    """Whether the rank's log (its last 64 KiB) holds an error line written since `since`."""
+    try:
+        with open(rank_log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return False
+    for line in tail.splitlines():
+        m = LOG_TIME.match(line)
+        if m and time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) + int(m[2]) / 1e3 >= since:
+            return True
+    return False
 
 
 def end_stopped_peers(missing: list[int]) -> None:

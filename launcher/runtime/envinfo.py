@@ -94,14 +94,15 @@ def _nvidia_smi(args: list[str]) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def shm_facts(need_bytes: int) -> dict:
+def shm_facts(need_bytes: int | None) -> dict:
     avail = shm_available_bytes()
     size, free = avail if avail else (None, None)
     return {"path": "/dev/shm", "size_bytes": size, "free_bytes": free, "need_bytes": need_bytes}
 
 
-def collect(need_shm_bytes: int) -> dict:
-    """Everything env.json records, for this process's machine."""
+def collect(need_shm_bytes: int | None) -> dict:
+    """Everything env.json records, for this process's machine (`need_shm_bytes`: this
+    config's /dev/shm need; None where the config is too wrong to have one)."""
     return {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher.runtime.launch_clock import launch_started
 from launcher.runtime.nccl_capture import Capture
 
 
@@ -33,6 +34,9 @@ class LaunchState:
     # with quiet_progress, the one logger whose INFO lines still reach the console (the
     # tuner's); the jobs' own start-up and closing lines stay in their logs, warnings show
     console_logger: str | None = None
+    # where the next job's wall time counts from (epoch seconds): the launch's start, then
+    # the end of each job (launcher.runtime.launch_clock)
+    job_started: float = field(default_factory=launch_started)
 
     def forget_process_group(self) -> None:
         """After the group is destroyed: a later job of this process starts afresh."""

@@ -7,8 +7,11 @@ alike: the content is written to a private temporary file first, then hard-linke
 lock's name, which fails if the name exists (link and rename are atomic on NFS; flock is
 not reliable there). A lock is taken over, with one warning, when its holder is
  - a process of this host that no longer runs (its pid is gone, or reused by another);
- - on another host, this launch's own earlier attempt: the same launch key (torchrun's
-   rendezvous id kept across `--max-restarts`, a Slurm job id kept across requeues);
+ - on another host, this launch's own earlier attempt (the same launch key: torchrun's
+   rendezvous id kept across `--max-restarts`, a Slurm job id kept across requeues, a
+   JobSet's across its restarts) once its heartbeat has stopped for HANDOVER_S: while it
+   beats, that attempt is still writing (its stop checkpoint, say) and this one waits for it
+   to end, so that no two generations write the run directory at once;
  - on another host and silent: no heartbeat for `STALE_AFTER_S`;
  - unreadable (a person's edit, a truncated file).
 Otherwise the launch stops with one line naming the holder.
@@ -32,8 +35,10 @@ from launcher.runtime import disk
 log = logging.getLogger("launcher")
 
 LOCK = ".lock"
-HEARTBEAT_S = 15.0
-STALE_AFTER_S = 120.0  # 8 missed heartbeats; hosts' clocks must agree to well within this
+HEARTBEAT_S = 5.0
+STALE_AFTER_S = 120.0  # 24 missed heartbeats; hosts' clocks must agree to well within this
+HANDOVER_S = 3 * HEARTBEAT_S  # an earlier attempt of this launch that beats no more has ended
+WAIT_POLL_S = 1.0
 
 
 class LockHeld(Exception):
@@ -101,6 +106,18 @@ def _read(path: Path) -> Holder | None:
         return None
 
 
+def still_writing(holder: Holder | None, me: Holder, heartbeat_age_s: float) -> bool:
+    """Whether `holder` is an earlier attempt of this launch on another host whose heartbeat
+    still beats: a generation that has not ended, which this one waits for."""
+    return (
+        holder is not None
+        and holder.host != me.host
+        and bool(me.launch_key)
+        and holder.launch_key == me.launch_key
+        and heartbeat_age_s <= HANDOVER_S
+    )
+
+
 def stale_reason(
     holder: Holder | None,
     me: Holder,
@@ -119,7 +136,10 @@ def stale_reason(
             return f"its holder ({holder.describe()}) is no longer running (pid reused)"
         return None
     if me.launch_key and holder.launch_key == me.launch_key:
-        return f"it was taken by an earlier attempt of this launch ({holder.describe()})"
+        return (
+            f"it was taken by an earlier attempt of this launch ({holder.describe()}), whose "
+            f"heartbeat stopped {heartbeat_age_s:.0f} s ago"
+        )
     if heartbeat_age_s > STALE_AFTER_S:
         return f"its holder ({holder.describe()}) has sent no heartbeat for {heartbeat_age_s:.0f} s"
     return None
@@ -145,8 +165,10 @@ class RunLock:
         self._beat: threading.Thread | None = None
 
     def acquire(self) -> None:
-        """Take the lock, or raise LockHeld naming the live holder."""
-        for _ in range(3):  # a takeover race lost to a third launch: look again
+        """Take the lock, or raise LockHeld naming the live holder; wait while an earlier
+        attempt of this launch on another host still holds it (`still_writing`)."""
+        races, waiting = 0, False
+        while races < 3:  # a takeover race lost to a third launch: look again
             if self._create():
                 self._start_heartbeat()
                 return
@@ -157,6 +179,15 @@ class RunLock:
                 age = time.time() - self.path.stat().st_mtime
             except FileNotFoundError:
                 continue  # released meanwhile
+            if still_writing(holder, self.me, age):
+                if not waiting:
+                    log.warning("%s: waiting for the earlier attempt of this launch (%s) to end "
+                                "before this one writes there", self.path.parent,
+                                holder.describe())  # fmt: skip
+                waiting = True
+                time.sleep(WAIT_POLL_S)
+                continue
+            races += 1
             reason = stale_reason(holder, self.me, age)
             if reason is None:
                 raise LockHeld(

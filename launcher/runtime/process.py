@@ -17,6 +17,7 @@ import random
 import secrets
 import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -210,7 +211,7 @@ def open_run_dir(rt: Runtime) -> None:
         rt.world_size,
         rt.local_rank,
         os.getpid(),
-        socket.gethostname(),
+        node_name(),
         rt.device,
         rt.backend or "none (one process, no process group)",
         rt.run_dir,
@@ -296,6 +297,7 @@ def end_job(rt: Runtime) -> None:
     if rt.log_file is not None:
         logging.getLogger().removeHandler(rt.log_file)
         rt.log_file.close()
+    rt.launch.job_started = time.time()  # the next job's wall time counts from here
 
 
 def skip_collection_at_exit() -> None:
@@ -348,6 +350,23 @@ def apply_nccl_env(nccl: NcclConfig) -> None:
     for name, value in vars(nccl.env).items():
         if value is not None:
             os.environ[name] = str(value)
+
+
+def ranks_text(ranks) -> str:
+    """Ranks as runs, as a line names them: [4, 5, 6, 7, 9] -> '4-7, 9'."""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return ", ".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in runs)
+
+
+def node_name() -> str:
+    """This node as the scheduler names it: Slurm's node name (what --exclude takes), the
+    Kubernetes node (NODE_NAME, set from the pod's spec.nodeName), else the hostname."""
+    return os.environ.get("SLURMD_NODENAME") or os.environ.get("NODE_NAME") or socket.gethostname()
 
 
 def launch_key() -> str | None:

@@ -49,6 +49,7 @@ ENTRIES: tuple[tuple[str, str], ...] = (
     ("logs/fr", FOLDER),
     ("logs/fr/rank_{r}", FILE),
     ("logs/node_codes", FOLDER),
+    ("logs/nodes", FOLDER),
     ("checkpoints", FOLDER),
     ("checkpoints/latest", FILE),
     ("checkpoints/superseded", FOLDER),

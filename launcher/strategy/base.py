@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from launcher.checkpoint.node_share import memory_key
+from launcher.checkpoint.memory.node_share import memory_key
 from launcher.config.registry import format_of
 from launcher.observe.comm_stats import StepComm
 
 if TYPE_CHECKING:
-    from launcher.checkpoint.node_share import NodeShare
+    from launcher.checkpoint.memory.node_share import NodeShare
 
 # A mode less its CUDA graphs, which only a CUDA device has: torch skips them for a graph on
 # any other device, so there the mode without them compiles the very same kernels.
@@ -72,6 +72,18 @@ def host_copy(tree, _copied: dict | None = None):
     return copy.deepcopy(tree)
 
 
+def fingerprint(params) -> list[float]:
+    """Float64 sum and sum of squares of `params`, one parameter in float64 at a time: a
+    float64 copy of the whole model at once would be twice its fp32 bytes, on the host on
+    a CPU (the end of a gpt2 run's host peak, before)."""
+    total = squares = 0.0
+    for p in params:
+        wide = p.detach().double()
+        total += wide.sum().item()
+        squares += wide.square().sum().item()
+    return [total, squares]
+
+
 class Strategy(ABC):
     """Wraps a model and its optimizer for one way of data-parallel training."""
 
@@ -112,10 +124,10 @@ class Strategy(ABC):
 
     def snapshot(self, rank: int, share: NodeShare) -> Callable[[Path], None]:
         """This rank's state (its shard where the engine shards; its `share` of what every
-        rank holds alike, launcher.checkpoint.node_share) copied to host memory now, and the
+        rank holds alike, launcher.checkpoint.memory.node_share) copied to host memory now, and the
         function that writes it into this rank's folder of the memory tier, in node-local
         memory, where `load` at the same world size reads it (with the node's other parts).
-        Engines declaring `memory_checkpoint` have it."""
+        Engines declaring a `MemoryCheckpoint` have it."""
         raise NotImplementedError(f"{type(self).__name__} cannot write the memory tier")
 
     @abstractmethod

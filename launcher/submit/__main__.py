@@ -1,9 +1,10 @@
 """`python -m launcher.submit <backend> [--dry-run] [overrides...]`, a backend one of
 launcher.config.backends' (slurm, k8s, and those other packages add).
 
-Each backend names a renderer module with `render(job) -> {file name: text}` (which also
-checks what it rendered, raising ConfigError) and `submit(job, paths) -> str` (hands the
-files to the cluster and returns what identifies the job there), and may have
+Each backend has a renderer module (its `launcher.renderers` entry point) with
+`render(job) -> {file name: text}` (which also checks what it rendered, raising ConfigError)
+and `submit(job, paths) -> str` (hands the files to the cluster and returns what identifies
+the job there), and may have
 `notes(job) -> [line]`: what must exist before the job can run, and how to remove it. The
 files go into the run directory's submit/ folder and their paths are printed on stdout, one
 per line; warnings and notes go to stderr.
@@ -42,9 +43,13 @@ TUNE_MODULE = "launcher.tune"
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help") or "--help" in argv:
+    if argv and (argv[0] in ("-h", "--help") or "--help" in argv):
         print(usage())
-        return 0 if argv else exit_codes.BAD_INPUT
+        return exit_codes.DONE
+    if not argv:
+        print(f"error: give a target: python -m launcher.submit {{{','.join(backends())}}} "
+              "[--dry-run] [overrides...] (--help says more)", file=sys.stderr)  # fmt: skip
+        return exit_codes.BAD_INPUT
     target, rest = argv[0], argv[1:]
     if target not in backends():
         print(
@@ -54,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         return exit_codes.BAD_INPUT
     dry_run, tune = "--dry-run" in rest, "--tune" in rest
     overrides = [a for a in rest if a not in ("--dry-run", "--tune")]
-    renderer = backends()[target].module()
+    renderer = backends()[target].renderer()
     try:
         job = prepare(target, overrides)
         if tune:

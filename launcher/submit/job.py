@@ -26,26 +26,22 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config import ConfigError, sweep
-from launcher.config.backends import backend, shell_text_keys
-from launcher.config.secret_keys import is_secret_key, secret_in
 from launcher.data.tokenizer import tokenizer_path_problem
-from launcher.paths import can_create_in
-from launcher.runtime import run_dir_check
-from launcher.runtime.lock import LockHeld, tool_lock
-from launcher.train.preflight import (
+from launcher.paths import can_create_in, make_run_dir
+from launcher.preflight import (
     check_config,
     data_file_problems,
     init_from_problem,
     resume_problem,
 )
+from launcher.runtime import run_dir_check
+from launcher.runtime.lock import LockHeld, tool_lock
+from launcher.submit.secret_checks import check_secrets, shell_texts
 
 SUBMIT_DIR = "submit"
 # What each node runs in place of `torchrun` (same arguments; exits with the contract code).
 FRONT_DOOR = ("python", "-m", "launcher.torchrun")
 DEFAULT_JOB_NAME = "launcher"
-# Keys whose values become shell text in the job (exports, setup lines), and each backend's
-# (sbatch options...: launcher.config.backends.shell_text_keys).
-SHELL_TEXT_KEYS = ("cluster.setup", "cluster.env", "nccl.env")
 
 
 @dataclass
@@ -148,7 +144,7 @@ class SubmitJob:
         problem = run_dir_check.problem(self.submit_dir.parent)
         if problem:
             raise ConfigError(problem)
-        self.submit_dir.parent.mkdir(parents=True, exist_ok=True)
+        make_run_dir(self.run_dir, self.run_root, self.cfg.run.access)
         try:
             with tool_lock(self.submit_dir.parent, "submit"):
                 self.submit_dir.mkdir(exist_ok=True)
@@ -207,8 +203,13 @@ def check_interval_fits(
     limit: str, usable: float, t: DictConfig, step_time_s, group: str, before: str
 ) -> None:
     """One checkpoint interval must fit into the time a start can train, or a job that is
-    stopped or killed at its limit makes no progress but through its stop checkpoint."""
-    if step_time_s is None or not t.checkpoint_interval:
+    stopped or killed at its limit makes no progress but through its stop checkpoint. An
+    `auto` interval is the run's to choose (launcher.checkpoint.cadence): not checked here."""
+    if (
+        step_time_s is None
+        or not isinstance(t.checkpoint_interval, int)
+        or not t.checkpoint_interval
+    ):
         return
     needed = t.checkpoint_interval * step_time_s
     if needed > usable:
@@ -247,7 +248,7 @@ def prepare(target: str, overrides: list[str], check_paths: bool = True) -> Subm
     _check_shape(cfg.cluster)
     check_shell_text(overrides)
     check_interpolations(cfg)
-    check_secrets(target, overrides, configs)
+    warnings = check_secrets(target, overrides, configs)
     world = cfg.cluster.nodes * procs_per_node(cfg.cluster)
     for point in configs:
         try:
@@ -270,7 +271,7 @@ def prepare(target: str, overrides: list[str], check_paths: bool = True) -> Subm
         if cfg.run.id
         else f"{dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(4)}"
     )
-    return SubmitJob(target, cfg, list(overrides), run_id, root, workdir, configs)
+    return SubmitJob(target, cfg, list(overrides), run_id, root, workdir, configs, warnings)
 
 
 def quote_hash(override: str) -> str:
@@ -354,63 +355,6 @@ def _retyped(value, raw: str) -> list:
     if value is None or isinstance(value, str):
         return []
     return [] if re.search(rf"(?<![\w.]){re.escape(str(value))}(?![\w.])", raw) else [value]
-
-
-def check_secrets(target: str, overrides: list[str], configs: list[DictConfig]) -> None:
-    """A secret would be written into the job's files (a 0600 script is still a copy on a
-    shared file system) and, through them, the ranks' environment listing or command lines:
-    refuse it, naming where it stands and the way this cluster gets a secret to the job.
-    By name: a key of cluster.env or nccl.env, an added key, or `NAME=value` inside a setup
-    line, an sbatch option or a mount. By value: a token of a known kind or a long random
-    string given to a key (launcher.config.secret_keys.secret_in), in those texts and in
-    every override's value."""
-    names = [
-        f"{group}.{name}"
-        for cfg in configs
-        for group in ("cluster.env", "nccl.env")
-        for name in OmegaConf.select(cfg, group)
-    ]
-    names += [o.split("=", 1)[0].lstrip("+~") for o in overrides if o.startswith("+")]
-    for name in dict.fromkeys(names):
-        if is_secret_key(name):
-            raise ConfigError(f"{name} is a secret: {_secret_fix(target)}")
-    for where, text in _shell_texts(configs):
-        why = secret_in(text)
-        if why:
-            raise ConfigError(f"{where} holds a secret, {why}: {_secret_fix(target)}")
-    for override in overrides:
-        key, _, value = override.partition("=")
-        why = secret_in(value)
-        if why:
-            raise ConfigError(f"{key.lstrip('+~')} holds a secret, {why}: {_secret_fix(target)}")
-
-
-def _secret_fix(target: str) -> str:
-    return (
-        "it would be written into the job's files and every rank's command line; remove it "
-        f"and {backend(target).secret_way}"
-    )
-
-
-def shell_texts() -> tuple[str, ...]:
-    """The keys whose values become shell text: SHELL_TEXT_KEYS and every backend's."""
-    return (*SHELL_TEXT_KEYS, *shell_text_keys())
-
-
-def _shell_texts(configs: list[DictConfig]):
-    """(key, text) of every value that becomes shell text in the job (shell_texts());
-    an environment variable as `NAME=value`, so that its name counts too."""
-    for cfg in configs:
-        for key in shell_texts():
-            node = OmegaConf.select(cfg, key)
-            if node is None:
-                continue
-            if OmegaConf.is_dict(node):
-                for name, value in node.items():
-                    yield f"{key}.{name}", f"{name}={value}"
-            else:
-                for i, line in enumerate(node):
-                    yield f"{key}[{i}]", str(line)
 
 
 def check_visible_files(cfg: DictConfig, workdir: Path) -> None:

@@ -9,10 +9,10 @@ import time
 from omegaconf import DictConfig
 
 from launcher.config import ConfigError
+from launcher.preflight import preflight
 from launcher.resilience import exit_codes
 from launcher.resilience.preemption import end_quietly, stop_requested
 from launcher.runtime.process import env_world, ranks_per_node
-from launcher.train.preflight import preflight
 
 BAD_INPUT_LINGER_S = 20.0
 STOP_POLL_S = 0.05  # how often a lingering rank looks for torchrun's SIGTERM

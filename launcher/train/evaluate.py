@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 
 from launcher.config.batch import BatchPlan
 from launcher.data import build_eval_batches
-from launcher.model.build import attention_backend, model_loss
+from launcher.model.build import LossFunction
 from launcher.runtime.process import Runtime
 from launcher.strategy.base import Strategy
 
@@ -27,12 +27,12 @@ class Evaluator:
         strategy: Strategy,
         val: Dataset,
         eval_batches: int,
-        model: tuple[str, str],  # model.impl, model.attention
+        loss: LossFunction,  # the model's (launcher.model.build.loss_function)
         stop_requested: Callable[[], bool],
     ):
         self.rt, self.strategy, self.val = rt, strategy, val
         self.eval_batches = eval_batches
-        self.impl, self.attention = model
+        self.loss = loss
         self.stop_requested = stop_requested
 
     @torch.no_grad()
@@ -53,8 +53,8 @@ class Evaluator:
         total = torch.zeros((), device=rt.device)
         for done, (x, y) in enumerate(batches, 1):
             x, y = x.to(rt.device), y.to(rt.device)
-            with self.strategy.autocast(), attention_backend(self.attention):
-                total += model_loss(module, self.impl, x, y)
+            with self.strategy.autocast():
+                total += self.loss(module, x, y)
             if done < len(batches) and self.stop_requested():
                 module.train()
                 if rt.is_main:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.config import ConfigError, friendly_overrides, sweep
+from launcher.config.compose import config_groups, default_groups, wrong_form_problem
 from launcher.config.schema import register_schema
 from launcher.data.loader import reap_workers
 from launcher.observe import tensorboard_sink, wandb_sink
@@ -39,8 +41,21 @@ log = logging.getLogger("launcher")
 HYDRA_PRINTS = ("help", "hydra_help", "version", "info", "shell_completion")
 
 
+class FlagError(argparse.ArgumentParser):
+    """A flag launcher.train does not take is one line (fail_bad_input), not argparse's
+    usage block: most often an override written with dashes (`--trainer.max_steps=5`)."""
+
+    def error(self, message: str):
+        flags = [a for a in message.partition(": ")[2].split() if a.startswith("-")]
+        if flags:
+            problem = wrong_form_problem(flags[0])
+            if problem:
+                raise ConfigError(problem)
+        raise ConfigError(f"{message}; python -m launcher.train --help lists the flags")
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = FlagError(add_help=False)
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--help", "-h", action="store_true")
     parser.add_argument("--hydra-help", action="store_true")
@@ -62,7 +77,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def hide_schema_options() -> None:
     """Hydra's --help lists every option of a group, the schemas registered beside the
     option files (`ddp_schema`, ...) too; list only what a user can choose (a schema given as
-    an option is refused: launcher.config.compose.refuse_schema_options)."""
+    an option is refused: launcher.config.compose.refuse_schema_options), each group as it
+    is typed: an added one (`exp`) with its +."""
     from hydra._internal.hydra import Hydra  # Hydra builds $APP_CONFIG_GROUPS here (1.3)
 
     listed = Hydra.format_config_groups
@@ -75,7 +91,8 @@ def hide_schema_options() -> None:
         for line in lines:
             group, sep, options = line.partition(": ")
             kept = [o for o in options.split(", ") if not o.endswith("_schema")]
-            out.append(f"{group}{sep}{', '.join(kept)}" if sep else line)
+            typed = f"+{group}" if group in config_groups() - default_groups() else group
+            out.append(f"{typed}{sep}{', '.join(kept)}" if sep else line)
         return "\n".join(out)
 
     Hydra.format_config_groups = choosable
@@ -90,7 +107,11 @@ def hydra_prints() -> None:
     def answered(cfg: DictConfig) -> None:  # reached only by --cfg: Hydra prints and returns
         return None
 
-    answered()
+    try:
+        answered()
+        sys.stdout.flush()
+    except BrokenPipeError:  # `--help | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def check_points(overrides: list[str], multirun: bool) -> tuple[sweep.Plan, list[DictConfig]]:
@@ -169,7 +190,10 @@ def train() -> int:
     one process group, then summarise a sweep and leave the process group; returns the exit
     code. Hydra answers --help and the other printing flags."""
     register_schema()  # the engines' schemas, before Hydra reads the config module
-    args = parse_args(sys.argv[1:])
+    try:
+        args = parse_args(sys.argv[1:])
+    except ConfigError as exc:
+        fail_bad_input(exc)
     if any(getattr(args, flag) for flag in HYDRA_PRINTS) or args.cfg in ("hydra", "all"):
         hydra_prints()
         return exit_codes.DONE

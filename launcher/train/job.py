@@ -19,23 +19,30 @@ from omegaconf import DictConfig
 from launcher.checkpoint import memory, resume
 from launcher.checkpoint import protocol as checkpoint
 from launcher.checkpoint.manager import CheckpointManager, plan_resume
-from launcher.checkpoint.memory import MemoryTier
 from launcher.config import ConfigError, TrainConfig, typed
 from launcher.config.batch import BatchPlan
+from launcher.config.model_shape import millions
 from launcher.config.registry import build_strategy, engine
 from launcher.data import TokenData, build_train_loader, prepare_data
 from launcher.data.cache import cache_root
 from launcher.data.tokenizer import TOKENIZER_DIR
-from launcher.model.build import build_model, count_params, flops_per_token, mfu, peak_flops
+from launcher.model.build import (
+    build_model,
+    count_params,
+    flops_per_token,
+    loss_function,
+    mfu,
+    peak_flops,
+)
 from launcher.observe.nccl_transport import transport_recorders
 from launcher.observe.recorder import Recorder
 from launcher.observe.report import write_report
 from launcher.plan import forecast as plan_forecast
-from launcher.resilience import burnin, exit_codes, first_failure
+from launcher.resilience import bad_hosts, burnin, exit_codes, first_failure
 from launcher.resilience.faults import FaultInjector, peer_left
 from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime import disk
-from launcher.runtime.disk import shm_available_bytes
+from launcher.runtime.launch_clock import wall_seconds
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.lock import RunLock
 from launcher.runtime.process import (
@@ -43,13 +50,13 @@ from launcher.runtime.process import (
     RuntimeConfig,
     end_job,
     freeze_what_lasts,
+    node_name,
     ranks_per_node,
     start,
 )
 from launcher.train.loop import LoopConfig, Stopped, TrainLoop
 from launcher.train.micro_batch import OutOfMemory
 from launcher.train.nonfinite import NonFiniteLoss
-from launcher.train.preflight import tier_room
 from launcher.train.run_files import (
     already_completed,
     claim_run_dir,
@@ -75,32 +82,6 @@ def forecast_of(cfg: TrainConfig, rt: Runtime, vocab_size: int, start_step: int)
     return made
 
 
-def memory_tier(cfg: TrainConfig, rt: Runtime, model) -> MemoryTier | None:
-    """This rank's memory tier (launcher.checkpoint.memory), when it is on."""
-    every = memory.interval(cfg)
-    if not every:
-        return None
-    if memory.in_shm(cfg):  # the node's /dev/shm must hold it: every rank agrees
-        room = shm_available_bytes()
-        free = (room[1] if room else 0) + memory.held_bytes(
-            cfg.trainer.memory_checkpoint_dir, rt.run_dir
-        )
-        fits, why = tier_room(cfg, ranks_per_node(), rt.world_size, free)
-        verdicts = rt.all_gather_objects(why)
-        why = next((w for w in verdicts if w), None)
-        if why and cfg.trainer.memory_checkpoint_interval is not None:
-            raise ConfigError(why)
-        if why:
-            if rt.is_main:
-                log.warning("%s", why)
-            return None
-    if rt.is_main:
-        log.info("memory tier: every %d steps, in %s", every, cfg.trainer.memory_checkpoint_dir)
-    identity = resume.identity(cfg, model, rt.world_size)
-    t = cfg.trainer
-    return MemoryTier(t.memory_checkpoint_dir, every, rt, identity, t.memory_checkpoint_peer)
-
-
 def build_data_and_model(cfg: TrainConfig, rt: Runtime):
     """The token data (prepared once per node) and the model; FLOPs per token for MFU."""
     t = cfg.trainer
@@ -121,15 +102,15 @@ def build_data_and_model(cfg: TrainConfig, rt: Runtime):
         raise ConfigError(disk.no_space_line("the data cache", cache, None)) from exc
     log.info("data: %s", data.description)
     model = build_model(
-        cfg.model, data.vocab_size, eot_id=data.eot_id, grad_checkpointing=t.grad_checkpointing
+        cfg.model,
+        data.vocab_size,
+        eot_id=data.eot_id,
+        grad_checkpointing=t.grad_checkpointing,
+        device=rt.device,  # made there: no whole copy per rank in the node's host memory
     )
     fpt = flops_per_token(model, t.seq_len)
-    log.info(
-        "model %s: %.2fM parameters, %.3g FLOPs/token",
-        cfg.model.name,
-        count_params(model) / 1e6,
-        fpt,
-    )
+    log.info("model %s: %s parameters, %.3g FLOPs/token", cfg.model.name,
+             millions(count_params(model)), fpt)  # fmt: skip
     return data, model, fpt
 
 
@@ -144,7 +125,7 @@ def run(cfg: DictConfig, launch: LaunchState, point: str | None = None) -> int:
     """
     freeze_what_lasts()  # before the job makes anything: its collections then walk its own
     cfg = typed(cfg)
-    needs_group = engine(cfg.strategy.name).needs_process_group
+    needs_group = engine(cfg.strategy.name).capabilities.needs_process_group
     rt = start(RuntimeConfig.of(cfg), launch, point, needs_group=needs_group)
     if point is not None and cfg.resume == "auto" and already_completed(rt):
         log.info("sweep point %s already completed in %s; not run again", point, rt.run_dir)
@@ -197,7 +178,8 @@ class Job:
     def train(self) -> dict:
         """Claim the run directory, build, resume, run the loop; the end-of-run summary."""
         cfg, rt = self.cfg, self.rt
-        self.lock = claim_run_dir(rt)  # nothing in the run directory is written before this
+        self.lock = claim_run_dir(rt, cfg.run)  # nothing in the run directory is written before
+        exit_codes.report_start(rt.run_dir)  # this node's heartbeat names this rank
         first_failure.watch(rt.run_dir, rt.rank)
         self.watchdog = HangWatchdog(  # start-up, then the loop's phases (on_hang: the loop's)
             cfg.watchdog,
@@ -206,12 +188,13 @@ class Job:
             start_step=0,
             on_hang=self._hang_in_start_up,
             async_writes=cfg.trainer.async_checkpoint,
+            record_culprits=cfg.exclude.hang,
         )
         faults = FaultInjector(cfg.fault, rank=rt.rank, run_dir=rt.run_dir)
         faults.phase("start-up")
-        self.gate = burnin.gate(cfg.burnin, faults, rt)  # a bad node costs seconds, no more
+        self.gate = burnin.gate(cfg.burnin, faults, rt, record=cfg.exclude.burnin)
         data, model, fpt = build_data_and_model(cfg, rt)
-        tier = memory_tier(cfg, rt, model)
+        tier = memory.open_tier(cfg, rt, model)
         folders = plan_resume(cfg, rt, model, tier)
         if folders is None:
             return {}  # finished already: nothing is trained, summary.json stays as it is
@@ -224,8 +207,9 @@ class Job:
         self.recorder = Recorder(rt, cfg.trainer, self.sinks, batch.tokens_per_step, fpt,
                                  lambda tps: mfu(tps, fpt, peak, rt.world_size),
                                  batch.micro_batch)  # fmt: skip
-        self.loop = TrainLoop(LoopConfig.of(cfg), rt, self.strategy, loader_opener(cfg, rt, data),
-                              data.val, self.recorder, checkpoints, faults)  # fmt: skip
+        self.loop = TrainLoop(LoopConfig.of(cfg), rt, self.strategy, loss_function(cfg.model),
+                              loader_opener(cfg, rt, data), data.val, self.recorder, checkpoints,
+                              faults)  # fmt: skip
         start_step = checkpoints.resume(folders, cfg.resume == "auto", batch)
         self.forecast = forecast_of(cfg, rt, data.vocab_size, start_step)
         if rt.is_main and data.save_tokenizer is not None:  # for launcher.generate and export
@@ -269,6 +253,10 @@ class Job:
         done = self.watchdog.step if self.watchdog is not None else None
         failing = done + 1 if self.loop is not None and done is not None else None
         failed = first_failure.settle(exc, failing, self.rt.is_main)
+        if self.cfg.exclude.device_error and bad_hosts.is_device_error(exc):
+            at = f" at step {failing}" if failing is not None else ""
+            why = f"device error: rank {self.rt.rank}{at}: {first_failure.one_line(exc)}"
+            bad_hosts.record(self.rt.run_dir, {node_name(): why})
         with contextlib.suppress(AttributeError):  # an exception type without a __dict__
             exc.launcher_settled = True  # the front door logs no traceback on the terminal
         ran = self.recorder is not None and self.recorder.start_time is not None  # steps began
@@ -298,6 +286,8 @@ class Job:
             if summary:  # the plan's forecast beside what the run measured, in every sink
                 summary = {**summary, "exit_code": code, "forecast": self.forecast}
             images = write_report(rt.run_dir, summary) if rt.is_main and summary else {}
+            if summary:  # to the last write: the closing block, W&B, TensorBoard, summary.json
+                summary["wall_time_s"] = wall_seconds(rt.launch.job_started)
             for sink in self.sinks:
                 sink.log_images(images)
                 sink.close(summary)

@@ -23,12 +23,14 @@ from torch.utils.data import DataLoader, Dataset
 from launcher.checkpoint.manager import CheckpointManager
 from launcher.config.batch import AUTO, BatchPlan
 from launcher.config.schema import (
+    ExcludeConfig,
     ProfilerConfig,
     TrainConfig,
     TrainerConfig,
     WatchdogConfig,
 )
 from launcher.data.loader import stop_signals_held
+from launcher.model.build import LossFunction
 from launcher.observe import memory_snapshot
 from launcher.observe.metrics import Interval, StepTimer, local_figures, reset_host_peak
 from launcher.observe.profiling import build_profiler, step_region
@@ -38,7 +40,7 @@ from launcher.resilience.faults import FaultInjector
 from launcher.resilience.preemption import StopVote
 from launcher.resilience.stragglers import StragglerWatch
 from launcher.resilience.watchdog import HangWatchdog
-from launcher.runtime.process import Runtime
+from launcher.runtime.process import Runtime, node_name
 from launcher.strategy.base import Strategy
 from launcher.train import micro_batch
 from launcher.train.evaluate import Evaluator
@@ -70,24 +72,22 @@ def lr_at(step: int, tcfg: TrainerConfig) -> float:
 @dataclass
 class LoopConfig:
     """The sections of the checked config the loop reads: its own numbers (`trainer`), how
-    to profile and to watch for stragglers, and which GPT-2 computes the loss. The data it
-    reads comes as a loader, the rehearsed fault as an injector, both built by the job."""
+    to profile and to watch for stragglers. The loss comes from the model, the data as a
+    loader, the rehearsed fault as an injector, all built by the job."""
 
     trainer: TrainerConfig
     profiler: ProfilerConfig
     watchdog: WatchdogConfig
-    impl: str  # model.impl
-    attention: str  # model.attention
+    exclude: ExcludeConfig  # a persistent straggler's host to bad_hosts (exclude.straggler)
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> LoopConfig:
-        m = cfg.model
-        return cls(cfg.trainer, cfg.profiler, cfg.watchdog, m.impl, m.attention)
+        return cls(cfg.trainer, cfg.profiler, cfg.watchdog, cfg.exclude)
 
 
-# open_loader(plan, start_step=..., wrap_windows=...): this rank's training batches of `plan`
-# in step order from `start_step` (launcher.data.build_train_loader with the run's data
-# settings).
+# open_loader(plan, start_step=..., skip_windows=..., wrap_windows=...): this rank's training
+# batches of `plan` in step order from the data window `start_step`, past `skip_windows`
+# (launcher.data.build_train_loader with the run's data settings).
 OpenLoader = Callable[..., DataLoader]
 
 
@@ -99,6 +99,7 @@ class TrainLoop:
         cfg: LoopConfig,
         rt: Runtime,
         strategy: Strategy,
+        loss: LossFunction,
         open_loader: OpenLoader,
         val: Dataset,
         recorder: Recorder,
@@ -111,10 +112,12 @@ class TrainLoop:
         self.batch = BatchPlan.of(self.t, rt.world_size)
         self.stop = StopVote(rt.control_group)
         self.stragglers = StragglerWatch(cfg.watchdog, announce=rt.is_main)
+        if cfg.exclude.straggler:  # each rank's host, on rank 0, which names the straggler
+            self.stragglers.keep_off(cfg.exclude.straggler_intervals,
+                                     rt.gather_objects(node_name()), rt.run_dir)  # fmt: skip
         self.nonfinite = NonFinite(self.t, rt, checkpoints, recorder)
-        model = (cfg.impl, cfg.attention)
-        self.evaluate = Evaluator(rt, strategy, val, self.t.eval_batches, model, self.stop.poll)
-        self.micro = micro_batch.MicroSteps(rt, strategy, model, faults, self.t.on_oom == "retry")
+        self.evaluate = Evaluator(rt, strategy, val, self.t.eval_batches, loss, self.stop.poll)
+        self.micro = micro_batch.MicroSteps(rt, strategy, loss, faults, self.t.on_oom == "retry")
         self.watchdog: HangWatchdog | None = None
         self.step = 0  # the last step trained
 
@@ -187,16 +190,17 @@ class TrainLoop:
 
     def _one_step(self, profiler) -> None:
         """Train the next step and do what comes after it; a rewind goes back instead."""
+        lr = lr_at(self.step, self.t)
         try:
             with step_region(profiler, self.step + 1):
-                self._train_step(self.step)
+                self._train_step(self.step, lr)
         except Rewound as rewound:
             self.step = rewound.step
             return
         self.step += 1
         if profiler is not None:
             self._profiler_step(profiler)
-        self._after_step(self.step, lr_at(self.step - 1, self.t))
+        self._after_step(self.step, lr)
         self.watchdog.step_done(self.step)
 
     def _profiler_step(self, profiler) -> None:
@@ -215,25 +219,22 @@ class TrainLoop:
             write_summary(self.rt.run_dir, self.recorder.summary("failed: hang detected", step))
 
     # -- a step ------------------------------------------------------------------------
-    def _train_step(self, step: int) -> None:
-        """One optimizer step: accumulate over micro-batches, then step at this step's lr."""
+    def _train_step(self, step: int, lr: float) -> None:
+        """One optimizer step: accumulate over micro-batches, then step at `lr`."""
         self.timer.start()
         if step == self.start_step:
             self.faults.phase("first step")
         self.faults.before_step(step + 1)
-        position = self.checkpoints
-        while position.data_step in position.skip_windows:  # read past, as the sampler can't
-            for _ in range(self.batch.accum):
-                next(self.batches)
-            position.data_step += 1
+        window = next(self.windows)
         losses = self.micro.accumulate(step + 1, self.batch, self.batches, self.interval)
         while losses is None:  # trainer.on_oom=retry: a rank ran out of memory; all redo it
             self._resize(self.micro.smaller(self.batch, step + 1))
             self.recorder.oom_retries += 1
             del self.batches, self.loader  # its workers end before the new loader's start
             self._open_batches()  # at the same data window: the same sequences
+            window = next(self.windows)
             losses = self.micro.accumulate(step + 1, self.batch, self.batches, self.interval)
-        position.data_step += 1
+        self.checkpoints.data_step = window + 1
         self.faults.end_step(step + 1)
         bad_ranks = self.nonfinite.bad_ranks(losses)
         if bad_ranks:
@@ -244,7 +245,7 @@ class TrainLoop:
         else:
             for loss in losses:
                 self.interval.add_loss(loss)
-            self.interval.grad_norm = self.strategy.step(lr_at(step, self.t))
+            self.interval.grad_norm = self.strategy.step(lr)
         self.timer.stop()
         self.interval.end_step()
 
@@ -261,12 +262,16 @@ class TrainLoop:
         self.recorder.micro_batch = plan.micro_batch
 
     def _open_batches(self) -> None:
-        """This rank's micro-batches from the data window the next step reads on."""
+        """This rank's micro-batches from the data window the next step reads on, past the
+        windows a rewind skipped, and the windows' indices in the order they are read."""
+        position = self.checkpoints
         self.loader = self.open_loader(
             self.batch,
-            start_step=self.checkpoints.data_step,
+            start_step=position.data_step,
+            skip_windows=frozenset(position.skip_windows),
             wrap_windows=self.faults.wrap_windows,
         )
+        self.windows = self.loader.batch_sampler.windows()
         with stop_signals_held():  # workers start deaf to a stop meant for the trainer
             self.batches = iter(self.loader)
 
@@ -309,7 +314,7 @@ class TrainLoop:
         if not last and (stopping or self.stop.poll()):
             self._save(step, wait=True)
             raise Stopped(step)
-        if t.checkpoint_interval and (step % t.checkpoint_interval == 0 or last):
+        if self.checkpoints.durable_due(step, last):
             self._save(step, wait=last)
         elif not last and self.checkpoints.memory_due(step):
             self.nonfinite.check(step, self.interval)

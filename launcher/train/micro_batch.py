@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from launcher.config.batch import BatchPlan
-from launcher.model.build import attention_backend, model_loss
+from launcher.model.build import LossFunction
 from launcher.observe import memory_snapshot
 from launcher.observe.metrics import Interval
 from launcher.observe.profiling import trace_dir
@@ -123,18 +123,18 @@ class MicroSteps:
         self,
         rt: Runtime,
         strategy: Strategy,
-        model: tuple[str, str],  # model.impl, model.attention
+        loss: LossFunction,  # the model's (launcher.model.build.loss_function)
         faults: FaultInjector,
         retry: bool,  # trainer.on_oom=retry
     ):
         self.rt, self.strategy, self.faults, self.retry = rt, strategy, faults, retry
-        self.impl, self.attention = model
+        self.loss = loss
         self.oom_ranks: list[int] = []  # the ranks that ran out of memory in the last step
 
     def forward(self, step: int, micro: int, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with self.strategy.autocast(), attention_backend(self.attention):
+        with self.strategy.autocast():
             self.faults.before_forward(step, micro)
-            return model_loss(self.strategy.module, self.impl, x, y)
+            return self.loss(self.strategy.module, x, y)
 
     def accumulate(
         self, step: int, plan: BatchPlan, batches: Iterator, interval: Interval

@@ -6,6 +6,7 @@ rank with one line, the files as they were (each is written whole or not at all)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 from pathlib import Path
@@ -24,7 +25,7 @@ from launcher.observe.tensorboard_sink import (  # imports no tensorboardX
     tensorboard_enabled,
 )
 from launcher.observe.wandb_sink import WandbSink, wandb_enabled  # imports no wandb
-from launcher.paths import atomic_write
+from launcher.paths import atomic_write, make_run_dir
 from launcher.plan.memory import shm_need
 from launcher.resilience import burnin
 from launcher.resilience.decide import decide_on_main
@@ -32,6 +33,7 @@ from launcher.runtime import disk, envinfo
 from launcher.runtime.latest import point_latest
 from launcher.runtime.lock import LockHeld, RunLock
 from launcher.runtime.process import Runtime, launch_key, open_run_dir, ranks_per_node
+from launcher.train.next_steps import next_commands
 
 log = logging.getLogger("launcher")
 
@@ -123,16 +125,17 @@ def tensorboard_sink(rt: Runtime, start_step: int) -> TensorBoardSink:
     return TensorBoardSink(rt.run_dir, start_step=start_step, texts=texts)
 
 
-def claim_run_dir(rt: Runtime) -> RunLock | None:
+def claim_run_dir(rt: Runtime, run) -> RunLock | None:
     """Check every entry of the run directory (launcher.runtime.run_dir_check), make it if
-    new, take its lock (rank 0 holds it) before writing anything there, and open the
-    per-rank logs; an entry in the wrong form, or a directory in use by another launch,
-    stops this one with one line, the directory as it was."""
+    new with `run.access`'s mode (`run`: the config's run section), take its lock (rank 0
+    holds it) before writing anything there, and open the per-rank logs; an entry in the
+    wrong form, or a directory in use by another launch, stops this one with one line, the
+    directory as it was."""
     taken: list[RunLock] = []
 
     def take() -> None:
         resume.check_run_files(rt.run_dir, rt.world_size)
-        rt.run_dir.mkdir(parents=True, exist_ok=True)
+        make_run_dir(rt.run_dir, Path(run.root).expanduser(), run.access)
         lock = RunLock(rt.run_dir, launch_key())
         try:
             lock.acquire()
@@ -203,6 +206,7 @@ def rank0_sinks(
             cfg.trainer.max_steps,
             start_step,
             run_dir=rt.run_dir,
+            what_next=functools.partial(next_commands, rt.run_dir),
             world_size=rt.world_size,
             brief=point is not None,
             quiet=rt.launch.quiet_progress,

@@ -4,7 +4,7 @@ experiment the overrides describe, in rounds, inside this one launch (docs/tunin
 The overrides are composed and checked as launcher.train would, together with the tuner's
 own `tune.*` keys and the trials' settings, so a bad value is one line and exit code 2
 before any process group starts. Then the rounds run (launcher.tune.rounds), and rank 0
-writes tune/report.{md,json}, tune/step_time.png and tune/tuned.yaml into the run
+writes tune/report.{md,json}, tune/tokens_per_s.png and tune/tuned.yaml into the run
 directory, also when a stop request ends the tuning early (exit code 143).
 """
 
@@ -20,13 +20,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.config import ConfigError, friendly_overrides, sweep
 from launcher.config.sweep import flatten
+from launcher.paths import make_run_dir
+from launcher.preflight import preflight
 from launcher.resilience import exit_codes
 from launcher.runtime import process as runtime
 from launcher.runtime import run_dir_check
 from launcher.runtime.lock import LockHeld, tool_lock
 from launcher.train import front_door as train
 from launcher.train.bad_input import fail_bad_input
-from launcher.train.preflight import preflight
 from launcher.tune.report import markdown, report_dict, write_all
 from launcher.tune.rounds import Tuner
 from launcher.tune.trials import PROFILED_STEPS, TUNE_LOGGER, Trials
@@ -37,8 +38,9 @@ USAGE = """usage: torchrun [--standalone --nproc_per_node=N] -m launcher.tune [o
 
 Tune the training experiment the overrides describe (the same overrides launcher.train
 takes, one experiment, not a sweep): rounds of a profiled run, the analyser's evidence,
-timed trials of the changes it points at, keeping what beats the incumbent by more than
-the noise. Writes <run dir>/tune/report.{md,json}, step_time.png and tuned.yaml.
+timed trials of the changes it points at, keeping what gives more tokens/s than the
+incumbent beyond the noise. Writes <run dir>/tune/report.{md,json}, tokens_per_s.png and
+tuned.yaml.
 Settings: tune.budget_s, tune.trial_steps, tune.repeats, tune.loss_tolerance, ...
 (docs/tuning.md, docs/configuration.md)."""
 
@@ -120,7 +122,7 @@ def own_run_dir(cfg: DictConfig):
     problem = run_dir_check.problem(run_dir, runtime.env_world()[2])
     if problem:
         fail_bad_input(ConfigError(problem))
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_run_dir(run_dir, Path(cfg.run.root).expanduser(), cfg.run.access)
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(tool_lock(run_dir, "tune", "use another run.id"))

@@ -95,7 +95,8 @@ def _exposed_comm(cfg: DictConfig, world_size: int, gpu: bool,
     """What the engine offers against exposed communication: the bucket sizes the plan
     predicts to expose the least, then the engine's own (DDP: the two flags that save
     copies and re-planning, bf16 compression of the gradients)."""
-    offered = engine(cfg.strategy.name).tune_candidates(cfg)
+    tuning = engine(cfg.strategy.name).tuning
+    offered = tuning.candidates(cfg) if tuning else []
     return _bucket_sizes(cfg, world_size, gpu, measured) + [
         Candidate(changes, "exposed_comm", changes_math=m) for changes, m in offered
     ]
@@ -108,7 +109,7 @@ def _bucket_sizes(cfg: DictConfig, world_size: int, gpu: bool,
     backward as that run hid (none on a CPU, whose collectives take the cores' time even
     when they overlap): none without that run, or for an engine without buckets."""
     declared = engine(cfg.strategy.name)
-    key = declared.bucket_key
+    key = declared.tuning.bucket_key if declared.tuning else None
     if not key or world_size < 2 or not measured:
         return []
     nodes = max(1, world_size // ranks_per_node())
@@ -121,7 +122,7 @@ def _bucket_sizes(cfg: DictConfig, world_size: int, gpu: bool,
     # On CPUs the collectives share the cores that compute: hidden is not free there.
     backward = backward_s(shape, measured.compute_s) if gpu else 0.0
     if gpu and measured.overlap is not None:  # as much as hid in the profiled run
-        rows = declared.step_collectives(shape.cfg, shape.params, world_size)
+        rows = declared.plan.step_collectives(shape.cfg, shape.params, world_size)
         comm_s = comm.step_comm(shape.cfg, world_size, topo)["time_s"]
         exposed = (1 - measured.overlap) * comm_s
         backward = comm.hidden_window(rows, topo, backward, exposed)
@@ -132,7 +133,7 @@ def _bucket_sizes(cfg: DictConfig, world_size: int, gpu: bool,
 def _launch_bound(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
     out = []
     mode = NEXT_COMPILE.get(str(cfg.trainer.compile))
-    if mode and engine(cfg.strategy.name).compiles:
+    if mode and engine(cfg.strategy.name).capabilities.compiles:
         out.append(Candidate({"trainer.compile": mode}, "launch_bound"))
     return out + _micro_batches(cfg, world_size, "launch_bound", [2])
 
@@ -140,7 +141,7 @@ def _launch_bound(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate
 def _memory_bound(cfg: DictConfig, world_size: int, gpu: bool) -> list[Candidate]:
     """Fuse the memory-bound kernels: compile, or (compiled already) the native GPT-2,
     whose loss runs inside the compiled region."""
-    if str(cfg.trainer.compile) == "off" and engine(cfg.strategy.name).compiles:
+    if str(cfg.trainer.compile) == "off" and engine(cfg.strategy.name).capabilities.compiles:
         return [Candidate({"trainer.compile": NEXT_COMPILE["off"]}, "memory_bound")]
     if cfg.model.impl == "hf" and not cfg.model.init_from:
         return [Candidate({"model.impl": "native"}, "memory_bound", changes_math=True)]

@@ -1,5 +1,5 @@
 """What a tuning launch leaves in `<run dir>/tune/`: report.json and report.md (one row per
-round, then each round's evidence and candidates), step_time.png (step time per round),
+round, then each round's evidence and candidates), tokens_per_s.png (tokens/s per round),
 and tuned.yaml, the winner as an experiment file; the same table and plot go to W&B when
 the experiment logs there.
 
@@ -14,7 +14,6 @@ choices as `override` defaults, so that
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 from pathlib import Path
 from typing import Any
@@ -22,18 +21,13 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
+from launcher.config.compose import config_groups
 from launcher.observe import wandb_sink
 from launcher.tune.trials import merged
 
 # Keys of the tuning launch that are not the experiment: where it ran, how it tuned, and a
 # rehearsed fault (`fault.*`, such as slow storage planted to tune against).
 NOT_TUNED = ("run", "resume", "tune", "hydra", "fault")
-
-
-def config_groups() -> set[str]:
-    """The config groups of launcher.conf (model, data, strategy, ...)."""
-    conf = importlib.resources.files("launcher.conf")
-    return {p.name for p in conf.iterdir() if p.is_dir() and not p.name.startswith("_")}
 
 
 def tuned_experiment(user_overrides: list[str], kept: dict[str, Any]) -> dict:
@@ -78,7 +72,7 @@ def report_dict(tuner, run_dir: Path, user_overrides: list[str]) -> dict:
         "kept": tuner.kept,
         "ended_because": tuner.ended_because,
         "stopped": tuner.stopped,
-        "baseline_step_time_p50_s": tuner.baseline_s,
+        "baseline_tokens_per_s": tuner.baseline_tokens_per_s,
         "rounds": tuner.rounds,
         "confirmation": tuner.confirmation,
     }
@@ -102,16 +96,21 @@ def headline(report: dict) -> str:
     if c and c["speedup"]:
         base, win = c["baseline"], c["winner"]
         ratio = c["speedup"] if c["speedup"] >= 1 else 1 / c["speedup"]
-        faster = "faster" if c["speedup"] >= 1 else "SLOWER (the gain did not hold)"
+        more = "the tokens/s" if c["speedup"] >= 1 else "FEWER tokens/s (the gain did not hold)"
         return (
-            f"**{ratio:.2f}x {faster} per step** in the confirmation runs of "
-            f"{c['steps']} steps: {_ms(base['p50_s'])} ms -> {_ms(win['p50_s'])} ms (p50), "
+            f"**{ratio:.2f}x {more}** in the confirmation runs of {c['steps']} steps: "
             f"{_rate(base['tokens_per_s'])} -> {_rate(win['tokens_per_s'])} tokens/s, "
-            f"with {kept}."
+            f"step {_ms(base['p50_s'])} ms -> {_ms(win['p50_s'])} ms (p50), with {kept}."
         )
     if report["kept"]:
         return f"Kept {kept}; no confirmation run ({report['ended_because']})."
     return f"No change kept: {report['ended_because']}."
+
+
+def _outliers(figures: dict) -> str:
+    """The repeats left out of the test and the noise, by their repeat number."""
+    far = [label.rsplit("-", 1)[-1] for label in figures.get("outliers") or ()]
+    return f" (outlier: repeat {', '.join(far)})" if far else ""
 
 
 def markdown(report: dict) -> str:
@@ -120,12 +119,14 @@ def markdown(report: dict) -> str:
         "",
         headline(report),
         "",
-        f"Ended: {report['ended_because']}. Step times in ms (median of the repeats ± half "
-        "their spread); a change is kept when it beats the incumbent by more than the noise.",
+        f"Ended: {report['ended_because']}. Tokens/s and step times are medians of the "
+        "repeats ± half the spread of the trusted ones (an outlier repeat is named and left "
+        "out); a change is kept when its repeats give more tokens/s than the incumbent's in a "
+        "rank test, by more than the noise and tune.min_gain.",
         "",
-        "| round | evidence | candidates | incumbent p50 | incumbent p90 | tokens/s | kept | "
-        "p50 after | speed-up so far |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| round | evidence | candidates | incumbent tokens/s | incumbent p50 | kept | "
+        "tokens/s after | gain so far |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in report["rounds"]:
         inc = r.get("incumbent") or {}
@@ -133,11 +134,10 @@ def markdown(report: dict) -> str:
         speedup = r.get("cumulative_speedup")
         lines.append(
             f"| {r['round']} | {evidence} | {len(r.get('candidates', []))} | "
+            f"{_rate(inc.get('tokens_per_s'), inc.get('tokens_per_s_spread'))}{_outliers(inc)} | "
             f"{_ms(inc.get('step_time_p50_s'), inc.get('step_time_p50_spread_s'))} | "
-            f"{_ms(inc.get('step_time_p90_s'))} | "
-            f"{_rate(inc.get('tokens_per_s'), inc.get('tokens_per_s_spread'))} | "
             f"{'`' + r['kept'] + '`' if r.get('kept') else '-'} | "
-            f"{_ms(r.get('step_time_p50_s'))} | {f'{speedup:.2f}x' if speedup else '-'} |"
+            f"{_rate(r.get('tokens_per_s'))} | {f'{speedup:.2f}x' if speedup else '-'} |"
         )
     for r in report["rounds"]:
         lines += ["", f"## Round {r['round']}", ""]
@@ -151,7 +151,7 @@ def markdown(report: dict) -> str:
         if r.get("candidates"):
             lines += [
                 "",
-                "| candidate | from | p50 | p90 | tokens/s | mean loss | verdict | reason |",
+                "| candidate | from | tokens/s | p50 | p90 | mean loss | verdict | reason |",
                 "| --- | --- | --- | --- | --- | --- | --- | --- |",
             ]
             inc = r.get("incumbent") or {}
@@ -159,9 +159,10 @@ def markdown(report: dict) -> str:
                 loss = c.get("mean_loss")
                 lines.append(
                     f"| `{c['name']}` | {c['evidence']} | "
+                    f"{_rate(c.get('tokens_per_s'), c.get('tokens_per_s_spread'))}"
+                    f"{_outliers(c)} | "
                     f"{_ms(c.get('step_time_p50_s'), c.get('step_time_p50_spread_s'))} | "
                     f"{_ms(c.get('step_time_p90_s'))} | "
-                    f"{_rate(c.get('tokens_per_s'), c.get('tokens_per_s_spread'))} | "
                     f"{'-' if loss is None else f'{loss:.5f}'} | {c.get('verdict', '')} | "
                     f"{c.get('reason', '')} |"
                 )
@@ -169,8 +170,8 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, path: Path) -> None:
-    """Step time (p50) of the incumbent at the start and after each round, and the
-    confirmation runs, each with its spread."""
+    """Tokens/s (median of the repeats) of the incumbent in each round and of the change it
+    kept, and the confirmation runs, each with the spread of its trusted repeats."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -180,24 +181,24 @@ def plot(report: dict, path: Path) -> None:
     for r in report["rounds"]:
         inc = r.get("incumbent") or {}
         labels.append(f"round {r['round']}\nincumbent")
-        values.append((inc.get("step_time_p50_s") or r.get("step_time_p50_s") or 0) * 1e3)
-        spreads.append((inc.get("step_time_p50_spread_s") or 0) * 1e3 / 2)
+        values.append(inc.get("tokens_per_s") or r.get("tokens_per_s") or 0)
+        spreads.append((inc.get("tokens_per_s_spread") or 0) / 2)
         if r.get("kept"):
             kept = next(c for c in r["candidates"] if c["name"] == r["kept"])
             labels.append(f"round {r['round']}\n{r['kept']}")
-            values.append(kept["step_time_p50_s"] * 1e3)
-            spreads.append((kept.get("step_time_p50_spread_s") or 0) * 1e3 / 2)
+            values.append(kept["tokens_per_s"])
+            spreads.append((kept.get("tokens_per_s_spread") or 0) / 2)
     c = report["confirmation"]
     for side in ("baseline", "winner") if c else ():
         labels.append(f"confirm\n{side}")
-        values.append((c[side]["p50_s"] or 0) * 1e3)
+        values.append(c[side]["tokens_per_s"] or 0)
         spreads.append(0.0)
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(labels)), 4.0))
     colors = ["#de2d26" if "confirm" in lb else "#3182bd" for lb in labels]
     ax.bar(range(len(labels)), values, yerr=spreads, capsize=4, color=colors)
     ax.set_xticks(range(len(labels)), labels, fontsize="small", rotation=15, ha="right")
-    ax.set_ylabel("step time p50 (ms)")
-    ax.set_title("step time per tuning round")
+    ax.set_ylabel("tokens/s (median of the repeats)")
+    ax.set_title("tokens/s per tuning round")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -210,10 +211,10 @@ def table_rows(report: dict) -> list[dict]:
             "round": r["round"],
             "evidence": ", ".join(a["kind"] for a in r.get("evidence", [])),
             "candidates": ", ".join(c["name"] for c in r.get("candidates", [])),
-            "incumbent_p50_s": (r.get("incumbent") or {}).get("step_time_p50_s"),
-            "incumbent_p50_spread_s": (r.get("incumbent") or {}).get("step_time_p50_spread_s"),
+            "incumbent_tokens_per_s": (r.get("incumbent") or {}).get("tokens_per_s"),
+            "incumbent_tokens_per_s_spread": (r.get("incumbent") or {}).get("tokens_per_s_spread"),
             "kept": r.get("kept") or "",
-            "step_time_p50_s": r.get("step_time_p50_s"),
+            "tokens_per_s": r.get("tokens_per_s"),
             "cumulative_speedup": r.get("cumulative_speedup"),
         }
         for r in report["rounds"]
@@ -225,7 +226,7 @@ def write_all(tuner, run_dir: Path, user_overrides: list[str], logger_cfg) -> li
     out = run_dir / "tune"
     out.mkdir(parents=True, exist_ok=True)
     report = report_dict(tuner, run_dir, user_overrides)
-    paths = [out / "report.json", out / "report.md", out / "step_time.png", out / "tuned.yaml"]
+    paths = [out / "report.json", out / "report.md", out / "tokens_per_s.png", out / "tuned.yaml"]
     paths[0].write_text(json.dumps(report, indent=1))
     paths[1].write_text(markdown(report))
     plot(report, paths[2])

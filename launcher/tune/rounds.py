@@ -1,11 +1,12 @@
 """The tuning rounds: profile the incumbent, read the analyser's evidence, time the
-candidates it points at against the incumbent, keep the best real improvement, repeat.
+candidates it points at against the incumbent, keep the best real gain in tokens/s
+(launcher.tune.decision), repeat.
 
 Knobs interact (bucket size and compilation, workers and micro-batch), so every round
 measures its candidates against the incumbent as it is now, not against the starting
 point; the incumbent is re-timed in every round, interleaved with the candidates, so that
 drift of the machine over the round affects both alike. The rounds end when the evidence
-points at nothing, nothing beats the incumbent by more than the noise, `tune.max_rounds`
+points at nothing, nothing beats the incumbent's tokens/s beyond the noise, `tune.max_rounds`
 or `tune.budget_s` is reached, or a stop is requested; then, if anything was kept, the
 baseline and the winner run once more for `tune.confirm_steps`, and that comparison is
 the headline.
@@ -46,7 +47,7 @@ class Tuner:
         self.trials = Trials(user_overrides, cfg.tune.budget_s)
         self.kept: dict[str, Any] = {}
         self.rounds: list[dict] = []
-        self.baseline_s: float | None = None
+        self.baseline_tokens_per_s: float | None = None
         self.ended_because = ""
         self.confirmation: dict | None = None
 
@@ -101,9 +102,8 @@ class Tuner:
             for c in cands
         ]
         if not cands:
-            record["step_time_p50_s"] = profile.p50_s
-            self.baseline_s = self.baseline_s or profile.p50_s
-            self._close(record, profile.p50_s)
+            self.baseline_tokens_per_s = self.baseline_tokens_per_s or profile.tokens_per_s
+            self._close(record, profile)
             self.ended_because = (
                 "nothing to fix: the evidence points at no knob"
                 if not advice
@@ -112,8 +112,7 @@ class Tuner:
             return False
         measured = self.measure(n, cands)
         record["incumbent"] = measured[INCUMBENT].figures()
-        incumbent_s = measured[INCUMBENT].median()
-        self.baseline_s = self.baseline_s or incumbent_s
+        self.baseline_tokens_per_s = self.baseline_tokens_per_s or measured[INCUMBENT].median()
         verdicts = {
             c.name: judge(
                 measured[INCUMBENT],
@@ -140,25 +139,31 @@ class Tuner:
             cand = next(c for c in cands if c.name == winner)
             self.kept.update(cand.changes)
             record["kept"] = winner
-            self._close(record, measured[winner].median())
+            self._close(record, measured[winner])
             log.info("tune round %d: kept %s (%s)", n, winner, verdicts[winner].reason)
             if not self._time_left(0.0):
                 self.ended_because = f"tune.budget_s={self.tune.budget_s:g} spent"
             return not self.ended_because
-        self._close(record, incumbent_s)
+        self._close(record, measured[INCUMBENT])
         self.ended_because = self.ended_because or (
             "stopped on request"
             if self.stopped
-            else "no candidate beat the incumbent by more than the measured noise"
+            else "no candidate beat the incumbent's tokens/s beyond the noise of the repeats"
         )
         return False
 
-    def _close(self, record: dict, step_s: float | None) -> None:
+    def _close(self, record: dict, after: Measured | Trial) -> None:
+        """The round's outcome: the incumbent of the next round, its tokens/s and step time,
+        and the gain in tokens/s since the first round."""
+        if isinstance(after, Trial):
+            rate, step = after.tokens_per_s, after.p50_s
+        else:
+            rate, step = after.median(), after.median("p50_s")
         record.setdefault("kept", None)
-        record["step_time_p50_s"] = step_s
-        record["cumulative_speedup"] = (
-            self.baseline_s / step_s if self.baseline_s and step_s else None
-        )
+        record["tokens_per_s"] = rate
+        record["step_time_p50_s"] = step
+        base = self.baseline_tokens_per_s
+        record["cumulative_speedup"] = rate / base if base and rate else None
 
     def evidence(self, label: str) -> Evidence:
         """The analyser's advice for the profiled trial and the figures the plan reads from
@@ -208,7 +213,8 @@ class Tuner:
         return measured
 
     def confirm(self) -> None:
-        """The baseline and the winner, each once, `tune.confirm_steps` long."""
+        """The baseline and the winner, each once, `tune.confirm_steps` long; the headline is
+        the ratio of their tokens/s (their step times beside it)."""
         steps = self.tune.confirm_steps
         self.trials.plan("confirmation", 2)
         base = self.trials.run("confirm-baseline", {}, steps, self.warmup)
@@ -217,11 +223,9 @@ class Tuner:
             "steps": steps,
             "baseline": asdict(base),
             "winner": asdict(win),
-            "speedup": base.p50_s / win.p50_s if base.ok and win.ok else None,
-            "tokens_per_s_gain": (
-                win.tokens_per_s / base.tokens_per_s
-                if base.ok and win.ok and base.tokens_per_s
-                else None
+            "speedup": win.tokens_per_s / base.tokens_per_s if base.ok and win.ok else None,
+            "step_time_ratio": (
+                base.p50_s / win.p50_s if base.ok and win.ok and win.p50_s else None
             ),
         }
 

@@ -22,12 +22,12 @@ from typing import Any
 from omegaconf import DictConfig
 
 from launcher.config import ConfigError, compose
+from launcher.preflight import preflight
 from launcher.resilience import exit_codes
 from launcher.resilience.preemption import stop_requested
 from launcher.runtime import process as runtime
 from launcher.runtime.launch_state import LaunchState
 from launcher.train import job
-from launcher.train.preflight import preflight
 from launcher.tune.candidates import override_value
 from launcher.tune.decision import Trial
 

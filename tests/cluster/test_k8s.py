@@ -35,10 +35,13 @@ import yaml
 
 from launcher.checkpoint import memory as memory_tier
 from launcher.config import ConfigError
+from launcher.plan.host import node_processes
 from launcher.plan.memory import shm_need
 from launcher.submit import k8s, k8s_check, pod_security
 from launcher.submit.__main__ import main
 from launcher.submit.job import prepare
+from launcher.submit.k8s.job import service_owner_patch
+from launcher.submit.node_memory import PROCESS_MARGIN
 
 from launch import FAST, losses, metrics, summary
 from paths import FIXTURES, REPO
@@ -140,8 +143,9 @@ def test_example_fields(example):
     assert "--rdzv-endpoint=launcher-example-0.launcher-example:29500" in c["args"]
     res = c["resources"]
     assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == 8
-    # the disk-backed emptyDirs' sizeLimits (home 10Gi + tmp 2Gi), requested
-    assert res["requests"]["ephemeral-storage"] == "12Gi"
+    # the disk-backed emptyDirs' sizeLimits (home 10Gi + tmp 2Gi) and the container's own
+    # disk (disk_margin 2Gi), requested and limited
+    assert res["requests"]["ephemeral-storage"] == res["limits"]["ephemeral-storage"] == "14Gi"
     workers = job.cfg.data.num_workers
     assert res["requests"]["cpu"] == str(8 * (1 + workers)) and "cpu" not in res["limits"]
     # /dev/shm: the loaders' need on 8 ranks and the memory tier's on the node (on by default
@@ -158,7 +162,10 @@ def test_example_fields(example):
         "sizeLimit": k8s_check.format_bytes(need + 2**30),
     }
     memory = k8s_check.parse_quantity(res["limits"]["memory"], "limit")
-    assert memory == 64 * 2**30 + k8s_check.parse_quantity(shm["emptyDir"]["sizeLimit"], "shm")
+    processes = int(node_processes(job.cfg, 8, 16, True, restarts) * (1 + PROCESS_MARGIN))
+    assert memory == -(-processes // 2**20) * 2**20 + k8s_check.parse_quantity(
+        shm["emptyDir"]["sizeLimit"], "shm"
+    )  # the plan's host memory for the pod's processes (cluster.k8s.memory=null), /dev/shm
     assert {"name": "runs", "mountPath": "/runs"} in c["volumeMounts"]
     wandb = next(e for e in c["env"] if e["name"] == "WANDB_API_KEY")
     assert wandb["valueFrom"]["secretKeyRef"] == {
@@ -209,6 +216,21 @@ FULL = [
     "cluster.k8s.topology_spread_key=kubernetes.io/hostname",
 ]
 VOLCANO = ["cluster.k8s.gang=volcano", "cluster.k8s.queue=research"]
+# What a TrainJob cannot carry (refused for it: test_a_trainjob_refuses_what_it_cannot_carry).
+NOT_FOR_TRAINJOB = (
+    "cluster.k8s.priority_class",
+    "cluster.k8s.ttl_after_finished_s",
+    "cluster.k8s.topology_spread_key",
+    "cluster.workdir",
+    "cluster.k8s.gang=volcano",
+)
+
+
+def for_kind(kind: str, overrides: list[str]) -> list[str]:
+    """`overrides` as a kind takes them: a TrainJob without what it cannot carry."""
+    if kind != "trainjob":
+        return overrides
+    return [o for o in overrides if not o.startswith(NOT_FOR_TRAINJOB)]
 
 
 @pytest.fixture(scope="module")
@@ -220,9 +242,9 @@ def variants(tmp_path_factory) -> tuple[Path, dict[str, dict[str, str]]]:
     return tmp_path, {
         f"{kind}-{variant}": render_into(
             tmp_path / f"{kind}-{variant}",
-            [*overrides, *root, f"cluster.k8s.kind={kind}"],
+            [*for_kind(kind, overrides), *root, f"cluster.k8s.kind={kind}"],
         )
-        for kind in k8s.KINDS
+        for kind in k8s.kinds()
         for variant, overrides in (
             ("plain", EXAMPLE[:3]),
             ("full", FULL),
@@ -349,6 +371,8 @@ def test_failure_policies_per_kind(variants):
     assert inner["podFailurePolicy"]["rules"] == [fail_at_once, ignore]
     assert jobset["failurePolicy"] == {
         "maxRestarts": 6,  # 3 per node x 2 nodes
+        # a restart waits until every old pod is gone (its stop checkpoint written)
+        "restartStrategy": "BlockingRecreate",
         "rules": [
             {
                 "name": "fail-on-bad-input-nonfinite-oom",
@@ -444,9 +468,9 @@ def test_security_qos_and_gang_options(variants):
                 assert broken == [] or name.endswith("-full"), (name, broken)
     # Guaranteed QoS: every resource's limit equals its request, CPUs whole.
     res = c["resources"]
-    assert {k: v for k, v in res["requests"].items() if k != "ephemeral-storage"} == res["limits"]
+    assert res["requests"] == res["limits"]  # ephemeral-storage too: requested as limited
     assert res["limits"]["cpu"] == "24" and res["limits"]["rdma/ib"] == 1  # 8 x (1 + 2 workers)
-    assert c["imagePullPolicy"] == "IfNotPresent"  # a pinned tag
+    assert c["imagePullPolicy"] == "IfNotPresent"  # a tag (the notes say it pins nothing)
     # Kueue: the queue label on the workload, created suspended.
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     assert job["spec"]["suspend"] is True
@@ -495,7 +519,7 @@ def test_dry_run_notes_and_owner_patch(tmp_path, capsys):
     lines = err.splitlines()
     assert lines[0] == (
         "warning: cluster.k8s.image=launcher:latest names no fixed build (cluster.k8s."
-        "allow_floating_image=true): nodes may run different code; pin a tag or digest"
+        "allow_floating_image=true): nodes may run different code; pin a digest"
     )
     assert lines[1].startswith(
         "warning: cluster.k8s.image=launcher:latest with cluster.k8s.image_pull_policy="
@@ -508,7 +532,7 @@ def test_dry_run_notes_and_owner_patch(tmp_path, capsys):
     ) in lines
     assert "note: remove: kubectl delete job,service -n ml -l app.kubernetes.io/instance=" in err
     job = prepare("k8s", [*EXAMPLE[:3], f"run.root={tmp_path}", "run.id=n1"])
-    owner = k8s.service_owner_patch(job, "uid-1")["metadata"]["ownerReferences"][0]
+    owner = service_owner_patch(job, "uid-1")["metadata"]["ownerReferences"][0]
     assert owner == {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -562,7 +586,8 @@ def test_dry_run_notes_and_owner_patch(tmp_path, capsys):
         (
             ["cluster.k8s.image=registry.example.com/launcher"],
             "cluster.k8s.image=registry.example.com/launcher: names no fixed build (:latest or "
-            "no tag), so pods may run different code; give a tag or digest",
+            "no tag), so pods may run different code; give a digest (repo/launcher@sha256:...), "
+            "or at least a tag",
         ),
         (["+cluster.env.GH_PAT=abc"], "cluster.env.GH_PAT is a secret: it would be"),
         (
@@ -648,7 +673,7 @@ BROKEN = {
     ),
     "shm-over-memory": (
         _break(f"{POD} volumes 0 emptyDir sizeLimit", "65Gi"),
-        "beside /dev/shm's sizeLimit 65Gi, less than cluster.k8s.memory=64Gi",
+        "beside /dev/shm's sizeLimit 65Gi, less than the 23774Mi the processes get",
     ),
     "shm-on-disk": (_break(f"{POD} volumes 0 emptyDir", {}), "not an emptyDir with medium: Memory"),
     "wrong-subdomain": (_break(f"{POD} subdomain", "other"), "subdomain='other' does not name"),
@@ -678,7 +703,7 @@ def test_checks_name_the_broken_field(example, case):
     objs = copy.deepcopy(objects(files))
     broken(objs)
     with pytest.raises(ConfigError) as err:
-        k8s_check.check(list(objs.values()), k8s.expectations(job))
+        k8s_check.check(list(objs.values()), k8s.expectations(job), k8s.kinds()["job"])
     assert expected in str(err.value)
     assert "\n" not in str(err.value)
 
@@ -756,7 +781,12 @@ def test_pods_rendezvous_and_train_into_one_run_directory(pod_reference):
     assert run_dir.parent.stat().st_gid == 1000  # OnRootMismatch gave the volume's root
     homes = list(cluster.state_dir.glob("pod*.volumes/home/.cache/launcher"))
     assert len(homes) == 2 and all(any(h.iterdir()) for h in homes)
-    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["rank0.log", "rank1.log"]
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == [
+        "nodes", "rank0.log", "rank1.log"
+    ]  # fmt: skip
+    # each pod's launcher.torchrun kept its heartbeat there, and left it saying it ended
+    beats = [yaml.safe_load(p.read_text()) for p in (run_dir / "logs" / "nodes").iterdir()]
+    assert sorted((b["ranks"], b["ended"]) for b in beats) == [([0], 0), ([1], 0)]
     env = yaml.safe_load((run_dir / "env.json").read_text())
     # The trainer saw the pod's hostname and a /dev/shm of the rendered sizeLimit.
     assert env["hostname"] in ("launcher-ref-0", "launcher-ref-1")
@@ -821,3 +851,29 @@ def test_sigterm_to_the_pods_stops_with_a_checkpoint_and_143(tmp_path):
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
     assert latest == f"step_{s['steps']:08d}", latest  # the stop checkpoint, complete
     assert (run_dir / "checkpoints" / latest / "meta.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "cluster.k8s.priority_class=high",
+        "cluster.k8s.ttl_after_finished_s=3600",
+        "cluster.k8s.topology_spread_key=kubernetes.io/hostname",
+        "cluster.k8s.image_pull_policy=Always",
+        "cluster.workdir=/workspace",
+        "cluster.k8s.gang=volcano",
+    ],
+)
+def test_a_trainjob_refuses_what_it_cannot_carry(tmp_path, capsys, override):
+    """Kubeflow Trainer's runtime patch has no field for these (the CRD's schema): a
+    TrainJob would drop them without a word, so each is one line naming the key and where
+    it goes instead; the other kinds carry it."""
+    key = override.split("=")[0]
+    args = [*EXAMPLE[:3], f"run.root={tmp_path}", "run.id=tj", override]
+    queue = ["cluster.k8s.queue=research"] if "volcano" in override else []
+    assert main(["k8s", "--dry-run", "cluster.k8s.kind=trainjob", *args, *queue]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {key}="), err
+    assert "a TrainJob cannot set" in err and "cluster.k8s.kind=jobset" in err
+    assert not (tmp_path / "tj").exists()
+    assert main(["k8s", "--dry-run", "cluster.k8s.kind=jobset", *args, *queue]) == 0

@@ -17,17 +17,22 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
+import secrets as secrets_module
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from refusals import readable_by_nobody
 from slurm_cluster import ClusterUnavailable, SlurmCluster, job_state
 from slurm_cluster import submit as slurm_submit
 from slurm_cluster import wait_until_done as slurm_wait_until_done
 
+from launcher.resilience import bad_hosts
 from launcher.submit.__main__ import main as submit_main
 from launcher.submit.slurm import EXAMPLE_OVERRIDES, render_example
 
@@ -49,6 +54,7 @@ RUN = [
 # bucket layout, rebuilt after each process's first step, changes that order: losses then
 # agree only to about 1e-7 after a resume, measured at 2 x 2.)
 SHAPE = ["cluster.nodes=2", "cluster.procs_per_node=1"]
+KEY = "0123456789abcdef0123456789abcdef01234567"  # 40 hex digits: a W&B key's shape
 
 
 def front_door_missing() -> str | None:
@@ -250,7 +256,7 @@ def test_rendered_policies(tmp_path, capfd):
     assert "at most 20 requeues (cluster.slurm.max_requeues)" in text
     assert 'if [ "$restart" -ge 20 ]; then' in text
     mem = int(re.search(r"#SBATCH --mem=(\d+)M\n", text).group(1))  # the node's need
-    assert mem >= 8192 + 1024 and "# --mem: 1 process(es) x cluster.slurm.mem_per_process" in text
+    assert mem > 1024 and "# --mem: 1 process(es): the plan's " in text  # CPU: 0.4 GB + model
     assert "scancel --signal=TERM" in text.split("on_term()")[0]  # only on USR1's path
     # A resubmission with the same run id keeps the earlier script.
     text2 = render_text(
@@ -272,8 +278,9 @@ def test_rendered_policies(tmp_path, capfd):
     # quoted for Hydra, in the arguments file
     assert "\"cluster.slurm.container_image='nvcr.io#nvidia/pytorch:24.05-py3'\"" in text2
     assert "#SBATCH --job-name=mine" in text2
-    # a GPU job asks for its memory: 4 processes x 8G, /dev/shm's need, the 1G margin
-    assert int(re.search(r"#SBATCH --mem=(\d+)M\n", text2).group(1)) >= 4 * 8192 + 1024
+    # a GPU job asks for its memory: 4 processes of 2.4 GB (the plan's, launcher.plan.host)
+    # with 25% on top, /dev/shm's need, the 1G margin
+    assert int(re.search(r"#SBATCH --mem=(\d+)M\n", text2).group(1)) >= 4 * 2861 + 1024
     assert "--resv-ports=1" in text2
     assert subprocess.run(["bash", "-n", "-c", text2]).returncode == 0
 
@@ -320,26 +327,48 @@ def output_with(run_dir: Path, job_id: str, text: str, deadline: float) -> float
     return time.monotonic()
 
 
-def test_usr1_in_setup_requeues_a_preemption_only(cluster, tmp_path):
-    """Three jobs warned (USR1) during a long setup line (a 120 s sleep until the test's
-    flag exists), before any checkpoint: the shell takes the signal at once, not when the
-    line ends. One warned near its time limit (shrunk to 5 minutes: less left than the
+def setup_line_pid(job_id: str) -> int:
+    """The pid of job `job_id`'s setup line (`sleep 120`), as root reads /proc."""
+    deadline = time.monotonic() + 60
+    while not (found := ranks("sleep 120", job_id)):
+        assert time.monotonic() < deadline, f"job {job_id}: its setup line never ran"
+        time.sleep(0.1)
+    return min(found)
+
+
+def test_a_stop_in_setup_is_taken_at_once_and_said_once(cluster, tmp_path):
+    """Jobs stopped during a long setup line (a 120 s sleep until the test's flag exists),
+    before any checkpoint. Three warned (USR1): the shell takes the signal at once, not when
+    the line ends. One warned near its time limit (shrunk to 5 minutes: less left than the
     warning's lead) made no progress, so it is not requeued; one capped at max_requeues=0
     names the cap; both end FAILED 143 without a restart. The third, warned far from any
     limit, is a preemption: requeued without a checkpoint, it starts again (the flag now
-    set), trains and completes."""
+    set), trains and completes. Two stopped (TERM): scancel sends it to every process of
+    the job, the batch shell first (cancelled), or the setup line first, its shell untouched
+    (line_stopped: the line's own process sent TERM here, as Slurm's order may have it).
+    Either way one line, `TERM during setup`, exit code 143, no `setup failed` (the line did
+    not fail: it used to end the job with exit code 2, bad input, and no line)."""
     flag = tmp_path / "setup-may-end"
     setup = [f'cluster.setup=["echo launcher-test: in setup", "[ -e {flag} ] || sleep 120"]']
+    one_node = [*setup, "cluster.nodes=1"]
     jobs = {
         "noprogress": submit(cluster, tmp_path, "noprogress", *setup, run=SHORT),
         "capped": submit(
             cluster, tmp_path, "capped", *setup, "cluster.slurm.max_requeues=0", run=SHORT
         ),
         "preempted": submit(cluster, tmp_path, "preempted", *setup, run=SHORT),
+        "cancelled": submit(cluster, tmp_path, "cancelled", *one_node, run=SHORT),
+        "line_stopped": submit(cluster, tmp_path, "line_stopped", *one_node, run=SHORT),
     }
     deadline = time.monotonic() + JOB_TIMEOUT
     for name, (job_id, run_dir) in jobs.items():
         output_with(run_dir, job_id, "launcher-test: in setup", deadline)
+        if name == "cancelled":
+            subprocess.run(["scancel", job_id], env=cluster.env(), check=True)
+            continue
+        if name == "line_stopped":
+            os.kill(setup_line_pid(job_id), signal.SIGTERM)
+            continue
         time.sleep(0.5)  # the sleep has started
         if name == "noprogress":
             subprocess.run(
@@ -362,11 +391,16 @@ def test_usr1_in_setup_requeues_a_preemption_only(cluster, tmp_path):
     for name, (job_id, run_dir) in jobs.items():
         state = wait_until_done(cluster, job_id, run_dir)
         out = slurm_output(run_dir, job_id)
-        assert "requeue policy: on a preemption (USR1 well before the time limit) always" in out
         assert (
-            "launcher: USR1 during setup: training did not start and wrote no checkpoint; "
+            "requeue policy: on a preemption (USR1 well before the time limit) or a lost node "
+            "(exit 8) always" in out
+        )
+        stop = "TERM" if name in ("cancelled", "line_stopped") else "USR1"
+        said = (
+            f"launcher: {stop} during setup: training did not start and wrote no checkpoint; "
             "exit code 143"
-        ) in out
+        )
+        assert out.count(said) == 1 and "setup failed" not in out, out
         if name == "preempted":
             assert (state["JobState"], state["Restarts"]) == ("COMPLETED", "1"), out[-3000:]
             assert "(preemption): every rank checkpoints" in out
@@ -374,13 +408,15 @@ def test_usr1_in_setup_requeues_a_preemption_only(cluster, tmp_path):
             assert requeued in out
             assert summary(run_dir)["steps"] == 12
             continue
+        ended = "CANCELLED" if name == "cancelled" else "FAILED"
         assert (state["JobState"], state["ExitCode"], state["Restarts"]) == (
-            "FAILED",
+            ended,
             "143:0",
             "0",
         ), out
-        assert "training ended with exit code" not in out
-        assert f"launcher: {expected[name]}" in out, out
+        assert "training ended with exit code" not in out, out
+        if name in expected:
+            assert f"launcher: {expected[name]}" in out, out
         assert "requeueing" not in out and not (run_dir / "metrics.jsonl").exists()
     assert "(time_limit): every rank" in slurm_output(*reversed(jobs["noprogress"]))
 
@@ -452,13 +488,20 @@ def ranks(marker: str, job_id: str) -> dict[int, tuple[str, str]]:
 
 def test_cpus_per_task_and_secrets_from_the_submitting_shell(cluster, tmp_path):
     """Each node's task gets processes x (1 + DataLoader workers) CPUs, as scontrol reads
-    them back. Secrets in the submitting shell (W&B's key, and GH_PAT, a name the old list
-    lacked) reach the ranks by inheritance (sbatch --export names them), never as text: no
-    rank's command line (/proc/*/cmdline, read while they run) holds a secret or even an
-    override (those travel in a 0600 file), and no file of the run directory holds one.
-    The rendezvous is on the port Slurm reserved for the step (cluster.slurm.resv_ports;
-    the test cluster's MpiParams=ports=12000-12999)."""
-    secrets = {"WANDB_API_KEY": "wandb-test-key-0123456789abcdef", "GH_PAT": "gh-test-pat-42"}
+    them back. Secrets in the submitting shell (W&B's key of its real shape, GH_PAT, a name
+    the old list lacked, and MY_LOGIN, named in cluster.secrets) reach the ranks by
+    inheritance (sbatch --export names them), never as text another user of the cluster can
+    read: not in `squeue -o %k` (the comment) or `scontrol show job`, not on the command line
+    of any process of the job on either node (/proc/*/cmdline, read while they run: no
+    secret, not even an override, which travels in a 0600 file), not in any file of the run
+    and submit folders or Slurm's output file, which only the submitting user can reach (the
+    run directory is 0700: run.access=private). The rendezvous is on the port Slurm reserved
+    for the step (cluster.slurm.resv_ports; the test cluster's MpiParams=ports=12000-12999)."""
+    secrets = {
+        "WANDB_API_KEY": secrets_module.token_hex(20),  # 40 hex digits, as W&B's
+        "GH_PAT": "gh-test-pat-42",
+        "MY_LOGIN": "aZ3kq9Xw7Lm2Pv8Rt5Yb1Nc4",
+    }
     job_id, run_dir = submit(
         cluster,
         tmp_path,
@@ -466,36 +509,51 @@ def test_cpus_per_task_and_secrets_from_the_submitting_shell(cluster, tmp_path):
         "data.num_workers=1",
         'cluster.setup=["echo launcher-test: key of $(printf %s $WANDB_API_KEY | wc -c) chars"]',
         "cluster.slurm.resv_ports=true",
+        "cluster.secrets=[MY_LOGIN]",
+        "cluster.slurm.extra_sbatch=['--comment=launcher-secrets-test']",
         run=SHORT,
         env=secrets,
     )
     running = wait_until(cluster, job_id, ("RUNNING", "COMPLETED"))
     assert (running["NumNodes"], running["CPUs/Task"], running["NumCPUs"]) == ("2", "2", "4")
     seen: dict[int, tuple[str, str]] = {}
+    listed = []
     while job_state(cluster, job_id).get("JobState") in ("PENDING", "RUNNING"):
-        seen.update(ranks("launcher.train", job_id))
+        seen.update(ranks("", job_id))  # every process of the job, on both nodes
+        if not listed and any("launcher.train" in cmd for cmd, _ in seen.values()):
+            for cmd in (["squeue", "-h", "-j", job_id, "-o", "%k %j %o"],
+                        ["scontrol", "show", "job", job_id]):  # fmt: skip
+                run = subprocess.run(cmd, env=cluster.env(), capture_output=True, text=True)
+                listed.append(run.stdout)  # what every user of the cluster reads, while it runs
         time.sleep(0.5)
     state = wait_until_done(cluster, job_id, run_dir)
     out = slurm_output(run_dir, job_id)
     assert state["JobState"] == "COMPLETED", out[-3000:]
     assert f"launcher-test: key of {len(secrets['WANDB_API_KEY'])} chars" in out
-    workers = {pid: v for pid, v in seen.items() if "launcher.torchrun" not in v[0]}
+    assert any("launcher-secrets-test" in text for text in listed), listed  # the comment, seen
+    for text in listed:
+        assert not any(value in text for value in secrets.values()), text
+    workers = {pid: v for pid, v in seen.items() if "launcher.train" in v[0]}
+    workers = {pid: v for pid, v in workers.items() if "launcher.torchrun" not in v[0]}
     assert len(workers) >= 2, seen  # the two ranks were read while they ran
     agents = [v[0] for v in seen.values() if v[0].startswith("python -m launcher.torchrun")]
     ports = {int(p) for a in agents for p in re.findall(r"--rdzv-endpoint=n1:(\d+)", a)}
     assert len(ports) == 1 and 12000 <= ports.pop() <= 12999, agents
-    for cmdline, environ in workers.values():
+    for cmdline, _ in seen.values():  # the batch shell, srun, torchrun, ranks, loaders
         assert not any(value in cmdline for value in secrets.values()), cmdline
+    for cmdline, environ in workers.values():
         assert "trainer.max_steps" not in cmdline and "run.id" not in cmdline, cmdline
         for name, value in secrets.items():
             assert f"{name}={value}" in environ.splitlines()  # inherited
-    for path in run_dir.rglob("*"):
+    for path in run_dir.rglob("*"):  # the submit folder and Slurm's output file among them
         if path.is_file():
             text = path.read_bytes()
             assert not any(v.encode() in text for v in secrets.values()), path
     for path in (run_dir / "submit").iterdir():
         if path.suffix in (".sbatch", ".json"):
             assert path.stat().st_mode & 0o777 == 0o600, path
+    assert run_dir.stat().st_mode & 0o777 == 0o700
+    assert not readable_by_nobody(run_dir / "submit" / f"slurm-{job_id}.out")
     assert summary(run_dir)["steps"] == 12
 
 
@@ -511,16 +569,38 @@ def test_cpus_per_task_and_secrets_from_the_submitting_shell(cluster, tmp_path):
             "error: cluster.slurm.extra_sbatch[0] holds a secret, password=... (a secret's name)",
         ),
         (
+            f"cluster.setup=[\"export WANDB_API_KEY='{KEY}'\"]",
+            "error: cluster.setup[0] holds a secret, WANDB_API_KEY=... (a secret's name)",
+        ),
+        (
+            f'cluster.setup=["wandb login {KEY}"]',
+            "error: cluster.setup[0] holds a secret, `wandb login KEY`",
+        ),
+        (
+            f"cluster.slurm.extra_sbatch=[\"--comment='{KEY}'\"]",
+            "error: cluster.slurm.extra_sbatch[0] holds a secret, comment=...",
+        ),
+        (f"cluster.job_name=j{KEY}", "error: cluster.job_name holds a secret, a run of 40 hex"),
+        (
             "cluster.slurm.mem_per_process=64T",
             "is more than partition debug can give 2 node(s)",
         ),
         (
             "cluster.nodes=2",
-            "error: cluster.nodes=2: partition debug has 1 node(s) besides the ones this run's "
-            "burn-in gate refused (n1,",
+            "error: cluster.nodes=2: partition debug has 1 node(s) besides the ones this run "
+            "keeps off (n1,",
         ),
     ],
-    ids=["setup-secret", "sbatch-secret", "memory", "burnin-too-few"],
+    ids=[
+        "setup-secret",
+        "sbatch-secret",
+        "quoted-key",
+        "wandb-login",
+        "comment-key",
+        "job-name-key",
+        "memory",
+        "burnin-too-few",
+    ],
 )
 def test_refused_before_sbatch(cluster, tmp_path, capfd, monkeypatch, override, words):
     """A secret in a setup line or an sbatch option, a --mem no node of the partition has,
@@ -535,10 +615,11 @@ def test_refused_before_sbatch(cluster, tmp_path, capfd, monkeypatch, override, 
     code = submit_main(["slurm", *args])
     err = capfd.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and words in err[0], err
-    assert "aZ3kq9" not in err[0] and "hunter2" not in err[0]
+    assert "aZ3kq9" not in err[0] and "hunter2" not in err[0] and KEY not in err[0]
     assert queued(cluster) == before
     leftovers = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert all(b"aZ3kq9" not in p.read_bytes() for p in leftovers)
+    assert all(b"aZ3kq9" not in p.read_bytes() and KEY.encode() not in p.read_bytes()
+               for p in leftovers)  # fmt: skip
 
 
 def test_a_failed_setup_line_ends_the_job_naming_it(cluster, tmp_path):
@@ -606,10 +687,11 @@ def test_a_node_the_burn_in_gate_refuses_is_excluded_on_the_one_requeue(cluster,
     assert (
         "launcher: training ended with exit code 6 (bad node: the burn-in gate refused n1)" in out
     )
-    assert f"launcher: requeueing job {job_id} once without the node(s) the burn-in gate " \
-        "refused: --exclude=n1" in out  # fmt: skip
+    assert f"launcher: requeueing job {job_id} once after the burn-in gate refused a node, " \
+        f"without the node(s) in {run_dir}/bad_hosts: --exclude=n1" in out  # fmt: skip
     assert re.search(r"burn-in: slower than the others .*: rank 0 on n1: matmul", out)
     assert f"launcher: job {job_id}, start 1, nodes n2" in out
-    assert (run_dir / "bad_hosts").read_text() == "n1\n"
+    assert bad_hosts.read(run_dir) == ["n1"]
+    assert bad_hosts.reasons(run_dir)["n1"].startswith("burn-in: rank 0: matmul")
     assert json.loads((run_dir / "burnin.json").read_text())["verdict"] == "pass"  # on n2
     assert summary(run_dir)["status"] == "completed"

@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from launcher.config import compose
+from launcher.model.build import build_model
+
 from launch import FAST, explain, metrics, python_train, summary, torchrun
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -121,3 +124,21 @@ def test_out_of_memory_writes_a_snapshot_named_in_the_error_line(tmp_path):
     path = Path(line.split("memory snapshot: ")[1].split(" (open at")[0])
     assert path.parent == tmp_path / "oom" / "traces" / "rank0" and path.stat().st_size > 0
     assert "trainer.grad_checkpointing=true" in line
+
+
+@needs_gpu
+@pytest.mark.parametrize("impl", ["native", "hf"])
+def test_the_model_built_on_the_gpu_has_the_cpu_builds_values(impl):
+    """launcher.model.materialize: every random fill drawn on the CPU in the build's order,
+    so the GPU's parameters are bit for bit a CPU build's for the same seed."""
+    cfg = compose([f"model.impl={impl}"]).model
+    torch.manual_seed(5)
+    gpu = build_model(cfg, 50257, device="cuda")
+    torch.manual_seed(5)
+    cpu = build_model(cfg, 50257)
+    assert all(p.is_cuda for p in gpu.parameters())
+    assert gpu.lm_head.weight is gpu.transformer.wte.weight
+    ours, theirs = gpu.state_dict(), cpu.state_dict()
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        assert torch.equal(ours[key].cpu(), theirs[key]), key

@@ -15,11 +15,10 @@ import socket
 import subprocess
 from pathlib import Path
 
-from launcher.resilience import exit_codes
-from launcher.resilience.burnin import record_bad_hosts
+from launcher.resilience import bad_hosts, exit_codes
 
 from launch import FAST_USER_LOADER, explain, metrics, summary, torchrun
-from submit_render import render
+from submit_render import render, slurm_stand_ins
 
 # 0.2 s more per matmul against a few ms: far above any tolerance noise could reach.
 SLOW_RANK_1 = ["fault.kind=slow_device", "fault.rank=1", "fault.seconds=0.2"]
@@ -75,28 +74,19 @@ def test_the_gate_names_the_slow_rank_then_warns_or_refuses(tmp_path):
     assert summary(refused)["status"] == "refused: bad node"
     assert not (refused / "metrics.jsonl").exists()  # no step ran
     assert not list(refused.glob("checkpoints/step_*"))
-    assert (refused / "bad_hosts").read_text() == f"{host}\n"
+    (reason,) = bad_hosts.reasons(refused).values()
+    assert bad_hosts.read(refused) == [host] and reason.startswith("burn-in: rank 1: matmul")
     assert "refused: exit 6 (bad node)" in gate_lines(refused)[0]
 
 
 def bad_node_block(script: str) -> str:
-    start = script.index("# The burn-in gate refused a node")
+    """The requeue function (launcher.submit.slurm.exclude) and the block of exit 6."""
+    start = script.index("# Requeue this job, the run's bad hosts")
     return script[start : script.index("# Requeue after a preemption")]
 
 
-# A stand-in scontrol: the job already excludes n9; hostnames of a comma list; every other
-# call is recorded, so the test sees what would have been asked of Slurm. A stand-in sinfo:
-# the partition's four nodes (one is left once n1, n2 and n9 are excluded).
-SCONTROL = """
-sinfo() { printf 'n1\\nn2\\nn3\\nn9\\n'; }
-scontrol() {
-  case "$1 $2" in
-    "-o show") echo "JobId=7 JobName=x ExcNodeList=$EXCLUDED Reason=None" ;;
-    "show hostnames") echo "$3" | tr , '\\n' ;;
-    *) echo "$*" >> "$run_dir/calls" ;;
-  esac
-}
-"""
+# The partition's four nodes (one is left once n1, n2 and n9 are excluded).
+SCONTROL = slurm_stand_ins(["n1", "n2", "n3", "n9"])
 
 
 def run_block(block: str, run_dir: Path, excluded: str) -> str:
@@ -111,9 +101,9 @@ def test_the_sbatch_script_requeues_once_excluding_the_refused_hosts(tmp_path):
     run_dir = tmp_path / "r"
     out = run_block(block, run_dir, "(null)")
     assert out == f"launcher: not requeued: exit 6 but no {run_dir}/bad_hosts names a host\n"
-    record_bad_hosts(run_dir, ["n2", "n1"])
+    bad_hosts.record(run_dir, {"n2": "burn-in: rank 3: matmul 9 ms", "n1": "burn-in: rank 0"})
     out = run_block(block, run_dir, "n9")
-    assert out.strip().endswith("gate refused: --exclude=n1,n2,n9")
+    assert out.strip().endswith(f"without the node(s) in {run_dir}/bad_hosts: --exclude=n1,n2,n9")
     assert (run_dir / "calls").read_text().splitlines() == [
         "requeuehold 7",
         "update JobId=7 ExcNodeList=n1,n2,n9",

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -19,7 +20,7 @@ import pytest
 import yaml
 
 from launcher.analyze.hang import analyze_hang
-from launcher.resilience import exit_codes
+from launcher.resilience import bad_hosts, exit_codes
 
 from launch import (
     FAST_USER_LOADER,
@@ -273,6 +274,12 @@ def test_unreadable_latest_falls_back_to_previous(long_run, reference, tmp_path)
             None,
             id="loader-crash",
         ),
+        pytest.param(  # a failing GPU: a crash, and its host kept off the next attempts
+            ["fault.kind=device_error", "fault.rank=1", "fault.step=5"],
+            exit_codes.CRASH,
+            None,
+            id="device-error",
+        ),
         pytest.param(
             ["fault.kind=exit", "fault.rank=1", "fault.step=5", "fault.exit_code=9"],
             9,
@@ -306,6 +313,13 @@ def test_the_job_exit_code_reaches_the_caller(tmp_path, overrides, code, status)
         assert "\n" not in ended["status"]
     if "fault.exit_code=0" in overrides:
         assert "Traceback" not in proc.stderr and "rank 1 left the job on purpose" in proc.stderr
+    kept_off = bad_hosts.reasons(tmp_path / "x")
+    if "fault.kind=device_error" in overrides:  # exclude.device_error, on by default
+        assert kept_off == {socket.gethostname(): "device error: rank 1 at step 5: RuntimeError: "
+                            "CUDA error: uncorrectable ECC error encountered (injected by "
+                            "fault.kind=device_error at step 5)"}  # fmt: skip
+    else:  # running out of memory, a loader's error, a code of its own: not the host's
+        assert kept_off == {}
 
 
 def test_injected_stall_is_detected_explained_and_restartable(reference, tmp_path):

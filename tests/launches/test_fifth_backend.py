@@ -1,5 +1,6 @@
 """A fifth cluster backend, defined in this file alone and installed the way another package
-would install one (an entry point of the `launcher.backends` group, docs/architecture.md):
+would install one, and the way the launcher installs its own (entry points of the
+`launcher.backends` and `launcher.renderers` groups naming this module, docs/architecture.md):
 it renders, refuses a bad key of its section and a secret in one line, is listed by
 `--help`, and a running job finds its id through it, with no edit to the launcher.
 
@@ -46,7 +47,6 @@ def job_key(environ: Mapping[str, str]) -> str | None:
 
 BACKEND = Backend(
     name=NAME,
-    renderer=__name__,
     summary="a variant of the sbatch script",
     tool="sbatch",
     docs="docs/slurm.md",
@@ -57,10 +57,11 @@ BACKEND = Backend(
 
 
 def run(tmp_path: Path, *args: str, env: Mapping[str, str] = {}) -> subprocess.CompletedProcess:
-    """`python *args` with this backend installed (an entry point of launcher.backends)."""
-    from entry_points import installed_env
+    """`python *args` with this backend installed (its declaration and its renderer)."""
+    from entry_points import installed_env_of
 
-    environ = installed_env(tmp_path, "fifth-backend", "launcher.backends", NAME, __name__)
+    points = {"launcher.backends": {NAME: __name__}, "launcher.renderers": {NAME: __name__}}
+    environ = installed_env_of(tmp_path, "fifth-backend", points)
     return subprocess.run(
         [sys.executable, *args], env={**environ, **env}, capture_output=True, text=True,
         timeout=120,
@@ -72,7 +73,7 @@ def test_a_fifth_backend_renders_and_is_listed(tmp_path):
 
     helped = run(tmp_path, "-m", "launcher.submit", "--help")
     assert helped.returncode == 0, helped.stderr
-    assert f"{{slurm,k8s,{NAME}}}" in helped.stdout.splitlines()[0]
+    assert f"{{k8s,slurm,{NAME}}}" in helped.stdout.splitlines()[0]
     assert f"a variant of the sbatch script ({NAME})" in " ".join(helped.stdout.split())
     trained = run(tmp_path, "-m", "launcher.train", "--help")
     line = next(x for x in trained.stdout.splitlines() if x.startswith("cluster: "))

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.config.registry import Engine
+from launcher.config.registry import Capabilities, Engine
 from launcher.strategy.ddp import FORMAT, DDPConfig, rules
 from launcher.strategy.ddp.engine import DDPStrategy
 
@@ -46,8 +46,8 @@ ENGINE = Engine(
     schema=FourthConfig,
     strategy=f"{__name__}:FourthStrategy",
     format=FORMAT,
-    rules=rules,
     has_yaml=False,
+    capabilities=Capabilities(rules=rules),
 )
 
 

@@ -99,7 +99,7 @@ def test_doctor_reports_and_gates(tmp_path):
         timeout=120,
         env=base_env(),
     )
-    assert blocked.returncode == 1
+    assert blocked.returncode == 2  # as the trainer: bad input
     assert "PROBLEM" in blocked.stdout and "/dev/shm" in blocked.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "launcher.doctor", "model=nope"],

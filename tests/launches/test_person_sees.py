@@ -11,12 +11,14 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from launcher import export as export_cmd
 from launcher import generate, runs
+from launcher.observe.sinks import wall_text
 
-from launch import FAST_USER_LOADER, summary, torchrun
+from launch import FAST_USER_LOADER, metrics, summary, torchrun
 from tb_readback import read_runs
 from wandb_readback import inspect_summary
 
@@ -94,11 +96,21 @@ def test_a_finished_run_has_a_report_and_lists_and_compares(ddp_run, single_proc
     (wandb_run,) = (ddp_run / "wandb").glob("offline-run-*")
     state = inspect_summary(wandb_run, tmp_path)
     assert state["summary"]["report"]["_type"] == "image-file"
+    # One wall time (from the launch to the last write) in every place that shows one
+    wall = summary(ddp_run)["wall_time_s"]
+    loop = [r for r in metrics(ddp_run) if "elapsed_s" in r][-1]["elapsed_s"]
+    assert wall > loop  # start-up and the closing writes are in it, not only the loop
+    assert state["summary"]["wall_time_s"] == pytest.approx(wall, rel=1e-9)
+    ((_, table),) = tb["."]["text"]["summary/text_summary"]
+    assert f"| wall_time_s | {wall:.6g} |" in table
+    log = (ddp_run / "logs" / "rank0.log").read_text()
+    assert f"completed, 24 steps in {wall_text(wall)} wall time" in log
     ranks = (ddp_run / "ranks.jsonl").read_text().splitlines()
     assert len(ranks) == 24  # one row per log interval, each rank's figures in it
     assert runs.main([str(ddp_run.parent)]) == 0
     listed = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()}
     assert listed[ddp_run.name][1:3] == ["completed", "24"]
+    assert wall_text(wall) in " ".join(listed[ddp_run.name])  # the same figure, as it was shown
     assert listed[ddp_run.name][-3:] == ["ddp", "2", "0"]
     assert listed[single_process.name][-2:] == ["1", "0"]
     plot = tmp_path / "compare.png"

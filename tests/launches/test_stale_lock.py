@@ -27,7 +27,11 @@ def dead_pid() -> int:
     ("fields", "age", "why"),
     [
         ({"pid": "dead"}, 0, "is no longer running"),
-        ({"host": "elsewhere", "launch_key": "mine"}, 0, "an earlier attempt of this launch"),
+        (
+            {"host": "elsewhere", "launch_key": "mine"},
+            lock.HANDOVER_S + 5,
+            "an earlier attempt of this launch",
+        ),
         ({"host": "elsewhere"}, lock.STALE_AFTER_S + 5, "no heartbeat"),
         (None, 0, "its content is unreadable"),
     ],

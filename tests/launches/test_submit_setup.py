@@ -8,9 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher.resilience import exit_codes
+import pytest
 
-from submit_render import render
+from launcher.resilience import bad_hosts, exit_codes
+
+from submit_render import render, slurm_stand_ins
 
 
 def setup_part(script: str) -> str:
@@ -78,6 +80,7 @@ REQUEUED = {
     exit_codes.HANG: (True, True),
     exit_codes.BAD_NODE: (True, False),  # no bad_hosts here; with them, once elsewhere
     exit_codes.STOPPED_NO_CHECKPOINT: (True, False),
+    exit_codes.NODE_LOST: (True, True),  # a node lost is requeued whether or not it advanced
     exit_codes.STOPPED: (True, False),
 }
 SLURM_STUBS = """
@@ -118,3 +121,34 @@ def test_the_sbatch_script_decides_every_exit_code(tmp_path):
         proc = ending(script, run_dir, code, "USR1")
         assert "not requeued: no newer checkpoint was completed" in proc.stdout, proc.stdout
         assert proc.returncode == code
+
+
+@pytest.mark.parametrize("code", [exit_codes.HANG, exit_codes.NODE_LOST])
+def test_every_requeue_keeps_the_runs_bad_hosts_out(tmp_path, code):
+    """A hang (its culprit's host) and a lost node requeue the job with the run's bad_hosts
+    added to its excluded nodes; when the partition would have too few nodes left, one line
+    says so and the script ends with the job's code (no job pending for ever)."""
+    script = render("slurm", tmp_path, "cluster.nodes=2")["job.sbatch"]
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "reached").write_text("step_00000004\n")
+    bad_hosts.record(run_dir, {"n2": "hang: rank 9 wrote no stacks (after step 3)"})
+    tail = script[script.index('  case "$code" in') :]
+    stand_ins = slurm_stand_ins(["n1", "n2", "n3"])
+    head = f"{SLURM_STUBS}{stand_ins}EXCLUDED='(null)'\nrun_dir={run_dir}\ncode={code}\nstop=\n"
+    head += "if true; then\n"
+    proc = subprocess.run(["bash", "-c", head + tail], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"without the node(s) in {run_dir}/bad_hosts: --exclude=n2" in proc.stdout
+    assert (run_dir / "calls").read_text().splitlines() == [
+        "requeuehold 9",
+        "update JobId=9 ExcNodeList=n2",
+        "release 9",
+    ]
+    bad_hosts.record(run_dir, {"n3": "device error: rank 4 at step 7: RuntimeError: ECC"})
+    (run_dir / "calls").unlink()
+    proc = subprocess.run(["bash", "-c", head + tail], capture_output=True, text=True)
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    (line,) = [ln for ln in proc.stdout.splitlines() if "not requeued" in ln]
+    assert "this run keeps off (n2,n3;" in line and "has 1 node(s) and the job needs 2" in line
+    assert not (run_dir / "calls").exists()

@@ -55,6 +55,7 @@ def test_run_directory_layout_and_metrics(ws2_run):
     ):
         assert (run_dir / name).is_file(), name
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000024"
+    assert run_dir.stat().st_mode & 0o777 == 0o700  # run.access=private: the default
     records = [r for r in metrics(run_dir) if "loss" in r]
     assert [r["step"] for r in records] == list(range(1, 25))
     for r in records:
@@ -79,9 +80,11 @@ def test_run_directory_layout_and_metrics(ws2_run):
     assert env["versions"]["torch"] and env["shm"]["need_bytes"] == 0
     # Progress on rank 0 only, as plain lines (stderr is not a terminal here), and a summary.
     assert "step 24/24 | loss" in output
-    # The closing block: where the run is, its wall time, and the commands that come next.
+    # The closing block: where the run is, its wall time, and the commands that will work on
+    # it: a checkpoint and a tokenizer, no traces (nothing for launcher.analyze)
     closing = output[output.index(f"run {run_dir}: completed, 24 steps in ") :]
-    assert "wall time" in closing and f"python -m launcher.analyze {run_dir}" in closing
+    assert "wall time" in closing and f"next: python -m launcher.generate {run_dir}" in closing
+    assert "launcher.analyze" not in closing
     assert "[rank 1] INFO" not in output
     assert "rank 1/2" in (run_dir / "logs" / "rank1.log").read_text()
 

@@ -11,7 +11,7 @@ import json
 import socket
 import time
 
-from launcher.resilience import exit_codes
+from launcher.resilience import bad_hosts, exit_codes
 
 from launch import FAST_USER_LOADER, analyze_cli, explain, summary, torchrun
 
@@ -53,6 +53,12 @@ def test_a_rank_frozen_among_16_is_named_by_its_silence(tmp_path):
     assert f"Culprit: rank {FROZEN}" in cli.stdout and "could not run" in cli.stdout
     report = json.loads((tmp_path / "frozen" / "analysis" / "hang.json").read_text())
     assert report["culprits"] == [FROZEN] and report["step"] == 3
+    # The culprit's host is kept off the next attempt (exclude.hang), with the verdict's why.
+    host = socket.gethostname()
+    assert bad_hosts.reasons(tmp_path / "frozen") == {
+        host: f"hang: rank {FROZEN} wrote no stacks: the process could not run at all (stopped, "
+        "swapped out, or stuck in the kernel or a driver) (after step 3)"
+    }
 
 
 def test_the_burnin_gate_refuses_naming_the_slow_rank_among_16(tmp_path):
@@ -69,4 +75,5 @@ def test_the_burnin_gate_refuses_naming_the_slow_rank_among_16(tmp_path):
     (line,) = [ln for ln in log.splitlines() if "burn-in: slower than the others" in ln]
     assert f"rank {SLOW} on {host}:" in line and "refused: exit 6 (bad node)" in line
     assert not (run_dir / "metrics.jsonl").exists()  # no step ran
-    assert (run_dir / "bad_hosts").read_text() == f"{host}\n"
+    assert bad_hosts.read(run_dir) == [host]
+    assert bad_hosts.reasons(run_dir)[host].startswith(f"burn-in: rank {SLOW}: matmul")

@@ -6,10 +6,14 @@ cluster of four slurmd on this machine (tests/slurm_cluster.py).
 Five launches, each read by several tests: the uninterrupted 16-rank run (the reference);
 the Slurm job, which must equal it;
 the 4 x 4 agents preempted as one node is (SIGTERM to one agent); its resume on 4 ranks; and
-back on 4 x 4 agents with the memory tier on, where one agent's whole tree is SIGKILLed twice
-(a lost node, replaced by a new agent as a scheduler would): first the tier restores its
-newer step, then, with the tier's folder removed, the durable checkpoint does. Every step's
-loss is the uninterrupted run's: exactly at 16 ranks, within REORDERED after 4 ranks.
+back on 4 x 4 agents with the memory tier and its peer copies on, each agent its own memory
+folder (as separate nodes' /dev/shm are), where an agent's whole tree is SIGKILLed twice (a
+lost node, replaced by a new agent with an empty folder, as a scheduler would): first node 1,
+whose replacement joins the rendezvous last, so that ranks 4-15 all land on other nodes than
+the ones that wrote their folders, and the tier still restores its newer step (found by node
+and step, moved where each rank loads it); then node 3 with every node's memory gone, and the
+durable checkpoint does. Every step's loss is the uninterrupted run's: exactly at 16 ranks,
+within REORDERED after 4 ranks.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ from pathlib import Path
 import pytest
 from slurm_cluster import BASE, ClusterUnavailable, SlurmCluster, submit, wait_until_done
 
-from launcher.checkpoint import memory
 from launcher.resilience import exit_codes
 
 from launch import (
@@ -67,12 +70,13 @@ def reached(run_dir: Path, step: int):
     return check
 
 
-def agents_run(args, tmp: Path, name: str, extra_args=()):
+def agents_run(args, tmp: Path, name: str, extra_args=(), per_node=lambda i: []):
     """Four agents of one job: (agents, their output files, start node i again)."""
     outputs = [tmp / f"{name}.agent{i}.txt" for i in range(NODES)]
     agents, again = start_agents(
-        args, outputs, nproc=RANKS // NODES, rdzv_id=name, extra_args=extra_args
-    )
+        args, outputs, nproc=RANKS // NODES, rdzv_id=name, extra_args=extra_args,
+        per_node=per_node,
+    )  # fmt: skip
     return agents, outputs, again
 
 
@@ -119,9 +123,8 @@ def slurm_job(root):
         cluster.stop()
         pytest.skip(f"no Slurm cluster: {exc}")
     try:
-        # the tiny model's memory a rank (4 x the default 8G is more than this machine has)
-        shape = [f"cluster.nodes={NODES}", f"cluster.procs_per_node={RANKS // NODES}",
-                 "cluster.slurm.mem_per_process=1G"]  # fmt: skip
+        # --mem: the plan's host memory for 4 tiny-model ranks a node (mem_per_process=null)
+        shape = [f"cluster.nodes={NODES}", f"cluster.procs_per_node={RANKS // NODES}"]
         job_id, run_dir = submit(cluster, root / "slurm", "s", [*shape, *SCHEDULE])
         state = wait_until_done(cluster, job_id, run_dir, LAUNCH_TIMEOUT)
         return state, run_dir, (run_dir / "submit" / f"slurm-{job_id}.out").read_text()
@@ -162,12 +165,15 @@ def first_kill_step(after: int) -> int:
     return step
 
 
-def sealed_everywhere(run_dir: Path, step: int):
+def held_everywhere(shm: Path, step: int, copies=range(0)):
+    """Every rank's folder of `step` sealed in some node's memory, and the peer copies of
+    the ranks `copies` too (launcher.checkpoint.memory: <node folder>/rank<r>/, peer/rank<r>/)."""
+    name = f"step_{step:08d}"
+
     def check() -> bool:
-        return all(
-            (memory.rank_folder("/dev/shm", run_dir, r) / f"step_{step:08d}" / "meta.json").exists()
-            for r in range(RANKS)
-        )
+        own = all(any(shm.glob(f"*/launcher-*/rank{r}/{name}/meta.json")) for r in range(RANKS))
+        peer = all(any(shm.glob(f"*/launcher-*/peer/rank{r}/{name}/meta.json")) for r in copies)
+        return own and peer
 
     return check
 
@@ -198,25 +204,42 @@ def lose_node(agents, again, run_dir: Path, node: int, then=lambda: None):
 @pytest.fixture(scope="module")
 def back_at_sixteen(preempted, at_four, root):
     """The run back on 4 agents x 4 ranks (--max-restarts=2) to its end, the memory tier
-    every 2 steps. Node 3 is lost once the tier sealed the step `first_kill_step` names;
-    after the restart resumed, node 3 is lost again once the tier sealed a step four or more
-    later, and this time the tier's folder is removed before the new agent starts (what a
-    lost node's memory is)."""
+    every 2 steps with peer copies, each node its own memory folder. Node 1 is lost once the
+    tier sealed the step `first_kill_step` names and its peers hold node 1's copies; its new
+    agent (a new, empty folder) joins the rendezvous last. After the restart resumed, node 3
+    is lost once the tier sealed a step four or more later, and this time every node's memory
+    is removed before its new agent starts."""
     run_dir, (_, resumed) = preempted["run_dir"], at_four
     args = [*SCHEDULE, f"run.root={run_dir.parent}", f"run.id={run_dir.name}"]
-    args += [f"trainer.memory_checkpoint_interval={MEMORY}"]
-    agents, outputs, again = agents_run(args, root, "back", ["--max-restarts=2"])
+    args += [f"trainer.memory_checkpoint_interval={MEMORY}", "trainer.memory_checkpoint_peer=true"]
+    shm, generation = root / "shm", [0] * NODES
+
+    def memory_of(node: int) -> list[str]:
+        return [f"trainer.memory_checkpoint_dir={shm / f'node{node}-{generation[node]}'}"]
+
+    def replaced(node: int):
+        def then():
+            generation[node] += 1
+
+        return then
+
+    agents, outputs, again = agents_run(args, root, "back", ["--max-restarts=2"], memory_of)
     first = first_kill_step(resumed)
     second = first + 2 * MEMORY
     while second % DURABLE == 0:  # a durable step: the tier does not write it
         second += MEMORY
     assert second < STEPS, f"the 4-rank leg ended at {resumed}: too late for two losses"
     with no_leftovers(agents):  # the list holds the replacements too
-        wait_for(sealed_everywhere(run_dir, first), agents[0], timeout=LAUNCH_TIMEOUT)
-        lose_node(agents, again, run_dir, 3)
-        wait_for(sealed_everywhere(run_dir, second), agents[0], timeout=LAUNCH_TIMEOUT)
-        tier = memory.rank_folder("/dev/shm", run_dir, 0).parent
-        lose_node(agents, again, run_dir, 3, lambda: shutil.rmtree(tier))
+        node_1 = range(RANKS // NODES, 2 * RANKS // NODES)
+        wait_for(held_everywhere(shm, first, node_1), agents[0], timeout=LAUNCH_TIMEOUT)
+        lose_node(agents, again, run_dir, 1, replaced(1))
+        wait_for(held_everywhere(shm, second), agents[0], timeout=LAUNCH_TIMEOUT)
+
+        def every_nodes_memory_gone():
+            shutil.rmtree(shm)
+            replaced(3)()
+
+        lose_node(agents, again, run_dir, 3, every_nodes_memory_gone)
         outcomes = ended(agents, outputs)
     return {
         "outcomes": outcomes,
@@ -293,11 +316,20 @@ def test_resumed_at_4_then_16_ranks_the_losses_are_the_uninterrupted_runs(
     assert summary(preempted["run_dir"])["world_size"] == RANKS
 
 
-def test_a_lost_node_resumes_from_the_memory_tier(back_at_sixteen):
+def test_a_lost_node_whose_replacement_comes_last_resumes_from_the_memory_tier(back_at_sixteen):
+    """The new agent for node 1 joined last: it runs ranks 12-15, and nodes 2 and 3 run
+    4-7 and 8-11, so no rank but 0-3 finds its folder where it was written. The restart
+    still resumes from the tier's newer step: 4-11 from the peer copies their new nodes
+    hold, 12-15 moved from the node that wrote them."""
     first, log = back_at_sixteen["first"], back_at_sixteen["log"]
     durable = max(s for s in (back_at_sixteen["resumed"], first // DURABLE * DURABLE))
     line = f"memory tier: step {first} is newer than the durable step_{durable:08d}"
     assert line in log, log[-3000:]
+    restored = (
+        f"memory tier: step {first} restored for rank(s) 4-11 from their peers' copies and "
+        "rank(s) 12-15 from the node that held them"
+    )
+    assert restored in log.split(line, 1)[0], log[-3000:]
     assert f"resumed from step {first}" in log.split(line, 1)[1]
 
 

@@ -3,10 +3,14 @@ layer of that table, imports only packages of its own layer or of a lower one, a
 packages import each other (nor does a longer circle of them exist).
 
 The doc's table is the one map: the test parses it. A front door that is one module
-(`launcher/doctor.py`) is a package of its own. The import graph is read from the source
-with `ast` (every `import`, also those inside functions, which are still dependencies), so
-the test needs no imports of its own; a module found by name at run time (`importlib`, as
-the engine registry finds the engines) is not an import.
+(`launcher/doctor.py`) is a package of its own. The graph is read from the source with `ast`,
+so the test needs no imports of its own, and it holds every load, not only `import`
+statements: an import inside a function (still a dependency), and a module loaded by name at
+run time, which the source spells as a string (`importlib.import_module`'s argument, an
+engine's `"module:Class"`, a `python -m` command). The engines, backends, renderers, fault
+kinds and Kubernetes kinds are entry points that pyproject.toml declares (the installation
+composes the house): the registry that reads a group names none of them, and each module a
+group names depends on that registry, an arrow from the module to the registry.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ def layer_of(package: str) -> int:
     return layer_names().index(dict((p, layer) for layer, p in layer_table())[package])
 
 
+@functools.cache
 def module_names() -> dict[str, Path]:
     names = {}
     for path in PACKAGE.rglob("*.py"):
@@ -59,15 +64,95 @@ def module_names() -> dict[str, Path]:
     return names
 
 
+# A string that names a launcher module, as a load by name spells it: "launcher.x.y", or
+# "launcher.x.y:Name" (an engine's strategy class)
+MODULE_NAME = re.compile(r"launcher(?:\.\w+)+(?::\w+)?")
+
+
+def module_named(text: str) -> str | None:
+    """The launcher module a string names (the longest dotted prefix that is one), if any:
+    "launcher.strategy.ddp.engine:DDPStrategy" -> strategy.ddp.engine."""
+    if not MODULE_NAME.fullmatch(text):
+        return None
+    name = text.partition(":")[0].removeprefix("launcher.")
+    while name and name not in module_names():
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def loaded_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of a source but those under `if TYPE_CHECKING:`, which no run loads (a
+    type named for annotations only)."""
+    skipped = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for statement in node.body
+        for inner in ast.walk(statement)
+    }
+    return [node for node in ast.walk(tree) if id(node) not in skipped]
+
+
+def logger_names(tree: ast.AST) -> set[int]:
+    """The strings that name a logger (`logging.getLogger("launcher.torchrun")`): a logger is
+    named after its module by habit, which loads nothing."""
+    return {
+        id(arg)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "attr", getattr(node.func, "id", None)) == "getLogger"
+        for arg in node.args
+    }
+
+
+def names_in(tree: ast.AST) -> set[str]:
+    """The launcher modules a source names in its strings: loads by name."""
+    loggers = logger_names(tree)
+    return {
+        named
+        for node in loaded_nodes(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if id(node) not in loggers and (named := module_named(node.value))
+    }
+
+
+@functools.cache
+def entry_points() -> dict[str, dict[str, str]]:
+    """pyproject.toml's entry points: group -> {name: module}."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return project.get("entry-points", {})
+
+
+@functools.cache
+def group_readers() -> dict[str, str]:
+    """group -> the module that reads it (the one whose source holds the group's name)."""
+    readers = {}
+    for name, path in module_names().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in entry_points():
+                readers[node.value] = name
+    return readers
+
+
 @functools.cache
 def import_graph() -> dict[str, set[str]]:
-    """module -> the launcher modules it imports (`from launcher.x import y` counts as
-    launcher.x.y when that is a module, else launcher.x)."""
+    """module -> the launcher modules it loads: imports (`from launcher.x import y` counts
+    as launcher.x.y when that is a module, else launcher.x), loads by name, and, for a
+    module an entry point names, the registry that reads its group."""
     names = module_names()
+    readers = group_readers()
+    plugged = {
+        module.removeprefix("launcher."): readers.get(group)
+        for group, points in entry_points().items()
+        for module in points.values()
+    }
     graph: dict[str, set[str]] = {}
     for name, path in names.items():
         deps = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        for node in loaded_nodes(tree):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 targets = [f"{node.module}.{alias.name}" for alias in node.names]
                 base = node.module
@@ -78,7 +163,9 @@ def import_graph() -> dict[str, set[str]]:
             d.removeprefix("launcher.")
             for d in deps
             if d.startswith("launcher.") and d.removeprefix("launcher.") in names
-        } - {name}
+        }
+        graph[name] |= names_in(tree) | ({plugged[name]} if plugged.get(name) else set())
+        graph[name] -= {name}
     return graph
 
 
@@ -169,6 +256,48 @@ def test_the_graph_sees_imports_inside_functions():
     assert "checkpoint.protocol" in import_graph()["strategy.ddp.powersgd"]
 
 
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("launcher.strategy.ddp.engine:DDPStrategy", "strategy.ddp.engine"),  # module:Class
+        ("launcher.submit.slurm", "submit.slurm"),  # import_module's argument
+        ("launcher.torchrun", "torchrun"),  # a `python -m` command
+        ("launcher.train.job.run", "train.job"),  # a module's function
+        ("launcher.engines", None),  # an entry-point group, no module
+        ("see launcher.plan.memory", None),  # prose
+    ],
+)
+def test_the_graph_reads_a_module_named_in_a_string(text, named):
+    assert module_named(text) == named
+
+
+def test_a_module_named_in_a_string_is_an_arrow():
+    """A load by name is a dependency the graph holds (an engine's strategy class), so a
+    name that points up, or closes a circle, fails as an import would."""
+    assert "strategy.ddp.engine" in import_graph()["strategy.ddp"]
+    tree = ast.parse('BUILTIN = ("launcher.resilience.faults",)')
+    assert names_in(tree) == {"resilience.faults"}
+    assert names_in(ast.parse('log = logging.getLogger("launcher.torchrun")')) == set()
+    assert layer_of(package_of("resilience.faults")) > layer_of("config")
+
+
+def test_the_registries_read_groups_and_the_entry_points_depend_on_them():
+    """The built-in engines, backends, renderers, fault kinds and Kubernetes kinds are
+    pyproject.toml's entry points. Each group is read by one module, which names none of the
+    modules of its group; each of them depends on that reader (an arrow down to it)."""
+    readers = group_readers()
+    assert sorted(readers) == sorted(entry_points())
+    for group, points in entry_points().items():
+        reader = readers[group]
+        for module in points.values():
+            target = module.removeprefix("launcher.")
+            assert target in module_names(), f"{group}: {module} is no module"
+            assert target not in import_graph()[reader], f"{reader} names {module}"
+            assert reader in import_graph()[target]
+    assert package_of(readers["launcher.engines"]) == "config"
+    assert package_of(readers["launcher.fault_kinds"]) == "config"
+
+
 # the built-in engines: the packages under launcher/strategy/
 ENGINE_PACKAGES = tuple(
     sorted(init.parent.name for init in (PACKAGE / "strategy").glob("*/__init__.py"))
@@ -256,6 +385,46 @@ def test_no_module_reaches_another_modules_private_names():
 )
 def test_cycle_finder(graph, expected):
     assert cycles(graph) == expected
+
+
+def module_table() -> list[tuple[list[str], str]]:
+    """docs/architecture.md's module table: (the paths in a row's first cell, the row's
+    text), for the rows that name a path of `launcher/`."""
+    text = ARCHITECTURE.read_text().split("## The modules", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        paths = re.findall(r"`([^`]+)`", cells[0])
+        if line.startswith("| `") and paths and paths[0].startswith("launcher/"):
+            rows.append((paths, line))
+    return rows
+
+
+def tabled_modules() -> set[Path]:
+    """The files the module table names: each path of a row's first cell (a name after the
+    first is in the first one's folder: `launcher/strategy/base.py`, `optim.py`); for a
+    folder's row (`launcher/plan/`), its package and every `<name>.py` of that folder the
+    row names (`memory.py`)."""
+    named = set()
+    for paths, line in module_table():
+        first = REPO / paths[0]
+        folder = first if paths[0].endswith("/") else first.parent
+        for path in paths:
+            target = REPO / path if path.startswith("launcher/") else folder / path
+            named.add(target / "__init__.py" if path.endswith("/") else target)
+        if paths[0].endswith("/"):
+            named |= {folder / name for name in re.findall(r"`(\w+\.py)`", line)}
+    return named
+
+
+def test_the_module_table_names_every_module():
+    """docs/architecture.md's module table says each module's one job: a new module gets a
+    row (or its name in its folder's row), a module gone loses it. A package's `__init__.py`
+    that only says what the package owns is the package's row of the layer table."""
+    found = {p for p in module_names().values() if p.name != "__init__.py" or has_logic(p)}
+    tabled = tabled_modules()
+    assert sorted(str(p.relative_to(REPO)) for p in found - tabled) == []
+    assert sorted(str(p.relative_to(REPO)) for p in tabled if not p.is_file()) == []
 
 
 TESTS = REPO / "tests"

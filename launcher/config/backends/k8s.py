@@ -28,7 +28,9 @@ class K8sConfig:
     image_pull_secrets: list[str] = field(default_factory=list)
     service_account: str | None = None
     cpu: str | None = None  # CPU request per pod; null: processes x (1 + DataLoader workers)
-    memory: str = "64Gi"  # for the processes; the container limit adds /dev/shm's size
+    # for the processes; null: the plan's host memory (launcher.plan.host, with a margin), a
+    # figure below it refused; the container limit adds /dev/shm's size
+    memory: str | None = None
     guaranteed: bool = False  # Guaranteed QoS: CPU limit = request (whole CPUs)
     gpu_resource: str = "nvidia.com/gpu"  # the extended resource cluster.gpus_per_node counts
     rdma_resource: str | None = None  # e.g. rdma/ib: RDMA devices for nccl=infiniband
@@ -38,6 +40,8 @@ class K8sConfig:
     runs_pvc: str = "launcher-runs"  # PersistentVolumeClaim (ReadWriteMany) mounted at run.root
     wandb_secret: str | None = "wandb"  # Secret holding WANDB_API_KEY; null: none
     wandb_secret_key: str = "api-key"  # the key inside that Secret
+    # the Secret holding cluster.secrets' variables, one key each, named as the variable
+    env_secret: str = "launcher-secrets"
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[Any] = field(default_factory=list)
     gpu_toleration: bool = True  # tolerate the GPU nodes' taint (gpu_resource:NoSchedule)
@@ -52,6 +56,9 @@ class K8sConfig:
     run_as_user: int = ranged(1000, Range(low=1, why="a non-root UID"))
     home_size: str = "10Gi"  # restricted: the writable HOME emptyDir (caches, data cache)
     tmp_size: str = "2Gi"  # restricted: the writable /tmp emptyDir
+    # restricted: the container's own disk (its writable layer, its logs) on top of the
+    # emptyDirs: ephemeral-storage is requested and limited at their sum
+    disk_margin: str = "2Gi"
     gang: str = "none"  # none, kueue (queue-name label, suspended) or volcano (min members)
     queue: str | None = None  # the Kueue LocalQueue or the Volcano queue
     # failed pods tolerated per node (disruptions not counted)
@@ -75,13 +82,14 @@ class K8sConfig:
 
 BACKEND = Backend(
     name="k8s",
-    renderer="launcher.submit.k8s",
     summary="an Indexed Job and its Service",
     tool="kubectl apply",
     docs="docs/kubernetes.md",
-    secret_way="give it through a Secret (cluster.k8s.wandb_secret names the one holding "
-    "WANDB_API_KEY)",
+    secret_way="put it in the Secret cluster.k8s.env_secret and name it in "
+    "cluster.secrets=[NAME]: every pod gets it by secretKeyRef",
     schema=K8sConfig,
+    # whoever may list the namespace's pods reads their names, labels and annotations
+    public_text=("name", "labels", "annotations"),
     stop_window="termination_grace_s",
     # torchrun's agent must have ended (its workers checkpointed and exited) this long
     # before the kubelet's SIGKILL at terminationGracePeriodSeconds, so the pod exits with

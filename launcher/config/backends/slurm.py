@@ -7,7 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from launcher.config.backends import Backend
-from launcher.config.ranges import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, ranged
+from launcher.config.ranges import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, one_of, ranged
+
+# srun --cpu-bind's policies a job may ask for (Slurm's task/affinity or task/cgroup applies
+# them; a cluster without says so once and runs unbound)
+CPU_BINDS = ("cores", "threads", "sockets", "ldoms", "none")
 
 
 @dataclass
@@ -19,10 +23,15 @@ class SlurmConfig:
     account: str | None = None
     qos: str | None = None
     cpus_per_task: int | None = ranged(None, AT_LEAST_1)  # null: processes x (1 + data.num_workers)
+    # srun --cpu-bind: the node's one task (torchrun and its ranks) held to the job's CPUs
+    # (cores), or placement left to the kernel (none); docs/slurm.md
+    cpu_bind: str = one_of("cores", CPU_BINDS)
     # per node, as sbatch takes it: 500G, 0 (all of the node's); null: exclusive=true asks
-    # for all of it (--mem=0), else the job's need (mem_per_process x processes + /dev/shm)
+    # for all of it (--mem=0), else the job's need (its processes + /dev/shm)
     mem: str | None = None
-    mem_per_process: str = "8G"  # host memory a rank and its loader workers use besides /dev/shm
+    # host memory a rank and its loader workers use besides /dev/shm; null: the plan's
+    # (launcher.plan.host, with a margin); a figure below the plan's need is refused
+    mem_per_process: str | None = None
     shm_margin: str = "1G"  # in --mem on top of /dev/shm's need: NCCL's shared memory etc.
     exclusive: bool = False  # whole nodes: --exclusive, and --mem=0 unless mem is given
     constraint: str | None = None
@@ -64,15 +73,15 @@ def job_key(environ: Mapping[str, str]) -> str | None:
 
 BACKEND = Backend(
     name="slurm",
-    renderer="launcher.submit.slurm",
     summary="an sbatch script",
     tool="sbatch",
     docs="docs/slurm.md",
-    secret_way="export it in the shell you submit from (submit passes the variables of that "
-    "shell named as secrets to the job by name, sbatch --export) or keep it in a file only "
-    "you can read (wandb login writes ~/.netrc)",
+    secret_way="export it in the shell you submit from and name it in cluster.secrets=[NAME]: "
+    "the job gets it by name (sbatch --export)",
     schema=SlurmConfig,
     shell_text=("modules", "extra_sbatch", "container_mounts"),
+    # squeue, sacct and scontrol show every user a job's options (its --comment among them)
+    public_text=("extra_sbatch", "partition", "account", "qos", "constraint"),
     job_key=job_key,
     stop_window="signal_lead_s",
 )

@@ -11,8 +11,17 @@ from dataclasses import dataclass
 from launcher.config.errors import ConfigError
 from launcher.config.model_shape import param_sizes
 from launcher.config.ranges import Range, one_of, ranged
-from launcher.config.registry import Engine, Format, StrategyConfig
+from launcher.config.registry import (
+    Capabilities,
+    Engine,
+    Format,
+    MemoryCheckpoint,
+    Plan,
+    StrategyConfig,
+    Tuning,
+)
 from launcher.config.saved_bytes import ENTRY_BYTES
+from launcher.strategy.ddp.files import FILES
 
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 DEFAULT_BUCKET_MB = 25.0
@@ -49,8 +58,6 @@ class DDPConfig(StrategyConfig):
     )
 
 
-# Whole model and optimizer: DDP keeps every rank's identical, so rank 0 writes them.
-FILES = ("model.pt", "optimizer.pt")
 FORMAT = Format("torch", marker=FILES[0], reader="launcher.strategy.ddp.files")
 
 
@@ -149,14 +156,12 @@ ENGINE = Engine(
     schema=DDPConfig,
     strategy="launcher.strategy.ddp.engine:DDPStrategy",
     format=FORMAT,
-    rules=rules,
-    tune_candidates=tune_candidates,
-    bucket_key="strategy.bucket_cap_mb",
-    drops_steps=True,
-    memory_checkpoint=memory_checkpoint_bytes,
-    memory_checkpoint_replicated=True,
-    train_state=train_state,
-    checkpoint_writes=checkpoint_writes,
-    step_collectives=step_collectives,
-    resizes_micro_batch=True,
+    capabilities=Capabilities(rules=rules, drops_steps=True, resizes_micro_batch=True),
+    plan=Plan(
+        train_state=train_state,
+        checkpoint_writes=checkpoint_writes,  # rank 0 writes the whole state
+        step_collectives=step_collectives,
+    ),
+    tuning=Tuning(candidates=tune_candidates, bucket_key="strategy.bucket_cap_mb"),
+    memory_checkpoint=MemoryCheckpoint(size=memory_checkpoint_bytes, replicated=True),
 )

@@ -20,12 +20,16 @@ all-reduce runs, and no communication figures are recorded.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
 
-from launcher.strategy.ddp import DDPConfig
 from launcher.strategy.ddp.comm_timing import CommTimer
 from launcher.strategy.ddp.powersgd import PowerSGDState, powersgd_hook
+
+if TYPE_CHECKING:  # the declaration names the engine, which imports this module
+    from launcher.strategy.ddp import DDPConfig
 
 WIRE_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 

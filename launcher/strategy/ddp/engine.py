@@ -8,26 +8,38 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from launcher.checkpoint import node_share
-from launcher.checkpoint.node_share import ALONE, NodeShare
-from launcher.config.registry import format_of
+from launcher.checkpoint.memory import node_share
+from launcher.checkpoint.memory.node_share import ALONE, NodeShare
+from launcher.config.registry import engine, format_of
 from launcher.config.schema import TrainerConfig
 from launcher.observe.comm_stats import StepComm
 from launcher.runtime.process import Runtime
-from launcher.strategy.base import Strategy, compile_mode, host_copy, load_other_format
-from launcher.strategy.ddp import FILES, FORMAT, DDPConfig, comm_hooks, powersgd
+from launcher.strategy.base import (
+    Strategy,
+    compile_mode,
+    fingerprint,
+    host_copy,
+    load_other_format,
+)
+from launcher.strategy.ddp import comm_hooks, powersgd
 from launcher.strategy.ddp.comm_timing import CommTimer
+from launcher.strategy.ddp.files import FILES
 from launcher.strategy.optim import build_optimizer
+
+if TYPE_CHECKING:  # the declaration names this module; this one only reads its config
+    from launcher.strategy.ddp import DDPConfig
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class DDPStrategy(Strategy):
     def __init__(self, s: DDPConfig, t: TrainerConfig, rt: Runtime, model: torch.nn.Module):
+        self.format = engine(s.name).format  # DDP's, or a variant's that declares it
         self.device = rt.device
         self.rank = rt.rank
         self.precision = t.precision
@@ -113,8 +125,7 @@ class DDPStrategy(Strategy):
 
     @torch.no_grad()
     def replica_fingerprint(self) -> list[float]:
-        params = [p.detach().double() for p in self.raw_model.parameters()]
-        return [sum(p.sum().item() for p in params), sum(p.square().sum().item() for p in params)]
+        return fingerprint(self.raw_model.parameters())
 
     def comm_buckets(self) -> int | None:
         """How many gradient buckets DDP all-reduces per step (set by bucket_cap_mb)."""
@@ -144,7 +155,8 @@ class DDPStrategy(Strategy):
 
     def snapshot(self, rank: int, share: NodeShare = ALONE):
         """PowerSGD's memory of this rank, and this rank's part of the model and optimizer,
-        which every rank holds alike: the node keeps one copy (launcher.checkpoint.node_share)."""
+        which every rank holds alike: the node keeps one copy
+        (launcher.checkpoint.memory.node_share)."""
         files = host_copy(self._state_files(rank, whole=False))
         part = host_copy(node_share.part_of(self._state_files(rank, whole=True), share))
 
@@ -160,7 +172,7 @@ class DDPStrategy(Strategy):
         if node_share.holds_part(folder):  # a memory checkpoint: the node's parts
             whole = node_share.part_files(folder)
         # Another engine's format is read by its own reader (sealed with every file's size).
-        elif format_of(folder) in (FORMAT, None):
+        elif format_of(folder) in (self.format, None):
             whole = [folder / f for f in FILES]
         else:
             whole = []
@@ -169,7 +181,7 @@ class DDPStrategy(Strategy):
     def load(self, folder: Path) -> None:
         if node_share.holds_part(folder):
             self._load_whole_state(node_share.join(folder, self.device))
-        elif format_of(folder) in (FORMAT, None):
+        elif format_of(folder) in (self.format, None):
             self._load_whole_state({
                 name: torch.load(folder / name, map_location=self.device, weights_only=True)
                 for name in FILES

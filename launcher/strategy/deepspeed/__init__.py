@@ -14,19 +14,16 @@ from pathlib import Path
 from launcher.config.batch import BatchPlan
 from launcher.config.errors import ConfigError
 from launcher.config.model_shape import param_sizes
-from launcher.config.registry import Engine, Format
+from launcher.config.registry import Capabilities, Engine, Format, MemoryCheckpoint, Plan, Resume
 from launcher.config.saved_bytes import ENTRY_BYTES
 from launcher.strategy.deepspeed.ds_config import (
+    RECOVERY_SCRIPTS,
+    STRATEGY_FILE,
     DeepSpeedConfig,
     DeepSpeedConfigError,
     build_ds_config,
 )
 from launcher.strategy.sharded_plan import unit_collectives
-
-STRATEGY_FILE = "strategy.json"  # in each DeepSpeed checkpoint: what wrote it
-# DeepSpeed's offline converters, copied into each checkpoint (launcher.strategy.deepspeed.engine)
-RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
-
 
 FORMAT = Format("deepspeed", marker=STRATEGY_FILE, reader="launcher.strategy.deepspeed.universal")
 
@@ -149,6 +146,17 @@ def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
     return {"weights": weights + master, "grads": grads, "optimizer": 8 * share}
 
 
+def host_state(cfg, params: int, world_size: int) -> int:
+    """ZeRO-Offload: with the optimizer on the CPU, the rank's partition of the fp32 master
+    weights, their gradients and AdamW's two moments (16 bytes a parameter); with ZeRO-3's
+    parameters on the CPU too, its partition of the module in trainer.precision."""
+    s = cfg.strategy
+    share = -(-params // world_size)
+    optimizer = 16 * share if s.offload_optimizer == "cpu" else 0
+    low = 4 if cfg.trainer.precision == "fp32" else 2
+    return optimizer + (low * share if s.offload_param == "cpu" else 0)
+
+
 def step_collectives(cfg, params: int, world_size: int) -> list[tuple[str, int, int]]:
     """In trainer.precision, as the collective timer counts them (comm_collectives.json):
     the gradients reduced in buckets of strategy.reduce_bucket_size elements, all-reduced
@@ -213,19 +221,28 @@ ENGINE = Engine(
     schema=DeepSpeedConfig,
     strategy="launcher.strategy.deepspeed.engine:DeepSpeedStrategy",
     format=FORMAT,
-    needs_process_group=True,
-    refuses_other_formats="DeepSpeed loads no other engine's checkpoint",
-    rules=rules,
-    config_check=config_check,
-    identity=identity,
-    own_differences=own_differences,
-    resume_with=resume_with,
-    unreadable_by_others=unreadable_by_others,
-    packages=(("deepspeed", "pip install 'launcher[deepspeed]'"),),
-    device_problem=device_problem,
-    compiles=False,
-    memory_checkpoint=memory_checkpoint_bytes,
-    train_state=train_state,
-    checkpoint_writes=checkpoint_writes,
-    step_collectives=step_collectives,
+    capabilities=Capabilities(
+        needs_process_group=True,
+        rules=rules,
+        config_check=config_check,
+        packages=(("deepspeed", "pip install 'launcher[deepspeed]'"),),
+        device_problem=device_problem,
+        compiles=False,
+    ),
+    resume=Resume(
+        refuses_other_formats="DeepSpeed loads no other engine's checkpoint",
+        identity=identity,
+        own_differences=own_differences,
+        resume_with=resume_with,
+        unreadable_by_others=unreadable_by_others,
+    ),
+    plan=Plan(
+        train_state=train_state,
+        checkpoint_writes=checkpoint_writes,
+        step_collectives=step_collectives,
+        host_state=host_state,
+        # a gpt2-tiny rank's peak, ZeRO-2 less DDP (benchmarks/host_memory.py)
+        host_process_bytes=70 * 10**6,
+    ),
+    memory_checkpoint=MemoryCheckpoint(size=memory_checkpoint_bytes),
 )

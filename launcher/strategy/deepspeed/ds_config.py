@@ -20,6 +20,9 @@ from launcher.config.registry import StrategyConfig
 from launcher.config.schema import TrainerConfig
 
 OFFLOAD_DEVICES = ("none", "cpu")
+STRATEGY_FILE = "strategy.json"  # in each DeepSpeed checkpoint: what wrote it (its marker)
+# DeepSpeed's offline converters, copied into each checkpoint (launcher.strategy.deepspeed.engine)
+RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
 
 # Sections DeepSpeed would build its own optimizer or LR schedule from: the launcher passes
 # its AdamW (trainer.lr, betas, weight_decay) and sets the LR of every step itself.

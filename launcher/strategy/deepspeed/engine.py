@@ -24,10 +24,14 @@ from launcher.checkpoint import protocol as checkpoint
 from launcher.config.schema import TrainerConfig
 from launcher.observe.comm_stats import StepComm
 from launcher.runtime.process import Runtime
-from launcher.strategy.base import Strategy, host_copy
+from launcher.strategy.base import Strategy, fingerprint, host_copy
 from launcher.strategy.collective_timer import CollectiveTimer
-from launcher.strategy.deepspeed import RECOVERY_SCRIPTS, STRATEGY_FILE
-from launcher.strategy.deepspeed.ds_config import DeepSpeedConfig, build_ds_config
+from launcher.strategy.deepspeed.ds_config import (
+    RECOVERY_SCRIPTS,
+    STRATEGY_FILE,
+    DeepSpeedConfig,
+    build_ds_config,
+)
 from launcher.strategy.deepspeed.ds_import import import_deepspeed, restore_torch_linear
 from launcher.strategy.deepspeed.universal import converted_folder, needs_conversion
 from launcher.strategy.optim import build_optimizer
@@ -115,8 +119,7 @@ class DeepSpeedStrategy(Strategy):
             else contextlib.nullcontext()
         )
         with gather:
-            full = [p.detach().double() for p in params]
-            return [sum(p.sum().item() for p in full), sum(p.square().sum().item() for p in full)]
+            return fingerprint(params)
 
     # -- checkpoints -----------------------------------------------------------------------
     def _identity(self) -> dict:

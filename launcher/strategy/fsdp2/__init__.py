@@ -12,7 +12,14 @@ from launcher.config.batch import BatchPlan
 from launcher.config.errors import ConfigError
 from launcher.config.model_shape import param_sizes, unit_sizes
 from launcher.config.ranges import one_of
-from launcher.config.registry import Engine, Format, StrategyConfig
+from launcher.config.registry import (
+    Capabilities,
+    Engine,
+    Format,
+    MemoryCheckpoint,
+    Plan,
+    StrategyConfig,
+)
 from launcher.config.saved_bytes import (
     DCP_CHUNK_BYTES,
     DCP_KEY_BYTES,
@@ -85,6 +92,12 @@ def train_state(cfg, params: int, world_size: int) -> dict[str, int]:
             "gathered": gathered}  # fmt: skip
 
 
+def host_state(cfg, params: int, world_size: int) -> int:
+    """strategy.offload=cpu: the rank's shards of the fp32 weights, gradients and AdamW's
+    moments live on the host (the optimizer steps there): 16 bytes a parameter of its share."""
+    return 16 * -(-params // world_size) if cfg.strategy.offload == "cpu" else 0
+
+
 def step_collectives(cfg, params: int, world_size: int) -> list[tuple[str, int, int]]:
     """Per unit (launcher.strategy.sharded_plan): the weights all-gathered in
     trainer.precision for each micro-step's forward, the blocks' again for its backward
@@ -126,12 +139,14 @@ ENGINE = Engine(
     schema=FSDP2Config,
     strategy="launcher.strategy.fsdp2.engine:FSDP2Strategy",
     format=FORMAT,
-    needs_process_group=True,
-    rules=rules,
-    async_checkpoint=True,
-    drops_steps=True,
-    memory_checkpoint=memory_checkpoint_bytes,
-    train_state=train_state,
-    checkpoint_writes=checkpoint_writes,
-    step_collectives=step_collectives,
+    capabilities=Capabilities(
+        needs_process_group=True, rules=rules, async_checkpoint=True, drops_steps=True
+    ),
+    plan=Plan(
+        train_state=train_state,
+        checkpoint_writes=checkpoint_writes,
+        step_collectives=step_collectives,
+        host_state=host_state,
+    ),
+    memory_checkpoint=MemoryCheckpoint(size=memory_checkpoint_bytes),
 )

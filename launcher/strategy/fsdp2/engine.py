@@ -16,6 +16,7 @@ import contextlib
 import logging
 from concurrent.futures import Future
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -36,15 +37,17 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_map_only
 
-from launcher.config.registry import format_of
+from launcher.config.registry import engine, format_of
 from launcher.config.schema import TrainerConfig
 from launcher.observe.comm_stats import StepComm
 from launcher.runtime.process import Runtime
 from launcher.strategy.base import Strategy, compile_mode, host_copy, load_other_format
 from launcher.strategy.collective_timer import KINDS, CollectiveTimer
-from launcher.strategy.fsdp2 import FORMAT, FSDP2Config
 from launcher.strategy.fsdp2.dcp import load_dcp
 from launcher.strategy.optim import build_optimizer
+
+if TYPE_CHECKING:  # the declaration names this module; this one only reads its config
+    from launcher.strategy.fsdp2 import FSDP2Config
 
 log = logging.getLogger("launcher")
 
@@ -104,6 +107,7 @@ def _as_dtensors(saved, live):
 
 class FSDP2Strategy(Strategy):
     def __init__(self, s: FSDP2Config, t: TrainerConfig, rt: Runtime, model: torch.nn.Module):
+        self.format = engine(s.name).format
         self.rt, self.device = rt, rt.device
         self.grad_clip = t.grad_clip
         self.async_checkpoint = t.async_checkpoint
@@ -220,7 +224,7 @@ class FSDP2Strategy(Strategy):
         shards, or another engine's converted."""
         if (folder / shard_file(self.rt.rank)).is_file():
             self._load_shards(folder / shard_file(self.rt.rank))
-        elif format_of(folder) is FORMAT:
+        elif format_of(folder) is self.format:
             load_dcp(self.raw_model, self.optimizer, folder)
         else:
             load_other_format(folder, self.raw_model, self.optimizer, self._load_full)

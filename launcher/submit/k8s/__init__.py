@@ -7,9 +7,10 @@ its completion index as node rank. /dev/shm is a memory-backed emptyDir sized fr
 computation the trainer's preflight uses (launcher.plan.memory.shm_need), and the container's
 memory limit holds it on top of what the processes get (node_memory, shared with Slurm's
 --mem). `cluster.k8s.kind` renders the same pod as a JobSet, a Kubeflow PyTorchJob or a
-Kubeflow Trainer v2 TrainJob instead: each kind is a module here declaring a `Kind`
-(kind.py), listed in KINDS; the pod is pod.py's, the checks checks.py's, the names and
-labels names.py's. See docs/kubernetes.md.
+Kubeflow Trainer v2 TrainJob instead: each kind is a module declaring a `Kind` (kind.py)
+with its objects and their check, found as a `launcher.k8s_kinds` entry point (`kinds()`);
+the pod is pod.py's, the checks of cluster.k8s.* checks.py's, the names and labels
+names.py's. See docs/kubernetes.md.
 
 Each pod runs `python -m launcher.torchrun`, which exits with the job's contract code
 (launcher/resilience/exit_codes.py); the failure policies act on it: bad input, a non-finite
@@ -27,12 +28,10 @@ from pathlib import Path
 import yaml
 from omegaconf import DictConfig
 
-from launcher.config import ConfigError
-from launcher.resilience.burnin import BAD_HOSTS, read_bad_hosts
+from launcher.config import ConfigError, plugins
+from launcher.resilience import bad_hosts
 from launcher.submit import k8s_check, stop_time
 from launcher.submit.job import SubmitJob
-from launcher.submit.k8s import job as indexed_job
-from launcher.submit.k8s import jobset, pytorchjob, trainjob
 from launcher.submit.k8s.checks import (
     MIN_VERSION,
     check_options,
@@ -41,40 +40,42 @@ from launcher.submit.k8s.checks import (
     shm_size_limit,
     without_default_tier,
 )
-from launcher.submit.k8s.job import pod_failure_policy, service_owner_patch
 from launcher.submit.k8s.kind import Kind
 from launcher.submit.k8s.names import INSTANCE_LABEL, name_of
-from launcher.submit.k8s.pod import pod_template, without_nodes
+from launcher.submit.k8s.pod import floating, pinned, pod_template, without_nodes
 
 # What tests and the burn-in docs reach through this module.
 __all__ = [
-    "KINDS",
+    "kinds",
     "MIN_VERSION",
     "expectations",
     "notes",
-    "pod_failure_policy",
     "rehearse",
     "render",
-    "service_owner_patch",
     "submit",
     "without_nodes",
 ]
 
-# cluster.k8s.kind's options: a new kind is a module declaring a Kind, added here.
-KINDS: dict[str, Kind] = {k.KIND.name: k.KIND for k in (indexed_job, jobset, pytorchjob, trainjob)}
+ENTRY_POINTS = "launcher.k8s_kinds"  # modules whose KIND is a Kind
+
+
+def kinds() -> dict[str, Kind]:
+    """cluster.k8s.kind's options, by name: the launcher's own, then other packages'."""
+    return plugins.by_name(plugins.loaded(ENTRY_POINTS, "KIND"), "Kubernetes kind")
 
 
 def render(job: SubmitJob) -> dict[str, str]:
     """The manifests as {file name: YAML text}, checked; raise ConfigError on bad input."""
-    k = job.cluster.k8s
-    if k.kind not in KINDS:
-        raise ConfigError(f"cluster.k8s.kind={k.kind}: not one of {', '.join(KINDS)}")
+    k, declared = job.cluster.k8s, kinds()
+    if k.kind not in declared:
+        raise ConfigError(f"cluster.k8s.kind={k.kind}: not one of {', '.join(declared)}")
     check_options(job)
     memory = pod_memory(job)
     expect = without_default_tier(job, expectations(job, memory))
     shm_size = shm_size_limit(job, dataclasses.replace(memory, shm_need=expect.shm_need))
-    objects = build(job, KINDS[k.kind], shm_size, expect.process_memory)
-    k8s_check.check([obj for _, obj in objects], expect)
+    kind = declared[k.kind]
+    objects = build(job, kind, shm_size, expect.process_memory)
+    k8s_check.check([obj for _, obj in objects], expect, kind)
     return {filename: to_yaml(obj, job) for filename, obj in objects}
 
 
@@ -98,7 +99,7 @@ def submit(job: SubmitJob, paths: list[Path]) -> str:
         raise ConfigError(f"kubectl apply failed (exit {proc.returncode}): {lines[-1]}")
     ns = f" -n {job.cluster.k8s.namespace}" if job.cluster.k8s.namespace else ""
     applied = proc.stdout.strip()
-    after = KINDS[job.cluster.k8s.kind].after_apply(kubectl, job)
+    after = kinds()[job.cluster.k8s.kind].after_apply(kubectl, job)
     if after:
         applied += "\n" + after
     follow = f"follow it: kubectl logs{ns} -f --prefix -l {INSTANCE_LABEL}={name_of(job)}"
@@ -108,7 +109,7 @@ def submit(job: SubmitJob, paths: list[Path]) -> str:
 def notes(job: SubmitJob) -> list[str]:
     """What must exist before the manifests can run, and how the objects are removed."""
     k = job.cluster.k8s
-    kind = KINDS[k.kind]
+    kind = kinds()[k.kind]
     ns = k.namespace or "the current namespace"
     ns_flag = f" -n {k.namespace}" if k.namespace else ""
     lines = [
@@ -122,11 +123,25 @@ def notes(job: SubmitJob) -> list[str]:
             f"kubectl create secret generic {k.wandb_secret} "
             f"--from-literal={k.wandb_secret_key}=$WANDB_API_KEY{ns_flag})"
         )
-    refused = read_bad_hosts(job.run_dir)
+    if job.cluster.secrets:
+        names = [str(n) for n in job.cluster.secrets]
+        literals = " ".join(f'--from-literal={n}="${n}"' for n in names)
+        lines.append(
+            f"needs: Secret {k.env_secret} with key(s) {', '.join(names)} (cluster.secrets: "
+            f"kubectl create secret generic {k.env_secret} {literals}{ns_flag})"
+        )
+    if not pinned(str(k.image)) and not floating(str(k.image)):
+        lines.append(
+            f"image: cluster.k8s.image={k.image} is a tag, which names a build only until it "
+            "is pushed again (a later pod would run the new one, nodes that pulled it keep "
+            "theirs); pin a digest (repo/launcher@sha256:...) for a long run"
+        )
+    refused = bad_hosts.read(job.run_dir)
     if refused:
         lines.append(
-            f"excluded: node(s) {', '.join(refused)}, refused by this run's burn-in gate "
-            f"({job.run_dir / BAD_HOSTS}; docs/burnin.md)"
+            f"excluded: node(s) {', '.join(refused)}, kept off by this run "
+            f"({job.run_dir / bad_hosts.FILE}: burn-in refusals, hang culprits, device errors, "
+            "stragglers; docs/faults.md)"
         )
     lines += kind.needs(job)
     if k.gang == "kueue":

@@ -8,7 +8,7 @@ import dataclasses
 
 from launcher.config import ConfigError
 from launcher.config.backends.k8s import BACKEND
-from launcher.plan.memory import loader_shm_need
+from launcher.data.shm import loader_shm_need
 from launcher.submit import k8s_check, stop_time
 from launcher.submit.job import SubmitJob, check_interval_fits
 from launcher.submit.k8s.names import deadline_s
@@ -55,12 +55,13 @@ def check_options(job: SubmitJob) -> None:
             "which Pod Security 'restricted' (and 'baseline') refuse: the namespace must "
             "enforce 'privileged' or exempt these pods"
         )
-    for key in ("home_size", "tmp_size"):
+    for key in ("home_size", "tmp_size", "disk_margin"):
         k8s_check.parse_quantity(k[key], f"cluster.k8s.{key}")
     stop_time.check_stop_window(job, BACKEND)
     _check_deadline(job)
     _check_version(job)
     _check_image(job)
+    _check_spread(job)
     _check_cpu(job)
 
 
@@ -107,20 +108,20 @@ def _check_version(job: SubmitJob) -> None:
 
 
 def _check_image(job: SubmitJob) -> None:
-    """A tag or digest names the build every pod runs; :latest (or none) may differ from
-    node to node and from one restart to the next: refused, or warned with
-    cluster.k8s.allow_floating_image=true."""
+    """Only a digest pins the build every pod runs (a tag may be pushed again: notes say
+    so); :latest (or none) may differ from node to node and from one restart to the next:
+    refused, or warned with cluster.k8s.allow_floating_image=true."""
     k = job.cluster.k8s
     if floating(str(k.image)):
         if not k.allow_floating_image:
             raise ConfigError(
                 f"cluster.k8s.image={k.image}: names no fixed build (:latest or no tag), so "
-                "pods may run different code; give a tag or digest (launcher:0.1.0, "
-                "repo/launcher@sha256:...), or set cluster.k8s.allow_floating_image=true"
+                "pods may run different code; give a digest (repo/launcher@sha256:...), or "
+                "at least a tag (launcher:0.1.0), or set cluster.k8s.allow_floating_image=true"
             )
         job.warnings.append(
             f"cluster.k8s.image={k.image} names no fixed build (cluster.k8s."
-            "allow_floating_image=true): nodes may run different code; pin a tag or digest"
+            "allow_floating_image=true): nodes may run different code; pin a digest"
         )
     policy = image_pull_policy(job)
     if policy not in ("Always", "IfNotPresent", "Never"):
@@ -130,8 +131,20 @@ def _check_image(job: SubmitJob) -> None:
     if policy != "Always" and floating(str(k.image)):
         job.warnings.append(
             f"cluster.k8s.image={k.image} with cluster.k8s.image_pull_policy={policy}: a node "
-            "that pulled an older :latest keeps running it; pin a tag or digest, or leave "
+            "that pulled an older :latest keeps running it; pin a digest, or leave "
             "image_pull_policy=null (Always)"
+        )
+
+
+def _check_spread(job: SubmitJob) -> None:
+    """Spreading a training job over zones (or regions) puts every step's all-reduce on
+    the slowest, dearest links there are: said, since a user may want it for availability."""
+    key = str(job.cluster.k8s.topology_spread_key or "")
+    if "zone" in key.lower() or "region" in key.lower():
+        job.warnings.append(
+            f"cluster.k8s.topology_spread_key={key} spreads the pods over zones: NCCL's "
+            "all-reduce then crosses zones every step; pack them instead (one zone by "
+            "node_selector or affinity, docs/kubernetes.md)"
         )
 
 
@@ -152,13 +165,16 @@ def _check_cpu(job: SubmitJob) -> None:
 
 
 def pod_memory(job: SubmitJob) -> NodeMemory:
-    """The pod's memory (node_memory: the same sum as Slurm's --mem): cluster.k8s.memory
-    for the processes, the /dev/shm need, cluster.k8s.shm_margin; torchrun restarts as
-    cluster.k8s.max_restarts, which the memory tier's default follows."""
+    """The pod's memory (node_memory: the same sum as Slurm's --mem): cluster.k8s.memory,
+    or the plan's, for the processes, the /dev/shm need, cluster.k8s.shm_margin; torchrun
+    restarts as cluster.k8s.max_restarts, which the memory tier's default follows."""
     k = job.cluster.k8s
-    processes = k8s_check.parse_quantity(k.memory, "cluster.k8s.memory")
+    given = None
+    if k.memory is not None:
+        processes = k8s_check.parse_quantity(k.memory, "cluster.k8s.memory")
+        given = (f"cluster.k8s.memory={k.memory}", int(processes))
     margin = k8s_check.parse_quantity(k.shm_margin, "cluster.k8s.shm_margin")
-    return node_memory(job, int(k.max_restarts), int(processes), int(margin))
+    return node_memory(job, int(k.max_restarts), int(margin), given)
 
 
 def expectations(job: SubmitJob, memory: NodeMemory | None = None) -> k8s_check.Expect:
@@ -182,7 +198,7 @@ def expectations(job: SubmitJob, memory: NodeMemory | None = None) -> k8s_check.
 def without_default_tier(job: SubmitJob, expect: k8s_check.Expect) -> k8s_check.Expect:
     """`expect` with the memory tier's share left out of /dev/shm where cluster.k8s.shm_size
     cannot hold it and trainer.memory_checkpoint_interval is left to its default: the
-    trainer turns the tier off at the start of each pod (launcher.train.job.memory_tier),
+    trainer turns the tier off at the start of each pod (launcher.checkpoint.memory.open_tier),
     said here in one warning."""
     k = job.cluster.k8s
     if k.shm_size is None or any(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+from launcher.config import ConfigError
 from launcher.resilience import exit_codes
 from launcher.submit.job import SubmitJob
 from launcher.submit.k8s.kind import CONTAINER, Kind
@@ -20,6 +21,15 @@ from launcher.submit.k8s.names import (
     metadata,
     name_of,
     workload_metadata,
+)
+from launcher.submit.k8s_check import (
+    Expect,
+    check_endpoint,
+    check_indexed,
+    check_pod,
+    label,
+    named,
+    the,
 )
 
 # Exit codes that fail the whole job at once: retrying the same config cannot help.
@@ -159,10 +169,62 @@ def own_service(kubectl: str, job: SubmitJob) -> str:
     return f"service/{name} is owned by job/{name}: deleting the Job removes it"
 
 
+def check_workload(objects: list[dict], expect: Expect) -> None:
+    """The Indexed Job (a pod per node, its last pod's hostname a DNS label) and the
+    headless Service its pods find each other through."""
+    job = the(objects, "Job")
+    spec = job["spec"]
+    name = job["metadata"]["name"]
+    check_indexed(job, spec, "spec", expect)
+    pod = spec["template"]
+    check_pod(job, pod, "spec.template", expect, "Never")
+    label(f"{name}-{expect.nodes - 1}", "the last pod's hostname", job, "shorten cluster.k8s.name")
+    services = [obj for obj in objects if obj["kind"] == "Service"]
+    if not services:
+        raise ConfigError(f"{named(job)}: no headless Service for the rendezvous was rendered")
+    subdomain = pod["spec"].get("subdomain")
+    if subdomain != services[0]["metadata"]["name"]:
+        raise ConfigError(
+            f"{named(job)}: spec.template.spec.subdomain={subdomain!r} does not name the "
+            f"Service {services[0]['metadata']['name']!r}: the pods get no DNS names"
+        )
+    check_service(services[0], pod, expect)
+    check_endpoint(job, pod, "spec.template", f"{name}-0.{subdomain}", expect)
+
+
+def check_service(service: dict, pod: dict, expect: Expect) -> None:
+    spec = service["spec"]
+    if spec.get("clusterIP") != "None":
+        raise ConfigError(
+            f"{named(service)}: spec.clusterIP={spec.get('clusterIP')!r}: must be 'None' "
+            "(headless), so that each pod gets its own DNS name"
+        )
+    if spec.get("publishNotReadyAddresses") is not True:
+        raise ConfigError(
+            f"{named(service)}: spec.publishNotReadyAddresses must be true: the pods must "
+            "find each other before any of them is ready"
+        )
+    labels = pod["metadata"].get("labels", {})
+    selector = spec.get("selector") or {}
+    unmatched = {k: v for k, v in selector.items() if labels.get(k) != v}
+    if not selector or unmatched:
+        raise ConfigError(
+            f"{named(service)}: spec.selector={selector} does not select the Job's pods "
+            f"(their labels: {labels}); the rendezvous name would not resolve"
+        )
+    ports = [p.get("port") for p in spec.get("ports", [])]
+    if expect.rdzv_port not in ports:
+        raise ConfigError(
+            f"{named(service)}: spec.ports {ports} lack the rendezvous port "
+            f"cluster.rdzv_port={expect.rdzv_port}"
+        )
+
+
 KIND = Kind(
     name="job",
     endpoint=endpoint,
     objects=objects,
+    check=check_workload,
     remove=remove,
     after_apply=own_service,
 )

@@ -1,7 +1,9 @@
 """What a Kubernetes kind (`cluster.k8s.kind`) declares: a module per kind holds one `Kind`,
 and the renderer (launcher.submit.k8s) builds the same pod for each, asks the kind for its
-rendezvous endpoint and wraps the pod in the kind's objects. docs/architecture.md, "Adding
-a Kubernetes kind"."""
+rendezvous endpoint, wraps the pod in the kind's objects and has the kind check them. The
+kinds are the `launcher.k8s_kinds` entry points (the built-in ones in the launcher's
+pyproject.toml, another package's in its own): a new kind is its module and its doc.
+docs/architecture.md, "Adding a Kubernetes kind"."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from launcher.submit.job import SubmitJob
+from launcher.submit.k8s_check import Expect
 
 CONTAINER = "trainer"
 
@@ -28,6 +31,10 @@ class Kind:
     endpoint: Callable[[SubmitJob], str]
     # (job, pod template) -> [(file name, object)], in the order kubectl applies them
     objects: Callable[[SubmitJob, dict], list[tuple[str, dict]]]
+    # (the rendered objects, what they must agree with): raise ConfigError, one line naming
+    # the object and the field, on what schema validation cannot see (its workload's shape,
+    # its pods through launcher.submit.k8s_check.check_pod, the rendezvous endpoint)
+    check: Callable[[list[dict], Expect], None]
     node_rank: str = "JOB_COMPLETION_INDEX"  # the variable its pods know their node rank by
     container: str = CONTAINER  # the training container's name
     port_name: str = "rdzv"  # the rendezvous port's name

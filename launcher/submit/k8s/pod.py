@@ -10,7 +10,8 @@ import shlex
 from omegaconf import OmegaConf
 
 from launcher.config.backends.k8s import BACKEND
-from launcher.resilience.burnin import read_bad_hosts
+from launcher.resilience import bad_hosts
+from launcher.resilience.node_presence import WAIT_ENV
 from launcher.submit import k8s_check
 from launcher.submit.job import FRONT_DOOR, SubmitJob
 from launcher.submit.k8s.kind import Kind
@@ -110,7 +111,7 @@ def pod_settings(job: SubmitJob, kind: Kind) -> dict:
 
 def placement(job: SubmitJob) -> dict:
     """Where the pods may run: the node selector, the tolerations, one pod per value of the
-    spread key, and the affinity, off the nodes this run's burn-in gates refused."""
+    spread key, and the affinity, off the nodes this run keeps off (its bad_hosts)."""
     k = job.cluster.k8s
     spec: dict = {}
     if k.node_selector:
@@ -128,7 +129,7 @@ def placement(job: SubmitJob) -> dict:
             }
         ]
     affinity = OmegaConf.to_container(k.affinity, resolve=True) if k.affinity else {}
-    refused = read_bad_hosts(job.run_dir)  # the burn-in gates of this run's earlier pods
+    refused = bad_hosts.read(job.run_dir)  # what this run's earlier pods keep off
     if refused:
         affinity = without_nodes(affinity, refused)
     if affinity:
@@ -187,15 +188,19 @@ def resources(job: SubmitJob, memory_limit: str) -> dict:
     gpus = int(job.cluster.gpus_per_node)
     cpu = cpu_request(job)
     requests: dict = {"cpu": cpu, "memory": memory_limit}
+    limits: dict = {"memory": memory_limit}
     if k.security == "restricted":
-        # the disk-backed emptyDirs (home, tmp) count against the node's ephemeral storage:
-        # request what their sizeLimits allow, so that the scheduler places the pod by it
+        # The disk-backed emptyDirs (home, tmp) and the container's own writes (its writable
+        # layer, its logs) are the pod's ephemeral storage: requested, so that the scheduler
+        # places the pod where that much disk is free, and limited at the same sum, so that
+        # a runaway write evicts this pod rather than fill the node's disk under others.
         disk = sum(
             k8s_check.parse_quantity(k[key], f"cluster.k8s.{key}")
-            for key in ("home_size", "tmp_size")
+            for key in ("home_size", "tmp_size", "disk_margin")
         )
-        requests["ephemeral-storage"] = k8s_check.format_bytes(int(disk))
-    limits: dict = {"memory": memory_limit}
+        requests["ephemeral-storage"] = limits["ephemeral-storage"] = k8s_check.format_bytes(
+            int(disk)
+        )
     if k.guaranteed:
         limits = {"cpu": cpu, **limits}
     if gpus:
@@ -245,11 +250,15 @@ def container_command(job: SubmitJob, kind: Kind, endpoint: str) -> tuple[list[s
 
 
 def container_env(job: SubmitJob) -> list[dict]:
-    """The `nccl` group's and cluster.env's variables; the W&B key only through a Secret."""
+    """The `nccl` group's and cluster.env's variables; the W&B key and cluster.secrets only
+    through Secrets."""
     k = job.cluster.k8s
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
-    # The node, as the burn-in gate names a slow one (and the next render excludes it).
+    # The node, as bad_hosts names one to keep off (and the next render excludes it).
     env.append({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    # A lost pod's replacement is waited for as long as the rendezvous waits for it; then the
+    # others end with 8 (node lost), naming its ranks (launcher.resilience.node_presence).
+    env.append({"name": WAIT_ENV, "value": str(int(k.rdzv_timeout_s))})
     if k.security == "restricted":
         env.append({"name": "HOME", "value": HOME_DIR})
     env += [{"name": name, "value": value} for name, value in job.env().items()]
@@ -263,6 +272,9 @@ def container_env(job: SubmitJob) -> list[dict]:
         if job.cfg.logger.mode != "online":
             ref["optional"] = True
         env.append({"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": ref}})
+    for name in job.cluster.secrets:  # the Secret's key is the variable's name
+        ref = {"name": str(k.env_secret), "key": str(name)}
+        env.append({"name": str(name), "valueFrom": {"secretKeyRef": ref}})
     return env
 
 
@@ -273,6 +285,12 @@ def image_pull_policy(job: SubmitJob) -> str:
     if k.image_pull_policy:
         return str(k.image_pull_policy)
     return "Always" if floating(str(k.image)) else "IfNotPresent"
+
+
+def pinned(image: str) -> bool:
+    """True for an image reference by digest (repo@sha256:...), the only one that names one
+    build for good: a tag names what was last pushed under it."""
+    return "@sha256:" in image or "@sha512:" in image
 
 
 def floating(image: str) -> bool:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 
+from launcher.config import ConfigError
 from launcher.submit.job import SubmitJob
 from launcher.submit.k8s.kind import Kind
 from launcher.submit.k8s.names import deadline_s, name_of, restart_budget, workload_metadata
+from launcher.submit.k8s_check import Expect, check_endpoint, check_pod, named, the
 
 PYTORCHJOB_PORT_NAME = "pytorchjob-port"  # the port the training operator's Services expose
 
@@ -48,10 +50,33 @@ def pytorchjob(job: SubmitJob, pod: dict) -> dict:
     }
 
 
+def check_workload(objects: list[dict], expect: Expect) -> None:
+    """A Master and nodes-1 Workers, each pod's training container named as the operator
+    expects, every pod rendezvousing at the Master's Service."""
+    ptj = the(objects, "PyTorchJob")
+    replicas = ptj["spec"].get("pytorchReplicaSpecs") or {}
+    name = ptj["metadata"]["name"]
+    for role, count in {"Master": 1, "Worker": expect.nodes - 1}.items():
+        got = (replicas.get(role) or {}).get("replicas", 0)
+        if got != count:
+            raise ConfigError(
+                f"{named(ptj)}: spec.pytorchReplicaSpecs.{role}.replicas={got}, expected "
+                f"{count} (cluster.nodes={expect.nodes})"
+            )
+    for role, rspec in replicas.items():
+        path = f"spec.pytorchReplicaSpecs.{role}.template"
+        pod = rspec["template"]
+        check_pod(ptj, pod, path, expect, None)
+        if pod["spec"]["containers"][0]["name"] != "pytorch":
+            raise ConfigError(f"{named(ptj)}: {path}.spec.containers[0].name must be 'pytorch'")
+        check_endpoint(ptj, pod, path, f"{name}-master-0", expect)
+
+
 KIND = Kind(
     name="pytorchjob",
     endpoint=lambda job: f"{name_of(job)}-master-0:{job.cluster.rdzv_port}",
     objects=lambda job, pod: [("pytorchjob.yaml", pytorchjob(job, pod))],
+    check=check_workload,
     node_rank="RANK",
     container="pytorch",
     port_name=PYTORCHJOB_PORT_NAME,

@@ -214,3 +214,26 @@ def test_cpu_operators_inside_the_data_wait_count_as_data_wait():
     row = breakdown(step, rank=0, gpu=False)
     us = {k: getattr(row, k) * 1e6 for k in ("compute_s", "data_wait_s", "idle_s", "step_s")}
     assert us == pytest.approx({"compute_s": 50, "data_wait_s": 20, "idle_s": 10, "step_s": 100})
+
+
+def test_each_table_of_the_report_names_each_column_once():
+    """`analyze` printed `| rank | step | step |`: the second was the step's time."""
+    from launcher.analyze.report import COLUMNS, markdown
+
+    row = {"rank": 0, "step": 5, "overlap_ratio": None, "collectives": {}, "syncs": {}}
+    row.update({key: 0.001 for key, _ in COLUMNS})
+    straggler = {"step": 5, "slowest_rank": 0, "step_s": 0.1, "behind_median_s": 0.0,
+                 "waited_for": {}}  # fmt: skip
+    report = {"run_dir": "r", "device": "cpu", "ranks": [0, 1], "steps": [5], "advice": [],
+              "per_step": [row], "stragglers": [straggler], "top_ops": [],
+              "kernel_classes": [], "bound_shares": {"compute": 0, "memory": 0, "other": 0},
+              "peak_flops": None, "merged_trace": "m.json"}  # fmt: skip
+    headers = [
+        ln for ln in markdown(report).splitlines() if ln.startswith("| ") and "---" not in ln
+    ]
+    tables = [h for h in headers if not h.startswith(("| 0 |", "| 5 |"))]
+    assert len(tables) == 4  # per step, stragglers, operators, kernel classes
+    for header in tables:
+        cells = [c.strip() for c in header.strip("|").split("|")]
+        assert len(cells) == len(set(cells)), header
+    assert tables[0].startswith("| rank | step | step time | compute |")

@@ -22,9 +22,9 @@ from launcher.config.model_shape import param_count, param_sizes
 from launcher.config.registry import engines
 from launcher.config.saved_bytes import ENTRY_BYTES
 from launcher.plan.memory import shm_need
+from launcher.preflight import check_config
 from launcher.runtime.process import Runtime
 from launcher.strategy.base import host_copy
-from launcher.train.preflight import check_config
 
 IDENTITY = {"model": {"name": "m"}, "strategy": {"name": "ddp"}, "world_size": 1}
 

@@ -1,4 +1,4 @@
-"""The memory tier held once per node (launcher.checkpoint.node_share, docs/checkpoints.md):
+"""The memory tier held once per node (launcher.checkpoint.memory.node_share, docs/checkpoints.md):
 the state every DDP rank holds alike is cut into one part per rank of a node and joined back
 exactly; the node's /dev/shm need at gpt2-xl on 8-rank nodes is two copies of one rank's
 state, not two per rank; a tier that does not fit is turned off (default) or refused (asked
@@ -13,14 +13,15 @@ import json
 import pytest
 import torch
 
-from launcher.checkpoint import memory, node_share
+from launcher.checkpoint import memory
+from launcher.checkpoint.memory import node_share
 from launcher.config import compose
 from launcher.config.model_shape import param_count, param_sizes
 from launcher.config.saved_bytes import ENTRY_BYTES
+from launcher.data.shm import loader_shm_need
 from launcher.model.build import build_model
-from launcher.plan.memory import loader_shm_need, shm_need
+from launcher.plan.memory import shm_need
 from launcher.strategy.base import host_copy
-from launcher.train.preflight import tier_room
 
 GIB = 2**30
 VOCAB = 64
@@ -136,32 +137,15 @@ def test_a_tier_that_does_not_fit_is_turned_off_or_refused_in_one_line():
     cfg = compose(["model=gpt2-xl", "trainer.global_batch_size=64"])
     tier = memory.shm_bytes(cfg, 8, 16, restarts=3)
     room = loader_shm_need(cfg) * 8 + tier
-    assert tier_room(cfg, 8, 16, room, restarts=3) == (True, None)
-    fits, why = tier_room(cfg, 8, 16, room - 1, restarts=3)
-    assert not fits and why.startswith("memory tier off: the memory tier needs 34.8 GiB")
+    assert memory.room(cfg, 8, 16, room, restarts=3) is None
+    why = memory.room(cfg, 8, 16, room - 1, restarts=3)
+    assert why.startswith("memory tier off: the memory tier needs 34.8 GiB")
     assert "\n" not in why
     asked = compose(["model=gpt2-xl", "trainer.global_batch_size=64",
                      "trainer.memory_checkpoint_interval=20"])  # fmt: skip
-    fits, why = tier_room(asked, 8, 16, 10 * GIB)
-    assert not fits and why.startswith("trainer.memory_checkpoint_interval=20: the memory tier")
+    why = memory.room(asked, 8, 16, 10 * GIB)
+    assert why.startswith("trainer.memory_checkpoint_interval=20: the memory tier")
     assert why.endswith("or trainer.memory_checkpoint_interval=0")
     elsewhere = compose(["trainer.memory_checkpoint_interval=20",
                          "trainer.memory_checkpoint_dir=/tmp/ram"])  # fmt: skip
-    assert tier_room(elsewhere, 8, 16, 0) == (True, None)  # not /dev/shm: not sized here
-
-
-@pytest.mark.parametrize(
-    ("everyone", "after", "best", "lost"),
-    [
-        ([[10], [10], [10], [10]], 0, 10, None),  # every rank holds it
-        ([[10], [10], [], []], 0, None, (10, [2, 3])),  # a node lost its memory
-        ([[10, 20], [10, 20], [10], [10]], 0, 10, (20, [2, 3])),  # lost the newest only
-        ([[10], [10], [], []], 10, None, None),  # not newer than the durable one
-    ],
-)
-def test_what_a_lost_node_costs_is_named(everyone, after, best, lost):
-    assert memory.lost_ranks(everyone, after, best) == lost
-
-
-def test_ranks_are_named_as_runs():
-    assert memory.compact([4, 5, 6, 7, 9, 11, 12]) == "4-7, 9, 11-12"
+    assert memory.room(elsewhere, 8, 16, 0) is None  # not /dev/shm: not sized here

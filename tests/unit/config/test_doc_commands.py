@@ -7,7 +7,7 @@ import pytest
 
 from launcher.config import friendly_overrides, sweep
 from launcher.config.schema import register_schema
-from launcher.train.preflight import check_config
+from launcher.preflight import check_config
 
 from doc_commands import DECISIONS, all_commands, checked_commands, launch_of
 

@@ -45,4 +45,5 @@ def test_an_undeclared_kind_is_refused_by_name():
 def test_the_choices_of_fault_kind_are_the_registry():
     assert all_choices()["fault.kind"] == tuple(fault_kinds.kinds())
     assert {"none", "stall", "sigstop", "exit", "oom", "loader_error", "slow", "slow_data",
-            "nonfinite", "slow_device", "slow_phase"} == set(fault_kinds.kinds())  # fmt: skip
+            "nonfinite", "slow_device", "slow_phase",
+            "device_error"} == set(fault_kinds.kinds())  # fmt: skip

@@ -19,8 +19,8 @@ from omegaconf import OmegaConf
 from launcher.config import ConfigError, compose, normalize, validate
 from launcher.config.registry import schemas
 from launcher.config.schema import TrainConfig
+from launcher.preflight import preflight
 from launcher.strategy.deepspeed import cpu_has_fp16
-from launcher.train.preflight import preflight
 
 from knob_rows import ENGINE_FREE, GROUPS, ROWS
 from knob_rows import ENGINES as MATRIX_ENGINES

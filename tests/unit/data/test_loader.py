@@ -49,3 +49,18 @@ def test_sampler_resumes_at_the_step():
     for rank in (0, 1):
         whole = rank_steps(plan, rank, 9)
         assert rank_steps(plan, rank, 4, start_step=5) == whole[5:]
+
+
+def test_sampler_skips_the_windows_a_rewind_passed():
+    """Given windows to skip, the sampler never reads them: each step reads the next window
+    not skipped, as an uninterrupted sampler reads it there, and `windows()` names the
+    window each step reads (the trainer's data position)."""
+    plan = BatchPlan.of(trainer(global_batch_size=12, micro_batch_size=3), 2)
+    for rank in (0, 1):
+        whole = rank_steps(plan, rank, 9)
+        skip = frozenset({3, 4, 7})
+        sampler = StepBatchSampler(50, plan, rank=rank, seed=3, start_step=2, skip=skip)
+        read = list(itertools.islice(iter(sampler), 4 * plan.accum))
+        steps = [read[s * plan.accum : (s + 1) * plan.accum] for s in range(4)]
+        assert list(itertools.islice(sampler.windows(), 4)) == [2, 5, 6, 8]
+        assert steps == [whole[2], whole[5], whole[6], whole[8]]

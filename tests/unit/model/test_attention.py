@@ -11,8 +11,8 @@ from torch.profiler import profile
 
 from launcher.config import ConfigError, compose
 from launcher.config.schema import ATTENTION_BACKENDS, PRECISIONS
-from launcher.model.build import attention_backend, build_model, model_loss
-from launcher.train.preflight import attention_problem
+from launcher.model.build import build_model, loss_function
+from launcher.preflight import attention_problem
 
 from attention_ops import FLASH_CPU, MATH
 
@@ -20,14 +20,15 @@ VOCAB = 512
 
 
 def sdpa_ops(impl: str, choice: str) -> tuple[set[str], float, list[torch.Tensor]]:
-    """The SDPA operators one forward and backward ran, the loss and the gradients."""
+    """The SDPA operators one forward and backward ran, the loss and the gradients, with
+    the loss function the model hands the loop."""
     torch.manual_seed(0)
-    model = build_model(compose([f"model.impl={impl}"]).model, VOCAB)
+    model_cfg = compose([f"model.impl={impl}", f"model.attention={choice}"]).model
+    model = build_model(model_cfg, VOCAB)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, VOCAB, (2, 2, 32), generator=g)
     with profile() as prof:
-        with attention_backend(choice):
-            loss = model_loss(model, impl, x, y)
+        loss = loss_function(model_cfg)(model, x, y)
         loss.backward()
     names = {e.name for e in prof.events() if "scaled_dot_product" in e.name}
     return names, loss.item(), [p.grad for p in model.parameters()]

@@ -5,12 +5,16 @@ starts nothing) and the rehearsed figure launcher.submit reads back."""
 from __future__ import annotations
 
 import json
+import signal
+import sys
 from pathlib import Path
 
 import pytest
+from refusals import refusal
 
 from launcher.config import ConfigError, compose
 from launcher.rehearse import report
+from launcher.rehearse.__main__ import main as rehearse_main
 from launcher.rehearse.cases import NAMES
 from launcher.rehearse.runner import plan, rehearse, selected
 from launcher.submit import slurm, stop_time
@@ -125,3 +129,42 @@ def test_a_precision_this_device_refuses_runs_as_fp32_and_says_so():
     assert overrides[-1] == "trainer.precision=fp32"
     (note,) = notes
     assert note.startswith("trainer.precision=fp16 runs as fp32 here: ")
+
+
+# The rehearsal's front door, in-process (each refused before any case launches): its own
+# keys first (the shrunk experiment is computed from them), a sweep, an unknown case or
+# flag, a run directory in a wrong form, and the trainer's refusals of the experiment.
+FRONT_DOOR = [
+    (["rehearse.nproc=0"], "rehearse.nproc=0: must be at least 2 (a killed, hung or slow rank"),
+    (["rehearse.nproc=abc"], "rehearse.nproc: Value 'abc' of type 'str' could not be converted"),
+    (["rehearse.timeout_s=-1"], "rehearse.timeout_s=-1.0: must be greater than 0"),
+    (["rehearse.only=[stpo]"], "rehearse.only: unknown case 'stpo'; the cases are stop,"),
+    (["rehearse.only=[cluster]"], "rehearse.only names cluster, but cluster=local renders no"),
+    (["+exp=bucket_sweep"], "launcher.rehearse rehearses one experiment, but the overrides"),
+    (["--bogus"], "--bogus: not a flag this command takes"),
+    (["trainer.precision=fp64"], "trainer.precision=fp64: not one of fp32, bf16, fp16"),
+    (["run.id=r", "RUN_DIR_AS_A_FILE"], "r is a file, where the launcher keeps a folder"),
+]  # fmt: skip
+
+
+@pytest.fixture
+def own_signal_handlers():
+    """The front door installs its stop handlers; the test process gets its own back."""
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in kept.items():
+        signal.signal(sig, handler)
+
+
+@pytest.mark.usefixtures("own_signal_handlers")
+@pytest.mark.parametrize(("args", "words"), FRONT_DOOR, ids=[" ".join(a) for a, _ in FRONT_DOOR])
+def test_the_front_door_refuses_in_one_line_before_any_case(
+    monkeypatch, capsys, tmp_path, args, words
+):
+    if "RUN_DIR_AS_A_FILE" in args:
+        (tmp_path / "r").write_text("not a run directory")
+        args = ["run.id=r"]
+    monkeypatch.setattr(sys, "argv", ["launcher.rehearse", f"run.root={tmp_path}", *args])
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert words in refusal(capsys, rehearse_main)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written

@@ -11,14 +11,11 @@ import pytest
 import yaml
 
 from launcher.config import ConfigError, compose, normalize, validate
-from launcher.resilience import exit_codes
+from launcher.resilience import bad_hosts, exit_codes
 from launcher.resilience.burnin import (
-    BAD_HOSTS,
     judge,
-    merge_hosts,
     outliers,
-    read_bad_hosts,
-    record_bad_hosts,
+    refused_hosts,
     summary,
     verdict_line,
 )
@@ -89,13 +86,14 @@ def test_a_single_node_job_has_no_node_to_compare():
     assert slow_nodes == []
 
 
-def test_refused_hosts_accumulate_once_each(tmp_path):
-    assert read_bad_hosts(tmp_path) == []
-    record_bad_hosts(tmp_path, ["n3"])
-    record_bad_hosts(tmp_path, ["n1", "n3"])
-    assert (tmp_path / BAD_HOSTS).read_text() == "n3\nn1\n"
-    assert read_bad_hosts(tmp_path) == ["n3", "n1"]
-    assert merge_hosts(["x"], ["y", "x"]) == ["x", "y"]
+def test_a_refusal_names_each_host_once_with_its_figure():
+    slow = [{"rank": 3, "host": "n2", "figure": "matmul 9 ms"}]
+    nodes = [{"host": "n2", "figure": "in-node all-reduce 4 ms"}, {"host": "n5", "figure": "x"}]
+    found = refused_hosts({"slow_ranks": slow, "slow_nodes": nodes})
+    assert found == {"n2": "burn-in: node: in-node all-reduce 4 ms", "n5": "burn-in: node: x"}
+    assert refused_hosts({"slow_ranks": slow, "slow_nodes": []}) == {
+        "n2": "burn-in: rank 3: matmul 9 ms"
+    }
 
 
 def test_the_bad_node_code_is_new_and_ranked_after_bad_input():
@@ -134,7 +132,7 @@ def test_bad_burnin_values_are_one_line(override, words):
 
 def test_a_resubmission_renders_the_refused_hosts_excluded(tmp_path):
     (tmp_path / "r").mkdir()
-    record_bad_hosts(tmp_path / "r", ["n1", "n4"])
+    bad_hosts.record(tmp_path / "r", {"n1": "burn-in: rank 0: slow", "n4": "hang: rank 9"})
     script = render("slurm", tmp_path)["job.sbatch"]
     assert "#SBATCH --exclude=n1,n4\n" in script
     files = render("k8s", tmp_path)
@@ -148,7 +146,7 @@ def test_a_resubmission_renders_the_refused_hosts_excluded(tmp_path):
             ]
         }
     ]
-    assert "# excluded: node(s) n1, n4, refused by this run's burn-in gate" in files["job.yaml"]
+    assert "# excluded: node(s) n1, n4, kept off by this run" in files["job.yaml"]
     env = pod["containers"][0]["env"]
     assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in env
 

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from launcher.analyze.hang import analyze_hang, load_flight_recorder, markdown_hang
 from launcher.config import WatchdogConfig
 from launcher.observe.metrics import aggregate
-from launcher.resilience import exit_codes
+from launcher.resilience import bad_hosts, exit_codes, watchdog
 from launcher.resilience.bad_steps import BadSteps
 from launcher.resilience.stragglers import StragglerWatch
 from launcher.resilience.watchdog import HangWatchdog
@@ -307,3 +307,27 @@ def test_a_straggler_is_said_once_per_rank_and_run_however_often_it_flaps(caplog
     for _ in range(3):
         again.update(_figures(1, 0.5))
     assert sum("straggler: rank 1" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_a_hangs_culprit_is_kept_off_but_not_a_rank_that_ended_on_its_own_error(tmp_path):
+    """The declaring rank records the verdict's culprits' hosts in bad_hosts (exclude.hang):
+    ranks 1 and 3 wrote no hang record; rank 1 could not run (its log stops mid-step), rank
+    3 had ended on an error of its own since the job began (its peer lost): only rank 1's
+    host is kept off."""
+    run = _run_dir(tmp_path, 4, {0: WAITING, 2: WAITING})
+    since = time.time() - 60
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since + 30))
+    early = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since - 30))
+    lasts = {1: "INFO launcher: step 41/100 | loss 3.1",
+             3: "ERROR launcher: error: lost a peer rank (Connection closed)"}  # fmt: skip
+    for rank, last in lasts.items():
+        (run / "logs" / f"rank{rank}.log").write_text(
+            f"{early},000 [rank {rank}] ERROR launcher: an earlier attempt's error\n"
+            f"{early},000 [rank {rank}] INFO launcher: rank {rank}/4 (local {rank}, pid 9{rank}) "
+            f"on host node{rank}, device cpu\n{stamp},500 [rank {rank}] {last}\n"
+        )
+    watchdog.keep_culprits_off(run, 41, since)
+    assert bad_hosts.reasons(run) == {
+        "node1": "hang: rank 1 wrote no stacks: the process could not run at all (stopped, "
+        "swapped out, or stuck in the kernel or a driver) (after step 41)"
+    }

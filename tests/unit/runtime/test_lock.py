@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -26,14 +29,14 @@ from launcher.plan.__main__ import main as plan_main
 from launcher.rehearse.rehearsal import Rehearsal
 from launcher.rehearse.runner import rehearse, set_aside_earlier
 from launcher.resilience import burnin
-from launcher.runtime import disk
+from launcher.runtime import disk, lock
 from launcher.runtime.lock import LockHeld, tool_lock
 from launcher.submit.__main__ import main as submit_main
 from launcher.tune.__main__ import main as tune_main
 
 from in_process import restored_logging  # noqa: F401 - a fixture
 from launch import FAST
-from run_dir_tools import digest
+from run_dir_tools import digest, write_lock
 from submit_render import SHAPE
 
 pytestmark = pytest.mark.usefixtures("restored_logging")
@@ -265,3 +268,37 @@ def test_a_read_only_error_is_not_a_full_disk(tmp_path):
     """However little is free where it happened, EROFS and EACCES say what they say."""
     for code in (30, 13):  # EROFS, EACCES
         assert not disk.is_full(OSError(code, os.strerror(code)), tmp_path)
+
+
+def test_a_new_generation_cannot_write_before_the_old_one_ends(tmp_path, monkeypatch, caplog):
+    """A JobSet restart, or a pod recreated, starts a new generation of the same launch on
+    another host while the old one may still write its stop checkpoint: the new rank 0
+    waits for the old one's lock (its heartbeat still beats) and takes the run directory
+    only once the old one released it; nothing of the new generation is written before."""
+    monkeypatch.setattr(lock, "WAIT_POLL_S", 0.02)
+    held = write_lock(tmp_path, host="old-pod", launch_key="jobset-1")
+    ended = threading.Event()
+
+    def old_generation():  # writes its stop checkpoint for a second, beating, then ends
+        until = time.monotonic() + 1.0
+        while time.monotonic() < until:
+            os.utime(held)
+            time.sleep(0.05)
+        (tmp_path / "stop-checkpoint-written").touch()
+        ended.set()
+        held.unlink()
+
+    old = threading.Thread(target=old_generation)
+    old.start()
+    new = lock.RunLock(tmp_path, "jobset-1")
+    with caplog.at_level(logging.WARNING):
+        new.acquire()
+    try:
+        assert ended.is_set() and (tmp_path / "stop-checkpoint-written").exists()
+        assert json.loads(held.read_text())["nonce"] == new.me.nonce
+        (line,) = [r.getMessage() for r in caplog.records]
+        assert "waiting for the earlier attempt of this launch (pid" in line
+        assert "on old-pod, launch jobset-1" in line
+    finally:
+        new.release()
+        old.join()

@@ -436,7 +436,7 @@ INIT_FROM = [
 
 @pytest.mark.parametrize(("case", "damage", "says"), INIT_FROM, ids=[c[0] for c in INIT_FROM])
 def test_init_from_a_damaged_folder_is_one_line(exported, tmp_path, case, damage, says):
-    from launcher.train.preflight import init_from_problem
+    from launcher.preflight import init_from_problem
 
     folder = tmp_path / "weights"
     shutil.copytree(exported, folder)

@@ -21,7 +21,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from refusals import readable_by_nobody
 
+from launcher import paths
 from launcher.checkpoint import protocol as checkpoint
 from launcher.runtime import run_dir_check
 from launcher.runtime.run_dir_check import FILE, FOLDER
@@ -214,3 +216,50 @@ def test_a_launch_refuses_before_writing_anything(base, monkeypatch, capsys, nam
     assert len(errors) == 1 and f"{path} " in errors[0], lines
     assert digest(run) == before  # summary.json, metrics, logs: the finished run's bytes
     assert not (run / ".lock").exists()
+
+
+@pytest.mark.parametrize(("access", "mode"), [("private", 0o700), ("group", 0o750),
+                                              ("world", 0o755)])  # fmt: skip
+def test_a_run_directory_is_made_as_private_as_run_access_says(base, access, mode):
+    """run.access: the run directory (and a sweep's folder above a point) gets its mode; the
+    run root, which others may share, keeps its own; an existing run directory is given the
+    mode the config says (a resumed run's access follows its config)."""
+    root = base / "runs"
+    root.mkdir(mode=0o755)
+    paths.make_run_dir(root / "sweep" / "point", root, access)
+    assert (root / "sweep" / "point").stat().st_mode & 0o777 == mode
+    assert (root / "sweep").stat().st_mode & 0o777 == mode
+    assert root.stat().st_mode & 0o777 == 0o755
+    (root / "old").mkdir(mode=0o777)
+    paths.make_run_dir(root / "old", root, access)
+    assert (root / "old").stat().st_mode & 0o777 == mode
+
+
+def test_a_private_run_directory_is_closed_to_other_users(base):
+    """What the mode means to another user: nothing under a private run directory can be
+    read, however its files' own modes read (summary.json stays 0644)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to look as another user")
+    root = base / "runs"
+    root.mkdir(mode=0o755)
+    paths.make_run_dir(root / "r", root, "private")
+    (root / "r" / "summary.json").write_text("{}")
+    (root / "r" / "summary.json").chmod(0o644)
+    assert not readable_by_nobody(root / "r" / "summary.json")
+
+
+def test_an_export_is_as_readable_as_its_run_directory(base):
+    """safetensors writes its file for its owner alone: the export's folder and files take
+    the run directory's access instead (0750 -> files 0640)."""
+    run, out = base / "run", base / "out"
+    run.mkdir(mode=0o750)
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"w")
+    (out / "model.safetensors").chmod(0o600)
+    (out / "config.json").write_text("{}")
+    paths.same_access(out, run)
+    assert out.stat().st_mode & 0o777 == 0o750
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {
+        "model.safetensors": 0o640,
+        "config.json": 0o640,
+    }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.config import ConfigError, compose
-from launcher.train.preflight import check_config
+from launcher.preflight import check_config
 
 
 @pytest.mark.parametrize(

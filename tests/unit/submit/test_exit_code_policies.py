@@ -11,7 +11,7 @@ import re
 import pytest
 
 from launcher.resilience import exit_codes as ec
-from launcher.submit import k8s
+from launcher.submit.k8s.job import pod_failure_policy
 
 from submit_render import render
 
@@ -27,6 +27,7 @@ POLICIES = {
     ec.HANG: ("hang detected", "counted", "permanent"),
     ec.BAD_NODE: ("bad node", "counted", "permanent"),
     ec.STOPPED_NO_CHECKPOINT: ("stopped without a checkpoint", "counted", "permanent"),
+    ec.NODE_LOST: ("node lost", "counted", "permanent"),
     ec.STOPPED: ("stopped with a checkpoint", "counted", "retryable"),
 }
 
@@ -37,7 +38,8 @@ def test_every_contract_code_has_a_row():
 
 def case_arms(script: str) -> dict[str, str]:
     """{pattern: meaning} of the script's `case "$code"`, one entry per `|` alternative."""
-    block = script[script.index('case "$code" in') : script.index("esac")]
+    begin = script.index('case "$code" in')
+    block = script[begin : script.index("esac", begin)]
     arms = {}
     for arm in block.split("\n", 1)[1].split(";;"):
         if ")" not in arm:
@@ -63,7 +65,7 @@ def test_the_sbatch_script_names_each_code_in_an_arm_of_its_own(arms, code):
 def job_action(code: int) -> str:
     if code == ec.DONE:
         return "succeeds"
-    for rule in k8s.pod_failure_policy()["rules"]:
+    for rule in pod_failure_policy()["rules"]:
         if "onExitCodes" in rule and code in rule["onExitCodes"]["values"]:
             return rule["action"]
     return "counted"  # against backoffLimitPerIndex (Job) or maxRestarts (JobSet)

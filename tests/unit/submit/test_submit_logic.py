@@ -1,5 +1,5 @@
 """What `python -m launcher.submit` renders and refuses, for every cluster, without a cluster:
-the CPU request each renderer computes, secrets refused by every renderer, values Hydra would
+the CPU request each renderer computes (secrets: test_secret_checks.py), values Hydra would
 retype refused in every key that becomes shell text, the files a run reads checked at
 submit where this host sees them, and what a container job mounts. tests/cluster/ shows the
 same on a real Slurm cluster and in pods."""
@@ -11,6 +11,7 @@ import json
 import os
 import re
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -18,13 +19,15 @@ import yaml
 
 from launcher.checkpoint.protocol import CheckpointWriter
 from launcher.config import ConfigError, compose
+from launcher.config.backends import backends
 from launcher.config.model_shape import GPT2_VOCAB, param_count
+from launcher.config.schema import ClusterBase
 from launcher.model.build import build_model
 from launcher.plan.forecast import checkpoint_bytes
 from launcher.submit import k8s, k8s_check, pod_security, slurm
 from launcher.submit.__main__ import main as submit_main
 from launcher.submit.job import prepare
-from launcher.submit.node_memory import node_memory
+from launcher.submit.node_memory import PROCESS_MARGIN, node_memory
 
 from launch import FAST
 from submit_render import SHAPE, render
@@ -75,7 +78,8 @@ def test_cpus_per_node_are_requested_by_every_renderer(tmp_path, overrides, cpus
 def test_given_cpus_are_kept_and_too_few_warned(tmp_path, capsys):
     over = ["cluster.procs_per_node=2", "data.num_workers=1"]
     script = render("slurm", tmp_path, *over, "cluster.slurm.cpus_per_task=3")["job.sbatch"]
-    assert "#SBATCH --cpus-per-task=3\n" in script and "--cpus-per-task=3 --wait" in script
+    assert "#SBATCH --cpus-per-task=3\n" in script
+    assert "--cpus-per-task=3 --cpu-bind=cores --wait" in script
     err = capsys.readouterr().err
     assert "warning: cluster.slurm.cpus_per_task=3 is less than the 4 CPUs" in err
     script = render("slurm", tmp_path, *over, "cluster.slurm.cpus_per_task=16", run_id="big")
@@ -83,23 +87,6 @@ def test_given_cpus_are_kept_and_too_few_warned(tmp_path, capsys):
     assert "warning" not in capsys.readouterr().err
     gpus = render("slurm", tmp_path, "cluster.gpus_per_node=2", run_id="gpu")["job.sbatch"]
     assert "#SBATCH --gpus-per-node=2\n#SBATCH --cpus-per-task=2\n" in gpus
-
-
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize(
-    "override, name",
-    [
-        ("+cluster.env.WANDB_API_KEY=abc123", "cluster.env.WANDB_API_KEY"),
-        ("+cluster.env.HF_TOKEN=hf_abc123", "cluster.env.HF_TOKEN"),
-        ("+nccl.env.MY_PASSWORD=abc123", "nccl.env.MY_PASSWORD"),
-    ],
-)
-def test_secrets_are_refused_by_every_renderer(tmp_path, capsys, target, override, name):
-    err = refused(target, tmp_path, capsys, override)
-    assert f"error: {name} is a secret: it would be written into the job's files" in err
-    assert "abc123" not in err
-    way = "export it in the shell you submit from" if target == "slurm" else "through a Secret"
-    assert way in err
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -323,7 +310,7 @@ def test_pod_security_restricted_rules_each_catch_their_break(tmp_path, case):
     jb = next(o for o in objs if o["kind"] == "Job")
     jb["spec"]["template"]["spec"] = broken
     with pytest.raises(ConfigError, match="Pod Security 'restricted'"):
-        k8s_check.check(objs, k8s.expectations(job))
+        k8s_check.check(objs, k8s.expectations(job), k8s.kinds()["job"])
 
 
 def test_root_is_the_explicit_opt_out(tmp_path):
@@ -415,37 +402,6 @@ def test_time_limits_and_versions_every_renderer_refuses(
     assert words in refused(target, tmp_path, capsys, *overrides)
 
 
-HF = "hf_" + "aZ3kq9Xw7Lm2Pv8Rt5Yb1Nc4"  # a made-up token of Hugging Face's shape
-
-
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize(
-    "override, words",
-    [
-        (f'cluster.setup=["export HF_TOKEN={HF}"]', "cluster.setup[0] holds a secret, a token"),
-        ("cluster.setup=['export GH_PAT=abc123']", "cluster.setup[0] holds a secret, GH_PAT=..."),
-        ("+cluster.env.AWS_CREDENTIALS=abc123", "cluster.env.AWS_CREDENTIALS is a secret"),
-        (
-            "+cluster.env.BUILD=aZ3kq9Xw7Lm2Pv8Rt5Yb1Nc4abc123",
-            "cluster.env.BUILD holds a secret, BUILD=... (a long random-looking value)",
-        ),
-        (f"data.tokenizer={HF}", "data.tokenizer holds a secret, a token of a known kind"),
-    ],
-)
-def test_secrets_by_name_and_value_anywhere(tmp_path, capsys, target, override, words):
-    """A secret in a setup line, under a name the old list lacked, or as a value that looks
-    like one, is refused in one line that does not repeat it, and nothing is written."""
-    err = refused(target, tmp_path, capsys, override)
-    assert words in err and "abc123" not in err and HF[3:] not in err, err
-
-
-def test_a_secret_in_an_sbatch_option_is_refused(tmp_path, capsys):
-    err = refused(
-        "slurm", tmp_path, capsys, "cluster.slurm.extra_sbatch=['--comment=password=abc123']"
-    )
-    assert "cluster.slurm.extra_sbatch[0] holds a secret, password=... (a secret's name)" in err
-
-
 def test_the_script_carries_no_override_and_only_its_user_reads_it(tmp_path):
     """The trainer's overrides reach the ranks through a 0600 file the script writes (its
     path in LAUNCHER_ARGS_FILE), not through srun's argument list; --export names what the
@@ -485,26 +441,33 @@ def test_reserved_ports_and_module_init(tmp_path):
     assert "  { module load cuda/12.4\n  } || setup_failed $? 'module load cuda/12.4'" in setup
 
 
+@pytest.mark.parametrize(
+    "target, override",
+    [("slurm", "cluster.slurm.mem_per_process=100M"), ("k8s", "cluster.k8s.memory=100Mi")],
+)
+def test_a_process_memory_below_the_plans_need_is_refused(tmp_path, capsys, target, override):
+    """A rank's process alone is 0.4 GB (launcher.plan.host): a node asking less for its
+    processes would be killed for memory at start-up; one line, exit 2, nothing written."""
+    err = refused(target, tmp_path, capsys, override)
+    assert err.startswith(f"error: {override}")
+    assert "GiB the job's processes need on a node (launcher.plan: 1 rank(s)" in err
+    assert err.rstrip().endswith("leave it null to have it sized from the plan")
+
+
 def test_memory_is_the_pod_arithmetic_or_the_whole_node(tmp_path, capsys):
-    """--mem is node_memory's sum, as the pod's memory limit: 8 processes x 8 GiB, the
-    /dev/shm need, a 1 GiB margin (Slurm does not restart workers: the pod, here, neither).
-    exclusive=true asks for whole nodes (--mem=0); a mem below /dev/shm's need is refused."""
+    """--mem is node_memory's sum, as the pod's memory limit: the plan's host memory for 8
+    processes with its margin, the /dev/shm need, a 1 GiB margin (Slurm does not restart
+    workers: the pod, here, neither). exclusive=true asks for whole nodes (--mem=0); a mem
+    below /dev/shm's need is refused."""
     gpu = ["cluster.gpus_per_node=8", "trainer.global_batch_size=32", "data.num_workers=2"]
     script = render("slurm", tmp_path, *gpu)["job.sbatch"]
-    pod = pod_container(
-        render(
-            "k8s",
-            tmp_path / "k",
-            *gpu,
-            "cluster.k8s.memory=64Gi",
-            "cluster.k8s.max_restarts=0",
-        )
-    )
+    pod = pod_container(render("k8s", tmp_path / "k", *gpu, "cluster.k8s.max_restarts=0"))
     mib = k8s_check.parse_quantity(pod["resources"]["limits"]["memory"], "memory") / 2**20
     assert f"#SBATCH --mem={int(mib)}M\n" in script and "--exclusive" not in script
     job = prepare("slurm", [*FAST, *gpu, f"run.root={tmp_path}", "run.id=m"])
     need = slurm.job_memory(job)
-    assert need == node_memory(job, 0, 8 * 8 * 2**30, 2**30)
+    assert need == node_memory(job, 0, 2**30)
+    assert need.processes == int(need.processes_need * (1 + PROCESS_MARGIN))
     assert int(mib) == -(-need.total // 2**20) and need.shm_need > 0
     whole = render("slurm", tmp_path, *gpu, "cluster.slurm.exclusive=true", run_id="x")
     assert "#SBATCH --mem=0\n" in whole["job.sbatch"]
@@ -514,3 +477,135 @@ def test_memory_is_the_pod_arithmetic_or_the_whole_node(tmp_path, capsys):
     assert "error: cluster.slurm.mem=100M is less than the" in err
     err = refused("slurm", tmp_path, capsys, "cluster.slurm.mem_per_process=lots")
     assert "cluster.slurm.mem_per_process='lots': not a size sbatch takes" in err
+
+
+# The front door's own arguments, each one line and exit 2, nothing written (its keys' bad
+# values: the tables above, tests/unit/submit/test_secret_checks.py, tests/cluster/).
+FRONT_DOOR = [
+    ([], "error: give a target: python -m launcher.submit {k8s,slurm"),
+    (["pbs", "--dry-run"], "error: unknown target 'pbs'; use one of: k8s, slurm"),
+    (["slurm", "--dry-run", "--bogus"], "error: --bogus: not a flag this command takes"),
+    (["k8s", "--dry-run", "--tune", "+exp=bucket_sweep"], "error: --tune tunes one experiment"),
+    (["slurm", "--dry-run", "cluster=k8s"], "error: cluster=k8s does not match `submit slurm`"),
+    (["slurm", "--dry-run", "cluster.nodes=0"], "error: cluster.nodes=0: must be at least 1"),
+    (["slurm", "--dry-run", "run.id=../x"], "error: run.id=../x holds a path separator"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"), FRONT_DOOR, ids=[" ".join(a) or "none" for a, _ in FRONT_DOOR]
+)
+def test_the_front_door_refuses_its_own_arguments_in_one_line(tmp_path, capsys, argv, words):
+    argv = [*argv, f"run.root={tmp_path}"] if argv else argv
+    assert submit_main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith(words), err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_cluster_fills_the_same_defaults_for_the_same_overrides(tmp_path):
+    """One source of defaults: each backend's option file (conf/cluster/<name>.yaml) names
+    its backend and sets none of the keys the clusters share (k8s.yaml's gpus_per_node: 8
+    made `cluster.nodes=2` a CPU job on Slurm and 16 GPUs on Kubernetes); the keys of the
+    same meaning in each section have the same defaults; and the same overrides render the
+    same job shape on each: nodes, processes, GPUs and CPUs per node."""
+    shared = [f.name for f in fields(ClusterBase) if f.name != "name"]
+    local = compose(["cluster=local"]).cluster
+    for name in backends():
+        cluster = compose([f"cluster={name}"]).cluster
+        assert {k: cluster[k] for k in shared} == {k: local[k] for k in shared}, name
+    s, k = compose(["cluster=slurm"]).cluster.slurm, compose(["cluster=k8s"]).cluster.k8s
+    assert slurm.slurm_bytes(s.shm_margin, "") == k8s_check.parse_quantity(k.shm_margin, "")
+    for key in ("checkpoint_write_mb_s", "checkpoint_write_s", "step_time_s"):
+        assert s[key] == k[key], key
+    for overrides in (
+        [],
+        ["cluster.nodes=2", "data.num_workers=2"],
+        ["cluster.nodes=2", "cluster.gpus_per_node=4", "trainer.global_batch_size=32"],
+    ):
+        args = [*FAST, f"run.root={tmp_path}", *overrides]
+        jobs = {name: prepare(name, args) for name in ("slurm", "k8s")}
+        shapes = {
+            name: (j.nodes, j.procs_per_node, j.world_size, j.cluster.gpus_per_node, j.cpu_need)
+            for name, j in jobs.items()
+        }
+        assert shapes["slurm"] == shapes["k8s"], overrides
+        script = render("slurm", tmp_path / "s", *overrides, run_id=str(len(overrides)))
+        pod = pod_container(render("k8s", tmp_path / "k", *overrides, run_id=str(len(overrides))))
+        nodes, procs, world, gpus, cpus = shapes["slurm"]
+        assert f"#SBATCH --cpus-per-task={cpus}\n" in script["job.sbatch"]
+        assert pod["resources"]["requests"]["cpu"] == str(cpus)
+        assert pod["resources"]["requests"].get("nvidia.com/gpu", 0) == gpus
+        assert (f"#SBATCH --gpus-per-node={gpus}\n" in script["job.sbatch"]) == bool(gpus)
+
+
+def test_a_remote_apptainer_image_is_converted_once_into_a_shared_sif(tmp_path):
+    """`apptainer exec docker://...` would pull and convert the image on every node at every
+    start: the batch shell converts it once, into a SIF under run.root that every node sees
+    (built under a name of its own, then renamed; skipped when it is there), and every node,
+    the codes' reader, a requeue and a later run of the image use that file."""
+    image = "docker://nvcr.io/nvidia/pytorch:24.05-py3"
+    over = ["cluster.slurm.container_runtime=apptainer", f"cluster.slurm.container_image={image}"]
+    script = render("slurm", tmp_path, *over, run_id="a")["job.sbatch"]
+    (sif,) = set(re.findall(r"\S+\.images/pytorch_24\.05-py3-[0-9a-f]{12}\.sif(?=[ ;])", script))
+    assert sif.startswith(f"{tmp_path}/.images/")
+    setup = script.split("setup_env=$(mktemp)")[1].split("declare -px")[0]
+    build = f'apptainer build --force {sif}.job"$SLURM_JOB_ID" {image} && '
+    assert setup.count(f"\n  {{ [ -s {sif} ]") == 1 and build in setup  # one setup line
+    assert f"[ -s {sif} ] || {{ mkdir -p {tmp_path}/.images && " in setup
+    assert f'mv -f {sif}.job"$SLURM_JOB_ID" {sif}; }}' in setup
+    runs = [ln for ln in script.splitlines() if "apptainer exec" in ln]
+    assert len(runs) == 2 and all(f" {sif} python -m launcher." in ln for ln in runs)
+    assert image not in "".join(runs)
+    later = render("slurm", tmp_path, *over, run_id="b")["job.sbatch"]
+    assert f" {sif} python -m launcher.torchrun" in later  # the same file for another run
+    local = render("slurm", tmp_path, *over[:1], f"cluster.slurm.container_image={sif}",
+                   run_id="c")["job.sbatch"]  # fmt: skip
+    assert "apptainer build" not in local  # a .sif given is run as it is
+
+
+@pytest.mark.parametrize(
+    "image, said",
+    [
+        ("launcher:0.1.0", "note: image: cluster.k8s.image=launcher:0.1.0 is a tag, which names"),
+        ("repo/launcher@sha256:" + "ab" * 32, None),  # a digest pins: nothing to say
+    ],
+)
+def test_only_a_digest_pins_an_image(tmp_path, capsys, image, said):
+    """A tag names what was last pushed under it: the render says so in one note (in the
+    manifest's header too); a digest pins the build, and nothing is said."""
+    files = render("k8s", tmp_path, f"cluster.k8s.image={image}")
+    err = capsys.readouterr().err
+    notes = [line for line in err.splitlines() if line.startswith("note: image:")]
+    assert notes == ([] if said is None else [notes[0]]) and (
+        said is None or notes[0].startswith(said)
+    )
+    assert ("# image: " in files["job.yaml"]) == (said is not None)
+
+
+def test_pods_spread_over_zones_are_warned_about(tmp_path, capsys):
+    """Spreading a training job's pods over zones puts its all-reduce on the slowest links."""
+    render("k8s", tmp_path, "cluster.k8s.topology_spread_key=topology.kubernetes.io/zone")
+    assert "warning: cluster.k8s.topology_spread_key=topology.kubernetes.io/zone spreads the " \
+        "pods over zones" in capsys.readouterr().err  # fmt: skip
+    render("k8s", tmp_path, "cluster.k8s.topology_spread_key=kubernetes.io/hostname", run_id="h")
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_ephemeral_storage_is_limited_as_requested(tmp_path):
+    """security=restricted: the emptyDirs and the container's own disk, requested and limited
+    at one sum, so a runaway write evicts this pod rather than fill the node's disk."""
+    pod = pod_container(render("k8s", tmp_path, "cluster.k8s.disk_margin=3Gi"))
+    res = pod["resources"]
+    assert res["requests"]["ephemeral-storage"] == res["limits"]["ephemeral-storage"] == "15Gi"
+
+
+@pytest.mark.parametrize(("bind", "ok"), [("cores", True), ("none", True), ("sideways", False)])
+def test_the_cpu_binding_is_stated(tmp_path, capsys, bind, ok):
+    """srun states its binding (cluster.slurm.cpu_bind) rather than leave it to the site."""
+    if not ok:
+        err = refused("slurm", tmp_path, capsys, f"cluster.slurm.cpu_bind={bind}")
+        assert f"cluster.slurm.cpu_bind={bind}: not one of cores, threads, sockets" in err
+        return
+    script = render("slurm", tmp_path, f"cluster.slurm.cpu_bind={bind}")["job.sbatch"]
+    assert f" --cpu-bind={bind} --wait=60" in script

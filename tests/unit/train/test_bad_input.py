@@ -13,8 +13,6 @@ import pytest
 import torch
 from omegaconf import ListConfig, OmegaConf
 
-from launcher import doctor
-from launcher.analyze.__main__ import main as analyze_main
 from launcher.config import (
     ConfigError,
     TrainConfig,
@@ -26,10 +24,10 @@ from launcher.config.ranges import Range, numeric_keys
 from launcher.config.registry import schemas
 from launcher.config.schema import all_ranges
 from launcher.config.sweep import main as sweep_main
+from launcher.preflight import init_from_problem, logger_problems
 from launcher.runtime.disk import shm_available_bytes
 from launcher.strategy.deepspeed import cpu_has_fp16
 from launcher.train.front_door import main
-from launcher.train.preflight import init_from_problem, logger_problems
 
 from paths import REPO
 
@@ -382,57 +380,10 @@ def test_wandb_online_needs_a_key(monkeypatch, tmp_path):
     assert logger_problems(logger) == []
 
 
-@pytest.mark.parametrize(
-    "args",
-    [["model.n_head=0"], ["model.init_from=/nonexistent/gpt2"], ["run.root=/proc/runs"]],
-    ids=lambda a: " ".join(a),
-)
-def test_doctor_reports_what_the_trainer_refuses(monkeypatch, capsys, args):
-    code, err = run_main(monkeypatch, capsys, args)
-    assert code == 2
-    assert doctor.main(args) == 1
-    problems = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("PROBLEM")]
-    assert problems == ["PROBLEM     " + err.strip().removeprefix("error: ")]
-
-
 def one_error_line(capsys) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: "), err
     return err[0]
-
-
-@pytest.mark.parametrize(
-    ("name", "content", "reason"),
-    [
-        ("rank0.1.pt.trace.json", '{"traceEvents": [', "JSONDecodeError"),
-        ("rank0.1.pt.trace.json.gz", "not gzip", "BadGzipFile"),
-        ("rank0.1.pt.trace.json", "[]", "no traceEvents list"),
-        (
-            "rank0.1.pt.trace.json",
-            '{"traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "launcher/step 1"}]}',
-            "malformed event: KeyError",
-        ),
-    ],
-)
-def test_analyze_refuses_a_damaged_trace(tmp_path, capsys, name, content, reason):
-    folder = tmp_path / "traces" / "rank0"
-    folder.mkdir(parents=True)
-    (folder / name).write_text(content)
-    assert analyze_main([str(tmp_path), "--no-wandb"]) == 2
-    line = one_error_line(capsys)
-    assert line.startswith(f"error: {folder / name}: not a readable profiler trace (")
-    assert reason in line
-    assert not (tmp_path / "analysis").exists()
-
-
-def test_analyze_refuses_an_unwritable_analysis_folder(tmp_path, capsys):
-    (tmp_path / "traces" / "rank0").mkdir(parents=True)
-    (tmp_path / "analysis").write_text("")  # a file where the folder goes
-    assert analyze_main([str(tmp_path), "--no-wandb"]) == 2
-    assert one_error_line(capsys) == (
-        f"error: {tmp_path}/analysis: {tmp_path}/analysis is not a writable directory; "
-        "make the run directory writable"
-    )
 
 
 def finished_run(folder: Path, summary_text: str, config_text: str = "trainer: {}\n") -> Path:

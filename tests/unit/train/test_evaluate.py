@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from launcher.config.batch import BatchPlan
+from launcher.config.schema import ModelConfig
+from launcher.model.build import loss_function
 from launcher.runtime.process import Runtime
 from launcher.train.evaluate import Evaluator
 
@@ -38,7 +40,7 @@ def evaluator(stop_after: int | None = None) -> Evaluator:
     polls = iter(range(100))
     stop = (lambda: next(polls) + 1 >= stop_after) if stop_after else (lambda: False)
     rt = Runtime(0, 0, 1, CPU, None)
-    return Evaluator(rt, Strategy(), WINDOWS, 2, ("native", "auto"), stop)
+    return Evaluator(rt, Strategy(), WINDOWS, 2, loss_function(ModelConfig()), stop)
 
 
 def test_the_eval_loss_is_the_mean_over_its_batches():

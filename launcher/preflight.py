@@ -27,46 +27,13 @@ from launcher.config.registry import engine
 from launcher.config.schema import DataConfig, LoggerConfig, TrainConfig
 from launcher.config.validate import check_config
 from launcher.data.cache import CACHE_ENV, cache_root
-from launcher.data.shm import check_shm, human_bytes
+from launcher.data.shm import check_shm, loader_shm_need
 from launcher.data.tokenizer import tokenizer_path_problem
 from launcher.observe.tensorboard_sink import WRITER_PACKAGE, tensorboard_enabled
 from launcher.paths import creatable_dir_problem, writable_dir_problem
-from launcher.plan.memory import loader_shm_need
 from launcher.runtime.disk import shm_available_bytes
 
 WANDB_DEFAULT_HOST = "https://api.wandb.ai"
-
-
-def tier_room(
-    cfg: TrainConfig,
-    ranks_per_node: int,
-    world_size: int,
-    free: int,
-    restarts: int | None = None,
-) -> tuple[bool, str | None]:
-    """(whether the memory tier fits, the line that says why not) on a node whose /dev/shm
-    has `free` bytes for this run. A tier left to its default (trainer.memory_checkpoint_
-    interval=null) that does not fit is turned off, said in the line; one asked for is a
-    problem the caller refuses. (True, None) when the tier is off or writes elsewhere."""
-    tier = memory.shm_bytes(cfg, ranks_per_node, world_size, restarts)
-    loaders = loader_shm_need(cfg) * ranks_per_node
-    if not tier or loaders + tier <= free:
-        return True, None
-    t = cfg.trainer
-    state = memory.node_state_bytes(cfg, ranks_per_node, world_size)
-    what = (
-        f"the memory tier needs {human_bytes(tier)} of /dev/shm on a node of {ranks_per_node} "
-        f"rank(s) ({tier // state} copies of {human_bytes(state)} of state) and the DataLoader "
-        "workers "
-        f"{human_bytes(loaders)}, but /dev/shm has {human_bytes(free)} for them"
-    )
-    if t.memory_checkpoint_interval is None:
-        return False, f"memory tier off: {what}; durable checkpoints only (docs/checkpoints.md)"
-    return False, (
-        f"trainer.memory_checkpoint_interval={t.memory_checkpoint_interval}: {what}; give "
-        "/dev/shm more room, set trainer.memory_checkpoint_dir to a larger node-local memory "
-        "file system, or trainer.memory_checkpoint_interval=0"
-    )
 
 
 def preflight(cfg: DictConfig, world_size: int, ranks_per_node: int) -> TrainConfig:
@@ -98,12 +65,12 @@ def shm_problem(cfg: TrainConfig, ranks_per_node: int, world_size: int) -> str |
     """What this machine's /dev/shm cannot hold: the DataLoader workers' batches, or a memory
     tier asked for by trainer.memory_checkpoint_interval that exceeds its whole size (the
     job's start checks the free space, counting what the run's tier holds already, and turns
-    a default tier off: launcher.train.job.memory_tier)."""
+    a default tier off: launcher.checkpoint.memory.open_tier)."""
     loaders = check_shm(need=loader_shm_need(cfg) * ranks_per_node)
     available = shm_available_bytes()
-    if loaders or available is None or cfg.trainer.memory_checkpoint_interval is None:
+    if loaders or available is None or not memory.asked(cfg):
         return loaders
-    return tier_room(cfg, ranks_per_node, world_size, available[0])[1]
+    return memory.room(cfg, ranks_per_node, world_size, available[0])
 
 
 def device_problems(cfg: TrainConfig) -> list[str]:
@@ -114,7 +81,7 @@ def device_problems(cfg: TrainConfig) -> list[str]:
 
     t = cfg.trainer
     on_cpu = t.device == "cpu" or (t.device == "auto" and not torch.cuda.is_available())
-    refused = engine(cfg.strategy.name).device_problem(cfg, on_cpu)
+    refused = engine(cfg.strategy.name).capabilities.device_problem(cfg, on_cpu)
     if refused:
         return [refused]
     attention = attention_problem(cfg.model.attention, on_cpu, t.precision)
@@ -233,7 +200,7 @@ def init_from_problem(value: str) -> str | None:
 def package_problems(cfg: TrainConfig) -> list[str]:
     """Optional packages the chosen settings import later."""
     strategy = cfg.strategy.name
-    needs = [(p, f"strategy={strategy}", fix) for p, fix in engine(strategy).packages]
+    needs = [(p, f"strategy={strategy}", fix) for p, fix in engine(strategy).capabilities.packages]
     if cfg.data.source == "wikitext2":
         needs.append(("datasets", "data=wikitext2", "pip install 'launcher[hub]'"))
     return [p for p in (missing_package(*need) for need in needs) if p]

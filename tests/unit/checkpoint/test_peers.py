@@ -1,4 +1,4 @@
-"""Peer copies of the memory tier (launcher.checkpoint.peer_copy, docs/checkpoints.md): which
+"""Peer copies of the memory tier (launcher.checkpoint.memory.peers, docs/checkpoints.md): which
 rank keeps a copy of which, and a folder sent whole or not at all. The launch that loses a
 node and restores from the copies is in tests/launches/test_memory_tier.py."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.checkpoint import peer_copy
+from launcher.checkpoint.memory import peers
 
 
 @pytest.mark.parametrize(
@@ -22,7 +22,7 @@ from launcher.checkpoint import peer_copy
     ],
 )
 def test_each_rank_has_a_peer_on_the_next_node(nodes, ring):
-    assert peer_copy.ring(nodes) == ring
+    assert peers.ring(nodes) == ring
 
 
 def test_a_folder_arrives_whole_under_its_name(tmp_path):
@@ -32,7 +32,7 @@ def test_a_folder_arrives_whole_under_its_name(tmp_path):
     (sent / "meta.json").write_text('{"step": 8}')
     dest = tmp_path / "rank0" / "peer-of-rank2" / "step_00000008"
     dest.parent.mkdir(parents=True)
-    peer_copy.unpack(peer_copy.pack(sent), dest)
+    peers.unpack(peers.pack(sent), dest)
     assert {p.name: p.read_bytes() for p in dest.iterdir()} == {
         p.name: p.read_bytes() for p in sent.iterdir()
     }

@@ -114,6 +114,15 @@ def holds_part(folder: Path) -> bool:
     return (folder / RANKS_FILE).is_file()
 
 
+def split_ranks(folder: Path) -> list[int] | None:
+    """The ranks whose folders hold the parts of the state in `folder` (itself among them),
+    or None for a folder that holds its state whole."""
+    try:
+        return [int(r) for r in json.loads((folder / RANKS_FILE).read_text())]
+    except (OSError, ValueError, TypeError):
+        return None
+
+
 def part_files(folder: Path) -> list[Path]:
     """Every part file of the memory checkpoint whose folder on this rank is `folder`
     (<root>/rank<r>/step_<n>): its node's other ranks hold theirs beside it."""

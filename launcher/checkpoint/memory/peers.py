@@ -1,0 +1,130 @@
+"""Folders of the memory tier sent between nodes: peer copies (trainer.memory_checkpoint_peer)
+and the moves a restart makes (launcher.checkpoint.memory.recovery).
+
+With peer copies, each rank's sealed memory checkpoint is also kept in the memory of one
+rank on the next node, so that a node lost whole (its memory with it) costs the restart at
+most one memory interval, not everything since the durable checkpoint. Nodes form a ring in
+the order of their first rank; a rank's peer is the rank at the same place on the next node,
+and the rank it keeps a copy for (its ward) the one at that place on the node before. After
+each memory checkpoint is sealed, every rank sends its folder's files to its peer and
+receives its ward's into `<node folder>/peer/rank<ward>/`, on a gloo group of the tier's,
+from the tier's writing thread while training goes on; the rank's older step is removed
+only once every peer holds the newer one, so a node lost in between still finds the older
+step whole. A restart moves folders the same way, in rounds where each rank sends and
+receives at most one.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from launcher.checkpoint import protocol as checkpoint
+from launcher.checkpoint.memory import node_share
+from launcher.checkpoint.memory.recovery import Move, rounds
+
+PEER = "peer"  # <node folder>/peer/rank<w>/step_<n>/: this node's copies of rank w's
+
+
+def ring(node_of_rank: list[str]) -> dict[int, int] | None:
+    """rank -> its peer: the rank at the same place on the next node (nodes ordered by
+    their first rank). None where a peer copy cannot survive a node's loss: one node, or
+    nodes of different numbers of ranks."""
+    groups = node_share.nodes(node_of_rank)
+    if len(groups) < 2 or len({len(g) for g in groups}) > 1:
+        return None
+    return {
+        rank: groups[(n + 1) % len(groups)][place]
+        for n, group in enumerate(groups)
+        for place, rank in enumerate(group)
+    }
+
+
+def pack(folder: Path) -> torch.Tensor:
+    """A sealed checkpoint folder's files (name -> bytes) as one byte tensor to send."""
+    files = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+    return torch.frombuffer(bytearray(pickle.dumps(files)), dtype=torch.uint8)
+
+
+def unpack(blob: torch.Tensor, final: Path) -> None:
+    """Write the files `pack` sent as the folder `final`: into a temporary folder first,
+    renamed into place when whole (a copy cut short is never taken for a checkpoint)."""
+    files = pickle.loads(blob.numpy().tobytes())  # noqa: S301 - our own ranks' bytes
+    tmp = final.parent / f"{checkpoint.TMP_PREFIX}{final.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name, data in files.items():
+        (tmp / name).write_bytes(data)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+
+
+def duplicate(folder: Path, final: Path) -> None:
+    """`folder` as `final` on the same node: hard links where the file system has them (a
+    tmpfs does: no second copy of the bytes), else a copy; renamed into place when whole."""
+    tmp = final.parent / f"{checkpoint.TMP_PREFIX}{final.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        shutil.copytree(folder, tmp, copy_function=os.link)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(folder, tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+
+
+def exchange(send: torch.Tensor | None, to: int | None, sizes: list[int], frm: int | None,
+             group) -> torch.Tensor | None:  # fmt: skip
+    """Send `send` to rank `to` and receive from rank `frm` (whose size is in `sizes`, every
+    rank's, by rank) at once: a ring of sends, so none may wait for its own to finish."""
+    ops, got = [], None
+    if send is not None and to is not None:
+        ops.append(dist.P2POp(dist.isend, send, to, group))
+    if frm is not None:
+        got = torch.empty(sizes[frm], dtype=torch.uint8)
+        ops.append(dist.P2POp(dist.irecv, got, frm, group))
+    if ops:
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+    return got
+
+
+def swap(blob, to: int | None, frm: int | None, dest: Path, group, world: int) -> bool:
+    """Send `blob` (None: nothing) to rank `to` while receiving from rank `frm` into the
+    folder `dest` (a collective of `group`: every rank tells its size first); whether one
+    came."""
+    sizes = [0] * world
+    dist.all_gather_object(sizes, 0 if blob is None else blob.numel(), group=group)
+    frm = frm if frm is not None and sizes[frm] else None
+    got = exchange(blob, to if blob is not None else None, sizes, frm, group)
+    if got is not None:
+        unpack(got, dest)
+    return got is not None
+
+
+def move(moves: list[Move], rank: int, step: int, node_folder: Path, group, world: int) -> None:
+    """Carry out a restart's moves between nodes (a collective: every rank calls it with the
+    same list), in rounds where each rank sends and receives at most one folder."""
+    name = checkpoint.step_name(step)
+    for batch in rounds(moves):
+        out = next((m for m in batch if m.src == rank), None)
+        into = next((m for m in batch if m.dst == rank), None)
+        blob = None
+        if out is not None:
+            held = node_folder / PEER if out.copy else node_folder
+            blob = pack(held / f"rank{out.rank}" / name)
+        dest = node_folder / f"rank{into.rank}" / name if into else node_folder
+        swap(blob, out and out.dst, into and into.src, dest, group, world)
+
+
+def keep_newest(folder: Path, step: int) -> None:
+    """Remove the complete checkpoints in `folder` older than `step`."""
+    for path in checkpoint.scan(folder).complete:
+        if checkpoint.step_of(path) < step:
+            shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,254 @@
+"""A node lost and not replaced ends the job within a minute, naming its ranks (exit 8).
+
+When a node is lost whole (powered off, its processes killed), the ranks of the other nodes
+fail in their next collective ("Connection closed by peer") and their torchrun agents meet
+again in the rendezvous to restart, where they wait for as many nodes as before: a
+replacement (a new pod, a spare) takes the lost node's place and the job resumes; without
+one, torchrun's rendezvous waits its join timeout (600 s by default) and then fails with 1.
+
+Each node's `python -m launcher.torchrun` therefore keeps a heartbeat in the run directory,
+`logs/nodes/<host>-<pid>.json` (its ranks of the latest attempt, a counter it raises every
+BEAT_S seconds), and watches the others' from the same thread. Once this node's ranks have
+all ended and no new attempt has started for `LAUNCHER_LOST_NODE_S` seconds (30 by default)
+while some node's heartbeat has stopped, the node is lost and nothing replaced it: the front
+door says so in one line naming that node's ranks and ends with exit code 8 (node lost),
+which a scheduler requeues; the run resumes from its last checkpoint of either tier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.paths import atomic_write
+from launcher.resilience import exit_codes
+from launcher.runtime.process import node_name, ranks_text
+from launcher.runtime.process_tree import children, kill_tree
+
+log = logging.getLogger("launcher.torchrun")
+
+FOLDER = "nodes"  # in the run directory's logs/
+BEAT_S = 1.0
+SILENT_AFTER_S = 4 * BEAT_S  # a heartbeat that has not moved for this long has stopped
+WAIT_ENV = "LAUNCHER_LOST_NODE_S"
+DEFAULT_WAIT_S = 30.0
+
+
+def wait_s(environ=os.environ) -> float:
+    """How long ended ranks wait for a lost node's replacement (`LAUNCHER_LOST_NODE_S`)."""
+    try:
+        return max(0.0, float(environ.get(WAIT_ENV, DEFAULT_WAIT_S)))
+    except ValueError:
+        return DEFAULT_WAIT_S
+
+
+NEVER = float("-inf")  # a heartbeat not seen to move yet
+
+
+@dataclass
+class Heartbeats:
+    """The other nodes' heartbeats as this node has seen them: each file's counter and when
+    (this node's clock) it last moved, so that no two hosts' clocks are compared; a file is
+    first seen as not moving."""
+
+    me: str
+    seen: dict[str, tuple[int, float]] = field(default_factory=dict)
+    last: dict[str, dict] = field(default_factory=dict)  # each node's last record read
+
+    def look(self, folder: Path, now: float) -> dict[str, dict]:
+        """Read every other node's heartbeat; {node: its record}."""
+        records = {}
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            node = path.stem
+            if node == self.me:
+                continue
+            try:
+                record = json.loads(path.read_text())
+                beat = int(record["beat"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if node not in self.seen:
+                self.seen[node] = (beat, NEVER)
+            elif self.seen[node][0] != beat:
+                self.seen[node] = (beat, now)
+            records[node] = self.last[node] = record
+        return records
+
+    def gone(self, records: dict[str, dict], now: float, since: float,
+             ended_too: bool = False) -> dict[str, dict]:  # fmt: skip
+        """The nodes of the attempt begun at `since` (seen to beat since) that are no more:
+        their counter has not moved for SILENT_AFTER_S, or, with `ended_too`, their front
+        door ended (it says so in its last record: it left the job and will not return)."""
+        out = {}
+        for n, record in records.items():
+            moved = self.seen[n][1]
+            if moved < since:
+                continue
+            if record.get("ended") is not None:
+                if ended_too:
+                    out[n] = record
+            elif now - moved > SILENT_AFTER_S:
+                out[n] = record
+        return out
+
+
+def forget_old(folder: Path) -> None:
+    """Remove the heartbeats that stopped long ago (a node replaced at an earlier attempt, an
+    earlier launch's): as the run directory's lock judges a holder, by the file's age."""
+    for path in folder.glob("*.json") if folder.is_dir() else []:
+        with contextlib.suppress(OSError):
+            if time.time() - path.stat().st_mtime > 2 * SILENT_AFTER_S:
+                path.unlink()
+
+
+def lost_line(silent: dict[str, dict], waited: float | None = None) -> str:
+    """The one line: which node's ranks left and how, and what the job does (`waited`: how
+    long this node waited for a replacement; None: torchrun ended without waiting)."""
+    named = "; ".join(
+        f"node {r.get('host', n)} (ranks {ranks_text(r.get('ranks', []))}, "
+        + ("its heartbeat stopped)" if r.get("ended") is None else
+           f"its launcher.torchrun ended with {r['ended']})")
+        for n, r in silent.items()
+    )  # fmt: skip
+    why = (
+        f"no node took its place within {waited:.0f} s ({WAIT_ENV})"
+        if waited is not None
+        else "torchrun ended without waiting for a replacement (no restart left, or the "
+        "rendezvous gone with the node that held it)"
+    )
+    return (
+        f"launcher.torchrun: lost {named}: {why}; exit code "
+        f"{exit_codes.NODE_LOST} (node lost): a requeue or restart on a full set of nodes "
+        "resumes from the last checkpoint"
+    )
+
+
+class NodePresence(threading.Thread):
+    """This node's heartbeat in the run directory, and the watch on the others' (see the
+    module's docstring); `lost` holds the line once this node decided the job ends."""
+
+    def __init__(self, outcome: Path, wait: float, end: Callable[[], None] | None = None,
+                 workers: Callable[[], list[int]] | None = None,
+                 kill: Callable[[int], None] | None = None):  # fmt: skip
+        super().__init__(name="launcher-node-presence", daemon=True)
+        self.outcome = outcome
+        self.wait = wait
+        self.me = f"{node_name()}-{os.getpid()}"
+        self.beats = Heartbeats(self.me)
+        self.beat = 0
+        self.folder: Path | None = None
+        self.ranks: list[int] = []
+        self.run_dir: Path | None = None
+        self.attempt: int | None = None
+        self.attempt_since = NEVER  # when this node saw the attempt begin (its clock)
+        self.ended_since: float | None = None
+        self.stopping = False  # this attempt's workers were ended for a gone node
+        self.lost: str | None = None
+        self.stopped = threading.Event()
+        # how the job is ended: a SIGTERM to this process, which torchrun's agent turns into
+        # its shutdown wherever it waits
+        self.end = end or (lambda: os.kill(os.getpid(), signal.SIGTERM))
+        # this agent's live workers: none while it waits in a rendezvous
+        self.workers = workers or (lambda: children(os.getpid()))
+        self.kill = kill or kill_tree
+
+    def stop_workers(self, workers: list[int], gone: dict[str, dict]) -> None:
+        """A node of this attempt is gone while this node's ranks run: they cannot go on
+        without it (their next collective would wait for it until the hang watchdog or the
+        collective's timeout), so they end now and torchrun's agent goes back into the
+        rendezvous, for a replacement or for the end of the job. A stop that a gone node's
+        front door chose (it ended: a preemption's 143) is the stop protocol's, not this."""
+        silent = {n: r for n, r in gone.items() if r.get("ended") is None}
+        if not silent:
+            return
+        self.stopping = True
+        named = "; ".join(f"node {r.get('host', n)} (ranks {ranks_text(r.get('ranks', []))})"
+                          for n, r in silent.items())  # fmt: skip
+        print(f"launcher.torchrun: {named}: its heartbeat stopped; ending this node's ranks "
+              f"now, which cannot go on without it (torchrun restarts them for the node that "
+              f"takes its place)", file=sys.stderr, flush=True)  # fmt: skip
+        for pid in workers:
+            self.kill(pid)
+
+    def run(self) -> None:
+        while not self.stopped.wait(BEAT_S):
+            with contextlib.suppress(OSError):  # a full or gone run directory: no heartbeat
+                self.tick(time.monotonic())
+            if self.lost:
+                return
+
+    def tick(self, now: float) -> None:
+        attempt, starts = exit_codes.read_starts(self.outcome)
+        if attempt is None:
+            return
+        if attempt != self.attempt:  # a new attempt runs: whoever was silent was replaced
+            self.attempt, self.ended_since, self.attempt_since = attempt, None, now
+            self.stopping = False
+            self.ranks = sorted(starts)
+            self.run_dir = Path(next(iter(starts.values())))
+            self.folder = self.run_dir / "logs" / FOLDER
+            forget_old(self.folder)
+        self.beat += 1
+        record = {"host": node_name(), "pid": os.getpid(), "ranks": self.ranks, "beat": self.beat}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.folder / f"{self.me}.json", json.dumps(record))
+        records = self.beats.look(self.folder, now)
+        silent = self.beats.gone(records, now, self.attempt_since, ended_too=True)
+        workers = self.workers()
+        if workers and silent and not self.stopping:
+            self.stop_workers(workers, silent)
+        if workers or not silent:
+            self.ended_since = None
+            return
+        self.ended_since = self.ended_since or now
+        if now - self.ended_since >= self.wait:
+            self.lost = lost_line(silent, now - self.ended_since)
+            self.end()
+
+    def silent_at_end(self) -> dict[str, dict]:
+        """At the end of a job that failed: the nodes whose heartbeat has stopped, waiting
+        until one that stopped with the failure has been silent long enough to tell (a
+        node's loss ends the others' ranks within seconds, torchrun's agent at once when it
+        has no restart left)."""
+        deadline = time.monotonic() + SILENT_AFTER_S + BEAT_S
+        while self.folder is not None and not self.lost:
+            now = time.monotonic()
+            records = self.beats.look(self.folder, now)
+            silent = self.beats.gone(records, now, self.attempt_since)
+            if silent or not records or now > deadline:
+                return silent
+            time.sleep(BEAT_S / 4)
+        return {}
+
+    def close(self, code: int) -> None:
+        """Stop the heartbeat; its last record says this node's front door ended with
+        `code` (it left the job: the others need not wait for it to beat again)."""
+        self.stopped.set()
+        if self.is_alive():
+            self.join()
+        if self.folder is not None:
+            record = {"host": node_name(), "pid": os.getpid(), "ranks": self.ranks,
+                      "beat": self.beat + 1, "ended": code}  # fmt: skip
+            with contextlib.suppress(OSError):
+                atomic_write(self.folder / f"{self.me}.json", json.dumps(record))
+
+
+def record_in_summary(run_dir: Path | None, ranks: list[int], line: str) -> None:
+    """On the node that ran rank 0: summary.json's exit code and status say the job ended
+    because a node was lost (rank 0's own account says its peer closed the connection)."""
+    if run_dir is None or 0 not in ranks:
+        return
+    path = run_dir / "summary.json"
+    with contextlib.suppress(OSError, ValueError):
+        summary = json.loads(path.read_text())
+        summary.update(exit_code=exit_codes.NODE_LOST, status=f"failed: {line.split(': ', 2)[1]}")
+        atomic_write(path, json.dumps(summary, indent=1))

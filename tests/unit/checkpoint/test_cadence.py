@@ -1,0 +1,70 @@
+"""When each tier saves (launcher.checkpoint.cadence, docs/checkpoints.md): a fixed interval,
+or `auto`, Young's sqrt(2 x cost x MTBF) from the costs the run measures, recomputed at
+every save; the config takes a number or auto and refuses anything else in one line. The
+knob matrix launches `auto` on every engine with the memory tier (tests/knob_rows.py)."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from launcher.checkpoint import cadence
+from launcher.config import ConfigError, compose, validate
+from launcher.runtime.process import Runtime
+
+RT = Runtime(0, 0, 1, torch.device("cpu"), None, run_id="r", run_dir=Path("/nonexistent"))
+
+
+def test_youngs_interval_balances_saves_against_redone_work():
+    # a 10 s save with a failure every 5 hours: sqrt(2 x 10 x 18000) = 600 s
+    assert cadence.young_s(10.0, 5 * 3600) == pytest.approx(600.0)
+    assert cadence.steps_between(10.0, 5 * 3600, step_s=2.0) == 300
+    assert cadence.steps_between(1e-6, 1.0, step_s=5.0) == 1  # never below one step
+    # the optimum: the time lost per second, C/T + T/(2M), is least at Young's T
+    cost, mtbf = 3.0, 7200.0
+    lost = lambda t: cost / t + t / (2 * mtbf)  # noqa: E731
+    best = cadence.young_s(cost, mtbf)
+    assert lost(best) < min(lost(best * 0.8), lost(best * 1.25))
+
+
+def test_the_default_mtbf_is_llama_3s_node_mtbf_over_the_nodes():
+    assert round(cadence.NODE_MTBF_H) == round(54 * 24 * 2048 / 419) == 6335
+    seconds, why = cadence.mtbf_s(None, 16)
+    assert seconds == pytest.approx(cadence.NODE_MTBF_H * 3600 / 16)
+    assert why.startswith("trainer.mtbf_h=null: 6,335 node-hours") and "/ 16 node(s)" in why
+    assert cadence.mtbf_s(0.5, 16) == (1800.0, "trainer.mtbf_h=0.5")
+
+
+def test_a_fixed_interval_saves_on_its_multiples():
+    every = cadence.Fixed(5)
+    assert [s for s in range(1, 16) if every.due(s)] == [5, 10, 15]
+    assert not any(cadence.Fixed(0).due(s) for s in range(1, 16))
+
+
+def test_auto_saves_early_then_at_youngs_interval_from_what_it_measured(monkeypatch):
+    clock = iter(range(0, 10_000, 1)).__next__  # each call one second later
+    monkeypatch.setattr(time, "perf_counter", lambda: float(clock()))
+    every = cadence.Young("trainer.checkpoint_interval", RT, (3600.0, "given"))
+    assert next(s for s in range(1, 5) if every.due(s)) == cadence.FIRST
+    every.measured(cadence.FIRST, write_s=0.5)  # a 0.5 s save; steps of (1 - 0.5) / 2 s
+    young = math.sqrt(2 * 0.5 * 3600)  # 60 s
+    assert every.every == round(young / 0.25)
+    assert every.next == cadence.FIRST + every.every
+    every.begin(100)  # a resume: the interval measured so far, from the step resumed
+    assert every.next == 100 + every.every
+
+
+@pytest.mark.parametrize("key", ["checkpoint_interval", "memory_checkpoint_interval"])
+def test_an_interval_is_a_number_of_steps_or_auto(key):
+    assert getattr(validate(compose([f"trainer.{key}=auto"]), 1).trainer, key) == "auto"
+    for bad in ("often", "2.5", "true"):
+        with pytest.raises(ConfigError) as exc:
+            validate(compose([f"trainer.{key}={bad}"]), 1)
+        line = str(exc.value)
+        assert line.startswith(f"trainer.{key}={bad}: ") and "\n" not in line
+    with pytest.raises(ConfigError, match=r"trainer.mtbf_h=0.0: must be greater than 0"):
+        validate(compose(["trainer.mtbf_h=0"]), 1)

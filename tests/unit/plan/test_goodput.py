@@ -1,0 +1,73 @@
+"""The plan's goodput forecast (launcher.plan.goodput, docs/plan.md): the time lost to
+checkpoints and to failures, from the MTBF, the measured (or assumed) restart and the write
+costs, with `auto` intervals at Young's; what the run measured (summary.json's startup_s)
+replaces the assumed restart. benchmarks/goodput.py measures the same figures under faults."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from launcher.checkpoint import cadence
+from launcher.config import compose
+from launcher.plan import forecast, goodput
+from launcher.plan.calibrate import Calibration
+from launcher.plan.shape import checked, shape_of
+
+XL_2x8 = ["model=gpt2-xl", "cluster.nodes=2", "cluster.gpus_per_node=8",
+          "trainer.global_batch_size=64"]  # fmt: skip
+
+
+def plan_of(overrides: list[str], cal: Calibration | None = None, restarts: int = 3) -> dict:
+    cfg = compose(overrides)
+    target = forecast.target_of(cfg)
+    shape = shape_of(checked(cfg, target.world_size), target.world_size)
+    return forecast.build(shape, target, cal, restarts=restarts)
+
+
+def test_the_forecast_is_the_time_left_after_saves_and_failures():
+    plan = plan_of([*XL_2x8, "trainer.mtbf_h=2", "trainer.memory_checkpoint_interval=5",
+                    "trainer.checkpoint_interval=5000"])  # fmt: skip
+    g, step_s = plan["goodput"], plan["step"]["time_s"]
+    durable, tier = g["tiers"]["durable"], g["tiers"]["memory"]
+    assert durable["every_s"] == pytest.approx(5000 * step_s)
+    assert durable["cost_s"] == plan["checkpoint"]["write_s"]
+    assert tier["every_s"] == pytest.approx(5 * step_s)
+    assert g["mtbf_s"] == 7200.0 and g["restart_s"] == goodput.RESTART_S + goodput.DETECT_S
+    lost = durable["cost_s"] / durable["every_s"] + tier["cost_s"] / tier["every_s"]
+    lost += (g["restart_s"] + tier["every_s"] / 2) / g["mtbf_s"]  # redo half the newest tier
+    assert g["expected"] == pytest.approx(1 - lost)
+    assert 0.5 < g["expected"] < 1
+    assert plan["totals"]["time_s"] == pytest.approx(
+        plan["totals"]["steps"] * step_s + goodput.saves(g, 200) * durable["cost_s"]  # none
+    )
+
+
+def test_auto_intervals_are_youngs_and_lose_less_than_the_default():
+    fixed = plan_of([*XL_2x8, "trainer.mtbf_h=2", "trainer.checkpoint_interval=5000"])["goodput"]
+    auto = plan_of([*XL_2x8, "trainer.mtbf_h=2", "trainer.checkpoint_interval=auto"])["goodput"]
+    durable = auto["tiers"]["durable"]
+    assert durable["every_s"] == pytest.approx(math.sqrt(2 * durable["cost_s"] * 7200))
+    assert auto["expected"] > fixed["expected"]
+    text = "\n".join(goodput.lines(auto))
+    assert "durable checkpoints: every" in text and "Young's sqrt(2 x cost x MTBF)" in text
+
+
+def test_a_measured_start_up_replaces_the_assumed_restart():
+    measured = Calibration([], None, None, {}, None, None, [], startup_s=21.5)
+    g = plan_of([*XL_2x8, "trainer.checkpoint_interval=auto"], measured, None)["goodput"]
+    assert g["restart_s"] == 21.5 + goodput.DETECT_S
+    assert g["restart_why"].startswith("measured start-up 21.5 s")
+
+
+def test_without_a_step_time_only_auto_intervals_are_forecast():
+    cpu = ["trainer.mtbf_h=1", "trainer.memory_checkpoint_interval=0"]  # no step time on a CPU
+    g = plan_of(cpu)["goodput"]
+    assert g["expected"] is None and "no step time" in g["why"]
+    auto = plan_of([*cpu, "trainer.checkpoint_interval=auto"])["goodput"]
+    assert auto["expected"] is not None and auto["tiers"]["durable"]["steps"] is None
+    assert auto["mtbf_s"] == 3600.0
+    assert auto["tiers"]["durable"]["every_s"] == pytest.approx(
+        cadence.young_s(auto["tiers"]["durable"]["cost_s"], 3600.0)
+    )

@@ -1,0 +1,159 @@
+"""A lost node that is not replaced ends the job within a minute (launcher.resilience.
+node_presence, docs/faults.md): each node's front door keeps a heartbeat in the run directory
+and, once its agent has had no worker for LAUNCHER_LOST_NODE_S while the heartbeat of a node
+of this attempt has stopped, ends the job with exit 8 naming that node's ranks; a replacement
+(a new attempt) resets the wait, and a node that stopped before the attempt began is not of
+it. Driven here by the files the ranks and the other node leave, on a clock of the test's;
+the launch (agents as nodes, one SIGKILLed and not replaced) is benchmarks/goodput.py's
+`lost` case."""
+
+from __future__ import annotations
+
+import json
+
+from launcher.resilience import exit_codes, node_presence
+from launcher.resilience.node_presence import BEAT_S, SILENT_AFTER_S, NodePresence
+
+WAIT = 30.0
+
+
+def started(outcome, run_dir, attempt: int, ranks) -> None:
+    for r in ranks:
+        (outcome / f"attempt{attempt:04d}.rank{r:05d}{exit_codes.STARTED}").write_text(str(run_dir))
+
+
+def other_node(run_dir, ranks, beat: int, ended: int | None = None) -> None:
+    folder = run_dir / "logs" / node_presence.FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"host": "n2", "pid": 7, "ranks": ranks, "beat": beat, "ended": ended}
+    (folder / "n2-7.json").write_text(json.dumps(record))
+
+
+def presence(tmp_path, workers: list[int], killed: list[int] | None = None):
+    """The watch on a node whose agent's live workers are `workers` (the test empties it);
+    the workers it ends go to `killed`."""
+    outcome, run_dir = tmp_path / "outcome", tmp_path / "run"
+    outcome.mkdir(parents=True)
+    ends = []
+    watch = NodePresence(outcome, WAIT, end=lambda: ends.append(True), workers=lambda: workers,
+                         kill=(killed if killed is not None else []).append)  # fmt: skip
+    return watch, outcome, run_dir, ends
+
+
+def test_a_silent_node_after_this_nodes_ranks_ended_ends_the_job_naming_its_ranks(tmp_path):
+    workers = [101, 102]
+    watch, outcome, run_dir, ends = presence(tmp_path, workers)
+    started(outcome, run_dir, 0, [0, 1])
+    other_node(run_dir, [2, 3], beat=1)
+    watch.tick(0.0)
+    other_node(run_dir, [2, 3], beat=2)  # it beats in this attempt: one of its nodes
+    watch.tick(BEAT_S)
+    mine = json.loads((run_dir / "logs" / "nodes" / f"{watch.me}.json").read_text())
+    assert mine["ranks"] == [0, 1] and mine["beat"] == 2
+    workers.clear()  # the collective broke: this node's ranks are gone, the agent waits
+    t = BEAT_S
+    while not ends:
+        t += BEAT_S
+        watch.tick(t)
+        assert t <= BEAT_S + SILENT_AFTER_S + WAIT + 2 * BEAT_S
+    assert t >= BEAT_S + SILENT_AFTER_S + WAIT  # silent first, then the whole wait
+    assert watch.lost.startswith(
+        "launcher.torchrun: lost node n2 (ranks 2-3, its heartbeat stopped): no node took"
+    )
+    assert "within 30 s (LAUNCHER_LOST_NODE_S); exit code 8 (node lost)" in watch.lost
+
+
+def test_a_beating_node_a_node_of_no_attempt_or_workers_running_end_nothing(tmp_path):
+    watch, outcome, run_dir, ends = presence(tmp_path, [])
+    started(outcome, run_dir, 0, [0, 1])
+    for i in range(60):  # the other node beats on: a crash, not a loss; the restart comes
+        other_node(run_dir, [2, 3], beat=i)
+        watch.tick(i * BEAT_S)
+    assert not ends
+    watch, outcome, run_dir, ends = presence(tmp_path / "b", [])
+    started(outcome, run_dir, 0, [0, 1])
+    other_node(run_dir, [2, 3], beat=1)
+    for i in range(60):  # a file that never beat in this attempt: an earlier node's, not lost
+        watch.tick(i * BEAT_S)
+    assert not ends
+    watch, outcome, run_dir, ends = presence(tmp_path / "c", [101])
+    started(outcome, run_dir, 0, [0, 1])
+    for i in range(60):  # silent, but this node's workers still run: not for it to say
+        other_node(run_dir, [2, 3], beat=min(i, 2))
+        watch.tick(i * BEAT_S)
+    assert not ends
+
+
+def test_a_replacement_that_starts_a_new_attempt_resets_the_wait(tmp_path):
+    workers = [101]
+    watch, outcome, run_dir, ends = presence(tmp_path, workers)
+    started(outcome, run_dir, 0, [0, 1])
+    other_node(run_dir, [2, 3], beat=1)
+    watch.tick(0.0)
+    other_node(run_dir, [2, 3], beat=2)
+    watch.tick(BEAT_S)
+    workers.clear()
+    for i in range(2, 20):  # silent for most of the wait
+        watch.tick(i * BEAT_S)
+    started(outcome, run_dir, 1, [0, 1])  # the replacement came: the next attempt runs
+    for i in range(20, 80):  # the lost node's file stays silent: not of this attempt
+        watch.tick(i * BEAT_S)
+    assert not ends and watch.attempt == 1
+
+
+def test_a_node_whose_front_door_ended_while_this_one_waits_is_lost_after_the_wait(tmp_path):
+    """One node stopped (its ranks 143, its front door ended: one node preempted) while the
+    others restart and wait for it: nobody will bring it back, so after the wait the job
+    ends with 8, the line saying how that node left. At a job's end, a node that ended is
+    not a lost one (every front door of a crashed job ends)."""
+    workers = [101]
+    watch, outcome, run_dir, ends = presence(tmp_path, workers)
+    started(outcome, run_dir, 0, [0, 1])
+    other_node(run_dir, [2, 3], beat=1)
+    watch.tick(0.0)
+    other_node(run_dir, [2, 3], beat=2, ended=143)
+    watch.tick(BEAT_S)
+    assert watch.silent_at_end() == {}  # ended, not silent
+    workers.clear()
+    t = BEAT_S
+    while not ends:
+        t += BEAT_S
+        watch.tick(t)
+    assert t == BEAT_S + WAIT + BEAT_S  # the wait alone: its end was said at once
+    assert "lost node n2 (ranks 2-3, its launcher.torchrun ended with 143)" in watch.lost
+
+
+def test_the_line_without_a_wait_says_torchrun_did_not_wait():
+    silent = {"n2-7": {"host": "n2", "ranks": [4, 5, 6, 7]}, "n3-9": {"host": "n3", "ranks": [9]}}
+    line = node_presence.lost_line(silent)
+    assert "lost node n2 (ranks 4-7, its heartbeat stopped); node n3 (ranks 9, its " in line
+    assert "torchrun ended without waiting for a replacement (no restart left" in line
+
+
+def test_this_nodes_ranks_end_as_soon_as_a_node_of_the_attempt_stops_beating(tmp_path):
+    """Its ranks' next collective would wait for the gone node until the hang watchdog: they
+    are ended once its heartbeat has stopped for SILENT_AFTER_S (once an attempt), so the
+    restart begins then; a node that ended on its own (a stop's 143) ends nothing."""
+    killed: list[int] = []
+    watch, outcome, run_dir, _ = presence(tmp_path, [101, 102], killed)
+    started(outcome, run_dir, 0, [0, 1])
+    other_node(run_dir, [2, 3], beat=1)
+    watch.tick(0.0)
+    other_node(run_dir, [2, 3], beat=2)
+    t = BEAT_S
+    watch.tick(t)
+    while not killed:
+        t += BEAT_S
+        watch.tick(t)
+    assert killed == [101, 102] and t <= BEAT_S + SILENT_AFTER_S + BEAT_S
+    watch.tick(t + BEAT_S)
+    assert killed == [101, 102]  # once
+    killed.clear()
+    watch, outcome, run_dir, _ = presence(tmp_path / "b", [101], killed)
+    started(outcome, run_dir, 0, [0, 1])
+    other_node(run_dir, [2, 3], beat=1)
+    watch.tick(0.0)
+    other_node(run_dir, [2, 3], beat=2, ended=143)
+    for i in range(1, 20):
+        watch.tick(i * BEAT_S)
+    assert killed == []

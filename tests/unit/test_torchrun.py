@@ -1,0 +1,42 @@
+"""`python -m launcher.torchrun` under bad input, in-process: each of torchrun's own
+arguments that its parser or its launch config refuses, and a training module or script
+that is not there, refused in one line before its agent starts (plain torchrun prints its
+usage block or a traceback from inside its agent), exit 2: the contract's bad input, which
+Slurm's script and the Kubernetes failure policies do not retry."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from launcher.torchrun import SIGNALS_ENV
+from launcher.torchrun import main as exit_code_front_door  # runs nothing when refused
+
+CASES = [
+    (["--nproc-per-node=0", "-m", "launcher.train"], "--nproc-per-node=0: give at least 1"),
+    (["--nproc-per-node=abc", "-m", "launcher.train"], "Unsupported nproc_per_node value: abc"),
+    (["--nnodes=abc", "-m", "launcher.train"], "--nnodes=abc: give a node count, N or MIN:MAX"),
+    (["--nnodes=0", "-m", "launcher.train"], "min_nodes must be > 0"),
+    (["--nnodes=3:2", "-m", "launcher.train"], "min_nodes must be > 0 and <= max_nodes"),
+    (["--max-restarts=-1", "-m", "launcher.train"], "max_restarts must be >= 0"),
+    (["--max-restarts=x", "-m", "launcher.train"], "argument --max-restarts"),
+    (["--bogus", "-m", "launcher.train"], "unrecognized arguments: --bogus"),
+    (["--standalone"], "the following arguments are required: training_script"),
+    (["--standalone", "-m", "launcher.nosuch"], "-m launcher.nosuch: no such module"),
+    (["--standalone", "-m", "nosuch.pkg"], "-m nosuch.pkg: no such module"),
+    (["--standalone", "nosuch.py"], "nosuch.py: no such script"),
+    (["--rdzv-conf=abc", "-m", "launcher.train"], "The rendezvous configuration option 'abc'"),
+    (["--local-ranks-filter=x", "-m", "launcher.train"], "--local_ranks_filter must be a"),
+    (["--redirects=9", "-m", "launcher.train"], "9 does not match"),
+]
+
+
+@pytest.mark.parametrize(("argv", "words"), CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_a_bad_torchrun_argument_is_one_line(capsys, monkeypatch, argv, words):
+    monkeypatch.delenv(SIGNALS_ENV, raising=False)
+    assert exit_code_front_door(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith("error: launcher.torchrun: ") and words in err, err
+    assert SIGNALS_ENV not in os.environ  # refused before anything was set up
