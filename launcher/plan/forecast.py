@@ -400,7 +400,8 @@ def at_start(cfg, world_size: int, ranks_per_node: int, device_name: str | None,
     on_gpu = device_name is not None
     topo = topology_for(str(cfg.nccl.name), nodes, ranks_per_node, on_gpu)
     cores = None if on_gpu else os.cpu_count() or 1
-    target = Target(nodes, ranks_per_node, on_gpu, device, topo, cores)
+    link = {"link": _basis(False, _links_why(topo))}
+    target = Target(nodes, ranks_per_node, on_gpu, device, topo, cores, link)
     declared = engine(str(cfg.strategy.name))
     if declared.plan is None:
         return _no_forecast(f"strategy={cfg.strategy.name} declares no Plan")

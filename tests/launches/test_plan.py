@@ -56,7 +56,7 @@ def test_each_engine_communicates_what_it_declares(strategy_sweep, name):
     toy width, so only its reductions are held here."""
     run, cfg, meta = point(strategy_sweep, name)
     record = read_run(run)
-    declared = engine(cfg.strategy.name).step_collectives(
+    declared = engine(cfg.strategy.name).plan.step_collectives(
         record.shape.cfg, record.shape.params, record.world_size
     )
     timed = json.loads((run / "comm_collectives.json").read_text())["per_kind"]
