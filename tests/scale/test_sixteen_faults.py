@@ -45,8 +45,10 @@ def test_a_rank_frozen_among_16_is_named_by_its_silence(tmp_path):
     assert declared and all(r["limit_s"] == 10.0 and r["step"] == 3 for r in declared), records
     last_step = min(r["time"] - r["idle_s"] for r in declared)
     assert ended - last_step < 10.0 + 30, (ended - last_step, explain(proc))
-    (killed,) = [ln for ln in proc.stderr.splitlines() if "is stopped (SIGSTOP)" in ln]
-    assert f"rank {FROZEN} (pid " in killed
+    # Ended by whoever saw it first: the front door, or a peer's watchdog (15 of them race
+    # to it at 16 ranks, and a SIGKILLed process is still listed as stopped for an instant).
+    killed = [ln for ln in proc.stderr.splitlines() if "is stopped (SIGSTOP)" in ln]
+    assert killed and all(f"rank {FROZEN} (pid " in ln for ln in killed), explain(proc)
     assert summary(tmp_path / "frozen")["status"] == "failed: hang detected"
     cli = analyze_cli(tmp_path / "frozen")
     assert cli.returncode == 0, cli.stderr
