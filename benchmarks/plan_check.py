@@ -5,7 +5,7 @@ tier in /dev/shm.
     python benchmarks/plan_check.py [--steps 20] [--probes all] [--shapes all] [--tier all]
                                     [--repeats 1] [--keep DIR] [overrides...]
 
-1. Calibration: the probes (PROBES: each engine at two accumulations, DDP also at another
+1. Calibration: the probes (PROBES: each engine at two accumulations, DDP at three and at another
    micro-batch, width, sequence, depth and bucket size, all at 2 ranks) run, and the plan is
    calibrated on all of them at once (`launcher.plan --from`, launcher.plan.calibrate: a FLOP
    rate, the optimizer's, the attention scores', each engine's fixed costs; each engine's
@@ -24,7 +24,8 @@ tier in /dev/shm.
 Every rank computes on one thread (OMP_NUM_THREADS=1, torchrun's own default); ranks that
 outnumber the cores share them, which the plan counts (launcher.plan.calibrate.cpu_share).
 On a machine shared with other work, `--repeats N` runs each probe and shape N times and
-keeps the least disturbed (the shortest median step); on a quiet machine 1 is enough.
+keeps the least disturbed (the shortest median step): 2 even on the quiet 2-core machine,
+where one 20-step run moves by 15-30% (docs/plan.md).
 Prints the tables, the ratios' median and worst, and the machine's load before and after
 (its 1-minute load average: on a shared machine the times are noisy); exits 0. docs/plan.md's
 table comes from this script.
@@ -60,6 +61,7 @@ PROBES = {
     "ddp sequence 256": (2, ["trainer.seq_len=256"]),
     "ddp depth 4": (2, ["model.n_layer=4"]),
     "ddp buckets 0.25 MB": (2, ["strategy.bucket_cap_mb=0.25"]),
+    "ddp accumulation 4": (2, ["trainer.micro_batch_size=2"]),
     **{f"{e}{tail}": (2, [f"strategy={e}", *more])
        for e in ("zero1", "zero2", "zero3", "fsdp2")
        for tail, more in (("", []), (" accumulation 4", ["trainer.micro_batch_size=2"]))},

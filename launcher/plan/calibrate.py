@@ -20,9 +20,9 @@ Each kind of collective is fitted the same way over the sizes the runs measured
 (`fit_links`): its latency per step and its bus bandwidth (launcher.plan.comm's model);
 one size alone keeps the preset's balance between the two and scales both to it.
 
-On a CPU, ranks that outnumber the cores share them: a run's collectives' times are divided
-by its ranks per core (beyond one) before fitting, and the plan's multiplied by its own
-(`cpu_share`).
+On a CPU, ranks that outnumber the cores share them: a run's compute and collectives'
+times are divided by its ranks per core (beyond one) before fitting, and the plan's
+multiplied by its own (`cpu_share`).
 """
 
 from __future__ import annotations
@@ -106,11 +106,10 @@ class ComputeFit:
 
 
 def cpu_share(per_node: int, cores: int | None) -> float:
-    """How many ranks share one core (1 when each has its own): the factor their
-    collectives' times grow by on a CPU (each step of a ring waits for both its ends to be
-    scheduled). Their computing is not scaled: it fills the cores the waiting leaves idle
-    (benchmarks/plan_check.py's 4-rank shapes on 2 cores: compute 0.8-1.2 of one rank a
-    core's, the collectives 2.1-2.4x)."""
+    """How many ranks share one core (1 when each has its own): the factor their compute
+    (each has that share of a core) and their collectives (each step of a ring waits for
+    both its ends to be scheduled) grow by on a CPU (benchmarks/plan_check.py's 4-rank
+    shapes on 2 cores, docs/plan.md)."""
     return max(1.0, per_node / cores) if cores else 1.0
 
 
@@ -127,7 +126,9 @@ def fit_compute(records: list[RunRecord], features: list[Features]) -> ComputeFi
                  "micro": x.micro_layers * (x.engine == key),
                  "optimizer": x.optimizer, "scores": x.scores}[kind] for x in features]  # fmt: skip
 
-    y = np.array([r.compute_s for r in records])
+    # a rank's compute on a core of its own: ranks sharing cores computed on their share
+    y = np.array([r.compute_s / (cpu_share(r.per_node, r.cores) if r.device is None else 1.0)
+                  for r in records])  # fmt: skip
     kept, left_out, matrix = [], [], np.zeros((len(y), 0))
     for name in names:  # in order: a coefficient joins when the runs can tell it apart
         col = np.array(column(name))

@@ -189,11 +189,14 @@ def build(
         far = _beyond(comms["collectives"], cal.links, label)
         basis["link"] = _basis(True, "; ".join(cal.links.why[k] for k in used if k) + far)
     comm_s = comms["time_s"] * share  # ranks sharing cores: each step waits for both ends
-    if share > 1:
-        link = basis["link"]
-        basis["link"] = _basis(link["measured"], f"{link['why']}; x{share:g}: {procs} ranks on "
-                               f"{target.cores} cores (a ring's steps wait for both ends to be "
-                               "scheduled)")  # fmt: skip
+    if share > 1 and compute is not None:
+        compute *= share  # each rank has 1/share of a core to compute on
+        link, why = basis["link"], basis["step.compute_s"]
+        shared = f"x{share:g}: {procs} ranks on {target.cores} cores"
+        basis["link"] = _basis(link["measured"], f"{link['why']}; {shared} (a ring's steps "
+                               "wait for both ends to be scheduled)")  # fmt: skip
+        basis["step.compute_s"] = _basis(why["measured"], f"{why['why']}; {shared} (a rank "
+                                         "computes on its share of a core)")  # fmt: skip
     wait = cal.data_wait_s * batch.accum if cal and cal.data_wait_s is not None else 0.0
     if cal and cal.data_wait_s is not None:
         basis["step.data_wait_s"] = _basis(

@@ -4,6 +4,8 @@ tell apart left out and said; a shape far from the runs marked extrapolated."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -79,6 +81,17 @@ def test_ranks_sharing_cores_slow_their_collectives():
     fit = fit_links([shared], Link("gloo", 1.5e9, 50e-6, "-"), {"r": 2.0})
     assert comm.collective_s("all_reduce", 1e6, Topology(1, 2, fit.by_op[("ddp", "all_reduce")])) \
         == pytest.approx(one_core_each)  # fmt: skip
+
+
+def test_ranks_sharing_cores_compute_on_their_share_of_a_core():
+    """A run of 2 ranks a node on 1 core took twice its compute: divided by its share
+    before fitting, it gives the coefficients a core each gives."""
+    runs = [made_up("ddp", s) for s in SHAPES]
+    (first, x), rest = runs[0], runs[1:]
+    crowded = replace(first, per_node=2, cores=1, step_s=2 * first.step_s)
+    fit = fit_compute([crowded, *(r for r, _ in rest)], [x, *(y for _, y in rest)])
+    assert fit.coef["rate:fp32"] == pytest.approx(RATE, rel=1e-6)
+    assert fit.coef["micro:ddp"] == pytest.approx(FIXED["ddp"][0], rel=1e-6)
 
 
 def test_nnls_keeps_coefficients_non_negative():

@@ -6,6 +6,7 @@ compile's activations, a resumed run's steps left, the presets against their sou
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -15,6 +16,7 @@ from launcher.config.model_shape import param_count, param_sizes, shape_flops_pe
 from launcher.config.saved_bytes import DCP_CHUNK_BYTES, DCP_KEY_BYTES, ENTRY_BYTES, RECORD_BYTES
 from launcher.plan import forecast, memory
 from launcher.plan.__main__ import main as plan_main
+from launcher.plan.calibrate import Calibration, ComputeFit, features_of
 from launcher.plan.presets import DEVICES
 from launcher.plan.shape import checked, shape_of
 from launcher.strategy.fsdp2 import PARAM_GROUP_ITEMS
@@ -280,3 +282,17 @@ def test_a_damaged_summary_is_one_line(tmp_path, capsys, step):
     err = capsys.readouterr().err.strip()
     assert "summary.json: step_time_s/p50=" in err and "\n" not in err, err
     assert "is not seconds a step (within (0, 86400])" in err
+
+
+def test_ranks_that_outnumber_the_cores_compute_and_communicate_on_their_share():
+    """4 ranks on a 2-core node: each computes on half a core and its collectives' steps
+    wait for both ends, so both take twice what the fitted model gives a rank a core."""
+    cfg = checked(compose(["cluster.procs_per_node=4", "model.vocab_size=512"]), 4)
+    shape, target = shape_of(cfg, 4), forecast.target_of(cfg)
+    fit = ComputeFit({"rate:fp32": 1e9, "step:ddp": 2e-3}, [features_of(shape, 4)], ["r"])
+    cal = Calibration([], fit, None, {}, None, None, [])
+    own = forecast.build(shape, replace(target, cores=4), cal, engines=False)["step"]
+    shared = forecast.build(shape, replace(target, cores=2), cal, engines=False)["step"]
+    assert own["compute_s"] == pytest.approx(shape.flops_per_rank_step / 1e9 + 2e-3)
+    assert shared["compute_s"] == pytest.approx(2 * own["compute_s"])
+    assert shared["comm_s"] == pytest.approx(2 * own["comm_s"]) and own["comm_s"] > 0
