@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 _IMPORTED = time.time()  # where /proc cannot say: as near the process's start as we get
+EXEC_GAP_S = 10.0  # a first thread this long after the process's start: an exec'd program
 
 
 def process_started(pid: int | str = "self") -> float | None:
@@ -28,13 +29,41 @@ def process_started(pid: int | str = "self") -> float | None:
     return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
+def program_started(pid: int | str = "self") -> float | None:
+    """When the program a process runs began: its start, unless a shell exec'd it after
+    other work. /proc keeps the start of the process, and `bash -c 'pip install ... &&
+    torchrun ...'` or a script's `exec torchrun` runs torchrun in the shell's process; but
+    threads do not survive an exec, and Python programs that import torch start threads
+    within a second or so (0.4 s measured for torchrun's first). So when the first thread
+    besides the main one began more than EXEC_GAP_S after the process, the program began
+    with it."""
+    started = process_started(pid)
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return started
+    main = str(os.getpid() if pid == "self" else pid)
+    threads = [process_started(f"{pid}/task/{tid}") for tid in tids if tid != main]
+    return later_program_start(started, [t for t in threads if t is not None])
+
+
+def later_program_start(process: float | None, threads: list[float]) -> float | None:
+    """The program's start from its process's and its other threads' starts (see
+    program_started): the first thread's when it came more than EXEC_GAP_S later."""
+    first = min(threads, default=None)
+    if process is None or (first is not None and first - process > EXEC_GAP_S):
+        return first
+    return process
+
+
 def launch_started() -> float:
     """The launch's start (epoch seconds): torchrun's agent's under torchrun (it sets
-    TORCHELASTIC_RUN_ID for its workers and is their parent), else this process's."""
-    own = process_started() or _IMPORTED
+    TORCHELASTIC_RUN_ID for its workers and is their parent), else this process's; each
+    the program's, not a shell's that exec'd it (program_started)."""
+    own = program_started() or _IMPORTED
     if "TORCHELASTIC_RUN_ID" not in os.environ or os.getppid() <= 1:
         return own
-    parent = process_started(os.getppid())
+    parent = program_started(os.getppid())
     return parent if parent is not None and parent <= own else own
 
 

@@ -29,6 +29,20 @@ def test_a_process_start_is_read_from_proc():
     assert launch_clock.process_started(2**30) is None  # no such process
 
 
+@pytest.mark.parametrize(
+    ("process", "threads", "program"),
+    [
+        (100.0, [100.4, 101.0], 100.0),  # torchrun started by a shell: its first thread soon
+        (100.0, [], 100.0),  # no other thread (yet)
+        (100.0, [100.0 + launch_clock.EXEC_GAP_S], 100.0),  # at the gap: still the process's
+        (100.0, [190.0, 185.5], 185.5),  # `bash -c 'pip install ... && torchrun ...'`
+        (None, [185.5], 185.5),  # /proc could not say the process's start
+    ],
+)
+def test_a_program_a_shell_execd_starts_with_its_first_thread(process, threads, program):
+    assert launch_clock.later_program_start(process, threads) == program
+
+
 def test_the_launch_is_torchruns_start_under_torchrun(monkeypatch):
     """Under torchrun (which sets TORCHELASTIC_RUN_ID for its workers, its children) the
     launch began with the parent; without it, with this process."""
