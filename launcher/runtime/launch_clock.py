@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 
 _IMPORTED = time.time()  # where /proc cannot say: as near the process's start as we get
-EXEC_GAP_S = 10.0  # a first thread this long after the process's start: an exec'd program
+# a first thread this long after the process's start: an exec'd program (torchrun's agent's
+# first comes 0.4-2 s after its exec on a quiet machine, with the c10d store; longer under load)
+EXEC_GAP_S = 30.0
 
 
 def process_started(pid: int | str = "self") -> float | None:
@@ -29,21 +31,21 @@ def process_started(pid: int | str = "self") -> float | None:
     return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
-def program_started(pid: int | str = "self") -> float | None:
+def program_started(pid: int) -> float | None:
     """When the program a process runs began: its start, unless a shell exec'd it after
     other work. /proc keeps the start of the process, and `bash -c 'pip install ... &&
     torchrun ...'` or a script's `exec torchrun` runs torchrun in the shell's process; but
-    threads do not survive an exec, and Python programs that import torch start threads
-    within a second or so (0.4 s measured for torchrun's first). So when the first thread
-    besides the main one began more than EXEC_GAP_S after the process, the program began
-    with it."""
+    threads do not survive an exec, and torchrun's agent starts its first within seconds.
+    So when the first thread besides the main one began more than EXEC_GAP_S after the
+    process, the program began with it. For torchrun's agent only: a rank's own process
+    may start its first thread late (none at all while it imports torch with one OpenMP
+    thread), so there the gap says nothing."""
     started = process_started(pid)
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return started
-    main = str(os.getpid() if pid == "self" else pid)
-    threads = [process_started(f"{pid}/task/{tid}") for tid in tids if tid != main]
+    threads = [process_started(f"{pid}/task/{tid}") for tid in tids if tid != str(pid)]
     return later_program_start(started, [t for t in threads if t is not None])
 
 
@@ -58,9 +60,9 @@ def later_program_start(process: float | None, threads: list[float]) -> float | 
 
 def launch_started() -> float:
     """The launch's start (epoch seconds): torchrun's agent's under torchrun (it sets
-    TORCHELASTIC_RUN_ID for its workers and is their parent), else this process's; each
-    the program's, not a shell's that exec'd it (program_started)."""
-    own = program_started() or _IMPORTED
+    TORCHELASTIC_RUN_ID for its workers and is their parent; torchrun's, not a shell's
+    that exec'd it: program_started), else this process's."""
+    own = process_started() or _IMPORTED
     if "TORCHELASTIC_RUN_ID" not in os.environ or os.getppid() <= 1:
         return own
     parent = program_started(os.getppid())
