@@ -30,8 +30,8 @@ ALLOWED_SKIPS = ("needs a CUDA GPU", "needs a CPU without fp16")  # hardware thi
 TIER_ORDER = ("cluster", "scale", "launch", "gpu", "unit")
 
 # Fixtures every tier folder may use: the shared reference runs, a one-rank gloo group, a
-# clean NCCL environment.
-pytest_plugins = ["reference_runs", "in_process", "nccl_fixtures"]
+# clean NCCL environment; and each test's CPU seconds in its report.
+pytest_plugins = ["reference_runs", "in_process", "nccl_fixtures", "cpu_accounting"]
 
 
 def pytest_configure(config):

@@ -56,7 +56,7 @@ GROUPS = ("strategy", "trainer", "model", "data", "profiler", "logger", "burnin"
 # engine's concern, nor what keeps a host off the next attempts: launched on DDP.
 EXCLUDE = ("exclude.burnin", "exclude.hang", "exclude.device_error", "exclude.straggler")
 ENGINE_FREE = ("data.source", "data.dtype", "burnin.enabled", "burnin.action", "run.access",
-               *EXCLUDE)  # fmt: skip
+               "run.report", *EXCLUDE)  # fmt: skip
 DATA_ENGINES = ENGINES[:1]  # DDP, the first built-in
 
 # On top of tests/launch.py's FAST_USER_LOADER (workers on): short, no eval, no checkpoints.
@@ -520,6 +520,14 @@ ROWS: list[Row] = [
         )
         for access in ("group", "world")
     ],
+    row(
+        "run_report_on",
+        ["run.report=true"],
+        "equal",
+        "report.png is drawn from the run's files after its last step (the base, like every "
+        "FAST launch, draws none): nothing the ranks compute",
+        engines=DATA_ENGINES,
+    ),
     row(
         "exclude_off",
         [f"{key}=false" for key in EXCLUDE],

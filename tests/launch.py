@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 
 # Small and fast on 2 CPU cores, while still exercising accumulation (2 micro-steps per
-# rank at world size 2), evaluation and checkpoints.
+# rank at world size 2), evaluation and checkpoints. No report.png: drawing it is about a
+# second of CPU at the end of every run, some 300 runs in the suite; the shared DDP run and
+# strategy sweep draw theirs (tests/reference_runs.py), read by test_person_sees.py.
 FAST = [
     "trainer.max_steps=12",
     "trainer.global_batch_size=8",
@@ -29,6 +31,7 @@ FAST = [
     "data.bpe_vocab_size=512",
     "data.num_workers=0",
     "data.persistent_workers=false",
+    "run.report=false",
 ]
 
 # FAST with the DataLoader as users run it (the defaults: 2 workers per rank, persistent,

@@ -50,7 +50,8 @@ LOGGERS = ["logger=[wandb,tensorboard]", "logger.mode=offline"]
 # reference of tests/launches/test_train.py (layout, world size 1 = 2, exact resume),
 # tests/launches/test_wandb.py and test_tensorboard.py (a resumed run shows every step once).
 DDP_RUN_STEPS = 24
-DDP_RUN = [*FAST, f"trainer.max_steps={DDP_RUN_STEPS}", "trainer.checkpoint_interval=12"]
+DDP_RUN = [*FAST, f"trainer.max_steps={DDP_RUN_STEPS}", "trainer.checkpoint_interval=12",
+           "run.report=true"]  # fmt: skip
 DDP_RUN_ID = "wb-offline"  # also the W&B run's id, so a valid one
 FAKE_KEY = "fakeWandbKey0123456789abcdefDONOTLEAK42x"  # 40 characters, like a real key
 
@@ -85,7 +86,7 @@ def strategy_sweep(shared_root):
     ranks: the reference of tests/launches/test_deepspeed.py and tests/launches/test_fsdp2.py."""
 
     def launch(path):
-        overrides = [*FAST, *STRATEGY_SCHEDULE, "+exp=strategy_sweep"]
+        overrides = [*FAST, *STRATEGY_SCHEDULE, "+exp=strategy_sweep", "run.report=true"]
         return torchrun([*overrides, f"run.root={path.parent}", f"run.id={path.name}"])
 
     return reference.reference(shared_root, "strategy_sweep", launch)

@@ -1,5 +1,6 @@
 """Damage done to run directories (garbage files, a lock held by another launch), and what
-a test reads back: the bytes of a folder, what a failed write left behind."""
+a test reads back: the bytes of a folder, what a failed write left behind, how much of a
+picture is drawn."""
 
 from __future__ import annotations
 
@@ -13,6 +14,16 @@ from pathlib import Path
 import yaml
 
 from launcher.runtime import lock
+
+
+def not_blank(path: Path) -> float:
+    """The share of a picture's pixels that are not (near) white."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as image:
+        rgb = np.asarray(image.convert("RGB")).astype(int)
+    return float((rgb.sum(axis=2) < 3 * 250).mean())
 
 
 def garbage(path: Path) -> None:

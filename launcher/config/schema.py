@@ -61,6 +61,9 @@ class RunConfig:
     # who may read the run directory besides you: private (0700), group (0750), world
     # (0755); its files are reachable only through it (docs/run-directory.md)
     access: str = one_of("private", tuple(ACCESS_MODES))
+    # report.png at the end of the run (rank 0: about a second of CPU for matplotlib);
+    # false for runs nobody looks at one by one, such as the points of a large sweep
+    report: bool = True
 
 
 @dataclass

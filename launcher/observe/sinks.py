@@ -170,8 +170,11 @@ class ConsoleSink(Sink):
         world_size: int = 2,
         brief: bool = False,
         quiet: bool = False,
+        report: bool = True,
     ):
         self.run_dir = run_dir  # for the closing block
+        self.report = report  # run.report: whether report.png is drawn
+        self.picture: Path | None = None  # the report drawn (log_images)
         self.what_next = what_next  # summary -> the closing block's commands
         self.brief = brief  # a sweep point or tuning trial: its closing block's first line
         self.quiet = quiet  # progress lines into the rank's log only, no bar
@@ -200,6 +203,9 @@ class ConsoleSink(Sink):
             parts = [p for p in line.split(" | ")[1:] if not p.startswith("eta ")]
             self.bar.set_postfix_str(" | ".join(parts), refresh=True)
 
+    def log_images(self, images: dict[str, Path]) -> None:
+        self.picture = images.get("report")
+
     def close(self, summary: dict) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -209,7 +215,9 @@ class ConsoleSink(Sink):
                 log.info("%s", closing_block(self.run_dir, summary).splitlines()[0])
                 return
             offered = self.what_next(summary) if self.what_next else []
-            log.info("%s", closing_block(self.run_dir, summary, offered))
+            picture = self.picture or ("not drawn (the warning above says why)" if self.report
+                                       else "off (run.report=false)")  # fmt: skip
+            log.info("%s", closing_block(self.run_dir, summary, offered, picture))
 
 
 def wall_text(seconds, missing: str = "?") -> str:
@@ -226,12 +234,14 @@ def _figure(value, fmt: str) -> str:
     return format(value, fmt) if isinstance(value, (int, float)) else "none"
 
 
-def closing_block(run_dir: Path, summary: dict, next_lines: Sequence[str] = ()) -> str:
+def closing_block(
+    run_dir: Path, summary: dict, next_lines: Sequence[str] = (), picture: Path | str = ""
+) -> str:
     """What a person reads at the end of a run: where it is, how long it took (summary.json's
     `wall_time_s`: from the launch to the last write, launcher.runtime.launch_clock), what it
-    reached, its picture, and `next_lines`: the commands that will work on it (the training
-    front door's launcher.train.next_steps). A failed run: one line; the error above says
-    why."""
+    reached, its picture (`picture`: the report drawn, or why there is none; report.png by
+    default), and `next_lines`: the commands that will work on it (the training front door's
+    launcher.train.next_steps). A failed run: one line; the error above says why."""
     status = str(summary.get("status", "?"))
     steps = summary.get("steps")
     head = f"run {run_dir}: {status.split(':')[0]}"
@@ -248,6 +258,6 @@ def closing_block(run_dir: Path, summary: dict, next_lines: Sequence[str] = ()) 
             else "none (no known peak FLOPs for this device: docs/metrics.md)"
         )
     )
-    lines.append(f"  report: {run_dir / 'report.png'}")
+    lines.append(f"  report: {picture or run_dir / 'report.png'}")
     lines += next_lines
     return "\n".join(lines)

@@ -285,7 +285,8 @@ class Job:
                 self.watchdog.close()  # the loop has, unless the job ended before it
             if summary:  # the plan's forecast beside what the run measured, in every sink
                 summary = {**summary, "exit_code": code, "forecast": self.forecast}
-            images = write_report(rt.run_dir, summary) if rt.is_main and summary else {}
+            drawn = rt.is_main and summary and self.cfg.run.report
+            images = write_report(rt.run_dir, summary) if drawn else {}
             if summary:  # to the last write: the closing block, W&B, TensorBoard, summary.json
                 summary["wall_time_s"] = wall_seconds(rt.launch.job_started)
             for sink in self.sinks:

@@ -210,6 +210,7 @@ def rank0_sinks(
             world_size=rt.world_size,
             brief=point is not None,
             quiet=rt.launch.quiet_progress,
+            report=cfg.run.report,
         ),
     ]
     if wandb_enabled(cfg.logger):

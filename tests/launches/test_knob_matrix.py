@@ -27,6 +27,7 @@ from launch import (
     torchrun_cmd,
 )
 from paths import REPO
+from run_dir_tools import not_blank
 from text_corpus import article_folder
 from wandb_readback import private_wandb_env
 
@@ -73,6 +74,9 @@ def test_every_knob_runs_with_its_proof(engine, tmp_path):
     ref = losses(sweep / "knob=reference")
     assert sorted(ref) == [1, 2, 3, 4] and all(math.isfinite(v) for v in ref.values())
     assert not (sweep / "knob=reference" / "traces").exists()  # the profiler is off by default
+    assert not (sweep / "knob=reference" / "report.png").exists()  # run.report=false (FAST)
+    if any(r.name == "run_report_on" for r in rows):
+        assert not_blank(sweep / "knob=run_report_on" / "report.png") > 0.05
     wrong = []
     for r in rows:
         run = sweep / f"knob={r.name}"

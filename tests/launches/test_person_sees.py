@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pytest
 from PIL import Image
 
@@ -19,6 +18,7 @@ from launcher import generate, runs
 from launcher.observe.sinks import wall_text
 
 from launch import FAST_USER_LOADER, metrics, summary, torchrun
+from run_dir_tools import not_blank
 from tb_readback import read_runs
 from wandb_readback import inspect_summary
 
@@ -77,12 +77,6 @@ def test_a_rank_that_exits_mid_run_is_the_one_cause(tmp_path):
     assert f"run {run_dir}: failed, 3 steps in " in ours[-1]
     # the secondary error is in rank 0's own log, for whoever wants it
     assert "by peer" in (run_dir / "logs" / "rank0.log").read_text()  # reset or closed
-
-
-def not_blank(path) -> float:
-    with Image.open(path) as image:
-        rgb = np.asarray(image.convert("RGB")).astype(int)
-    return float((rgb.sum(axis=2) < 3 * 250).mean())
 
 
 def test_a_finished_run_has_a_report_and_lists_and_compares(ddp_run, single_process, tmp_path,

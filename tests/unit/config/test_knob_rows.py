@@ -22,8 +22,9 @@ from launcher.config.schema import TrainConfig
 from launcher.preflight import preflight
 from launcher.strategy.deepspeed import cpu_has_fp16
 
-from knob_rows import ENGINE_FREE, GROUPS, ROWS
+from knob_rows import BASE, ENGINE_FREE, GROUPS, ROWS
 from knob_rows import ENGINES as MATRIX_ENGINES
+from launch import FAST_USER_LOADER
 
 BOGUS = "zz-not-a-choice"
 # Where a choice is judged only in a context: data.dtype with the sources that read it.
@@ -88,7 +89,10 @@ def parsed(override: str) -> tuple[str, object]:
 
 
 def covered(engine: str) -> set[tuple[str, object]]:
-    return {parsed(o) for r in ROWS if engine in r.engines for o in r.overrides}
+    """The knob values the engine's matrix launches: its rows', and the base's (its
+    reference point runs them: run.report=false)."""
+    base = {parsed(o) for o in [*FAST_USER_LOADER, *BASE]}
+    return base | {parsed(o) for r in ROWS if engine in r.engines for o in r.overrides}
 
 
 def engine_free() -> set[tuple[str, object]]:

@@ -3,13 +3,16 @@ and not blank, the block says what the files hold (`launcher.runs`: tests/unit/t
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from launcher.observe.report import draw
-from launcher.observe.sinks import closing_block
+from launcher.observe.sinks import ConsoleSink, closing_block
 
 from run_dir_tools import finished_run_dir
 
@@ -50,3 +53,28 @@ def test_closing_block_names_the_run_its_wall_time_and_what_comes_next(tmp_path)
     assert rest == offered
     failed = closing_block(tmp_path / "a", {**summary, "status": "failed: rank 1 at step 3: x"})
     assert len(failed.splitlines()) == 1 and "rank 1 at step 3" not in failed  # said once
+
+
+def closing_report_line(tmp_path, drawn: dict, report: bool, caplog) -> str:
+    """The closing block's report line of a finished run's console sink."""
+    run = finished_run_dir(tmp_path / "a", loss0=6.0, lr=1e-3)
+    summary = json.loads((run / "summary.json").read_text())
+    sink = ConsoleSink(20, 0, stream=io.StringIO(), run_dir=run, report=report)
+    with caplog.at_level(logging.INFO, logger="launcher"):
+        sink.log_images(drawn)
+        sink.close(summary)
+    return [line for line in caplog.text.splitlines() if "  report: " in line][0].strip()
+
+
+@pytest.mark.parametrize(
+    ("drawn", "report", "said"),
+    [
+        ({"report": "R/report.png"}, True, "report: R/report.png"),
+        ({}, True, "report: not drawn (the warning above says why)"),  # drawing failed
+        ({}, False, "report: off (run.report=false)"),
+    ],
+)
+def test_the_closing_block_says_where_the_report_is_or_why_there_is_none(
+    tmp_path, caplog, drawn, report, said
+):
+    assert closing_report_line(tmp_path, drawn, report, caplog) == said
