@@ -14,7 +14,10 @@ from tensorboard.util import tensor_util
 def read_runs(logdir) -> dict[str, dict[str, dict[str, list]]]:
     """Every TensorBoard run under `logdir` (named by its folder relative to `logdir`, `.`
     for `logdir` itself): {run: {plugin: {tag: [(step, value), ...]}}}, scalars as float32
-    numbers, text as str, images as (width, height, PNG bytes)."""
+    numbers, text as str, images as (width, height, PNG bytes). A tag left with no event is
+    not listed: a resumed attempt's purge removes the earlier attempt's later events of every
+    tag, and a tag only those events had (a straggler named after the resumed step) stays
+    known to the reader with nothing to show."""
     mux = plugin_event_multiplexer.EventMultiplexer(size_guidance={"tensors": 0})
     mux.AddRunsFromDirectory(str(logdir))
     mux.Reload()
@@ -23,7 +26,8 @@ def read_runs(logdir) -> dict[str, dict[str, dict[str, list]]]:
         for tag in tags["tensors"]:
             plugin = mux.SummaryMetadata(run, tag).plugin_data.plugin_name
             values = [(e.step, _value(plugin, e.tensor_proto)) for e in mux.Tensors(run, tag)]
-            runs.setdefault(run, {}).setdefault(plugin, {})[tag] = values
+            if values:
+                runs.setdefault(run, {}).setdefault(plugin, {})[tag] = values
     return runs
 
 
