@@ -4,7 +4,7 @@
     python tests/durations.py run.xml [--top 20]
 
 Two figures each: wall seconds (setup included: a module's launch is paid by its first
-test) and CPU seconds (the `cpu_s` property tests/conftest.py records: the test's pytest
+test) and CPU seconds (the `cpu_s` property tests/cpu_accounting.py records: the test's pytest
 process and every process it started). On 2 cores the parallel part is CPU-bound, so its
 wall time is about the CPU total over two: the CPU column says what a test costs the suite,
 the wall column how long it keeps a worker (a test that waits on a timeout costs wall, not

@@ -16,14 +16,18 @@ import yaml
 from launcher.runtime import lock
 
 
-def not_blank(path: Path) -> float:
-    """The share of a picture's pixels that are not (near) white."""
+def pixels(path: Path):
+    """A picture's RGB values, rows x columns x 3, as ints."""
     import numpy as np
     from PIL import Image
 
     with Image.open(path) as image:
-        rgb = np.asarray(image.convert("RGB")).astype(int)
-    return float((rgb.sum(axis=2) < 3 * 250).mean())
+        return np.asarray(image.convert("RGB")).astype(int)
+
+
+def not_blank(path: Path) -> float:
+    """The share of a picture's pixels that are not (near) white."""
+    return float((pixels(path).sum(axis=2) < 3 * 250).mean())
 
 
 def garbage(path: Path) -> None:
