@@ -26,10 +26,11 @@ from pathlib import Path
 import torch
 
 from launcher.config import compose, normalize, typed
-from launcher.data import prepare_data
+from launcher.data.prepare import prepare_data
 from launcher.model.build import build_model, model_loss
 from launcher.runtime.launch_state import LaunchState
-from launcher.runtime.process import RuntimeConfig, env_world, start, teardown
+from launcher.runtime.placement import env_world
+from launcher.runtime.process import RuntimeConfig, start, teardown
 from launcher.strategy.ddp.engine import DDPStrategy
 
 BUDGET = 0.02

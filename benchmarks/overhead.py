@@ -51,8 +51,8 @@ import torch
 
 from launcher.config import compose
 from launcher.config.batch import BatchPlan
-from launcher.data import prepare_data
 from launcher.data.loader import StepBatchSampler
+from launcher.data.prepare import prepare_data
 from launcher.model.build import build_model, loss_function
 from launcher.observe.recorder import Recorder
 from launcher.runtime.launch_state import LaunchState

@@ -27,7 +27,8 @@ import torch.distributed as dist
 from launcher.flags import FlagParser, whole
 from launcher.paths import can_create_in
 from launcher.runtime.allreduce import bus_bandwidth, time_allreduce
-from launcher.runtime.process import env_world, init_process_group, pick_backend, pick_device
+from launcher.runtime.placement import env_world
+from launcher.runtime.process import init_process_group, pick_backend, pick_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}

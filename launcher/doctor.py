@@ -21,7 +21,7 @@ from launcher.plan.memory import shm_need
 from launcher.preflight import check_config, machine_problems
 from launcher.resilience import exit_codes
 from launcher.runtime import envinfo
-from launcher.runtime.process import env_world, ranks_per_node
+from launcher.runtime.placement import env_world, ranks_per_node
 
 USAGE = """usage: python -m launcher.doctor [--json] [overrides...]
 

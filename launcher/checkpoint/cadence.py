@@ -19,8 +19,11 @@ import logging
 import math
 import statistics
 import time
+from typing import TYPE_CHECKING
 
-from launcher.runtime.process import Runtime
+if TYPE_CHECKING:
+    from launcher.runtime.process import Runtime
+
 
 log = logging.getLogger("launcher")
 

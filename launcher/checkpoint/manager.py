@@ -22,7 +22,8 @@ from launcher.config import ConfigError, TrainConfig
 from launcher.config.batch import BatchPlan
 from launcher.config.schema import TrainerConfig
 from launcher.resilience.decide import decide_on_main
-from launcher.runtime.process import Runtime, ranks_per_node
+from launcher.runtime.placement import ranks_per_node
+from launcher.runtime.process import Runtime
 
 log = logging.getLogger("launcher")
 

@@ -1,21 +1,8 @@
 """The data pipeline: text or token files in, fixed-length (x, y) windows out, in step order.
 
-`prepare_data` builds (once per node) and opens the token cache; `build_train_loader` and
-`build_eval_batches` turn its windows into per-rank batches; `launcher.data.shm` sizes the
-shared memory the loader's workers need.
+`launcher.data.prepare` builds (once per node) and opens the token cache;
+`launcher.data.loader` turns its windows into per-rank batches; `launcher.data.shm` sizes the
+shared memory the loader's workers need. The package imports none of them: only the loader
+needs torch, and the front doors that size /dev/shm or a run (plan, submit, tune) start
+without it.
 """
-
-from launcher.data.loader import build_eval_batches, build_train_loader
-from launcher.data.prepare import TokenData, prepare_data
-from launcher.data.shm import check_shm, shm_need_bytes
-from launcher.data.windows import TokenWindows
-
-__all__ = [
-    "TokenData",
-    "TokenWindows",
-    "build_eval_batches",
-    "build_train_loader",
-    "check_shm",
-    "prepare_data",
-    "shm_need_bytes",
-]

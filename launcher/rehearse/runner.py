@@ -32,8 +32,7 @@ from launcher.rehearse.cases import CASES, NAMES, Case
 from launcher.rehearse.launches import CaseFailed, kill_leftovers
 from launcher.rehearse.rehearsal import Rehearsal
 from launcher.rehearse.shrink import KEPT, shrunk
-from launcher.runtime import process as runtime
-from launcher.runtime import run_dir_check
+from launcher.runtime import placement, run_dir_check
 from launcher.runtime.lock import LockHeld, tool_lock
 
 log = logging.getLogger("launcher.rehearse")
@@ -45,7 +44,7 @@ def default_nproc(cfg: DictConfig) -> int:
     """rehearse.nproc, else the enclosing torchrun's world, else the GPUs here, else 2."""
     if cfg.rehearse.nproc is not None:
         return int(cfg.rehearse.nproc)
-    world = runtime.env_world()[2]
+    world = placement.env_world()[2]
     if world > 1:
         return world
     import torch
@@ -87,7 +86,7 @@ def plan(overrides: list[str]) -> tuple[DictConfig, list[str], int, list[str]]:
     own = key_problems(cfg.copy(), 1)  # ranges and choices: no world size in them
     if own:  # each key as given first: the shrunk experiment is computed from them
         raise ConfigError(own[0])
-    if runtime.ranks_per_node() != runtime.env_world()[2]:
+    if placement.ranks_per_node() != placement.env_world()[2]:
         raise ConfigError("launcher.rehearse runs on one node; start it with one torchrun")
     nproc = default_nproc(cfg)
     notes: list[str] = []
@@ -120,7 +119,7 @@ def rehearse(overrides: list[str]) -> int:
     """Check, run the cases, report; the exit code (0 only when every row passed)."""
     cfg, mine, nproc, notes = plan(overrides)
     cases = selected(cfg)
-    if runtime.env_world()[0] != 0:
+    if placement.env_world()[0] != 0:
         return 0  # under torchrun, rank 0 rehearses; each case is a launch of its own
     run_dir = run_dir_of(cfg)
     problem = run_dir_check.problem(run_dir, nproc)

@@ -30,7 +30,8 @@ from launcher.paths import atomic_write, keep_aside
 from launcher.resilience import bad_hosts
 from launcher.resilience.faults import FaultInjector
 from launcher.runtime.allreduce import bus_bandwidth, time_allreduce
-from launcher.runtime.process import Runtime, node_name
+from launcher.runtime.placement import node_name
+from launcher.runtime.process import Runtime
 
 log = logging.getLogger("launcher")
 

@@ -19,10 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from signal import SIGSTOP
-from typing import Any
-
-import torch
-from torch.utils.data import Dataset
+from typing import TYPE_CHECKING, Any
 
 from launcher.config.fault_kinds import (
     AFTER_STEP,
@@ -40,6 +37,11 @@ from launcher.config.fault_kinds import (
 )
 from launcher.config.schema import PHASES
 from launcher.resilience import exit_codes, first_failure
+
+if TYPE_CHECKING:
+    import torch
+
+    from launcher.data.windows import TokenWindows
 
 log = logging.getLogger("launcher")
 
@@ -76,7 +78,7 @@ class FaultInjector:
         """The seconds each of this rank's burn-in matmuls takes more (0: none)."""
         return self._fire(BURN_IN, 0.0)
 
-    def wrap_windows(self, windows: Dataset, sampler) -> Dataset:
+    def wrap_windows(self, windows: TokenWindows, sampler) -> TokenWindows:
         """The training windows the loader reads (`sampler`: its StepBatchSampler)."""
         return self._fire(DATA, windows, sampler=sampler)
 
@@ -144,12 +146,16 @@ def _oom_at_step(fault: FaultInjector, _, step: int) -> None:
 
 
 def _raise_oom(fault: FaultInjector, step: int) -> None:
+    import torch  # here: the kinds are declared where no torch is (plan, submit)
+
     raise torch.OutOfMemoryError(f"injected by fault.kind=oom at step {step}")
 
 
 def _capacity(fault: FaultInjector, _, step: int, micro_batch: int) -> None:
     capacity = fault.cfg.micro_batch
     if capacity is not None and step >= fault.cfg.step and micro_batch > capacity:
+        import torch  # here: the kinds are declared where no torch is (plan, submit)
+
         raise torch.OutOfMemoryError(
             f"injected by fault.kind=oom: a micro-batch of {micro_batch} is above "
             f"fault.micro_batch={capacity}"
@@ -178,7 +184,7 @@ register(FaultKind("device_error", {BEFORE_STEP: at_step(_device_error)}))
 
 
 # loader_error: its DataLoader worker raises reading step `step`'s first micro-batch
-def _failing_windows(fault: FaultInjector, windows: Dataset, sampler) -> Dataset:
+def _failing_windows(fault: FaultInjector, windows: TokenWindows, sampler) -> TokenWindows:
     poisoned = sampler.rank_batch(fault.cfg.step - 1)[: sampler.micro_batch]
     return _FailingWindows(windows, poisoned, fault.marker)
 
@@ -197,7 +203,7 @@ register(FaultKind("slow", {BEFORE_STEP: _slow}))
 
 # slow_data: every rank's data source takes `seconds` for each micro-batch it reads (storage
 # with a high latency, such as a busy network file system)
-def _slow_windows(fault: FaultInjector, windows: Dataset, sampler) -> Dataset:
+def _slow_windows(fault: FaultInjector, windows: TokenWindows, sampler) -> TokenWindows:
     return _SlowWindows(windows, fault.cfg.seconds)
 
 
@@ -284,11 +290,11 @@ class InjectedFault(RuntimeError):
     """Raised by `fault.kind=loader_error` inside a DataLoader worker."""
 
 
-class _FailingWindows(Dataset):
+class _FailingWindows:
     """Windows whose fetch of one exact micro-batch (step S's first on this rank) raises
     in the DataLoader worker, as a corrupt shard or a lost file system would."""
 
-    def __init__(self, windows: Dataset, poisoned: list[int], marker: Path):
+    def __init__(self, windows: TokenWindows, poisoned: list[int], marker: Path):
         self.windows = windows
         self.poisoned = poisoned
         self.marker = marker
@@ -306,11 +312,11 @@ class _FailingWindows(Dataset):
         return [self.windows[i] for i in indices]
 
 
-class _SlowWindows(Dataset):
+class _SlowWindows:
     """Windows read from high-latency storage: each micro-batch read waits `seconds` (in
     the DataLoader worker when there are workers, which is what hides it)."""
 
-    def __init__(self, windows: Dataset, seconds: float):
+    def __init__(self, windows: TokenWindows, seconds: float):
         self.windows = windows
         self.seconds = seconds
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from launcher.paths import atomic_write
 from launcher.resilience import exit_codes
-from launcher.runtime.process import node_name, ranks_text
+from launcher.runtime.placement import node_name, ranks_text
 from launcher.runtime.process_tree import children, kill_tree
 
 log = logging.getLogger("launcher.torchrun")

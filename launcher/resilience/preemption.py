@@ -10,12 +10,9 @@ prepared or the model is built is kept and acted on at the first step boundary i
 killing the process without a checkpoint. SIGQUIT (Ctrl-\\) is left alone: it ends the
 process at once, without a checkpoint.
 
-Ranks receive the signal at slightly different moments, possibly in different steps, so
-they vote: at each step boundary every rank starts a non-blocking all-gather of its flag on
-the CPU control group, and reads the previous boundary's result (stop if any rank asked).
-The vote costs one tiny collective per step whose latency hides behind a whole step of
-compute, and all ranks see the same answer at the same step. It is an all-gather, not an
-all-reduce, so that in a profiler trace every all-reduce is gradient communication.
+Ranks agree on the step to stop at through `launcher.resilience.stop_vote`. This module
+imports no torch: the run's files (metrics, event files, W&B) ask for a stop on a full disk
+from here, and front doors that only read or render them start in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -24,9 +21,6 @@ import logging
 import os
 import signal
 import threading
-
-import torch
-import torch.distributed as dist
 
 from launcher.resilience import exit_codes, first_failure, watchdog
 from launcher.runtime.process_tree import STOP_SIGNALS
@@ -103,32 +97,3 @@ def end_quietly() -> None:
 
 def stop_requested() -> bool:
     return _Request.signal_name is not None
-
-
-class StopVote:
-    def __init__(self, group=None):
-        self.group = group
-        self._pending: tuple[object, list[torch.Tensor]] | None = None
-
-    def poll(self) -> bool:
-        """Call once per step boundary on every rank; True when all agree to stop now."""
-        if not (dist.is_available() and dist.is_initialized()):
-            return stop_requested()
-        decided = self._collect()
-        flag = torch.tensor([1 if stop_requested() else 0], dtype=torch.int32)
-        flags = [torch.empty_like(flag) for _ in range(dist.get_world_size(self.group))]
-        work = dist.all_gather(flags, flag, group=self.group, async_op=True)
-        self._pending = (work, flags)
-        return decided
-
-    def _collect(self) -> bool:
-        if self._pending is None:
-            return False
-        work, flags = self._pending
-        self._pending = None
-        work.wait()
-        return any(bool(f.item()) for f in flags)
-
-    def drain(self) -> None:
-        """Finish the vote in flight so no collective is pending at teardown."""
-        self._collect()

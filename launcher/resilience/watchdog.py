@@ -47,7 +47,7 @@ from omegaconf import DictConfig
 from launcher.resilience import bad_hosts, exit_codes
 from launcher.resilience.hang_verdict import analyze_hang
 from launcher.runtime.nccl_capture import FR_BUFFER_ENV, FR_LEGACY_ENV
-from launcher.runtime.process import node_name
+from launcher.runtime.placement import node_name
 from launcher.runtime.process_tree import stopped_workers
 
 log = logging.getLogger("launcher")

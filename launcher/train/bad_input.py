@@ -12,7 +12,7 @@ from launcher.config import ConfigError
 from launcher.preflight import preflight
 from launcher.resilience import exit_codes
 from launcher.resilience.preemption import end_quietly, stop_requested
-from launcher.runtime.process import env_world, ranks_per_node
+from launcher.runtime.placement import env_world, ranks_per_node
 
 BAD_INPUT_LINGER_S = 20.0
 STOP_POLL_S = 0.05  # how often a lingering rank looks for torchrun's SIGTERM

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import Dataset
 
 from launcher.config.batch import BatchPlan
-from launcher.data import build_eval_batches
+from launcher.data.loader import build_eval_batches
 from launcher.model.build import LossFunction
 from launcher.runtime.process import Runtime
 from launcher.strategy.base import Strategy

@@ -27,6 +27,7 @@ from launcher.data.loader import reap_workers
 from launcher.observe import tensorboard_sink, wandb_sink
 from launcher.resilience import exit_codes
 from launcher.resilience.preemption import install_stop_handlers
+from launcher.runtime import placement
 from launcher.runtime import process as runtime
 from launcher.runtime.args_file import with_args_file
 from launcher.runtime.launch_state import LaunchState
@@ -153,7 +154,7 @@ def run_point(launch: LaunchState, cfg: DictConfig, point: str | None) -> bool:
 
 
 def write_sweep_summary(launch: LaunchState) -> None:
-    if runtime.env_world()[0] != 0 or not launch.points:
+    if placement.env_world()[0] != 0 or not launch.points:
         return
     dirs = launch.points
     sweep_id = launch.sweep_id

@@ -23,8 +23,9 @@ from launcher.config import ConfigError, TrainConfig, typed
 from launcher.config.batch import BatchPlan
 from launcher.config.model_shape import millions
 from launcher.config.registry import build_strategy, engine
-from launcher.data import TokenData, build_train_loader, prepare_data
 from launcher.data.cache import cache_root
+from launcher.data.loader import build_train_loader
+from launcher.data.prepare import TokenData, prepare_data
 from launcher.data.tokenizer import TOKENIZER_DIR
 from launcher.model.build import (
     build_model,
@@ -45,15 +46,8 @@ from launcher.runtime import disk
 from launcher.runtime.launch_clock import wall_seconds
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.lock import RunLock
-from launcher.runtime.process import (
-    Runtime,
-    RuntimeConfig,
-    end_job,
-    freeze_what_lasts,
-    node_name,
-    ranks_per_node,
-    start,
-)
+from launcher.runtime.placement import node_name, ranks_per_node
+from launcher.runtime.process import Runtime, RuntimeConfig, end_job, freeze_what_lasts, start
 from launcher.train.loop import LoopConfig, Stopped, TrainLoop
 from launcher.train.micro_batch import OutOfMemory
 from launcher.train.nonfinite import NonFiniteLoss

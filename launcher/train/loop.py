@@ -37,10 +37,11 @@ from launcher.observe.profiling import build_profiler, step_region
 from launcher.observe.recorder import Recorder
 from launcher.observe.sinks import write_summary
 from launcher.resilience.faults import FaultInjector
-from launcher.resilience.preemption import StopVote
+from launcher.resilience.stop_vote import StopVote
 from launcher.resilience.stragglers import StragglerWatch
 from launcher.resilience.watchdog import HangWatchdog
-from launcher.runtime.process import Runtime, node_name
+from launcher.runtime.placement import node_name
+from launcher.runtime.process import Runtime
 from launcher.strategy.base import Strategy
 from launcher.train import micro_batch
 from launcher.train.evaluate import Evaluator

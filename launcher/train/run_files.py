@@ -32,7 +32,8 @@ from launcher.resilience.decide import decide_on_main
 from launcher.runtime import disk, envinfo
 from launcher.runtime.latest import point_latest
 from launcher.runtime.lock import LockHeld, RunLock
-from launcher.runtime.process import Runtime, launch_key, open_run_dir, ranks_per_node
+from launcher.runtime.placement import launch_key, ranks_per_node
+from launcher.runtime.process import Runtime, open_run_dir
 from launcher.train.next_steps import next_commands
 
 log = logging.getLogger("launcher")

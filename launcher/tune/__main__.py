@@ -23,8 +23,8 @@ from launcher.config.sweep import flatten
 from launcher.paths import make_run_dir
 from launcher.preflight import preflight
 from launcher.resilience import exit_codes
+from launcher.runtime import placement, run_dir_check
 from launcher.runtime import process as runtime
-from launcher.runtime import run_dir_check
 from launcher.runtime.lock import LockHeld, tool_lock
 from launcher.train import front_door as train
 from launcher.train.bad_input import fail_bad_input
@@ -56,7 +56,7 @@ def check(overrides: list[str]) -> DictConfig:
             "(the tuner chooses the values to try)"
         )
     cfg = points[0]
-    preflight(cfg, runtime.env_world()[2], runtime.ranks_per_node())
+    preflight(cfg, placement.env_world()[2], placement.ranks_per_node())
     t = cfg.tune
     for key in ("trial_steps", "confirm_steps"):
         if t[key] < t.warmup_steps + PROFILED_STEPS:
@@ -102,7 +102,7 @@ def tune() -> int:
             tuner.run()
         finally:
             run_dir = tuner.trials.run_dir
-            if run_dir is not None and runtime.env_world()[0] == 0:
+            if run_dir is not None and placement.env_world()[0] == 0:
                 for path in write_all(tuner, run_dir, overrides, cfg.logger):
                     log.info("wrote %s", path)
                 print(markdown(report_dict(tuner, run_dir, overrides)))
@@ -115,11 +115,11 @@ def own_run_dir(cfg: DictConfig):
     """Rank 0 holds `<run dir>/.tune.lock` while the tuning runs (with a run.id: a new
     one's directory is its own): a second tuning of the same run.id stops in one line
     rather than run its trials into the first one's and overwrite its report."""
-    if cfg.run.id is None or runtime.env_world()[0] != 0:
+    if cfg.run.id is None or placement.env_world()[0] != 0:
         yield
         return
     run_dir = Path(cfg.run.root).expanduser() / str(cfg.run.id)
-    problem = run_dir_check.problem(run_dir, runtime.env_world()[2])
+    problem = run_dir_check.problem(run_dir, placement.env_world()[2])
     if problem:
         fail_bad_input(ConfigError(problem))
     make_run_dir(run_dir, Path(cfg.run.root).expanduser(), cfg.run.access)

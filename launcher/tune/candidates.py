@@ -26,7 +26,7 @@ from launcher.plan.forecast import backward_s
 from launcher.plan.measured import RunRecord
 from launcher.plan.presets import topology_for
 from launcher.plan.shape import shape_of
-from launcher.runtime.process import ranks_per_node
+from launcher.runtime.placement import ranks_per_node
 
 
 @dataclass

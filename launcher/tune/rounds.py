@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from launcher.analyze.report import analyze, write
 from launcher.analyze.trace import TraceError
 from launcher.plan.measured import RunRecord, read_run
+from launcher.runtime import placement
 from launcher.runtime import process as runtime
 from launcher.tune.candidates import Candidate, propose
 from launcher.tune.decision import Measured, Trial, Verdict, best, judge
@@ -90,7 +91,7 @@ class Tuner:
         record["evidence"] = advice
         if problem:
             record["evidence_error"] = problem
-        cands = propose(advice, self.trials.last_cfg, runtime.env_world()[2], gpu, figures)
+        cands = propose(advice, self.trials.last_cfg, placement.env_world()[2], gpu, figures)
         record["candidates"] = [
             {
                 "name": c.name,

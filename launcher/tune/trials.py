@@ -25,6 +25,7 @@ from launcher.config import ConfigError, compose
 from launcher.preflight import preflight
 from launcher.resilience import exit_codes
 from launcher.resilience.preemption import stop_requested
+from launcher.runtime import placement
 from launcher.runtime import process as runtime
 from launcher.runtime.launch_state import LaunchState
 from launcher.train import job
@@ -113,7 +114,7 @@ class Trials:
 
     def announce(self, label: str) -> None:
         """One line per trial on rank 0: `tune: <what>, trial k of N (label); elapsed, left`."""
-        if self.planned is None or runtime.env_world()[0] != 0:
+        if self.planned is None or placement.env_world()[0] != 0:
             return
         what, total, done, since = self.planned
         self.planned = (what, total, done + 1, since)
@@ -133,7 +134,7 @@ class Trials:
         extra = [*as_overrides(changes), f"trainer.max_steps={steps}", *TRIAL_SETTINGS]
         extra += profile_settings(warmup) if profile else NO_PROFILE
         cfg = compose(merged(self.user, extra))
-        preflight(cfg, runtime.env_world()[2], runtime.ranks_per_node())  # normalizes too
+        preflight(cfg, placement.env_world()[2], placement.ranks_per_node())  # normalizes too
         return cfg
 
     def run(

@@ -104,7 +104,7 @@ def test_a_fifth_backend_refuses_a_bad_key_and_a_secret_in_one_line(tmp_path):
 
 
 def test_a_running_job_finds_its_id_through_the_fifth_backend(tmp_path):
-    code = "from launcher.runtime.process import launch_key; print(launch_key())"
+    code = "from launcher.runtime.placement import launch_key; print(launch_key())"
     found = run(tmp_path, "-c", code, env={"VARIANT_JOB_ID": "42"})
     assert found.returncode == 0, found.stderr
     assert found.stdout.split() == ["variant42"]

@@ -12,6 +12,7 @@ the plan, preflight, doctor and renderers size it with `size`'s functions, named
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from launcher.checkpoint.memory.size import (
     AUTO,
@@ -26,11 +27,14 @@ from launcher.checkpoint.memory.size import (
     shm_bytes,
     state_bytes,
 )
-from launcher.checkpoint.memory.tier import MemoryTier, node_folder, rank_folder
 from launcher.checkpoint.resume import identity
 from launcher.config import ConfigError
 from launcher.runtime.disk import shm_available_bytes
-from launcher.runtime.process import Runtime, ranks_per_node
+from launcher.runtime.placement import ranks_per_node
+
+if TYPE_CHECKING:
+    from launcher.checkpoint.memory.tier import MemoryTier
+    from launcher.runtime.process import Runtime
 
 __all__ = [
     "AUTO",
@@ -50,11 +54,25 @@ __all__ = [
 
 log = logging.getLogger("launcher")
 
+_IN_TIER = ("MemoryTier", "node_folder", "rank_folder")
+
+
+def __getattr__(name: str):
+    """The tier's writer and its folders load on first use: they need torch, and the plan,
+    preflight and the renderers import this package for its sizes alone."""
+    if name in _IN_TIER:
+        from launcher.checkpoint.memory import tier
+
+        return getattr(tier, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def open_tier(cfg, rt: Runtime, model) -> MemoryTier | None:
     """This rank's memory tier when it is on and its node's /dev/shm holds it, every rank
     agreeing: a tier asked for that does not fit on some node is refused (ConfigError, the
     one line), one left to its default is turned off with one warning."""
+    from launcher.checkpoint.memory.tier import MemoryTier, node_folder
+
     every = interval(cfg)
     if not every:
         return None

@@ -35,7 +35,8 @@ from launcher.checkpoint.memory import node_share, peers, recovery
 from launcher.checkpoint.memory.recovery import Held, Recovery
 from launcher.checkpoint.memory.size import KEEP
 from launcher.checkpoint.resume import differences
-from launcher.runtime.process import Runtime, launch_key, ranks_text
+from launcher.runtime.placement import launch_key, ranks_text
+from launcher.runtime.process import Runtime
 
 log = logging.getLogger("launcher")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.checkpoint.memory.recovery import Held, Move, plan, rounds
-from launcher.runtime.process import ranks_text
+from launcher.runtime.placement import ranks_text
 
 NODES, PER = 4, 4
 NODE_OF = [r // PER for r in range(NODES * PER)]

@@ -23,23 +23,21 @@ from omegaconf import OmegaConf
 
 from launcher.config import DataConfig
 from launcher.config.batch import BatchPlan
-from launcher.data import (
-    TokenWindows,
-    build_eval_batches,
-    build_train_loader,
-    check_shm,
-    prepare_data,
-    shm_need_bytes,
-)
 from launcher.data.bpe import train_bpe
 from launcher.data.cache import publish_dir
 from launcher.data.holdout import assign_splits
-from launcher.data.loader import ignore_stop_signals, stop_signals_held
+from launcher.data.loader import (
+    build_eval_batches,
+    build_train_loader,
+    ignore_stop_signals,
+    stop_signals_held,
+)
+from launcher.data.prepare import prepare_data
 from launcher.data.shards import ShardWriter, token_dtype
-from launcher.data.shm import human_bytes
+from launcher.data.shm import check_shm, human_bytes, shm_need_bytes
 from launcher.data.tokenizer import cached_gpt2_tiktoken, resolve_tokenizer
 from launcher.data.wikitext import articles
-from launcher.data.windows import Segment, SyntheticWindows, split_tail
+from launcher.data.windows import Segment, SyntheticWindows, TokenWindows, split_tail
 from launcher.runtime.disk import shm_available_bytes
 
 from text_corpus import article_folder, prose

@@ -11,7 +11,8 @@ import pytest
 import torch.distributed as dist
 
 from launcher.resilience import preemption
-from launcher.resilience.preemption import StopVote, install_stop_handlers, stop_requested
+from launcher.resilience.preemption import install_stop_handlers, stop_requested
+from launcher.resilience.stop_vote import StopVote
 
 
 @pytest.fixture

@@ -499,7 +499,7 @@ def test_memmap_ids_outside_the_vocabulary_are_one_line_naming_the_file(
     from omegaconf import OmegaConf
 
     from launcher.config.schema import DataConfig
-    from launcher.data import prepare_data
+    from launcher.data.prepare import prepare_data
 
     tokens = (np.arange(20_000) % 997).astype(dtype)
     (tmp_path / "train.bin").write_bytes(tokens.tobytes())
