@@ -267,9 +267,16 @@ def freeze_what_lasts() -> None:
     first walks everything only in a process's first job; in a sweep's later points it
     walks what the previous job left, and frees its reference cycles (its loop and model)
     rather than freezing them for the rest of the sweep. The job's own objects are never
-    frozen: `end_job` collects them."""
+    frozen: `end_job` collects them.
+
+    torch._dynamo is loaded first: every optimizer's first call loads it (some 130,000
+    objects), so it belongs with what lasts. The collector, off since the process began
+    (launcher/train/__main__.py), is on from here."""
+    import torch._dynamo  # noqa: F401  (what torch.optim loads at the optimizer's first call)
+
     gc.collect()
     gc.freeze()
+    gc.enable()
 
 
 def end_job(rt: Runtime) -> None:
