@@ -40,3 +40,20 @@ def test_a_bad_torchrun_argument_is_one_line(capsys, monkeypatch, argv, words):
     assert out == "" and err.count("\n") == 1, err
     assert err.startswith("error: launcher.torchrun: ") and words in err, err
     assert SIGNALS_ENV not in os.environ  # refused before anything was set up
+
+
+@pytest.mark.parametrize("collecting", [True, False])
+def test_importing_the_front_door_leaves_the_collector_as_it_was(collecting):
+    """Its imports run with the cyclic collector off; afterwards it is on again only if it
+    was (a program that turned it off keeps it off)."""
+    import gc
+    import importlib
+
+    import launcher.torchrun as agent_front_door
+
+    (gc.enable if collecting else gc.disable)()
+    try:
+        importlib.reload(agent_front_door)
+        assert gc.isenabled() is collecting
+    finally:
+        gc.enable()
