@@ -285,19 +285,19 @@ def measure(fault: Fault, job: Job, steps: Steps, timeout: float) -> None:
         job.launch()
     else:
         fault.ended = "restarted in place (torchrun)"
-    resumed = wait_until(lambda: resumed_step(run_dir, fault.at) is not None, timeout, poll=0.5)
+    resumed = wait_until(lambda: resume_line(run_dir, fault.at) is not None, timeout, poll=0.5)
     if not resumed:
         fault.notes.append("no resume seen")
         return
-    fault.resumed_from = resumed_step(run_dir, fault.at)
+    resumed_at, fault.resumed_from = resume_line(run_dir, fault.at)
     reacted = [w for w, _, line in log_lines(run_dir, fault.at)
                if any(r in line for r in REACTIONS)]  # fmt: skip
     if reacted:
         fault.detected_s = max(0.0, min(reacted) - fault.at)
     target = fault.resumed_from + 1
-    wait_until(lambda: any(w > fault.at and s == target for w, s in steps.seen), timeout)
+    wait_until(lambda: first_record(steps.seen, resumed_at, target) is not None, timeout)
     after = [(w, s) for w, s in steps.seen if w > fault.at]
-    next_at = next((w for w, s in after if s == target), None)
+    next_at = first_record(steps.seen, resumed_at, target)
     if next_at is None:
         fault.notes.append("no step after the resume")
         return
@@ -312,12 +312,20 @@ def measure(fault: Fault, job: Job, steps: Steps, timeout: float) -> None:
         fault.lost_s = back - fault.at - step_time(steps)
 
 
-def resumed_step(run_dir: Path, since: float) -> int | None:
-    for _, rank, line in log_lines(run_dir, since):
+def resume_line(run_dir: Path, since: float) -> tuple[float, int] | None:
+    """(when, step) of rank 0's first "resumed from step" line at or after `since`."""
+    for when, rank, line in log_lines(run_dir, since):
         m = re.search(r"resumed from step (\d+)", line)
         if rank == 0 and m:
-            return int(m[1])
+            return when, int(m[1])
     return None
+
+
+def first_record(seen: list[tuple[float, int]], resumed_at: float, step: int) -> float | None:
+    """When `step`'s record first appeared after the resume: the first step the restarted
+    job completed. A record of that step number written before the resume is the step that
+    was in flight at the fault (a frozen rank's peers can still log it), not a recovery."""
+    return next((w for w, s in seen if w > resumed_at and s == step), None)
 
 
 def step_time(steps: Steps) -> float:

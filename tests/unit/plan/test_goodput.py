@@ -5,7 +5,10 @@ replaces the assumed restart. benchmarks/goodput.py measures the same figures un
 
 from __future__ import annotations
 
+import datetime as dt
+import importlib.util
 import math
+import sys
 
 import pytest
 
@@ -14,6 +17,8 @@ from launcher.config import compose
 from launcher.plan import forecast, goodput
 from launcher.plan.calibrate import Calibration
 from launcher.plan.shape import checked, shape_of
+
+from paths import REPO
 
 XL_2x8 = ["model=gpt2-xl", "cluster.nodes=2", "cluster.gpus_per_node=8",
           "trainer.global_batch_size=64"]  # fmt: skip
@@ -71,3 +76,40 @@ def test_without_a_step_time_only_auto_intervals_are_forecast():
     assert auto["tiers"]["durable"]["every_s"] == pytest.approx(
         cadence.young_s(auto["tiers"]["durable"]["cost_s"], 3600.0)
     )
+
+
+def goodput_benchmark():
+    """benchmarks/goodput.py as a module (registered first: its dataclasses look it up)."""
+    name = "goodput_benchmark"
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / "goodput.py")
+    module = sys.modules.setdefault(name, importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_counts_the_first_step_after_the_resume_not_the_one_in_flight(tmp_path):
+    """benchmarks/goodput.py, a frozen rank: its peers log step 41, in flight at the fault,
+    0.1 s after it; the restart resumes from step 40 at 12:00:30 and completes step 41 again
+    at 12:00:35. The recovery is the second record of 41 (it once read the first: 0.1 s)."""
+    bench = goodput_benchmark()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "rank0.log").write_text(
+        "2026-12-06 12:00:00,000 [rank 0] INFO launcher: step 40/100\n"
+        "2026-12-06 12:00:30,250 [rank 0] INFO launcher: resumed from step 40 (memory tier)\n"
+    )
+    (logs / "rank1.log").write_text(
+        "2026-12-06 12:00:31,000 [rank 1] INFO launcher: resumed from step 39\n"
+    )
+    fault_at = dt.datetime(2026, 12, 6, 12, 0, 1).timestamp()
+    resumed_at, step = bench.resume_line(tmp_path, fault_at)
+    assert step == 40 and resumed_at == dt.datetime(2026, 12, 6, 12, 0, 30, 250000).timestamp()
+    seen = [
+        (fault_at - 0.2, 40),
+        (fault_at + 0.1, 41),
+        (resumed_at + 4.75, 41),
+        (resumed_at + 5, 42),
+    ]
+    assert bench.first_record(seen, resumed_at, 41) == resumed_at + 4.75
+    assert bench.first_record(seen, resumed_at, 43) is None
+    assert bench.resume_line(tmp_path, resumed_at + 1) is None  # rank 1's line is not rank 0's
