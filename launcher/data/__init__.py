@@ -3,6 +3,6 @@
 `launcher.data.prepare` builds (once per node) and opens the token cache;
 `launcher.data.loader` turns its windows into per-rank batches; `launcher.data.shm` sizes the
 shared memory the loader's workers need. The package imports none of them: only the loader
-needs torch, and the front doors that size /dev/shm or a run (plan, submit, tune) start
-without it.
+needs torch, and the front doors that size /dev/shm or a run (plan, submit) start without
+it.
 """

@@ -146,20 +146,24 @@ def _oom_at_step(fault: FaultInjector, _, step: int) -> None:
 
 
 def _raise_oom(fault: FaultInjector, step: int) -> None:
-    import torch  # here: the kinds are declared where no torch is (plan, submit)
-
-    raise torch.OutOfMemoryError(f"injected by fault.kind=oom at step {step}")
+    raise _device_oom(f"injected by fault.kind=oom at step {step}")
 
 
 def _capacity(fault: FaultInjector, _, step: int, micro_batch: int) -> None:
     capacity = fault.cfg.micro_batch
     if capacity is not None and step >= fault.cfg.step and micro_batch > capacity:
-        import torch  # here: the kinds are declared where no torch is (plan, submit)
-
-        raise torch.OutOfMemoryError(
+        raise _device_oom(
             f"injected by fault.kind=oom: a micro-batch of {micro_batch} is above "
             f"fault.micro_batch={capacity}"
         )
+
+
+def _device_oom(message: str) -> Exception:
+    """torch's out-of-memory error, torch loaded here: the kinds are declared in processes
+    that never load it (plan, submit)."""
+    import torch
+
+    return torch.OutOfMemoryError(message)
 
 
 register(
