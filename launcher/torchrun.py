@@ -34,11 +34,12 @@ from pathlib import Path
 
 from torch.distributed import run as torch_run
 from torch.distributed.elastic.multiprocessing import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.elastic.rendezvous.api import RendezvousError
 
+from launcher import warm_start
 from launcher.resilience import exit_codes, node_presence
-from launcher.runtime.process_tree import stopped_workers
+from launcher.runtime.process_tree import stopped_workers, workers
 
 if _COLLECTING:
     gc.enable()
@@ -75,7 +76,7 @@ def end_stopped_ranks_after_a_hang(folder: Path, done: threading.Event) -> None:
     while not done.wait(0.5):
         if exit_codes.HANG not in exit_codes.read_reports(folder).values():
             continue
-        for pid, rank in stopped_workers(os.getpid()).items():
+        for pid, rank in stopped_workers(workers(os.getpid()), exit_codes.rank_of_pid).items():
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         presence = node_presence.NodePresence(Path(folder), node_presence.wait_s())
         presence.start()
         try:
-            torch_run.main(argv)
+            run_agent(argv)
             succeeded = True
         except ChildFailedError:
             pass  # torchrun has printed which rank failed first
@@ -187,6 +188,13 @@ def main(argv: list[str] | None = None) -> int:
         print(killed_before_checkpoint(stopped_by), file=sys.stderr)
     exit_codes.report_node(code)
     return code
+
+
+@record
+def run_agent(argv: list[str]) -> None:
+    """torchrun's `main`, starting the ranks warm where asked (launcher.warm_start)."""
+    args = torch_run.parse_args(argv)
+    torch_run.run(warm_start.warm(args) if warm_start.wanted(args) else args)
 
 
 def lost_at_end(presence, ranks: dict[int, int], succeeded: bool, chosen: dict) -> str | None:

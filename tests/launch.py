@@ -6,12 +6,15 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from launcher import warm_start
 
 # Small and fast on 2 CPU cores, while still exercising accumulation (2 micro-steps per
 # rank at world size 2), evaluation and checkpoints. No report.png: drawing it is about a
@@ -271,19 +274,29 @@ def kill_tree(pid: int) -> None:
             os.kill(member, signal.SIGKILL)
 
 
+def launch_words(pid: int) -> list[str] | None:
+    """The words of the command a process belongs to: its command line, or for a warm
+    start's fork server and ranks (multiprocessing's command line), the training command in
+    their environment (launcher.warm_start); None once it is gone or a zombie."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return None
+        words = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        environ = (proc / "environ").read_bytes().decode(errors="replace").split("\0")
+    except (OSError, IndexError):
+        return None
+    prefix = f"{warm_start.COMMAND_ENV}="
+    warm = next((v[len(prefix) :] for v in environ if v.startswith(prefix)), "")
+    return words + shlex.split(warm)
+
+
 def processes_of(root: Path) -> list[int]:
-    """Every live process whose command line names `root` (ranks, their forked loader
+    """Every live process whose command names `root` (agents, ranks, their forked loader
     workers): the launch's own, whatever session or process group they are in."""
     mine = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if f"run.root={root}".encode() in cmdline and state != "Z":
+        if entry.name.isdigit() and f"run.root={root}" in (launch_words(int(entry.name)) or []):
             mine.append(int(entry.name))
     return mine
 

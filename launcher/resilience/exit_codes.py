@@ -99,6 +99,31 @@ def report_start(run_dir: Path) -> None:
         atomic_write(Path(folder) / f"attempt{attempt:04d}.rank{rank:05d}{STARTED}", str(run_dir))
 
 
+PID = ".pid"  # a warm-started rank's pid (launcher.warm_start): its /proc environ lacks RANK
+
+
+def report_pid() -> None:
+    """Tell the launching front door which rank this process is. A rank torchrun started
+    has RANK in its /proc/<pid>/environ; one forked by a warm start's fork server has the
+    server's there, so its front door (and its peers' hang watchdog, which end a frozen
+    rank) find its rank here instead (`rank_of_pid`)."""
+    folder = os.environ.get(OUTCOME_DIR_ENV)
+    if folder:
+        with contextlib.suppress(OSError):
+            atomic_write(Path(folder) / f"{os.getpid()}{PID}", os.environ.get("RANK", "0"))
+
+
+def rank_of_pid(pid: int) -> str | None:
+    """The rank that `report_pid` says process `pid` is, if it said so."""
+    folder = os.environ.get(OUTCOME_DIR_ENV)
+    if not folder:
+        return None
+    try:
+        return (Path(folder) / f"{pid}{PID}").read_text()
+    except OSError:
+        return None
+
+
 def read_starts(folder: Path) -> tuple[int | None, dict[int, str]]:
     """(the latest attempt whose ranks started, {rank: its run directory})."""
     latest: dict[int, dict[int, str]] = {}

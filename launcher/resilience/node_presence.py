@@ -31,8 +31,9 @@ from pathlib import Path
 
 from launcher.paths import atomic_write
 from launcher.resilience import exit_codes
+from launcher.runtime import process_tree
 from launcher.runtime.placement import node_name, ranks_text
-from launcher.runtime.process_tree import children, kill_tree
+from launcher.runtime.process_tree import kill_tree
 
 log = logging.getLogger("launcher.torchrun")
 
@@ -158,7 +159,7 @@ class NodePresence(threading.Thread):
         # its shutdown wherever it waits
         self.end = end or (lambda: os.kill(os.getpid(), signal.SIGTERM))
         # this agent's live workers: none while it waits in a rendezvous
-        self.workers = workers or (lambda: children(os.getpid()))
+        self.workers = workers or (lambda: process_tree.workers(os.getpid()))
         self.kill = kill or kill_tree
 
     def stop_workers(self, workers: list[int], gone: dict[str, dict]) -> None:

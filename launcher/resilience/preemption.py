@@ -33,12 +33,14 @@ class _Request:
 
     signal_name: str | None = None
     quiet: bool = False  # the job is ending on a cause said already: a signal says nothing
+    ended: bool = False  # the front door has its exit code: a signal changes nothing now
 
 
 def install_stop_handlers() -> None:
     """Catch the stop signals for the rest of the process (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         return
+    _Request.ended = False
     for sig in STOP_SIGNALS:
         signal.signal(sig, _on_signal)
 
@@ -46,6 +48,10 @@ def install_stop_handlers() -> None:
 def _on_signal(signum, frame) -> None:
     name = signal.Signals(signum).name
     phase = watchdog.current_phase()
+    if _Request.ended:
+        log.info("received %s after the job ended: its exit code stands", name,
+                 extra=first_failure.FILE_ONLY)  # fmt: skip
+        return
     if _Request.quiet or first_failure.peer_failure() is not None:
         # the job is ending already (bad input, a failed peer): that cause was said once
         log.info("received %s: the job is ending already", name, extra=first_failure.FILE_ONLY)
@@ -93,6 +99,14 @@ def end_quietly() -> None:
     """The job ends on a cause already said (bad input on rank 0): the stop signal torchrun
     then sends is kept, and not explained again."""
     _Request.quiet = True
+
+
+def job_ended() -> None:
+    """The front door has its exit code and reports it. A stop signal from here on (torchrun
+    stopping the peers of a rank that ended first, while this one leaves) is too late to
+    change it: without this, its `exit_codes.report` of 7 could replace the code the job
+    ended with, whichever of the two came last."""
+    _Request.ended = True
 
 
 def stop_requested() -> bool:

@@ -48,7 +48,7 @@ from launcher.resilience import bad_hosts, exit_codes
 from launcher.resilience.hang_verdict import analyze_hang
 from launcher.runtime.nccl_capture import FR_BUFFER_ENV, FR_LEGACY_ENV
 from launcher.runtime.placement import node_name
-from launcher.runtime.process_tree import stopped_workers
+from launcher.runtime.process_tree import children, stopped_workers
 
 log = logging.getLogger("launcher")
 
@@ -410,7 +410,7 @@ def end_stopped_peers(missing: list[int]) -> None:
     the same parent (torchrun's agent): they cannot take the SIGTERM torchrun sends once
     this rank exits, so plain torchrun would wait its fixed 30 s before its SIGKILL, and
     the job would end past the documented 90 s after the freeze."""
-    for pid, rank in stopped_workers(os.getppid()).items():
+    for pid, rank in stopped_workers(children(os.getppid()), exit_codes.rank_of_pid).items():
         if rank.isdigit() and int(rank) in missing and pid != os.getpid():
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)

@@ -14,6 +14,8 @@ import os
 import time
 from pathlib import Path
 
+from launcher.runtime.process_tree import agent_of
+
 _IMPORTED = time.time()  # where /proc cannot say: as near the process's start as we get
 # a first thread this long after the process's start: an exec'd program (torchrun's agent's
 # first comes 0.4-2 s after its exec on a quiet machine, with the c10d store; longer under load)
@@ -60,12 +62,14 @@ def later_program_start(process: float | None, threads: list[float]) -> float | 
 
 def launch_started() -> float:
     """The launch's start (epoch seconds): torchrun's agent's under torchrun (it sets
-    TORCHELASTIC_RUN_ID for its workers and is their parent; torchrun's, not a shell's
-    that exec'd it: program_started), else this process's."""
+    TORCHELASTIC_RUN_ID for its workers and is their parent, or their fork server's on a
+    warm start; torchrun's, not a shell's that exec'd it: program_started), else this
+    process's."""
     own = process_started() or _IMPORTED
-    if "TORCHELASTIC_RUN_ID" not in os.environ or os.getppid() <= 1:
+    agent = agent_of(os.getpid())
+    if "TORCHELASTIC_RUN_ID" not in os.environ or agent <= 1:
         return own
-    parent = program_started(os.getppid())
+    parent = program_started(agent)
     return parent if parent is not None and parent <= own else own
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 # What torchrun forwards to its workers, Slurm sends to every process of a step and a
@@ -46,11 +47,55 @@ def kill_tree(pid: int) -> None:
             os.kill(p, signal.SIGKILL)
 
 
-def stopped_workers(parent: int) -> dict[int, str]:
-    """{pid: RANK} of `parent`'s children that are stopped (SIGSTOP, state T): they cannot
-    take torchrun's SIGTERM, so torchrun would wait its whole shutdown timeout (30 s)."""
+# The processes multiprocessing starts beside a warm start's ranks (launcher.warm_start): the
+# fork server they are forked from, and the tracker of its semaphores.
+FORK_SERVER = b"multiprocessing.forkserver"
+RESOURCE_TRACKER = b"multiprocessing.resource_tracker"
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def parent_of(pid: int) -> int:
+    """`pid`'s parent (0 if gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def agent_of(rank: int) -> int:
+    """The process that launched rank process `rank`: its parent (torchrun's agent), or
+    where that is a warm start's fork server, the server's parent."""
+    parent = parent_of(rank)
+    return parent_of(parent) if FORK_SERVER in _cmdline(parent) else parent
+
+
+def workers(agent: int) -> list[int]:
+    """The rank processes torchrun's agent `agent` runs: its children, or where a warm
+    start's fork server stands between them, the server's children; never multiprocessing's
+    resource tracker (none while the agent waits in a rendezvous)."""
+    found = []
+    for pid in children(agent):
+        line = _cmdline(pid)
+        if FORK_SERVER in line:
+            found += children(pid)
+        elif line and RESOURCE_TRACKER not in line:
+            found.append(pid)
+    return found
+
+
+def stopped_workers(pids: list[int], rank_of: Callable[[int], str | None]) -> dict[int, str]:
+    """{pid: rank} of the processes of `pids` that are stopped (SIGSTOP, state T): they
+    cannot take torchrun's SIGTERM, so torchrun would wait its whole shutdown timeout (30 s).
+    The rank is RANK in the process's /proc environment, or where that is not the rank's own
+    (a warm start's fork), what `rank_of(pid)` says; "?" if neither knows."""
     found = {}
-    for pid in children(parent):
+    for pid in pids:
         stat = Path(f"/proc/{pid}/stat")
         try:
             # pid (comm) state ppid ...; comm may hold spaces, so split after its ")".
@@ -60,6 +105,6 @@ def stopped_workers(parent: int) -> dict[int, str]:
             environ = (stat.parent / "environ").read_bytes().split(b"\0")
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile, or not ours to read
-        rank = next((v[5:].decode() for v in environ if v.startswith(b"RANK=")), "?")
-        found[pid] = rank
+        rank = next((v[5:].decode() for v in environ if v.startswith(b"RANK=")), None)
+        found[pid] = rank or rank_of(pid) or "?"
     return found

@@ -26,7 +26,7 @@ from launcher.config.schema import register_schema
 from launcher.data.loader import reap_workers
 from launcher.observe import tensorboard_sink, wandb_sink
 from launcher.resilience import exit_codes
-from launcher.resilience.preemption import install_stop_handlers
+from launcher.resilience.preemption import install_stop_handlers, job_ended
 from launcher.runtime import placement
 from launcher.runtime import process as runtime
 from launcher.runtime.args_file import with_args_file
@@ -234,6 +234,7 @@ def main(entry: Callable[[], int] = train) -> None:
         raise
     finally:
         reap_workers()
+        job_ended()
         exit_codes.report(code)
     if code:
         sys.exit(code)

@@ -32,7 +32,9 @@ from slurm_cluster import ClusterUnavailable, SlurmCluster, job_state
 from slurm_cluster import submit as slurm_submit
 from slurm_cluster import wait_until_done as slurm_wait_until_done
 
+from launcher import warm_start
 from launcher.resilience import bad_hosts
+from launcher.runtime.process_tree import FORK_SERVER
 from launcher.submit.__main__ import main as submit_main
 from launcher.submit.slurm import EXAMPLE_OVERRIDES, render_example
 
@@ -470,8 +472,10 @@ def queued(cluster: SlurmCluster) -> str:
 
 
 def ranks(marker: str, job_id: str) -> dict[int, tuple[str, str]]:
-    """{pid: (command line, environment)} of job `job_id`'s running processes whose command
-    line holds `marker`, read from /proc (as root: every user's)."""
+    """{pid: (command, environment)} of job `job_id`'s running processes whose command holds
+    `marker`, read from /proc (as root: every user's). The command is the command line, and
+    for a warm start's fork server and the ranks forked from it (multiprocessing's command
+    line), the training command in their environment after it (launcher.warm_start)."""
     found = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -481,8 +485,11 @@ def ranks(marker: str, job_id: str) -> dict[int, tuple[str, str]]:
             environ = (proc / "environ").read_bytes().replace(b"\0", b"\n").decode()
         except OSError:
             continue  # ended meanwhile
-        if marker in cmdline and f"SLURM_JOB_ID={job_id}" in environ.splitlines():
-            found[int(proc.name)] = (cmdline, environ)
+        prefix = f"{warm_start.COMMAND_ENV}="
+        warm = [v[len(prefix) :] for v in environ.splitlines() if v.startswith(prefix)]
+        command = " ".join([cmdline, *warm]) if FORK_SERVER.decode() in cmdline else cmdline
+        if marker in command and f"SLURM_JOB_ID={job_id}" in environ.splitlines():
+            found[int(proc.name)] = (command, environ)
     return found
 
 

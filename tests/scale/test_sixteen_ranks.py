@@ -28,6 +28,8 @@ import pytest
 from slurm_cluster import BASE, ClusterUnavailable, SlurmCluster, submit, wait_until_done
 
 from launcher.resilience import exit_codes
+from launcher.runtime import process_tree
+from launcher.runtime.process_tree import FORK_SERVER
 
 from launch import (
     FAST_USER_LOADER,
@@ -35,6 +37,7 @@ from launch import (
     explain,
     finish,
     kill_tree,
+    launch_words,
     losses,
     metrics,
     start_agents,
@@ -179,16 +182,17 @@ def held_everywhere(shm: Path, step: int, copies=range(0)):
 
 
 def workers_gone(run_dir: Path) -> bool:
-    """No rank of the run is alive (the survivors' agents wait in the rendezvous)."""
-    return not any(_is_rank_of(p, run_dir.parent) for p in Path("/proc").glob("[0-9]*/cmdline"))
+    """No rank of the run is alive (the survivors' agents, and their fork servers on a warm
+    start, wait in the rendezvous)."""
+    return not any(_is_rank_of(int(p.name), run_dir.parent) for p in Path("/proc").glob("[0-9]*"))
 
 
-def _is_rank_of(cmdline: Path, root: Path) -> bool:
-    try:
-        words = cmdline.read_bytes().split(b"\0")
-    except OSError:
+def _is_rank_of(pid: int, root: Path) -> bool:
+    words = launch_words(pid) or []
+    if f"run.root={root}" not in words or "launcher.torchrun" in words:
         return False
-    return f"run.root={root}".encode() in words and b"launcher.torchrun" not in words
+    parent = launch_words(process_tree.parent_of(pid)) or []
+    return not (FORK_SERVER.decode() in " ".join(words) and "launcher.torchrun" in parent)
 
 
 def lose_node(agents, again, run_dir: Path, node: int, then=lambda: None):

@@ -40,6 +40,22 @@ def test_sigterm_sets_the_request_and_later_signals_keep_the_first(stop_request)
     assert preemption._Request.signal_name == "SIGTERM"
 
 
+def test_a_signal_after_the_job_ended_changes_nothing(stop_request, tmp_path, monkeypatch):
+    """Once the front door has its exit code (job_ended, just before it reports it), a stop
+    signal (torchrun stopping this rank because a peer left first) neither requests a stop
+    nor reports 7 over the code the job ended with; the next job's handlers listen again."""
+    monkeypatch.setenv(preemption.exit_codes.OUTCOME_DIR_ENV, str(tmp_path))
+    install_stop_handlers()
+    preemption.job_ended()
+    preemption.exit_codes.report(1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert not stop_requested()
+    assert preemption.exit_codes.read_reports(tmp_path) == {0: 1}
+    install_stop_handlers()
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert stop_requested()
+
+
 def test_handlers_are_installed_only_from_the_main_thread(stop_request):
     """From another thread install_stop_handlers changes nothing (Python would raise)."""
     before = signal.getsignal(signal.SIGTERM)

@@ -1,0 +1,148 @@
+"""Warm start: each agent imports torch and the trainer once, and forks its ranks from that.
+
+A rank spends most of its start importing (torch, Hydra, torch._dynamo: 2-3 CPU-s each),
+and torchrun starts every rank as a new interpreter, again at every restart: after a
+fault, 16 ranks on one machine import the same modules 16 times before the first step.
+With `LAUNCHER_WARM_START=1`, `python -m launcher.torchrun ... -m launcher.<module>` runs
+torchrun's own in-process entry point (`--run-path`) under multiprocessing's fork server
+(`--start-method forkserver`): the agent's fork server imports `launcher.warm_preload`
+once, and every rank of every attempt is a fork of it that runs `launcher.<module>` as
+`python -u -m` would. The agent, its rendezvous, signals, restarts and exit codes are
+torchrun's as before.
+
+What differs for a user: `ps` shows each rank with the fork server's command line
+(`python -c from multiprocessing.forkserver import main ...`), not the training command;
+a rank's `/proc/<pid>/environ` is the fork server's (the rank's `RANK` is in its own
+environment, and in the front door's outcome folder, `exit_codes.report_pid`). Plain
+`torchrun` and a training script (not `-m launcher.*`) start cold as before.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import io
+import logging
+import multiprocessing
+import os
+import runpy
+import shlex
+import signal
+import sys
+import traceback
+from argparse import Namespace
+
+ENV = "LAUNCHER_WARM_START"
+# The training command a warm start's fork server, and so each rank forked from it, holds
+# in its environment: their command line is multiprocessing's (`ps e`, /proc/<pid>/environ
+# tell which launch a rank belongs to).
+COMMAND_ENV = "LAUNCHER_WARM_COMMAND"
+PRELOAD = "launcher.warm_preload"  # what the fork server imports (and freezes) once
+# What a scheduler or a terminal sends every process of a step or a group, the fork server
+# included: the ranks take them as a stop (launcher.resilience.preemption), torchrun's agent
+# forwards them. The fork server ignores them, for its death would tell the agent that every
+# rank had died (multiprocessing reads a rank's exit code from the server), and the agent
+# would end while its ranks still write their stop checkpoint. It ends with the agent.
+SERVER_IGNORES = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
+                  signal.SIGUSR1, signal.SIGUSR2)  # fmt: skip
+
+
+def shield_server() -> None:
+    """In the fork server (launcher.warm_preload): ignore `SERVER_IGNORES`."""
+    for sig in SERVER_IGNORES:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def restore_signals() -> None:
+    """In a forked rank: the dispositions an interpreter starts with (Python's KeyboardInterrupt
+    for SIGINT, the system's default for the others), as a cold rank has them."""
+    for sig in SERVER_IGNORES:
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+
+
+def wanted(args: Namespace, environ=os.environ) -> bool:
+    """Whether this launch starts warm: asked for, and a launcher module run with Python
+    (a script, `--no-python` or torchrun's own `--run-path` keep torchrun's start)."""
+    asked = environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    ours = args.module and args.training_script.split(".")[0] == "launcher"
+    return bool(asked and ours and not args.no_python and not args.run_path)
+
+
+class WithoutExitTraceback(logging.Filter):
+    """torchrun's agent logs a forked rank's non-zero exit with the traceback of its own
+    wait (`ProcessExitedException: process 0 terminated with exit code 2`), where a cold
+    start's says `failed (exitcode: 2) ... of binary`: the line stays, the traceback, which
+    says nothing about the rank, goes (a rank's own traceback is in its log)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from torch.multiprocessing import ProcessExitedException
+
+        if record.exc_info and isinstance(record.exc_info[1], ProcessExitedException):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+AGENT_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+
+
+def warm(args: Namespace) -> Namespace:
+    """torchrun's arguments for a warm start of the same launch: its in-process entry point
+    (`--run-path`) running this file's `rank_main` with the module and its arguments, each
+    rank forked by the fork server that imported `PRELOAD`."""
+    multiprocessing.set_forkserver_preload([PRELOAD])
+    logging.getLogger(AGENT_LOGGER).addFilter(WithoutExitTraceback())
+    os.environ[COMMAND_ENV] = shlex.join(["-m", args.training_script, *args.training_script_args])
+    args.run_path, args.start_method = True, "forkserver"
+    args.training_script_args = [args.training_script, *args.training_script_args]
+    args.training_script, args.module = __file__, False
+    return args
+
+
+def unbuffered_stdio() -> None:
+    """What `python -u` (torchrun's cold start) does: every write reaches the log at once, so
+    that a rank's lines interleave with its peers' as they happen and none is lost when
+    the rank is killed."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        if stream is None:
+            continue
+        stream.flush()
+        raw = io.FileIO(fd, "w", closefd=False)
+        setattr(sys, name, io.TextIOWrapper(raw, encoding=stream.encoding,
+                                            errors=stream.errors, write_through=True))  # fmt: skip
+
+
+def rank_main(argv: list[str]) -> None:
+    """One forked rank: `python -u -m <module> <args>` in all but the process's birth.
+
+    A forked child of multiprocessing leaves without running exit handlers (logging's
+    flush, W&B's finish) and reports an uncaught exception only to its parent's error
+    file: this runs the handlers and prints the traceback to the rank's own stderr, exit
+    1, as an interpreter does."""
+    from launcher.resilience import exit_codes
+
+    gc.enable()  # off in the fork server (launcher.warm_preload); a module may turn it off
+    restore_signals()
+    # A process that multiprocessing starts inherits its parent's start method (here the
+    # fork server); the rank's own children (DataLoader workers) start as in an interpreter
+    # (the platform's first method): through the fork server, each would load torch again.
+    multiprocessing.set_start_method(multiprocessing.get_all_start_methods()[0], force=True)
+    # multiprocessing hands a process it starts its parent's temporary folder (pymp-*),
+    # where the agent keeps its sockets: shared, the agent's exit once found its own files
+    # there gone (a traceback after a hang's last line). A rank makes its own, as a cold one.
+    multiprocessing.current_process()._config["tempdir"] = None
+    unbuffered_stdio()
+    exit_codes.report_pid()
+    module, args = argv[0], argv[1:]
+    sys.argv = [module, *args]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except Exception:
+        traceback.print_exc()
+        raise SystemExit(1) from None
+    finally:
+        atexit._run_exitfuncs()
+
+
+if __name__ == "__main__":  # torchrun's run_script_path, in each forked rank
+    rank_main(sys.argv[1:])

@@ -1,0 +1,54 @@
+"""`launcher.warm_start`, in-process: which launches start warm, and the torchrun arguments a
+warm start runs (torchrun's own in-process entry point under the fork server, this module's
+file with the training module and its arguments). The launch itself, forked ranks and all,
+is tests/launches/test_warm_start.py's."""
+
+from __future__ import annotations
+
+import multiprocessing.forkserver
+
+import pytest
+from torch.distributed import run as torch_run
+
+from launcher import warm_start
+
+TRAIN = ["--standalone", "--nproc-per-node=2", "-m", "launcher.train", "trainer.max_steps=3"]
+
+CASES = [  # (LAUNCHER_WARM_START, torchrun arguments, warm?)
+    (None, TRAIN, True),  # on by default
+    ("1", TRAIN, True),
+    ("on", TRAIN, True),
+    ("0", TRAIN, False),
+    ("false", TRAIN, False),
+    ("OFF", TRAIN, False),
+    ("no", TRAIN, False),
+    (None, ["--standalone", "-m", "launcher.tune"], True),  # any launcher module
+    (None, ["--standalone", "-m", "mypkg.train"], False),  # the user's own module: cold
+    (None, ["--standalone", "train.py"], False),  # a script: cold
+    (None, ["--standalone", "--no-python", "-m", "launcher.train"], False),
+    (None, ["--standalone", "--run-path", "launcher/train/__main__.py"], False),
+]
+
+
+IDS = [f"{value}-{argv[-1]}" for value, argv, _ in CASES]
+
+
+@pytest.mark.parametrize(("value", "argv", "warm"), CASES, ids=IDS)
+def test_which_launches_start_warm(value, argv, warm):
+    environ = {} if value is None else {warm_start.ENV: value}
+    assert warm_start.wanted(torch_run.parse_args(argv), environ) is warm
+
+
+def test_a_warm_start_runs_the_module_through_torchruns_in_process_entry_point(monkeypatch):
+    monkeypatch.setenv(warm_start.COMMAND_ENV, "")  # restored (unset) after the test
+    server = multiprocessing.forkserver._forkserver
+    monkeypatch.setattr(server, "_preload_modules", server._preload_modules)
+    args = warm_start.warm(torch_run.parse_args([*TRAIN, "run.name=a b"]))
+    config, cmd, cmd_args = torch_run.config_from_args(args)
+    assert cmd is torch_run.run_script_path and config.start_method == "forkserver"
+    module_args = ["launcher.train", "trainer.max_steps=3", "run.name=a b"]
+    assert cmd_args == [warm_start.__file__, *module_args]
+    assert server._preload_modules == [warm_start.PRELOAD]
+    # the training command, quoted as a shell would take it, where `ps e` shows it
+    expected = "-m launcher.train trainer.max_steps=3 'run.name=a b'"
+    assert warm_start.os.environ[warm_start.COMMAND_ENV] == expected
