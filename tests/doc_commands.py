@@ -147,6 +147,11 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
     ): ("skip", "a template: placeholders to fill in"),
     (
         "docs/benchmarks.md",
+        "python benchmarks/warm_start.py [--pairs 3] [--nproc 8] [--steps 30] [--fault-step 15] "
+        "[--out FILE] [overrides...]",
+    ): ("skip", "a template: placeholders to fill in"),
+    (
+        "docs/benchmarks.md",
         "torchrun --standalone --nproc_per_node=2 benchmarks/comm_timing_cost.py [--steps 60] [overrides...]",
     ): ("skip", "a template: placeholders to fill in"),
     (

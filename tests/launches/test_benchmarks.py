@@ -117,6 +117,29 @@ CASES = {
         ],
         (0, 1),  # 1: over the 1.1x target on this noisy machine, still a verdict
     ),
+    "warm_start": (
+        script(
+            "warm_start.py",
+            "--pairs",
+            "1",
+            "--nproc",
+            "2",
+            "--steps",
+            "12",
+            "--fault-step",
+            "7",
+            "trainer.checkpoint_interval=5",
+            *TINY,
+            *SMALL_DATA,
+        ),
+        [
+            "| warm |",
+            "| cold |",
+            "warm / cold, restart seconds, 1 pairs: median",
+            "Judged on the restart",
+        ],
+        (0, 1),  # 1: a warm restart over 3/4 of a cold one at 2 ranks, still a verdict
+    ),  # fmt: skip
     "fork_guard": (
         script("fork_guard.py", "--seconds", "2", "--load", "0"),
         ["| guard | registered | forks | hung | hung share |", "hung share off / on"],
