@@ -5,11 +5,12 @@ neither walks nor copies them at its first collection (`gc.freeze` keeps them ou
 
 The fork server only forks: it runs no torch operation and touches no device (a CUDA
 context, or a thread pool started here, would not survive the fork), and ignores the stop
-signals that its agent forwards to the ranks (`warm_start.shield_server`).
+signals that its agent forwards to the ranks.
 """
 
 # ruff: noqa: E402, F401  (imported for their side effect: loaded before the fork)
 import gc
+import signal
 
 gc.disable()
 
@@ -20,8 +21,13 @@ import torch._dynamo
 import torch.distributed.run
 
 import launcher.train.front_door
-from launcher import warm_start
+from launcher.runtime.process_tree import GROUP_SIGNALS
 
-warm_start.shield_server()
+# A scheduler or a terminal sends these to every process of a step or a group, this one
+# included: its death would tell the agent that every rank had died (multiprocessing reads
+# a rank's exit code from the server), and the agent would end while its ranks still wrote
+# their stop checkpoint. It ends with its agent; each forked rank takes them back.
+for sig in GROUP_SIGNALS:
+    signal.signal(sig, signal.SIG_IGN)
 gc.collect()
 gc.freeze()

@@ -32,31 +32,20 @@ import sys
 import traceback
 from argparse import Namespace
 
+from launcher.runtime.process_tree import GROUP_SIGNALS
+
 ENV = "LAUNCHER_WARM_START"
 # The training command a warm start's fork server, and so each rank forked from it, holds
 # in its environment: their command line is multiprocessing's (`ps e`, /proc/<pid>/environ
 # tell which launch a rank belongs to).
 COMMAND_ENV = "LAUNCHER_WARM_COMMAND"
 PRELOAD = "launcher.warm_preload"  # what the fork server imports (and freezes) once
-# What a scheduler or a terminal sends every process of a step or a group, the fork server
-# included: the ranks take them as a stop (launcher.resilience.preemption), torchrun's agent
-# forwards them. The fork server ignores them, for its death would tell the agent that every
-# rank had died (multiprocessing reads a rank's exit code from the server), and the agent
-# would end while its ranks still write their stop checkpoint. It ends with the agent.
-SERVER_IGNORES = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
-                  signal.SIGUSR1, signal.SIGUSR2)  # fmt: skip
-
-
-def shield_server() -> None:
-    """In the fork server (launcher.warm_preload): ignore `SERVER_IGNORES`."""
-    for sig in SERVER_IGNORES:
-        signal.signal(sig, signal.SIG_IGN)
 
 
 def restore_signals() -> None:
     """In a forked rank: the dispositions an interpreter starts with (Python's KeyboardInterrupt
     for SIGINT, the system's default for the others), as a cold rank has them."""
-    for sig in SERVER_IGNORES:
+    for sig in GROUP_SIGNALS:
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
 

@@ -18,6 +18,9 @@ from pathlib import Path
 # terminal sends on Ctrl-C: each rank turns them into a checkpoint at the next step boundary
 # (launcher.resilience.preemption), and its data-loader workers leave them to it.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+# ... and SIGQUIT, which torchrun forwards too: all that a warm start's fork server ignores
+# (launcher.warm_preload) and each rank forked from it takes back (launcher.warm_start)
+GROUP_SIGNALS = (*STOP_SIGNALS, signal.SIGQUIT)
 
 
 def children(pid: int) -> list[int]:

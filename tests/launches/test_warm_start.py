@@ -97,8 +97,10 @@ def test_a_restart_forks_its_ranks_from_the_same_warm_server(long_run, tmp_path,
 def test_the_fork_servers_imports_touch_no_device_and_start_no_thread():
     """What the fork server imports (launcher.warm_preload) before every rank is forked from
     it: no torch.cuda call (a CUDA context, or the driver initialised by a device count,
-    does not survive a fork: each forked rank would fail its first CUDA call), and one
-    Python thread (a thread's lock held at the fork is held for good in the child). On this
+    does not survive a fork: each forked rank would fail its first CUDA call), one Python
+    thread (a thread's lock held at the fork is held for good in the child), the stop
+    signals ignored (the server must outlive them: the agent reads its ranks' ends from it),
+    its imports frozen with the collector off. On this
     CPU-only machine the calls are counted at torch.cuda's door, where a GPU build's
     would go too."""
     probe = """
@@ -109,8 +111,10 @@ for name in ("is_available", "device_count", "init", "_lazy_init", "current_devi
     real = getattr(torch.cuda, name)
     setattr(torch.cuda, name, lambda *a, _n=name, _r=real, **k: calls.append(_n) or _r(*a, **k))
 import launcher.warm_preload
-import gc
-print(json.dumps({"calls": calls, "threads": threading.active_count(),
+import gc, signal
+from launcher.runtime.process_tree import GROUP_SIGNALS
+ignored = all(signal.getsignal(s) is signal.SIG_IGN for s in GROUP_SIGNALS)
+print(json.dumps({"calls": calls, "threads": threading.active_count(), "ignored": ignored,
                   "collecting": gc.isenabled(), "frozen": gc.get_freeze_count()}))
 """
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
@@ -119,3 +123,4 @@ print(json.dumps({"calls": calls, "threads": threading.active_count(),
     found = json.loads(done.stdout.splitlines()[-1])
     assert found["calls"] == [] and found["threads"] == 1, found
     assert not found["collecting"] and found["frozen"] > 250_000, found
+    assert found["ignored"], found  # the stop signals a scheduler sends the whole step
