@@ -3,12 +3,12 @@
 A rank spends most of its start importing (torch, Hydra, torch._dynamo: 2-3 CPU-s each),
 and torchrun starts every rank as a new interpreter, again at every restart: after a
 fault, 16 ranks on one machine import the same modules 16 times before the first step.
-With `LAUNCHER_WARM_START=1`, `python -m launcher.torchrun ... -m launcher.<module>` runs
-torchrun's own in-process entry point (`--run-path`) under multiprocessing's fork server
-(`--start-method forkserver`): the agent's fork server imports `launcher.warm_preload`
-once, and every rank of every attempt is a fork of it that runs `launcher.<module>` as
-`python -u -m` would. The agent, its rendezvous, signals, restarts and exit codes are
-torchrun's as before.
+By default (`LAUNCHER_WARM_START=0` turns it off), `python -m launcher.torchrun ... -m
+launcher.<module>` runs torchrun's own in-process entry point (`--run-path`) under
+multiprocessing's fork server (`--start-method forkserver`): the agent's fork server
+imports `launcher.warm_preload` once, and every rank of every attempt is a fork of it that
+runs `launcher.<module>` as `python -u -m` would. The agent, its rendezvous, signals,
+restarts and exit codes are torchrun's as before.
 
 What differs for a user: `ps` shows each rank with the fork server's command line
 (`python -c from multiprocessing.forkserver import main ...`), not the training command;
