@@ -112,19 +112,30 @@ def bare(args: argparse.Namespace) -> None:
 # -- the comparison ------------------------------------------------------------------------
 
 
-def launch(cmd: list[str], log: Path) -> tuple[float, float]:
-    """Run one launch to its end: (wall seconds, CPU seconds of every process under it)."""
+def launch(cmd: list[str], log: Path, env: dict | None = None) -> tuple[float, float]:
+    """Run one launch to its end: (wall seconds, CPU seconds of every process under it,
+    those it left for this process to reap among them: benchmarks/warm_start.py adopts them)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     begin = time.perf_counter()
     with log.open("w") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
     wall = time.perf_counter() - begin
+    reap_all()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
         raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{tail}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu
+
+
+def reap_all() -> None:
+    """Wait for every process left under this one."""
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
 
 
 def bare_command(cfg, nproc: int, vocab: int, out_dir: Path) -> list[str]:

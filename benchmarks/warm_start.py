@@ -25,14 +25,14 @@ import argparse
 import ctypes
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
+
+import startup  # benchmarks/ is on the path: its launch, timed and reaped
 
 PR_SET_CHILD_SUBREAPER = 36
 TARGET = 0.75  # a warm restart at most 3/4 of a cold one's seconds (the median of pairs)
@@ -73,15 +73,6 @@ def adopt_orphans() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def reap_all() -> None:
-    """Wait for every process left under this one (adopted orphans included)."""
-    while True:
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
-
-
 def launch(warm: bool, nproc: int, steps: int, fault_step: int, root: Path, extra: list[str]):
     """One launch to its end: {wall, cpu, start, restart} seconds."""
     env = dict(os.environ, LAUNCHER_WARM_START="1" if warm else "0")
@@ -89,19 +80,9 @@ def launch(warm: bool, nproc: int, steps: int, fault_step: int, root: Path, extr
            "--max-restarts=1", "-m", "launcher.train", *JOB, f"trainer.max_steps={steps}",
            "fault.kind=device_error", "fault.rank=1", f"fault.step={fault_step}",
            "fault.once=true", f"run.root={root}", "run.id=run", *extra]  # fmt: skip
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    begin, began = time.perf_counter(), time.time()
-    log = root.with_suffix(".log")
-    with log.open("w") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
-    wall = time.perf_counter() - begin
-    reap_all()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
-        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{tail}")
+    began = time.time()
+    wall, cpu = startup.launch(cmd, root.with_suffix(".log"), env)
     first_step, restart = phases(root / "run", fault_step)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"wall": wall, "cpu": cpu, "start": first_step - began, "restart": restart}
 
 

@@ -32,13 +32,11 @@ from slurm_cluster import ClusterUnavailable, SlurmCluster, job_state
 from slurm_cluster import submit as slurm_submit
 from slurm_cluster import wait_until_done as slurm_wait_until_done
 
-from launcher import warm_start
 from launcher.resilience import bad_hosts
-from launcher.runtime.process_tree import FORK_SERVER
 from launcher.submit.__main__ import main as submit_main
 from launcher.submit.slurm import EXAMPLE_OVERRIDES, render_example
 
-from launch import FAST, losses, metrics, summary
+from launch import FAST, launch_words, losses, metrics, summary
 from paths import REPO
 
 JOB_TIMEOUT = 420
@@ -481,13 +479,10 @@ def ranks(marker: str, job_id: str) -> dict[int, tuple[str, str]]:
         if not proc.name.isdigit():
             continue
         try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             environ = (proc / "environ").read_bytes().replace(b"\0", b"\n").decode()
         except OSError:
             continue  # ended meanwhile
-        prefix = f"{warm_start.COMMAND_ENV}="
-        warm = [v[len(prefix) :] for v in environ.splitlines() if v.startswith(prefix)]
-        command = " ".join([cmdline, *warm]) if FORK_SERVER.decode() in cmdline else cmdline
+        command = " ".join(launch_words(int(proc.name)) or [])
         if marker in command and f"SLURM_JOB_ID={job_id}" in environ.splitlines():
             found[int(proc.name)] = (command, environ)
     return found
