@@ -65,6 +65,27 @@ def forward_every_signal(environ: dict) -> None:
     environ[SIGNALS_ENV] = ",".join(dict.fromkeys(wanted))
 
 
+# torchrun's dynamic rendezvous (c10d, etcd) drops a node from the next round only once its
+# keep-alive has been silent for keep_alive_interval x keep_alive_max_attempt seconds (5 s x 3
+# by default): after a node is lost, its replacement and the survivors waited in the
+# rendezvous 15 s for it to be dropped (10.6 s of a replaced node's 22.7 s on the way to the
+# next step, measured). The front door asks for the silence this node's presence watch judges
+# by (node_presence: a beat a second, silent after 4 s), unless the user set either.
+KEEP_ALIVE = {
+    "keep_alive_interval": int(node_presence.BEAT_S),
+    "keep_alive_max_attempt": int(node_presence.SILENT_AFTER_S / node_presence.BEAT_S),
+}
+
+
+def prompt_keep_alive(rdzv_conf: str) -> str:
+    """torchrun's `--rdzv-conf` with the front door's keep-alive where the user set none."""
+    given = {item.split("=", 1)[0].strip() for item in rdzv_conf.split(",") if item.strip()}
+    if given & set(KEEP_ALIVE):
+        return rdzv_conf
+    added = [f"{key}={value}" for key, value in KEEP_ALIVE.items()]
+    return ",".join([item for item in rdzv_conf.split(",") if item.strip()] + added)
+
+
 def end_stopped_ranks_after_a_hang(folder: Path, done: threading.Event) -> None:
     """Once a rank has reported a hang, SIGKILL the ranks that are stopped.
 
@@ -192,8 +213,10 @@ def main(argv: list[str] | None = None) -> int:
 
 @record
 def run_agent(argv: list[str]) -> None:
-    """torchrun's `main`, starting the ranks warm where asked (launcher.warm_start)."""
+    """torchrun's `main`, starting the ranks warm where asked (launcher.warm_start), a lost
+    node dropped from the rendezvous as soon as its silence tells (`prompt_keep_alive`)."""
     args = torch_run.parse_args(argv)
+    args.rdzv_conf = prompt_keep_alive(args.rdzv_conf)
     torch_run.run(warm_start.warm(args) if warm_start.wanted(args) else args)
 
 

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from launcher.torchrun import SIGNALS_ENV
+from launcher.torchrun import KEEP_ALIVE, SIGNALS_ENV, prompt_keep_alive
 from launcher.torchrun import main as exit_code_front_door  # runs nothing when refused
 
 CASES = [
@@ -57,3 +57,48 @@ def test_importing_the_front_door_leaves_the_collector_as_it_was(collecting):
         assert gc.isenabled() is collecting
     finally:
         gc.enable()
+
+
+KEEP_ALIVE_CASES = [
+    ("", "keep_alive_interval=1,keep_alive_max_attempt=4"),
+    ("join_timeout=900", "join_timeout=900,keep_alive_interval=1,keep_alive_max_attempt=4"),
+    ("is_host=1,", "is_host=1,keep_alive_interval=1,keep_alive_max_attempt=4"),
+    ("keep_alive_interval=10", "keep_alive_interval=10"),  # the user's own stays whole
+    ("keep_alive_max_attempt=2,timeout=60", "keep_alive_max_attempt=2,timeout=60"),
+]
+
+
+@pytest.mark.parametrize(("given", "passed"), KEEP_ALIVE_CASES)
+def test_the_rendezvous_drops_a_silent_node_when_node_presence_would(given, passed):
+    """A lost node leaves the rendezvous after 4 s of silence (1 s beats, 4 missed), what
+    node_presence judges a heartbeat by, not torchrun's 15 s; a user's setting stays."""
+    from launcher.resilience import node_presence
+
+    assert prompt_keep_alive(given) == passed
+    interval, attempts = KEEP_ALIVE.values()
+    assert interval * attempts == node_presence.SILENT_AFTER_S
+
+
+def test_torchruns_rendezvous_handler_takes_the_keep_alive():
+    """What torchrun builds from the front door's `--rdzv-conf`: a c10d rendezvous whose
+    handler declares a node dead after 4 s without a keep-alive."""
+    from datetime import timedelta
+
+    from torch.distributed import run as torch_run
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, registry
+
+    args = torch_run.parse_args(["--nnodes=1", "--rdzv-backend=c10d",
+                                 "--rdzv-endpoint=127.0.0.1:0", "-m", "launcher.train"])  # fmt: skip
+    args.rdzv_conf = prompt_keep_alive(args.rdzv_conf)
+    config, _, _ = torch_run.config_from_args(args)
+    params = RendezvousParameters(
+        backend=config.rdzv_backend, endpoint=config.rdzv_endpoint, run_id="keep-alive",
+        min_nodes=1, max_nodes=1, is_host=True, **config.rdzv_configs,
+    )  # fmt: skip
+    handler = registry.get_rendezvous_handler(params)
+    try:
+        settings = handler.settings
+        assert settings.keep_alive_interval == timedelta(seconds=1)
+        assert settings.keep_alive_max_attempt == 4
+    finally:
+        handler.shutdown()
