@@ -7,10 +7,14 @@ come every M seconds on average and whose checkpoint stops training for C second
 least with a checkpoint every sqrt(2 C M) seconds: more often, the writes cost more than the
 work they save; less often, a failure costs more redone work than the writes. M is
 `trainer.mtbf_h` (the job's mean time between failures), or, left null, NODE_MTBF_H divided
-by the job's nodes. C is what a save costs the loop, measured at every save (the slowest
-rank's; for the memory tier, the copy between two steps, as its write runs beside training),
-and the step time is measured between saves: the interval is recomputed at each save, every
-rank agreeing (one gather), and said in one line when it changes.
+by the job's nodes. C is what a save costs the loop, measured at every save as the time the
+loop lost to it: the two iterations it touched (the one that made the copy or wrote, and the
+next, which the memory tier's write, its seal and its peer copy share) less two iterations
+of the loop's median pace without a save (`LoopClock`), and never less than the time in the
+save's own call. The call's time alone missed most of it: on 16 ranks of a 2-core machine
+a memory save's call took 120 ms and the loop lost 420 ms to it (a write thread, a seal and a
+peer copy beside training). The interval is recomputed two steps after each save, when its
+cost is known, every rank agreeing (one gather), and said in one line when it changes.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import logging
 import math
 import statistics
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -71,16 +76,67 @@ class Fixed:
     def begin(self, step: int) -> None:
         """The run continues from `step` (nothing to follow with a fixed interval)."""
 
-    def measured(self, step: int, write_s: float) -> None:
-        """A save's cost (nothing to follow with a fixed interval)."""
+    def saved(self, step: int, call_s: float) -> None:
+        """A save of `step` (nothing to follow with a fixed interval)."""
+
+    def settle(self, step: int) -> None:
+        """Between two steps (nothing to follow with a fixed interval)."""
+
+
+class LoopClock:
+    """When each step ended, for what a save cost the loop: the `WINDOW` iterations it
+    touched (from the end of the step it saved), less as many iterations at the median pace
+    of the recent ones that no save touched."""
+
+    WINDOW = 2  # the save's own iteration and the next (a memory save's write, seal, copy)
+    RECENT = 64  # untouched iterations the pace is the median of
+
+    def __init__(self):
+        self.ends: dict[int, float] = {}  # step -> when it ended, for the saves in flight
+        self.free: deque[float] = deque(maxlen=self.RECENT)
+        self.touched_until = -1  # the last step whose iteration a save touched
+        self._last: tuple[int, float] | None = None
+
+    def begin(self) -> None:
+        """A resume or a rewind: the steps ahead follow no step this clock saw end."""
+        self.ends.clear()
+        self._last = None
+
+    def tick(self, step: int, now: float | None = None) -> None:
+        """Step `step` ended (the loop's `step_done`)."""
+        now = time.perf_counter() if now is None else now
+        if self._last is not None and self._last[0] == step - 1 and step > self.touched_until:
+            self.free.append(now - self._last[1])
+        self._last = (step, now)
+        self.ends = {s: t for s, t in self.ends.items() if s >= step - self.WINDOW}
+        self.ends[step] = now
+
+    def touch(self, step: int) -> None:
+        """A save of `step` begins: the next WINDOW iterations are not the loop's own pace."""
+        self.touched_until = max(self.touched_until, step + self.WINDOW)
+
+    def pace(self) -> float | None:
+        """The median iteration no save touched (None before one)."""
+        return statistics.median(self.free) if self.free else None
+
+    def cost(self, step: int, call_s: float) -> float | None:
+        """What the save of `step` cost the loop, once WINDOW steps have ended since (None
+        before): their time beyond the median pace, at least the save call's `call_s`."""
+        start, end = self.ends.get(step), self.ends.get(step + self.WINDOW)
+        if start is None or end is None:
+            return None
+        pace = self.pace()
+        lost = end - start - self.WINDOW * pace if pace is not None else call_s
+        return max(call_s, lost)
 
 
 class Young:
     """A tier's interval under `auto`: the first save FIRST steps in, then Young's interval
-    from the costs measured so far, agreed by every rank at each save."""
+    from the costs measured so far (`LoopClock`), agreed by every rank once each save's
+    cost is known."""
 
-    def __init__(self, key: str, rt: Runtime, mtbf: tuple[float, str]):
-        self.key, self.rt = key, rt
+    def __init__(self, key: str, rt: Runtime, mtbf: tuple[float, str], clock: LoopClock):
+        self.key, self.rt, self.clock = key, rt, clock
         self.mtbf, self.mtbf_why = mtbf
         self.every = FIRST
         self.writes: list[float] = []
@@ -90,24 +146,32 @@ class Young:
         """The run continues from `step`: the next save FIRST steps on, or the interval
         measured so far."""
         self.next = step + self.every
-        self._since = (step, time.perf_counter())  # the step and time of the last save
+        self._pending: tuple[int, float] | None = None  # a save whose cost is not known yet
 
     def due(self, step: int) -> bool:
         return step >= self.next
 
-    def measured(self, step: int, write_s: float) -> None:
-        """After the save of `step`, which cost the loop `write_s` seconds on this rank: the
-        slowest rank's cost and the median step time since the last save decide the next
-        interval (a collective: every rank saves at the same steps)."""
-        last_step, last_time = self._since
-        now = time.perf_counter()
-        steps = max(1, step - last_step)
-        step_s = max(0.0, now - last_time - write_s) / steps
-        everyone = self.rt.all_gather_objects((write_s, step_s))
-        cost = max(w for w, _ in everyone)
-        self.writes = [*self.writes[-9:], cost]  # the recent saves' costs
-        write = statistics.median(self.writes)
-        pace = statistics.median(s for _, s in everyone)
+    def saved(self, step: int, call_s: float) -> None:
+        """A save of `step` whose call took `call_s` on this rank: its cost is known WINDOW
+        steps on (`settle`)."""
+        self._pending = (step, call_s)
+        self.next = step + self.every
+
+    def settle(self, step: int) -> None:
+        """Between two steps: once the pending save's cost is known, the slowest rank's cost
+        and the median pace decide the next interval (a collective: every rank saves, and
+        settles, at the same steps)."""
+        if self._pending is None or step < self._pending[0] + LoopClock.WINDOW:
+            return
+        saved, call_s = self._pending
+        self._pending = None
+        cost = self.clock.cost(saved, call_s)
+        everyone = self.rt.all_gather_objects((call_s if cost is None else cost, self.clock.pace()))
+        self.writes = [*self.writes[-9:], max(c for c, _ in everyone)]  # the recent saves'
+        paces = [p for _, p in everyone if p is not None]
+        if not paces:
+            return
+        write, pace = statistics.median(self.writes), statistics.median(paces)
         every = steps_between(write, self.mtbf, pace)
         if every != self.every and self.rt.is_main:
             log.info(
@@ -116,8 +180,7 @@ class Young:
                 seconds_text(young_s(write, self.mtbf)), pace, self.mtbf_why,
             )  # fmt: skip
         self.every = every
-        self.next = step + every
-        self._since = (step, time.perf_counter())
+        self.next = saved + every
 
     def first_line(self) -> str:
         return (

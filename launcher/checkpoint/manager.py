@@ -98,7 +98,9 @@ class CheckpointManager:
         self.memory = memory  # the memory tier (launcher.checkpoint.memory), when on
         if memory is not None:  # rank 0's lineage, which the durable meta.json records
             memory.follow(rt.broadcast_object(self.writer.meta["lineage"]))
-        # When each tier saves (launcher.checkpoint.cadence): its interval, or auto
+        # When each tier saves (launcher.checkpoint.cadence): its interval, or auto from what
+        # its saves cost the loop (the clock of the steps' ends)
+        self.clock = cadence.LoopClock()
         mtbf = cadence.mtbf_s(trainer.mtbf_h, max(1, rt.world_size // ranks_per_node()))
         self.durable_every = self._cadence("trainer.checkpoint_interval",
                                            trainer.checkpoint_interval, mtbf)  # fmt: skip
@@ -114,7 +116,7 @@ class CheckpointManager:
     def _cadence(self, key: str, every, mtbf: tuple[float, str]):
         if every != cadence.AUTO:
             return cadence.Fixed(every or 0)
-        chosen = cadence.Young(key, self.rt, mtbf)
+        chosen = cadence.Young(key, self.rt, mtbf, self.clock)
         if self.rt.is_main:
             log.info("%s", chosen.first_line())
         return chosen
@@ -126,6 +128,7 @@ class CheckpointManager:
         ones, newest first. Returns the step to continue from (0: a fresh start)."""
         newer = self.newer_in_memory(folders) if auto else None
         start_step = self._restore_first([newer, *folders] if newer else folders, batch)
+        self.clock.begin()
         for every in (self.durable_every, self.memory_every):
             every.begin(start_step)
         if self.memory is not None:
@@ -277,7 +280,7 @@ class CheckpointManager:
         if wait:
             self.writer.complete()
         else:  # what the save cost the loop, which an auto interval follows
-            self.durable_every.measured(step, time.perf_counter() - started)
+            self._saved(self.durable_every, step, started)
 
     def memory_due(self, step: int) -> bool:
         """Whether the memory tier checkpoints `step` (never when it is off)."""
@@ -295,12 +298,22 @@ class CheckpointManager:
             torch.save(rng, folder / self.rng_file)
 
         self.memory.save(step, write, self._progress(step, batch))
-        self.memory_every.measured(step, time.perf_counter() - started)
+        self._saved(self.memory_every, step, started)
 
-    def step_done(self) -> None:
-        """Between two steps: the memory checkpoint of the step before is sealed, if one."""
+    def _saved(self, every, step: int, started: float) -> None:
+        """A save of `step` (begun at `started`) under `every`: the loop's clock leaves its
+        iterations out of the pace, and an auto interval settles its cost two steps on."""
+        self.clock.touch(step)
+        every.saved(step, time.perf_counter() - started)
+
+    def step_done(self, step: int) -> None:
+        """Between two steps (`step` has ended): the memory checkpoint of the step before is
+        sealed, if one; an auto interval whose save's cost is now known settles it."""
+        self.clock.tick(step)
         if self.memory is not None:
             self.memory.complete()
+        for every in (self.durable_every, self.memory_every):
+            every.settle(step)
 
     def last_good(self) -> Path | None:
         """The newest complete durable checkpoint, once an asynchronous save of an earlier

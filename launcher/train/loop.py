@@ -296,7 +296,7 @@ class TrainLoop:
     def _after_step(self, step: int, lr: float) -> None:
         t = self.t
         last = step == t.max_steps
-        self.checkpoints.step_done()
+        self.checkpoints.step_done(step)
         record: dict = {}
         # An interval whose every step was dropped (on_nonfinite=skip) has no loss to log: its
         # time is logged with the next interval's.

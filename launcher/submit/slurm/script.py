@@ -17,6 +17,7 @@ from pathlib import Path
 from launcher.config.secret_keys import is_secret_key
 from launcher.data.cache import cache_root
 from launcher.resilience import bad_hosts, exit_codes
+from launcher.resilience.node_presence import WAIT_ENV
 from launcher.runtime.args_file import ARGS_FILE_ENV
 from launcher.submit.job import FRONT_DOOR, SubmitJob, prepare
 from launcher.submit.node_memory import PROCESS_MARGIN
@@ -93,7 +94,7 @@ def render(job: SubmitJob) -> dict[str, str]:
         "node_lost_exit": str(exit_codes.NODE_LOST),
         "warning_window": str(s.signal_lead_s + SIGNAL_EARLY_S + WARNING_SLACK_S),
         "exports": "\n".join(
-            f"export {name}={shlex.quote(value)}" for name, value in job.env().items()
+            f"export {name}={shlex.quote(value)}" for name, value in exports(job).items()
         ),
         "shutdown_timeout": str(s.signal_lead_s),
         # with reserved ports the step's own, known only inside the step (_torchrun)
@@ -233,6 +234,13 @@ def container_name(job: SubmitJob) -> str:
     if s.container_name:
         return str(s.container_name)
     return f"launcher-{hashlib.sha256(str(s.container_image).encode()).hexdigest()[:12]}"
+
+
+def exports(job: SubmitJob) -> dict[str, str]:
+    """What every node's task exports: the job's variables, and a lost node's wait of 0 s
+    (nothing can take a node's place inside an allocation: the survivors end with 8 at
+    once, and the requeue brings a full set of nodes); `cluster.env` may set it."""
+    return {WAIT_ENV: "0", **job.env()}
 
 
 def _srun_options(job: SubmitJob) -> list[str]:

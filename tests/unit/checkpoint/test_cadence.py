@@ -6,7 +6,6 @@ knob matrix launches `auto` on every engine with the memory tier (tests/knob_row
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -45,17 +44,60 @@ def test_a_fixed_interval_saves_on_its_multiples():
     assert not any(cadence.Fixed(0).due(s) for s in range(1, 16))
 
 
-def test_auto_saves_early_then_at_youngs_interval_from_what_it_measured(monkeypatch):
-    clock = iter(range(0, 10_000, 1)).__next__  # each call one second later
-    monkeypatch.setattr(time, "perf_counter", lambda: float(clock()))
-    every = cadence.Young("trainer.checkpoint_interval", RT, (3600.0, "given"))
+def ticks(clock: cadence.LoopClock, seconds: dict[int, float], default: float = 1.0,
+          steps: range = range(1, 41)) -> None:
+    """Steps ending one after another, each `default` seconds after the one before (the
+    clock's last) unless given."""
+    now = max(clock.ends.values(), default=0.0)
+    for step in steps:
+        now += seconds.get(step, default)
+        clock.tick(step, now)
+
+
+def test_a_saves_cost_is_the_time_the_loop_lost_to_it_not_its_call():
+    """A memory save whose call takes 0.1 s and whose write, seal and peer copy slow the
+    two iterations after it by 0.5 and 0.3 s costs 0.8 s; the pace leaves those out."""
+    clock = cadence.LoopClock()
+    ticks(clock, {}, steps=range(1, 11))
+    clock.touch(10)
+    ticks(clock, {11: 1.5}, steps=range(11, 12))
+    assert clock.cost(10, call_s=0.1) is None  # its second step has not ended yet
+    ticks(clock, {12: 1.3}, steps=range(12, 13))
+    assert clock.cost(10, call_s=0.1) == pytest.approx(0.8)
+    assert clock.cost(10, call_s=2.0) == 2.0  # never less than the call itself
+    ticks(clock, {}, steps=range(13, 21))
+    assert clock.pace() == 1.0 and len(clock.free) == 17  # the touched two left out
+
+
+def test_a_resume_starts_the_clock_afresh():
+    """The first iteration after a resume (or a rewind) spans the restart: not a pace."""
+    clock = cadence.LoopClock()
+    ticks(clock, {}, steps=range(1, 6))
+    clock.begin()
+    ticks(clock, {3: 30.0}, steps=range(3, 6))  # 30 s to restart, then steps of 1 s
+    assert list(clock.free) == [1.0] * 6
+
+
+def test_auto_saves_early_then_at_youngs_interval_from_what_it_measured():
+    clock = cadence.LoopClock()
+    every = cadence.Young("trainer.checkpoint_interval", RT, (3600.0, "given"), clock)
     assert next(s for s in range(1, 5) if every.due(s)) == cadence.FIRST
-    every.measured(cadence.FIRST, write_s=0.5)  # a 0.5 s save; steps of (1 - 0.5) / 2 s
+    ticks(clock, {}, default=0.25, steps=range(1, cadence.FIRST + 1))
+    clock.touch(cadence.FIRST)
+    every.saved(cadence.FIRST, call_s=0.1)
+    # the save slows its two iterations by 0.5 s in all: steps of 0.25 s, a save of 0.5 s
+    ticks(clock, {3: 0.65, 4: 0.35}, default=0.25, steps=range(3, 5))
+    every.settle(cadence.FIRST + 1)  # one step on: not known yet
+    assert every.every == cadence.FIRST and every.writes == []
+    every.settle(cadence.FIRST + 2)
+    assert every.writes == [pytest.approx(0.5)]
     young = math.sqrt(2 * 0.5 * 3600)  # 60 s
-    assert every.every == round(young / 0.25)
+    assert every.every == round(young / 0.25) == 240
     assert every.next == cadence.FIRST + every.every
     every.begin(100)  # a resume: the interval measured so far, from the step resumed
     assert every.next == 100 + every.every
+    every.settle(200)  # nothing pending after a resume
+    assert every.writes == [pytest.approx(0.5)]
 
 
 @pytest.mark.parametrize("key", ["checkpoint_interval", "memory_checkpoint_interval"])

@@ -112,6 +112,22 @@ def test_values_hydra_retypes_are_refused_in_shell_text(tmp_path, capsys, target
     assert "quote it to keep it as typed" in err
 
 
+@pytest.mark.parametrize(("target", "given", "wait"), [
+    ("slurm", (), "0"),  # nothing replaces a node inside an allocation: end at once
+    ("slurm", ("+cluster.env.LAUNCHER_LOST_NODE_S=45",), "45"),  # the user's wins
+    ("k8s", (), "900"),  # a pod is rescheduled: wait the rendezvous timeout
+])  # fmt: skip
+def test_a_lost_nodes_wait_is_the_schedulers(tmp_path, target, given, wait):
+    """How long the other nodes wait for a lost node's replacement before ending with 8
+    (LAUNCHER_LOST_NODE_S, launcher.resilience.node_presence): what the scheduler can do."""
+    files = render(target, tmp_path, *given)
+    if target == "slurm":
+        text = "".join(files.values())
+        assert re.findall(r"^export LAUNCHER_LOST_NODE_S=(.*)$", text, re.M) == [wait]
+    else:
+        assert {"name": "LAUNCHER_LOST_NODE_S", "value": wait} in pod_container(files)["env"]
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_quoted_shell_text_is_written_as_typed(tmp_path, target):
     files = render(
