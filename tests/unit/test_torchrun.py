@@ -87,8 +87,8 @@ def test_torchruns_rendezvous_handler_takes_the_keep_alive():
     from torch.distributed import run as torch_run
     from torch.distributed.elastic.rendezvous import RendezvousParameters, registry
 
-    args = torch_run.parse_args(["--nnodes=1", "--rdzv-backend=c10d",
-                                 "--rdzv-endpoint=127.0.0.1:0", "-m", "launcher.train"])  # fmt: skip
+    argv = ["--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0"]
+    args = torch_run.parse_args([*argv, "-m", "launcher.train"])
     args.rdzv_conf = prompt_keep_alive(args.rdzv_conf)
     config, _, _ = torch_run.config_from_args(args)
     params = RendezvousParameters(

@@ -44,8 +44,12 @@ def test_a_fixed_interval_saves_on_its_multiples():
     assert not any(cadence.Fixed(0).due(s) for s in range(1, 16))
 
 
-def ticks(clock: cadence.LoopClock, seconds: dict[int, float], default: float = 1.0,
-          steps: range = range(1, 41)) -> None:
+def ticks(
+    clock: cadence.LoopClock,
+    seconds: dict[int, float],
+    default: float = 1.0,
+    steps: range = range(1, 41),
+) -> None:
     """Steps ending one after another, each `default` seconds after the one before (the
     clock's last) unless given."""
     now = max(clock.ends.values(), default=0.0)
