@@ -217,7 +217,10 @@ def run_agent(argv: list[str]) -> None:
     node dropped from the rendezvous as soon as its silence tells (`prompt_keep_alive`)."""
     args = torch_run.parse_args(argv)
     args.rdzv_conf = prompt_keep_alive(args.rdzv_conf)
-    torch_run.run(warm_start.warm(args) if warm_start.wanted(args) else args)
+    if warm_start.wanted(args):
+        args = warm_start.warm(args)
+        warm_start.start_server()
+    torch_run.run(args)
 
 
 def lost_at_end(presence, ranks: dict[int, int], succeeded: bool, chosen: dict) -> str | None:

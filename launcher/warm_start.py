@@ -24,6 +24,7 @@ import gc
 import io
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import runpy
 import shlex
@@ -85,6 +86,15 @@ def warm(args: Namespace) -> Namespace:
     args.training_script_args = [args.training_script, *args.training_script_args]
     args.training_script, args.module = __file__, False
     return args
+
+
+def start_server() -> None:
+    """Start the fork server now, before the rendezvous: it imports while the agent waits
+    there (for the other nodes, or for a lost node to be dropped) instead of after, and the
+    first ranks it forks are ready that much sooner (multiprocessing would start it at the
+    first rank). A rank takes its environment from the agent at its start (torchrun sets it
+    in the child), so a server started early forks the ranks a late one would."""
+    multiprocessing.forkserver.ensure_running()
 
 
 def unbuffered_stdio() -> None:

@@ -36,6 +36,7 @@ PROCESS_NAMES = {
     "python_train",
     "start",
     "start_torchrun",
+    "start_agent",
     "start_agents",
     "tune_launch",
     "stop_once_checkpointed",

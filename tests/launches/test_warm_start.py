@@ -4,12 +4,15 @@ start trains; the fork server's imports touch no device and start no Python thre
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -21,10 +24,12 @@ from launch import (
     base_env,
     checkpointed,
     finish,
+    free_port,
     launch_words,
     losses,
     run_dir_of,
     start,
+    start_agent,
     summary,
     torchrun_cmd,
     wait_for,
@@ -124,3 +129,33 @@ print(json.dumps({"calls": calls, "threads": threading.active_count(), "ignored"
     assert found["calls"] == [] and found["threads"] == 1, found
     assert not found["collecting"] and found["frozen"] > 250_000, found
     assert found["ignored"], found  # the stop signals a scheduler sends the whole step
+
+
+def test_the_fork_server_imports_while_the_agent_waits_in_the_rendezvous(tmp_path):
+    """One agent of a two-node job, its peer never started: it waits in the rendezvous, and
+    its fork server (the child that imports the trainer once) is up already, before any
+    rank could start; a stop signal ends the agent, and the server with it."""
+    output = tmp_path / "agent.txt"
+    proc = start_agent([f"run.root={tmp_path / 'runs'}"], output, nodes=2, nproc=1,
+                       endpoint=f"127.0.0.1:{free_port()}", rdzv_id="early", host=True)  # fmt: skip
+
+    def server() -> int | None:
+        for pid in process_tree.children(proc.pid):
+            with contextlib.suppress(OSError):
+                if FORK_SERVER in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return pid
+        return None
+
+    try:
+        wait_for(lambda: server() is not None, proc, timeout=120)
+        found = server()
+        assert not (tmp_path / "runs").exists()  # no rank started: the rendezvous waits
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    out = output.read_text()
+    assert "Traceback" not in out, out
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{found}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{found}").exists(), f"fork server {found} outlived its agent"
