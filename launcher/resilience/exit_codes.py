@@ -137,21 +137,19 @@ def read_starts(folder: Path) -> tuple[int | None, dict[int, str]]:
     return max(latest), latest[max(latest)]
 
 
-def read_reports(folder: Path, chosen: bool = False, attempt: int | None = None) -> dict[int, int]:
-    """{rank: code} of the latest attempt whose ranks reported, or of `attempt` (`chosen`:
-    the codes ranks chose to leave with, `report(code, chosen=True)`)."""
+def read_reports(folder: Path, chosen: bool = False) -> dict[int, int]:
+    """{rank: code} of the latest attempt whose ranks reported (`chosen`: the codes ranks
+    chose to leave with, `report(code, chosen=True)`)."""
     latest: dict[int, dict[int, int]] = {}
     for path in Path(folder).iterdir():
         match = re.fullmatch(r"attempt(\d+)\.rank(\d+)(\.chosen)?", path.name)
         if not match or bool(match[3]) != chosen:
             continue
-        of, rank = int(match[1]), int(match[2])
+        attempt, rank = int(match[1]), int(match[2])
         try:
-            latest.setdefault(of, {})[rank] = int(path.read_text())
+            latest.setdefault(attempt, {})[rank] = int(path.read_text())
         except (OSError, ValueError):
             continue
-    if attempt is not None:
-        return latest.get(attempt, {})
     return latest[max(latest)] if latest else {}
 
 

@@ -18,11 +18,9 @@ The wait is for a replacement on its way, and how long one takes is the schedule
 agent already running or a replacement started as the node is lost joins within seconds (4-5
 s at 16 ranks on one machine, measured), the default's case; a Kubernetes pod that must be
 scheduled takes longer, and the pod renderer sets the wait to the rendezvous timeout; inside
-a Slurm allocation nothing can take a node's place, and the sbatch script sets it to 5 s
-(the time an agent takes to end after its ranks: the requeue brings a full set of nodes).
-Every second waited in vain is a second of every node's time lost. A node whose own ranks
-ended with the job (done, or stopped: a preemption reaches every node) waits for nobody,
-whichever node's front door ended first.
+a Slurm allocation nothing can take a node's place, and the sbatch script sets it to 0 (end
+at once: the requeue brings a full set of nodes). Every second waited in vain is a second of
+every node's time lost.
 """
 
 from __future__ import annotations
@@ -63,8 +61,6 @@ def wait_s(environ=os.environ) -> float:
 
 
 NEVER = float("-inf")  # a heartbeat not seen to move yet
-# A node whose ranks ended with one of these ends with the job: it waits for nobody.
-LEAVING_CODES = (exit_codes.DONE, exit_codes.STOPPED, exit_codes.STOPPED_NO_CHECKPOINT)
 
 
 @dataclass
@@ -222,19 +218,10 @@ class NodePresence(threading.Thread):
         if workers or not silent:
             self.ended_since = None
             return
-        if self.leaving():
-            return
         self.ended_since = self.ended_since or now
         if now - self.ended_since >= self.wait:
             self.lost = lost_line(silent, now - self.ended_since)
             self.end()
-
-    def leaving(self) -> bool:
-        """Whether this node's ranks of this attempt ended with the job (done, or stopped on
-        request: a preemption reaches every node): then its agent ends too and waits for no
-        replacement, whichever node's front door ended first."""
-        reports = exit_codes.read_reports(self.outcome, attempt=self.attempt)
-        return any(code in LEAVING_CODES for code in reports.values())
 
     def silent_at_end(self) -> dict[str, dict]:
         """At the end of a job that failed: the nodes whose heartbeat has stopped, waiting

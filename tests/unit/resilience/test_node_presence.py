@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from launcher.resilience import exit_codes, node_presence
 from launcher.resilience.node_presence import BEAT_S, SILENT_AFTER_S, NodePresence
 
@@ -159,28 +157,3 @@ def test_this_nodes_ranks_end_as_soon_as_a_node_of_the_attempt_stops_beating(tmp
     for i in range(1, 20):
         watch.tick(i * BEAT_S)
     assert killed == []
-
-
-@pytest.mark.parametrize("code", [exit_codes.DONE, exit_codes.STOPPED,
-                                  exit_codes.STOPPED_NO_CHECKPOINT])  # fmt: skip
-def test_a_node_whose_own_ranks_ended_with_the_job_waits_for_nobody(tmp_path, code):
-    """A preemption (or the job's end) reaches every node: one node's front door ends
-    first, while this node's agent, its ranks already gone with 143 (or 0, or 7), is still
-    ending. However long that takes, it is not a node lost: the job's code stays the ranks'
-    (a wait of 0, Slurm's, would otherwise call every preemption a lost node)."""
-    workers = [101]
-    watch, outcome, run_dir, ends = presence(tmp_path, workers)
-    watch.wait = 0.0
-    started(outcome, run_dir, 0, [0, 1])
-    other_node(run_dir, [2, 3], beat=1)
-    watch.tick(0.0)
-    other_node(run_dir, [2, 3], beat=2, ended=code)
-    for rank in (0, 1):
-        (outcome / f"attempt0000.rank{rank:05d}").write_text(f"{code}\n")
-    workers.clear()
-    for i in range(2, 60):
-        watch.tick(i * BEAT_S)
-    assert not ends and watch.lost is None
-    started(outcome, run_dir, 1, [0, 1])  # a later attempt's ranks reported nothing yet
-    watch.tick(61 * BEAT_S)
-    assert not watch.leaving()
