@@ -18,9 +18,13 @@ The wait is for a replacement on its way, and how long one takes is the schedule
 agent already running or a replacement started as the node is lost joins within seconds (4-5
 s at 16 ranks on one machine, measured), the default's case; a Kubernetes pod that must be
 scheduled takes longer, and the pod renderer sets the wait to the rendezvous timeout; inside
-a Slurm allocation nothing can take a node's place, and the sbatch script sets it to 0 (end
-at once: the requeue brings a full set of nodes). Every second waited in vain is a second of
-every node's time lost.
+a Slurm allocation nothing can take a node's place, and the sbatch script sets it to 5 s
+(the requeue brings a full set of nodes). Every second waited in vain is a second of every
+node's time lost. The wait is never 0 in practice: when every node ends together (a
+preemption reaches every node), the front door that ends first is a gone node to one whose
+ranks have ended and whose agent is still ending; an agent's end, a second or two, must fit
+in the wait. (A node's ranks' own codes cannot tell such an end from a restart: torchrun
+closes the ranks of a restart with the same SIGTERM a preemption sends.)
 """
 
 from __future__ import annotations

@@ -236,11 +236,17 @@ def container_name(job: SubmitJob) -> str:
     return f"launcher-{hashlib.sha256(str(s.container_image).encode()).hexdigest()[:12]}"
 
 
+# How long the other nodes wait for a lost node's replacement: nothing can take a node's
+# place inside an allocation, so only as long as an agent takes to end after its ranks
+# (when every node ends together, a preemption or a failure they share, the front door that
+# ends first must not be taken for a lost node by one still ending).
+LOST_NODE_WAIT_S = 5
+
+
 def exports(job: SubmitJob) -> dict[str, str]:
-    """What every node's task exports: the job's variables, and a lost node's wait of 0 s
-    (nothing can take a node's place inside an allocation: the survivors end with 8 at
-    once, and the requeue brings a full set of nodes); `cluster.env` may set it."""
-    return {WAIT_ENV: "0", **job.env()}
+    """What every node's task exports: the job's variables, and a lost node's short wait
+    (LOST_NODE_WAIT_S; the requeue brings a full set of nodes); `cluster.env` may set it."""
+    return {WAIT_ENV: str(LOST_NODE_WAIT_S), **job.env()}
 
 
 def _srun_options(job: SubmitJob) -> list[str]:

@@ -113,7 +113,7 @@ def test_values_hydra_retypes_are_refused_in_shell_text(tmp_path, capsys, target
 
 
 @pytest.mark.parametrize(("target", "given", "wait"), [
-    ("slurm", (), "0"),  # nothing replaces a node inside an allocation: end at once
+    ("slurm", (), "5"),  # nothing replaces a node inside an allocation: end soon
     ("slurm", ("+cluster.env.LAUNCHER_LOST_NODE_S=45",), "45"),  # the user's wins
     ("k8s", (), "900"),  # a pod is rescheduled: wait the rendezvous timeout
 ])  # fmt: skip
