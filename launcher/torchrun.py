@@ -219,6 +219,9 @@ def run_agent(argv: list[str]) -> None:
     args.rdzv_conf = prompt_keep_alive(args.rdzv_conf)
     if warm_start.wanted(args):
         args = warm_start.warm(args)
+        # torchrun's defaults into this environment first (OMP_NUM_THREADS=1 for several
+        # ranks): the fork server imports torch under it, and its OpenMP keeps that count
+        torch_run.config_from_args(args)
         warm_start.start_server()
     torch_run.run(args)
 

@@ -107,6 +107,13 @@ def collect(need_shm_bytes: int | None) -> dict:
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        # torch's intra-op threads in this process: OpenMP fixes the count when torch is
+        # imported (a warm-started rank's, in its agent's fork server), not when the
+        # variable is read later
+        "threads": {
+            "intra_op": torch.get_num_threads(),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        },
         "versions": package_versions(),
         "devices": devices(),
         "nccl_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},

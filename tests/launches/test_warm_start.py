@@ -21,6 +21,7 @@ from launcher.runtime import process_tree
 from launcher.runtime.process_tree import FORK_SERVER
 
 from launch import (
+    FAST,
     base_env,
     checkpointed,
     finish,
@@ -159,3 +160,20 @@ def test_the_fork_server_imports_while_the_agent_waits_in_the_rendezvous(tmp_pat
     while Path(f"/proc/{found}").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not Path(f"/proc/{found}").exists(), f"fork server {found} outlived its agent"
+
+
+def test_a_warm_rank_takes_torchruns_thread_default(tmp_path):
+    """Without OMP_NUM_THREADS, torchrun gives each of several ranks one intra-op thread;
+    a warm rank's OpenMP took its count when its fork server imported torch, so the server
+    starts under torchrun's defaults: env.json (rank 0's) says 1 thread, not the machine's
+    cores (2 here, what an early server started without them gave)."""
+    env = base_env()
+    env.pop("OMP_NUM_THREADS")
+    output = tmp_path / "out.txt"
+    cmd = torchrun_cmd([*FAST, "trainer.max_steps=2", f"run.root={tmp_path / 'runs'}"],
+                       runner="launcher.torchrun")  # fmt: skip
+    proc = start(cmd, output, env=env)
+    out = finish(proc, output)
+    assert proc.returncode == 0, out
+    env_json = json.loads((run_dir_of(tmp_path / "runs") / "env.json").read_text())
+    assert env_json["threads"] == {"intra_op": 1, "OMP_NUM_THREADS": "1"}, env_json["threads"]
