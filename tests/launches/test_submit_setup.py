@@ -19,7 +19,7 @@ def setup_part(script: str) -> str:
     """The rendered script from its setup function to the first export: what runs before
     training, runnable outside Slurm."""
     start = script.index("setup_failed() {")
-    return script[start : script.index("# The `nccl` group's variables")]
+    return script[start : script.index("\nexport ", start)]
 
 
 def test_a_failing_setup_line_ends_the_job_at_once_naming_it(tmp_path):
