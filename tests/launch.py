@@ -238,13 +238,23 @@ def start_agents(
     """len(outputs) agents of one job on this machine, as that many nodes (start_agent):
     (the agents, a function that starts node i's agent again, as a replaced node would).
     `per_node(i)`: overrides of node i's agent alone, asked at each start (a node's own
-    memory folder: a replacement's is a new one)."""
+    memory folder: a replacement's is a new one).
+
+    The rendezvous orders nodes by their address, then by their agent's pid: on one machine
+    by pid, which wraps (pid_max 32768 here), so a replacement's place came out first or
+    last by chance. Each first start is `--local-addr=127.0.0.1`, each replacement
+    127.0.0.2 (loopback too): a replacement comes last, as a new node whose name sorts after
+    the others' would."""
     endpoint = f"127.0.0.1:{free_port()}"
+    started: set[int] = set()
 
     def agent(i: int) -> subprocess.Popen:
+        address = "127.0.0.2" if i in started else "127.0.0.1"
+        started.add(i)
         return start_agent(
             [*args, *per_node(i)], outputs[i], nodes=len(outputs), nproc=nproc,
-            endpoint=endpoint, rdzv_id=rdzv_id, host=i == 0, extra_args=extra_args,
+            endpoint=endpoint, rdzv_id=rdzv_id, host=i == 0,
+            extra_args=[*extra_args, f"--local-addr={address}"],
         )  # fmt: skip
 
     return [agent(i) for i in range(len(outputs))], agent
