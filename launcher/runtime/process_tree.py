@@ -81,13 +81,15 @@ def agent_of(rank: int) -> int:
 def workers(agent: int) -> list[int]:
     """The rank processes torchrun's agent `agent` runs: its children, or where a warm
     start's fork server stands between them, the server's children; never multiprocessing's
-    resource tracker (none while the agent waits in a rendezvous)."""
-    found = []
+    resource tracker (none while the agent waits in a rendezvous), nor a child that still
+    runs the agent's own command (forked, not yet the program it starts: the fork server a
+    warm start spawns before the rendezvous is one for a moment)."""
+    found, own = [], _cmdline(agent)
     for pid in children(agent):
         line = _cmdline(pid)
         if FORK_SERVER in line:
             found += children(pid)
-        elif line and RESOURCE_TRACKER not in line:
+        elif line and line != own and RESOURCE_TRACKER not in line:
             found.append(pid)
     return found
 
