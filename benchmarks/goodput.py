@@ -6,8 +6,9 @@
 One job of the default model (DataLoader workers on) runs as `--nodes` agents of
 `python -m launcher.torchrun` (a c10d rendezvous on this machine, each agent its own process
 tree and its own memory-tier folder, as separate nodes' /dev/shm are), with the memory tier
-and its peer copies on, both checkpoint intervals `auto` and `trainer.mtbf_h` the schedule's
-fault rate. Every `--every` seconds (the first half an interval in) one fault, in this order,
+and its peer copies on, both checkpoint intervals `auto`, `trainer.mtbf_h` the schedule's
+fault rate and `trainer.memory_loss_mtbf_h` ten times it (every fault here restarts from
+memory; the durable interval is set as if one in ten did not). Every `--every` seconds (the first half an interval in) one fault, in this order,
 round and round:
 
 - replaced: a node's agent and everything below it SIGKILLed, a new agent started for it at
@@ -68,6 +69,9 @@ JOB = [
     "data.max_bytes=400000",
     "data.bpe_vocab_size=512",
 ]
+# The durable interval follows the failures that lose the memory tier: none of the schedule's
+# does (each restarts from memory), so the benchmark says one failure in ten would.
+MEMORY_LOSS = 10
 FAULT_RANK = 5  # the frozen rank and the device error's (on node 1)
 REACTIONS = ("lost a peer rank", "stopping: rank", "hang: ", "error: rank", "received SIGTERM")
 # A rank log's line: "2026-12-06 03:33:50,655 [rank 0] INFO launcher: ..."
@@ -378,8 +382,8 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="goodput-"))
     shm = Path(tempfile.mkdtemp(prefix="goodput-", dir="/dev/shm"))
     mtbf_h = args.every / 3600
-    job = Job(root, shm, args.nodes, args.per_node, [f"trainer.mtbf_h={mtbf_h:g}", *overrides],
-              args.every)  # fmt: skip
+    rates = [f"trainer.mtbf_h={mtbf_h:g}", f"trainer.memory_loss_mtbf_h={MEMORY_LOSS * mtbf_h:g}"]
+    job = Job(root, shm, args.nodes, args.per_node, [*rates, *overrides], args.every)
     steps = Steps(job.run_dir / "metrics.jsonl")
     steps.start()
     faults: list[Fault] = []

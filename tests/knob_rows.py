@@ -345,10 +345,12 @@ ROWS: list[Row] = [
             "trainer.checkpoint_interval=auto",
             "trainer.memory_checkpoint_interval=auto",
             "trainer.mtbf_h=0.001",
+            "trainer.memory_loss_mtbf_h=0.004",
         ],  # fmt: skip
         "equal",
-        "both tiers at Young's interval from their measured costs (a failure every 3.6 s: a "
-        "save every step or two after the first at step 2); saves change no number",
+        "both tiers at Young's interval from their measured costs (a failure every 3.6 s, one "
+        "that loses the memory tier every 14.4 s: a save every step or few after the first at "
+        "step 2); saves change no number",
         engines=MEMORY_TIER,
     ),
     row(

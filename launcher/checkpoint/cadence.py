@@ -7,7 +7,9 @@ come every M seconds on average and whose checkpoint stops training for C second
 least with a checkpoint every sqrt(2 C M) seconds: more often, the writes cost more than the
 work they save; less often, a failure costs more redone work than the writes. M is
 `trainer.mtbf_h` (the job's mean time between failures), or, left null, NODE_MTBF_H divided
-by the job's nodes. C is what a save costs the loop, measured at every save as the time the
+by the job's nodes; for the durable tier while the memory tier is on, only the failures the
+memory tier cannot recover from count (`trainer.memory_loss_mtbf_h`: a node lost with its
+peer copy, every node's memory gone), every failure when it is left null. C is what a save costs the loop, measured at every save as the time the
 loop lost to it: the two iterations it touched (the one that made the copy or wrote, and the
 next, which the memory tier's write, its seal and its peer copy share) less two iterations
 of the loop's median pace without a save (`LoopClock`), and never less than the time in the
@@ -52,6 +54,15 @@ def mtbf_s(mtbf_h: float | None, nodes: int) -> tuple[float, str]:
         f"trainer.mtbf_h=null: {NODE_MTBF_H:,.0f} node-hours between failures (Llama 3's) / "
         f"{nodes} node(s) = {hours:,.0f} h"
     )
+
+
+def memory_loss_mtbf_s(loss_h: float | None, mtbf: tuple[float, str]) -> tuple[float, str]:
+    """The mean time between the failures the memory tier cannot recover from, for the
+    durable tier's interval while the memory tier is on: `trainer.memory_loss_mtbf_h`, or,
+    left null, every failure's (`mtbf`): the safe side, as if the memory tier recovered none."""
+    if loss_h is not None:
+        return float(loss_h) * 3600, f"trainer.memory_loss_mtbf_h={loss_h:g}"
+    return mtbf[0], "trainer.memory_loss_mtbf_h=null: every failure's"
 
 
 def young_s(write_s: float, mtbf: float) -> float:

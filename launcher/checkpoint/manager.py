@@ -102,8 +102,12 @@ class CheckpointManager:
         # its saves cost the loop (the clock of the steps' ends)
         self.clock = cadence.LoopClock()
         mtbf = cadence.mtbf_s(trainer.mtbf_h, max(1, rt.world_size // ranks_per_node()))
+        # While the memory tier is on, a durable checkpoint is what the failures it cannot
+        # recover from fall back to: those alone decide the durable interval.
+        durable_mtbf = mtbf if memory is None else cadence.memory_loss_mtbf_s(
+            trainer.memory_loss_mtbf_h, mtbf)  # fmt: skip
         self.durable_every = self._cadence("trainer.checkpoint_interval",
-                                           trainer.checkpoint_interval, mtbf)  # fmt: skip
+                                           trainer.checkpoint_interval, durable_mtbf)  # fmt: skip
         self.memory_every = self._cadence(
             "trainer.memory_checkpoint_interval",
             trainer.memory_checkpoint_interval if memory is None or

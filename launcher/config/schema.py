@@ -148,6 +148,11 @@ class TrainerConfig:
     # The job's mean time between failures (hours), which the `auto` intervals follow; null:
     # 6,300 node-hours (Llama 3's training) divided by the job's nodes (docs/checkpoints.md)
     mtbf_h: float | None = ranged(None, POSITIVE)
+    # The mean time between the failures the memory tier cannot recover from (hours): a node
+    # lost with its peer copy, every node's memory wiped. The durable interval under auto
+    # follows it while the memory tier is on; null: trainer.mtbf_h, as if every failure
+    # lost the tier (docs/checkpoints.md)
+    memory_loss_mtbf_h: float | None = ranged(None, POSITIVE)
     memory_checkpoint_dir: str = "/dev/shm"  # node-local memory (a tmpfs) the tier writes to
     # Also keep each rank's memory checkpoints in the memory of a rank on the next node, so
     # that a node lost whole costs at most one memory interval (docs/checkpoints.md)

@@ -179,6 +179,12 @@ def _validate_rules(cfg: TrainConfig, world_size: int) -> None:
                 f"trainer.{key}={shown}: give a whole number of steps (0: off) or auto "
                 "(Young's interval from the measured cost and trainer.mtbf_h)"
             )
+    if None not in (t.mtbf_h, t.memory_loss_mtbf_h) and t.memory_loss_mtbf_h < t.mtbf_h:
+        raise ConfigError(
+            f"trainer.memory_loss_mtbf_h={t.memory_loss_mtbf_h:g} is below trainer.mtbf_h="
+            f"{t.mtbf_h:g}: the failures that lose the memory tier are some of all failures, "
+            "so they come no more often; raise it, or leave it null (every failure's)"
+        )
     if t.seq_len > m.n_positions:
         raise ConfigError(
             f"trainer.seq_len={t.seq_len} exceeds model.n_positions={m.n_positions}; "

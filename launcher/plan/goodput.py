@@ -4,13 +4,17 @@ a restart costs (docs/plan.md, "Goodput").
 
 A job that fails every M seconds on average, restarts in R seconds, saves a checkpoint that
 stops training for C seconds every T seconds and, after a failure, redoes on average half an
-interval of the newest tier (the memory tier's when it is on) keeps
+interval of the newest tier it still holds keeps
 
-    goodput = 1 - C_durable / T_durable - C_memory / T_memory - (R + T_newest / 2) / M
+    goodput = 1 - C_durable / T_durable - C_memory / T_memory - (R + T_memory / 2) / M
+                - (T_durable - T_memory) / 2 / L
 
-of its time. An interval set to `auto` is Young's, sqrt(2 C M) (launcher.checkpoint.cadence,
-as the run chooses it); a number of steps becomes seconds at the plan's step time. M is
-`trainer.mtbf_h`, or the node MTBF the cadence states divided by the nodes; R is the
+of its time: the memory tier's interval is redone after every failure, the rest of the
+durable one after the failures every L seconds that lose the memory tier too (without the
+tier, T_memory is 0 and L is M). An interval set to `auto` is Young's, sqrt(2 C M), the
+durable one's with L (launcher.checkpoint.cadence, as the run chooses them); a number of
+steps becomes seconds at the plan's step time. M is `trainer.mtbf_h`, or the node MTBF the
+cadence states divided by the nodes; L is `trainer.memory_loss_mtbf_h`, or M; R is the
 start-up a run measured (`--from RUN_DIR`: summary.json's startup_s) plus the time to detect
 the failure, or an assumed figure; C is the plan's write time (durable) and a rank's share
 of the state copied to host memory (memory tier).
@@ -58,13 +62,16 @@ def forecast(cfg, nodes: int, procs_per_node: int, on_gpu: bool, write_s: float,
     world = nodes * procs_per_node
     mtbf, mtbf_why = cadence.mtbf_s(t.mtbf_h, nodes)
     restart, restart_why = restart_cost(startup_s)
-    durable_every = _interval(t.checkpoint_interval, write_s, mtbf, step_s)
-    tiers = {
-        "durable": {"setting": t.checkpoint_interval, "cost_s": write_s, "every_s": durable_every}
-    }
     memory_setting = t.memory_checkpoint_interval
     if memory_setting != cadence.AUTO:
         memory_setting = tier.interval(cfg, restarts)
+    loss, loss_why = (mtbf, mtbf_why)
+    if memory_setting:
+        loss, loss_why = cadence.memory_loss_mtbf_s(t.memory_loss_mtbf_h, (mtbf, mtbf_why))
+    durable_every = _interval(t.checkpoint_interval, write_s, loss, step_s)
+    tiers = {
+        "durable": {"setting": t.checkpoint_interval, "cost_s": write_s, "every_s": durable_every}
+    }
     if memory_setting:
         # a rank's share: DDP's state split over the node's ranks, a sharded engine's shard
         share = tier.node_state_bytes(cfg, procs_per_node, world) / procs_per_node
@@ -74,17 +81,23 @@ def forecast(cfg, nodes: int, procs_per_node: int, on_gpu: bool, write_s: float,
             "cost_s": copy_s,
             "every_s": _interval(memory_setting, copy_s, mtbf, step_s),
         }
-    newest = tiers.get("memory", tiers["durable"])["every_s"]
     lost = [v["cost_s"] / v["every_s"] for v in tiers.values() if v["every_s"]]
     expected = None
-    if newest is not None and all(v["every_s"] or not v["setting"] for v in tiers.values()):
-        expected = max(0.0, 1 - sum(lost) - (restart + newest / 2) / mtbf)
+    if all(v["every_s"] or not v["setting"] for v in tiers.values()) and len(lost):
+        memory_every = tiers["memory"]["every_s"] if "memory" in tiers else 0.0
+        # Without durable checkpoints a failure the memory tier cannot recover from loses
+        # the run, which no rate of time lost can say: the forecast leaves it out.
+        fallback = (durable_every - memory_every) / 2 / loss if durable_every else 0.0
+        redo = (restart + memory_every / 2) / mtbf + fallback
+        expected = max(0.0, 1 - sum(lost) - redo)
     for v in tiers.values():
         v["steps"] = round(v["every_s"] / step_s) if v["every_s"] and step_s else None
     return {
         "expected": expected,
         "mtbf_s": mtbf,
         "mtbf_why": mtbf_why,
+        "memory_loss_mtbf_s": loss,
+        "memory_loss_mtbf_why": loss_why,
         "restart_s": restart,
         "restart_why": restart_why,
         "tiers": tiers,
@@ -117,6 +130,10 @@ def lines(goodput: dict) -> list[str]:
         every = seconds_text(v["every_s"]) if v["every_s"] else "-"
         steps = f" ({v['steps']} steps)" if v["steps"] else ""
         how = "Young's sqrt(2 x cost x MTBF)" if v["setting"] == cadence.AUTO else "set"
+        if v["setting"] == cadence.AUTO and name == "durable" and "memory" in goodput["tiers"]:
+            how = (f"Young's sqrt(2 x cost x {seconds_text(goodput['memory_loss_mtbf_s'])} "
+                   f"between the failures that lose the memory tier: "
+                   f"{goodput['memory_loss_mtbf_why']})")  # fmt: skip
         out.append(f"  {name} checkpoints: every {every}{steps}, {how}; each costs "
                    f"{seconds_text(v['cost_s'])}")  # fmt: skip
     return out

@@ -114,3 +114,16 @@ def test_an_interval_is_a_number_of_steps_or_auto(key):
         assert line.startswith(f"trainer.{key}={bad}: ") and "\n" not in line
     with pytest.raises(ConfigError, match=r"trainer.mtbf_h=0.0: must be greater than 0"):
         validate(compose(["trainer.mtbf_h=0"]), 1)
+
+
+def test_the_durable_tier_follows_the_failures_the_memory_tier_cannot_recover_from():
+    every = (180.0, "trainer.mtbf_h=0.05")
+    assert cadence.memory_loss_mtbf_s(0.5, every) == (1800.0, "trainer.memory_loss_mtbf_h=0.5")
+    seconds, why = cadence.memory_loss_mtbf_s(None, every)  # null: the safe side
+    assert seconds == 180.0 and why == "trainer.memory_loss_mtbf_h=null: every failure's"
+    assert validate(compose(["trainer.mtbf_h=1", "trainer.memory_loss_mtbf_h=1"]), 1)
+    with pytest.raises(ConfigError) as exc:
+        validate(compose(["trainer.mtbf_h=2", "trainer.memory_loss_mtbf_h=1"]), 1)
+    assert str(exc.value).startswith("trainer.memory_loss_mtbf_h=1 is below trainer.mtbf_h=2:")
+    with pytest.raises(ConfigError, match=r"trainer.memory_loss_mtbf_h=-1.0: must be greater"):
+        validate(compose(["trainer.memory_loss_mtbf_h=-1"]), 1)

@@ -90,3 +90,20 @@ def test_a_fresh_start_has_nothing_to_restore_or_rewind_to(tmp_path):
     assert fresh.resume([], auto=True, batch=BATCH) == 0
     assert fresh.rewind_target() is None
     assert not fresh.memory_due(10)  # no memory tier
+
+
+@pytest.mark.parametrize("with_tier", [False, True])
+def test_the_durable_auto_interval_follows_memory_losses_only_while_the_tier_is_on(
+    tmp_path, with_tier
+):
+    from launcher.checkpoint import memory
+
+    rt = Runtime(0, 0, 1, CPU, None, run_id="r", run_dir=tmp_path / "run")
+    knobs = trainer(checkpoint_interval="auto", memory_checkpoint_interval="auto", mtbf_h=0.05,
+                    memory_loss_mtbf_h=0.5)  # fmt: skip
+    tier = memory.MemoryTier(str(tmp_path / "shm"), 2, rt, {"lineage": "L1"}) if with_tier else None
+    made = CheckpointManager(rt, Engine(), knobs, {"lineage": "L1"}, tier)
+    expected = 1800.0 if with_tier else 180.0  # without the tier every failure falls back
+    assert made.durable_every.mtbf == expected and made.memory_every.mtbf == 180.0
+    if tier is not None:
+        tier.close(remove=True)

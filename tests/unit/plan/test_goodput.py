@@ -41,7 +41,10 @@ def test_the_forecast_is_the_time_left_after_saves_and_failures():
     assert tier["every_s"] == pytest.approx(5 * step_s)
     assert g["mtbf_s"] == 7200.0 and g["restart_s"] == goodput.RESTART_S + goodput.DETECT_S
     lost = durable["cost_s"] / durable["every_s"] + tier["cost_s"] / tier["every_s"]
-    lost += (g["restart_s"] + tier["every_s"] / 2) / g["mtbf_s"]  # redo half the newest tier
+    lost += (g["restart_s"] + tier["every_s"] / 2) / g["mtbf_s"]  # redo half a memory interval
+    # and, where a failure lost the memory tier too (null: every one), the rest of a durable one
+    assert g["memory_loss_mtbf_s"] == 7200.0
+    lost += (durable["every_s"] - tier["every_s"]) / 2 / g["memory_loss_mtbf_s"]
     assert g["expected"] == pytest.approx(1 - lost)
     assert 0.5 < g["expected"] < 1
     assert plan["totals"]["time_s"] == pytest.approx(
@@ -56,7 +59,26 @@ def test_auto_intervals_are_youngs_and_lose_less_than_the_default():
     assert durable["every_s"] == pytest.approx(math.sqrt(2 * durable["cost_s"] * 7200))
     assert auto["expected"] > fixed["expected"]
     text = "\n".join(goodput.lines(auto))
-    assert "durable checkpoints: every" in text and "Young's sqrt(2 x cost x MTBF)" in text
+    assert "durable checkpoints: every" in text and "Young's sqrt(2 x cost x 2 h between" in text
+
+
+def test_the_durable_interval_follows_the_failures_that_lose_the_memory_tier():
+    tiers = [*XL_2x8, "trainer.mtbf_h=2", "trainer.checkpoint_interval=auto",
+             "trainer.memory_checkpoint_interval=auto"]  # fmt: skip
+    null = plan_of(tiers)["goodput"]
+    rare = plan_of([*tiers, "trainer.memory_loss_mtbf_h=200"])["goodput"]
+    assert null["memory_loss_mtbf_s"] == 7200.0 and rare["memory_loss_mtbf_s"] == 720000.0
+    for g, loss in ((null, 7200.0), (rare, 720000.0)):
+        durable, memory = g["tiers"]["durable"], g["tiers"]["memory"]
+        assert durable["every_s"] == pytest.approx(cadence.young_s(durable["cost_s"], loss))
+        assert memory["every_s"] == pytest.approx(cadence.young_s(memory["cost_s"], 7200.0))
+    assert rare["expected"] > null["expected"]
+    text = "\n".join(goodput.lines(rare))
+    assert "200 h between the failures that lose the memory tier: trainer.memory_loss" in text
+    # without the tier every failure falls back to the durable checkpoints
+    alone = plan_of([*XL_2x8, "trainer.mtbf_h=2", "trainer.checkpoint_interval=auto",
+                     "trainer.memory_checkpoint_interval=0", "trainer.memory_loss_mtbf_h=200"])
+    assert alone["goodput"]["memory_loss_mtbf_s"] == 7200.0
 
 
 def test_a_measured_start_up_replaces_the_assumed_restart():
