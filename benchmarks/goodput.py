@@ -8,8 +8,8 @@ One job of the default model (DataLoader workers on) runs as `--nodes` agents of
 tree and its own memory-tier folder, as separate nodes' /dev/shm are), with the memory tier
 and its peer copies on, both checkpoint intervals `auto`, `trainer.mtbf_h` the schedule's
 fault rate and `trainer.memory_loss_mtbf_h` ten times it (every fault here restarts from
-memory; the durable interval is set as if one in ten did not). Every `--every` seconds (the first half an interval in) one fault, in this order,
-round and round:
+memory; the durable interval is set as if one in ten did not). Every `--every` seconds (the
+first half an interval in) one fault, in this order, round and round:
 
 - replaced: a node's agent and everything below it SIGKILLed, a new agent started for it at
   once with an empty memory folder (a spare node; it joins the rendezvous last);

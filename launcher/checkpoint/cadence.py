@@ -2,21 +2,22 @@
 `trainer.memory_checkpoint_interval`) steps, or, set to `auto`, at the interval that loses
 the least time to failures and checkpoints together, from what the run measures.
 
-Young's rule (Young 1974; Daly 2006 refines it for costly writes): a job whose failures
-come every M seconds on average and whose checkpoint stops training for C seconds loses the
-least with a checkpoint every sqrt(2 C M) seconds: more often, the writes cost more than the
-work they save; less often, a failure costs more redone work than the writes. M is
+Young's rule (Young 1974; Daly 2006 refines it for costly writes): a job whose failures come
+every M seconds on average and whose checkpoint stops training for C seconds loses the least
+with a checkpoint every sqrt(2 C M) seconds: more often, the writes cost more than the work
+they save; less often, a failure costs more redone work than the writes. M is
 `trainer.mtbf_h` (the job's mean time between failures), or, left null, NODE_MTBF_H divided
 by the job's nodes; for the durable tier while the memory tier is on, only the failures the
 memory tier cannot recover from count (`trainer.memory_loss_mtbf_h`: a node lost with its
-peer copy, every node's memory gone), every failure when it is left null. C is what a save costs the loop, measured at every save as the time the
-loop lost to it: the two iterations it touched (the one that made the copy or wrote, and the
-next, which the memory tier's write, its seal and its peer copy share) less two iterations
-of the loop's median pace without a save (`LoopClock`), and never less than the time in the
-save's own call. The call's time alone missed most of it: on 16 ranks of a 2-core machine
-a memory save's call took 120 ms and the loop lost 420 ms to it (a write thread, a seal and a
-peer copy beside training). The interval is recomputed two steps after each save, when its
-cost is known, every rank agreeing (one gather), and said in one line when it changes.
+peer copy, every node's memory gone), every failure when it is left null. C is what a save
+costs the loop, measured at every save as the time the loop lost to it: the two iterations
+it touched (the one that made the copy or wrote, and the next, which the memory tier's
+write, its seal and its peer copy share) less two iterations of the loop's median pace
+without a save (`LoopClock`), and never less than the time in the save's own call. The
+call's time alone missed most of it: on 16 ranks of a 2-core machine a memory save's call
+took 120 ms and the loop lost 420 ms to it (a write thread, a seal and a peer copy beside
+training). The interval is recomputed two steps after each save, when its cost is known,
+every rank agreeing (one gather), and said in one line when it changes.
 """
 
 from __future__ import annotations

@@ -76,8 +76,15 @@ def test_the_durable_interval_follows_the_failures_that_lose_the_memory_tier():
     text = "\n".join(goodput.lines(rare))
     assert "200 h between the failures that lose the memory tier: trainer.memory_loss" in text
     # without the tier every failure falls back to the durable checkpoints
-    alone = plan_of([*XL_2x8, "trainer.mtbf_h=2", "trainer.checkpoint_interval=auto",
-                     "trainer.memory_checkpoint_interval=0", "trainer.memory_loss_mtbf_h=200"])
+    alone = plan_of(
+        [
+            *XL_2x8,
+            "trainer.mtbf_h=2",
+            "trainer.checkpoint_interval=auto",
+            "trainer.memory_checkpoint_interval=0",
+            "trainer.memory_loss_mtbf_h=200",
+        ]
+    )
     assert alone["goodput"]["memory_loss_mtbf_s"] == 7200.0
 
 
