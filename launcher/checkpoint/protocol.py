@@ -352,7 +352,7 @@ class CheckpointNotWritten(Exception):
         self.step, self.disk_full = step, disk_full
 
 
-def _write_problem(exc: Exception, where: Path) -> tuple[str, bool]:
+def write_problem(exc: Exception, where: Path) -> tuple[str, bool]:
     """(one line, whether the disk is full) for a failed checkpoint write."""
     text = " ".join(str(exc).split())[:200] or type(exc).__name__
     return f"{type(exc).__name__}: {text}", disk.is_full(exc, where)
@@ -424,7 +424,7 @@ class CheckpointWriter:
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
             except OSError as exc:  # a folder that cannot be made: /proc, a file, read-only
-                problem = _write_problem(exc, tmp)  # told with the writes' problems below
+                problem = write_problem(exc, tmp)  # told with the writes' problems below
         self.barrier()
         meta = {**self.meta, **extra_meta}
         pending = None
@@ -432,8 +432,8 @@ class CheckpointWriter:
             try:
                 pending = self._write(tmp, step, meta, write)
             except Exception as exc:  # noqa: BLE001 - every rank learns of it, below
-                problem = _write_problem(exc, tmp)
-        self._agree(problem, tmp, step)  # every rank wrote (or started writing) its files
+                problem = write_problem(exc, tmp)
+        self.agree(problem, step)  # every rank wrote (or started writing) its files
         sealer = None
         if pending is not None and self.is_main and self.rank is not None:
             sealer = _Sealer(self, tmp, final, step, meta)
@@ -473,8 +473,8 @@ class CheckpointWriter:
             try:
                 pending.result()
             except Exception as exc:  # noqa: BLE001 - every rank learns of it, below
-                problem = _write_problem(exc, tmp)
-            self._agree(problem, tmp, step)  # every rank's files are written
+                problem = write_problem(exc, tmp)
+            self.agree(problem, step)  # every rank's files are written
         else:
             # How long a synchronous save took, the slowest rank's files included (the
             # agreement in `save` waits for it): what a stop must be given time for
@@ -485,20 +485,26 @@ class CheckpointWriter:
             try:
                 self._seal(tmp, final, step, meta)
             except Exception as exc:  # noqa: BLE001 - every rank learns of it, below
-                problem = _write_problem(exc, tmp)
-        self._agree(problem, tmp, step)  # the checkpoint is complete, or none is
+                problem = write_problem(exc, tmp)
+        self.agree(problem, step)  # the checkpoint is complete, or none is
 
-    def _agree(self, problem: tuple[str, bool] | None, tmp: Path, step: int) -> None:
-        """Compare notes (a barrier that carries each rank's problem): when any rank had
-        one, rank 0 measures the space, removes the temporary folder, and every rank
-        raises CheckpointNotWritten with the same line."""
-        problems = [(r, p) for r, p in enumerate(self.gather(problem)) if p]
+    def agree(self, problem: tuple[str, bool] | None, step: int, note: object = None) -> list:
+        """Compare notes (a barrier that carries each rank's problem with the save of
+        `step`, and its `note`): when any rank had one, rank 0 measures the space, removes
+        the temporary folder, and every rank raises CheckpointNotWritten with the same line;
+        else every rank's note, in rank order."""
+        everyone = self.gather((problem, note))
+        problems = [(r, p) for r, (p, _) in enumerate(everyone) if p]
         if not problems:
-            return
+            return [n for _, n in everyone]
+        tmp = self.folder / f"{TMP_PREFIX}{step_name(step)}"
         full = any(p[1] for _, p in problems)
         line = ""
         if self.is_main:
-            newest = next(iter(scan(self.folder).complete), None)
+            # the newest complete one other than this step's (a folder written alone is
+            # sealed before the ranks agree, and goes with the failed save)
+            older = (p for p in scan(self.folder).complete if step_of(p) != step)
+            newest = next(older, None)
             kept = f"; the last complete checkpoint, {newest.name}, is kept" if newest else ""
             if full:
                 needed = disk.size_of(newest) if newest else disk.size_of(tmp)
@@ -511,13 +517,29 @@ class CheckpointWriter:
         (line,) = self.gather(line)[:1]
         raise CheckpointNotWritten(line, step, full)
 
+    def write_alone(self, step: int, write: Callable[[Path], object], extra_meta: dict) -> Path:
+        """Write and seal a checkpoint of a folder no other rank writes (the memory tier's,
+        from its writing thread) without a word to any rank and pruning nothing: the caller
+        agrees (`agree`), then prunes (`prune`), so that a step some rank failed to write
+        never costs any rank the step before it. Raises what the write raised."""
+        final = self.folder / step_name(step)
+        tmp = self.folder / f"{TMP_PREFIX}{step_name(step)}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        write(tmp)
+        _seal_files(tmp, final, step, {**self.meta, **extra_meta})
+        atomic_write(self.folder / LATEST, final.name + "\n")
+        return final
+
     def _seal(self, tmp: Path, final: Path, step: int, extra_meta: dict) -> None:
         _seal_files(tmp, final, step, extra_meta)
         atomic_write(self.folder / LATEST, final.name + "\n")
-        self._prune(step)
+        self.prune(step)
         log.info("checkpoint saved: %s", final)
 
-    def _prune(self, newest: int) -> None:
+    def prune(self, newest: int) -> None:
+        """Remove this run's complete checkpoints older than the `keep` newest up to
+        `newest` (never one past it, nor another run's)."""
         kept = 0
         for path in scan(self.folder).complete:  # newest first
             step = step_of(path)

@@ -42,6 +42,7 @@ def tier(root: Path, rt: Runtime, lineage: str = "line-a") -> memory.MemoryTier:
 def write_step(t: memory.MemoryTier, step: int) -> None:
     t.save(step, lambda folder: (folder / "model.pt").write_bytes(b"x"), {"data_step": step})
     t.complete()
+    t.drain()  # the older step goes from the writing thread, once the ranks agreed
 
 
 def test_a_launch_loads_only_its_own_runs_memory_checkpoints(tmp_path, monkeypatch):
@@ -86,6 +87,31 @@ def test_a_memory_checkpoint_the_resume_check_refuses_is_skipped(tmp_path):
     deeper = tier(root, runtime(run))
     deeper.identity = identity(compose(["model.n_layer=4"]), None, 1)
     assert deeper.usable("line-a") == {}
+
+
+def test_a_write_that_fails_turns_the_tier_off_and_keeps_the_step_before(tmp_path, caplog):
+    """The thread writes and seals alone; the agreement at the next step hears of the
+    failure: the failed step goes (sealed or not), the one before stays, one warning, and
+    later saves write nothing."""
+    t = tier(tmp_path / "shm", runtime(tmp_path / "runs" / "r"))
+    write_step(t, 4)
+
+    def full(folder: Path) -> None:
+        (folder / "model.pt").write_bytes(b"x")
+        raise OSError(28, "No space left on device")
+
+    t.save(6, full, {"data_step": 6})
+    with caplog.at_level("WARNING", logger="launcher"):
+        t.complete()
+    assert not t.on and [p.name for p in t.folder.iterdir() if "step" in p.name] == [
+        "step_00000004"
+    ]
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("memory checkpoint tier off for the rest of this run (")
+    assert "checkpoint step_00000006" in warning and "step_00000004, is kept" in warning
+    write_step(t, 8)  # off: nothing written
+    assert not (t.folder / "step_00000008").exists()
+    t.close(remove=True)
 
 
 def test_the_interval_default_follows_torchruns_restarts():
