@@ -91,13 +91,14 @@ class CheckpointManager:
             barrier=rt.barrier,
             keep=trainer.keep_checkpoints,
             meta=identity,
-            gather=rt.all_gather_objects,
+            gather=self._agreement,
             rank=rt.rank,
             world_size=rt.world_size,
         )
         self.memory = memory  # the memory tier (launcher.checkpoint.memory), when on
         if memory is not None:  # rank 0's lineage, which the durable meta.json records
             memory.follow(rt.broadcast_object(self.writer.meta["lineage"]))
+            memory.agree_with(self._agreement)
         # When each tier saves (launcher.checkpoint.cadence): its interval, or auto from what
         # its saves cost the loop (the clock of the steps' ends)
         self.clock = cadence.LoopClock()
@@ -116,6 +117,17 @@ class CheckpointManager:
         self.data_step: int | None = None
         self.skip_windows: set[int] = set()  # windows a rewind skips when it comes to them
         self.rng_file = f"rng_rank{rt.rank}.pt"
+
+    def _agreement(self, obj) -> list:
+        """Every rank's `obj`, in rank order: the gather of either tier's writer agreeing on
+        a save, which carries the auto intervals' measured costs along (`Young.note`)."""
+        tiers = (self.durable_every, self.memory_every)
+        notes = [every.note() for every in tiers]
+        everyone = self.rt.all_gather_objects((obj, notes))
+        for i, every in enumerate(tiers):
+            if notes[i] is not None:  # on every rank alike: the same steps saved and settled
+                every.agree([carried[i] for _, carried in everyone])
+        return [mine for mine, _ in everyone]
 
     def _cadence(self, key: str, every, mtbf: tuple[float, str]):
         if every != cadence.AUTO:
@@ -306,13 +318,14 @@ class CheckpointManager:
 
     def _saved(self, every, step: int, started: float) -> None:
         """A save of `step` (begun at `started`) under `every`: the loop's clock leaves its
-        iterations out of the pace, and an auto interval settles its cost two steps on."""
+        iterations out of the pace, and an auto interval knows its cost two steps on."""
         self.clock.touch(step)
         every.saved(step, time.perf_counter() - started)
 
     def step_done(self, step: int) -> None:
-        """Between two steps (`step` has ended): the memory checkpoint of the step before is
-        sealed, if one; an auto interval whose save's cost is now known settles it."""
+        """Between two steps (`step` has ended): the ranks agree on the memory checkpoint of
+        the step before, if one; an auto interval whose save's cost is now known keeps it
+        for the next agreement."""
         self.clock.tick(step)
         if self.memory is not None:
             self.memory.complete()

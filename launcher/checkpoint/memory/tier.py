@@ -128,6 +128,11 @@ class MemoryTier:
         self.writer.meta["lineage"] = lineage
         self.writer.prunable = {lineage}
 
+    def agree_with(self, gather: Callable[[object], list]) -> None:
+        """The gather the ranks agree on each save with (the checkpoint manager's, which
+        carries the auto intervals' costs along)."""
+        self.writer.gather = gather
+
     @property
     def lineage(self) -> str:
         return self.writer.meta["lineage"]

@@ -92,16 +92,20 @@ def test_auto_saves_early_then_at_youngs_interval_from_what_it_measured():
     # the save slows its two iterations by 0.5 s in all: steps of 0.25 s, a save of 0.5 s
     ticks(clock, {3: 0.65, 4: 0.35}, default=0.25, steps=range(3, 5))
     every.settle(cadence.FIRST + 1)  # one step on: not known yet
-    assert every.every == cadence.FIRST and every.writes == []
+    assert every.note() is None
     every.settle(cadence.FIRST + 2)
-    assert every.writes == [pytest.approx(0.5)]
-    young = math.sqrt(2 * 0.5 * 3600)  # 60 s
-    assert every.every == round(young / 0.25) == 240
-    assert every.next == cadence.FIRST + every.every
+    assert every.note() == (pytest.approx(0.5), 0.25)  # for the next agreement to carry
+    assert every.every == cadence.FIRST and every.writes == []  # none made yet
+    every.saved(4, call_s=0.1)  # the next save, at the interval so far
+    every.agree([(0.5, 0.25), (0.3, 0.26), (0.4, None)])  # its agreement: every rank's note
+    assert every.note() is None and every.writes == [0.5]  # the slowest rank's cost
+    young = math.sqrt(2 * 0.5 * 3600)  # 60 s at the median pace, 0.255 s a step
+    assert every.every == round(young / 0.255) == 235
+    assert every.next == 4 + every.every  # from the last save
     every.begin(100)  # a resume: the interval measured so far, from the step resumed
     assert every.next == 100 + every.every
     every.settle(200)  # nothing pending after a resume
-    assert every.writes == [pytest.approx(0.5)]
+    assert every.note() is None and every.writes == [0.5]
 
 
 @pytest.mark.parametrize("key", ["checkpoint_interval", "memory_checkpoint_interval"])

@@ -107,3 +107,21 @@ def test_the_durable_auto_interval_follows_memory_losses_only_while_the_tier_is_
     assert made.durable_every.mtbf == expected and made.memory_every.mtbf == 180.0
     if tier is not None:
         tier.close(remove=True)
+
+
+def test_an_auto_intervals_cost_rides_on_the_next_saves_agreement(tmp_path):
+    """No gather of its own: the cost of the save at step 2, known two steps on, reaches
+    every rank in the agreement of the save at step 4, which sets the interval."""
+    rt = Runtime(0, 0, 1, CPU, None, run_id="r", run_dir=tmp_path)
+    knobs = trainer(checkpoint_interval="auto", memory_checkpoint_interval=0, mtbf_h=1e-4)
+    made = CheckpointManager(rt, Engine(), knobs, {"lineage": "L1"})
+    every, gathers = made.durable_every, []
+    rt.all_gather_objects = lambda obj: gathers.append(obj) or [obj]  # counts, changes nothing
+    for step in range(1, 5):
+        made.step_done(step)
+        if made.durable_due(step, last=False):
+            made.save(step, BATCH)
+    # save 2: the write's and the seal's agreements; save 4: the write's carries the cost
+    assert [g[1][0] is not None for g in gathers] == [False, False, True, False]
+    assert len(every.writes) == 1 and every.note() is None
+    assert every.next == 4 + every.every
