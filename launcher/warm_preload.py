@@ -20,8 +20,12 @@ gc.disable()
 import torch._dynamo
 import torch.distributed.run
 
-import launcher.train.front_door
 from launcher.runtime.process_tree import GROUP_SIGNALS
+from launcher.train.front_door import compose_ahead
+
+# The ranks' config, composed once here for all of them and every restart
+# (front_door.compose_ahead), before the freeze below keeps it out of their collections.
+compose_ahead()
 
 # A scheduler or a terminal sends these to every process of a step or a group, this one
 # included: its death would tell the agent that every rank had died (multiprocessing reads

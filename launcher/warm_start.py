@@ -34,12 +34,9 @@ import traceback
 from argparse import Namespace
 
 from launcher.runtime.process_tree import GROUP_SIGNALS
+from launcher.runtime.process_tree import WARM_COMMAND_ENV as COMMAND_ENV
 
 ENV = "LAUNCHER_WARM_START"
-# The training command a warm start's fork server, and so each rank forked from it, holds
-# in its environment: their command line is multiprocessing's (`ps e`, /proc/<pid>/environ
-# tell which launch a rank belongs to).
-COMMAND_ENV = "LAUNCHER_WARM_COMMAND"
 PRELOAD = "launcher.warm_preload"  # what the fork server imports (and freezes) once
 
 

@@ -50,6 +50,10 @@ def kill_tree(pid: int) -> None:
             os.kill(p, signal.SIGKILL)
 
 
+# The training command a warm start's fork server, and so each rank forked from it, holds
+# in its environment: their command line is multiprocessing's (`ps e`, /proc/<pid>/environ
+# tell which launch a rank belongs to), and the server composes the ranks' config from it.
+WARM_COMMAND_ENV = "LAUNCHER_WARM_COMMAND"
 # The processes multiprocessing starts beside a warm start's ranks (launcher.warm_start): the
 # fork server they are forked from, and the tracker of its semaphores.
 FORK_SERVER = b"multiprocessing.forkserver"

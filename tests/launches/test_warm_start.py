@@ -106,9 +106,9 @@ def test_the_fork_servers_imports_touch_no_device_and_start_no_thread():
     does not survive a fork: each forked rank would fail its first CUDA call), one Python
     thread (a thread's lock held at the fork is held for good in the child), the stop
     signals ignored (the server must outlive them: the agent reads its ranks' ends from it),
-    its imports frozen with the collector off. On this
-    CPU-only machine the calls are counted at torch.cuda's door, where a GPU build's
-    would go too."""
+    its imports frozen with the collector off, and the ranks' config composed once for all
+    of them (front_door.compose_ahead). On this CPU-only machine the calls are counted at
+    torch.cuda's door, where a GPU build's would go too."""
     probe = """
 import json, threading, torch, torch.cuda
 calls = []
@@ -120,16 +120,20 @@ import launcher.warm_preload
 import gc, signal
 from launcher.runtime.process_tree import GROUP_SIGNALS
 ignored = all(signal.getsignal(s) is signal.SIG_IGN for s in GROUP_SIGNALS)
+from launcher.train.front_door import COMPOSED_AHEAD
 print(json.dumps({"calls": calls, "threads": threading.active_count(), "ignored": ignored,
-                  "collecting": gc.isenabled(), "frozen": gc.get_freeze_count()}))
+                  "collecting": gc.isenabled(), "frozen": gc.get_freeze_count(),
+                  "composed": [list(k) for k in COMPOSED_AHEAD]}))
 """
+    command = {warm_start.COMMAND_ENV: "-m launcher.train trainer.max_steps=3"}
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          env=base_env(), timeout=120)  # fmt: skip
+                          env=base_env(**command), timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.splitlines()[-1])
     assert found["calls"] == [] and found["threads"] == 1, found
     assert not found["collecting"] and found["frozen"] > 250_000, found
     assert found["ignored"], found  # the stop signals a scheduler sends the whole step
+    assert found["composed"] == [["trainer.max_steps=3"]], found
 
 
 def test_the_fork_server_imports_while_the_agent_waits_in_the_rendezvous(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 from torch.distributed import run as torch_run
 
 from launcher import warm_start
+from launcher.train import front_door
 
 TRAIN = ["--standalone", "--nproc-per-node=2", "-m", "launcher.train", "trainer.max_steps=3"]
 
@@ -52,3 +53,39 @@ def test_a_warm_start_runs_the_module_through_torchruns_in_process_entry_point(m
     # the training command, quoted as a shell would take it, where `ps e` shows it
     expected = "-m launcher.train trainer.max_steps=3 'run.name=a b'"
     assert warm_start.os.environ[warm_start.COMMAND_ENV] == expected
+
+
+@pytest.fixture
+def composed_ahead(monkeypatch):
+    """front_door's cache of configs composed by a fork server, empty for the test."""
+    monkeypatch.setattr(front_door, "COMPOSED_AHEAD", {})
+    return front_door.COMPOSED_AHEAD
+
+
+def test_the_fork_server_composes_the_ranks_config_once(composed_ahead):
+    from omegaconf import OmegaConf
+
+    from launcher.config import compose
+
+    args = ["trainer.max_steps=3", "data.num_workers=1", "model.n_layer=3"]
+    command = {warm_start.COMMAND_ENV: " ".join(["-m", "launcher.train", *args])}
+    front_door.compose_ahead(command)
+    (key,) = composed_ahead
+    parsed, plan, (cfg,) = composed_ahead[key]
+    assert key == tuple(args) and not plan.multirun and parsed.overrides == args
+    assert OmegaConf.to_container(cfg) == OmegaConf.to_container(compose(args))
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "-m launcher.train trainer.max_stepz=3",  # a bad override: the rank says why
+        "-m launcher.train --cfg job",  # prints, trains nothing
+        "-m launcher.train --help",
+        "-m launcher.tune trainer.max_steps=3",  # another front door
+        "",  # no command (a server started outside a warm launch)
+    ],
+)
+def test_nothing_is_composed_ahead_that_a_rank_would_not_train(composed_ahead, command):
+    front_door.compose_ahead({warm_start.COMMAND_ENV: command} if command else {})
+    assert composed_ahead == {}
