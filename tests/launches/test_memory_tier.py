@@ -58,15 +58,17 @@ def kill_rank_1_when(args: list[str], root: Path, output: Path, ready) -> tuple[
 def test_killed_rank_resumes_from_the_memory_tier(long_run, tmp_path):
     """The long run (durable checkpoints at 20, 40, 60) resumed from its step-40 checkpoint
     under torchrun --max-restarts=1, the tier at its default (every 10 steps under restarts,
-    in /dev/shm): rank 1 is SIGKILLed as soon as step 50's memory checkpoint is sealed. The
-    restart resumes from step 50, not the durable 40, and ends with the uninterrupted run's
-    losses, bit for bit."""
+    in /dev/shm): rank 1 is SIGKILLed as soon as both ranks sealed step 50's memory
+    checkpoint (each its own, before they agree on it at the next step). The restart resumes
+    from step 50, not the durable 40, and ends with the uninterrupted run's losses, bit for
+    bit."""
     output, root = tmp_path / "out.txt", tmp_path / "runs"
     cut_at(long_run, 40, root / "k")
     args = [*LONG, f"run.root={root}", "run.id=k"]
 
-    def sealed(run_dir: Path) -> bool:  # step 50's memory checkpoint, on the killed rank
-        return (memory.rank_folder("/dev/shm", run_dir, 1) / "step_00000050" / "meta.json").exists()
+    def sealed(run_dir: Path) -> bool:  # step 50's memory checkpoint, sealed by every rank
+        folders = (memory.rank_folder("/dev/shm", run_dir, r) for r in (0, 1))
+        return all((f / "step_00000050" / "meta.json").exists() for f in folders)
 
     run_dir, log = kill_rank_1_when(args, root, output, sealed)
     first, again = log.split("memory tier: step 50 is newer than the durable step_00000040")
@@ -157,9 +159,12 @@ def test_a_node_lost_whole_restores_from_its_peers_copies(tmp_path):
             "run.id=p"]  # fmt: skip
     nodes = [two_nodes(args, root, tmp_path, port, n) for n in (0, 1)]
     run_dir = root / "p"
-    copy = memory.node_folder(str(tmp_path / "shm0"), run_dir) / "peer" / "rank3"
+    # the copies the restore reads: a rank seals its own folder before the ranks agree, and
+    # its copy travels after, each in its own time
+    peer = memory.node_folder(str(tmp_path / "shm0"), run_dir) / "peer"
+    copies = [peer / f"rank{r}" / "step_00000008" / "meta.json" for r in (2, 3)]
     wait_for(lambda: (run_dir / "logs" / "fault.rank3").exists()
-             and (copy / "step_00000008" / "meta.json").exists(), nodes[1])  # fmt: skip
+             and all(c.exists() for c in copies), nodes[1])  # fmt: skip
     for pid in processes_of(root):  # node 1 is gone, and the job with it (agents, ranks)
         os.kill(pid, signal.SIGKILL)
     assert none_left(root, within_s=30) == []

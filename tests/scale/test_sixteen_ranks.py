@@ -215,7 +215,8 @@ def lose_node(agents, again, run_dir: Path, node: int, then=lambda: None):
 def back_at_sixteen(preempted, at_four, root):
     """The run back on 4 agents x 4 ranks (--max-restarts=2) to its end, the memory tier
     every 2 steps with peer copies, each node its own memory folder. Node 1 is lost once the
-    tier sealed the step `first_kill_step` names and its peers hold node 1's copies; its new
+    tier sealed the step `first_kill_step` names and the peers hold nodes 1's and 2's copies
+    (the ones the restore reads); its new
     agent (a new, empty folder) joins the rendezvous last. After the restart resumed, node 3
     is lost once the tier sealed a step four or more later, and this time every node's memory
     is removed before its new agent starts."""
@@ -240,8 +241,11 @@ def back_at_sixteen(preempted, at_four, root):
         second += MEMORY
     assert second < STEPS, f"the 4-rank leg ended at {resumed}: too late for two losses"
     with no_leftovers(agents):  # the list holds the replacements too
-        node_1 = range(RANKS // NODES, 2 * RANKS // NODES)
-        wait_for(held_everywhere(shm, first, node_1), agents[0], timeout=LAUNCH_TIMEOUT)
+        # The peer copies the restore reads: node 1's (lost) and node 2's (its ranks rerun on
+        # node 3, which holds their copies). Each rank seals its own folder before the ranks
+        # agree and its copy travels after: a sealed folder says nothing of the copies.
+        copied = range(RANKS // NODES, 3 * RANKS // NODES)
+        wait_for(held_everywhere(shm, first, copied), agents[0], timeout=LAUNCH_TIMEOUT)
         lose_node(agents, again, run_dir, 1, replaced(1))
         wait_for(held_everywhere(shm, second), agents[0], timeout=LAUNCH_TIMEOUT)
 
