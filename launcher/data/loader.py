@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import multiprocessing
 import signal
+import sys
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -114,6 +115,34 @@ def ignore_stop_signals(_worker_id: int) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
+def quiet_when_the_rank_is_gone() -> None:
+    """DataLoader worker start-up: a rank that dies while it takes a batch leaves no
+    traceback in its worker.
+
+    A worker hands each batch's shared memory to its rank as a file descriptor, through
+    multiprocessing's resource sharer: a thread in the worker that the rank connects to.
+    A rank killed between the batch's message and that connection (SIGKILL, the OOM
+    killer, a restart's SIGTERM) resets it, and the thread prints a ConnectionResetError
+    or EOFError traceback under the rank's name, where the agent already reports the
+    rank's end: noise that reads like a second fault. A live rank that fails the handoff
+    raises in its own loader, so the worker's side has nothing to add; every other error
+    still prints."""
+    shown = sys.excepthook
+
+    def unless_the_rank_left(kind, value, traceback) -> None:
+        if not issubclass(kind, (ConnectionError, EOFError)):
+            shown(kind, value, traceback)
+
+    sys.excepthook = unless_the_rank_left
+
+
+def start_worker(worker_id: int) -> None:
+    """Each DataLoader worker's init function: stop signals left to the trainer, and
+    quiet when its rank is gone."""
+    ignore_stop_signals(worker_id)
+    quiet_when_the_rank_is_gone()
+
+
 @contextlib.contextmanager
 def stop_signals_held():
     """Start DataLoader workers (`iter(loader)`) inside this: they are forked with the stop
@@ -174,7 +203,7 @@ def build_train_loader(
         {
             "persistent_workers": persistent_workers,
             "prefetch_factor": prefetch_factor,
-            "worker_init_fn": ignore_stop_signals,
+            "worker_init_fn": start_worker,
         }
         if num_workers > 0
         else {}
