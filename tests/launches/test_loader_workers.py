@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-
 _RANK_LEAVES_MID_HANDOFF = """
 import os, socket, sys, time
 from multiprocessing import resource_sharer
