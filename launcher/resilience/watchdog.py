@@ -23,6 +23,9 @@ dump files from ranks {1}"). So a rank that declares a hang says so first
 (`logs/hang.declared`) and waits, a few of the watchdog's polls at most, for the others'
 records, and a rank whose watchdog finds that declaration of this job writes its own at
 once and exits the same way: every rank that can run writes, whichever noticed first.
+Each record also names the ranks of its own node that are stopped (SIGSTOP: state T in
+/proc): they will never write, so the wait ends as soon as every rank is either written or
+named stopped by a rank beside it, not at its deadline (5 s with a 10 s allowance).
 """
 
 from __future__ import annotations
@@ -252,19 +255,18 @@ class HangWatchdog:
             return []
         logs = self.run_dir / "logs"
         deadline = time.monotonic() + 3 * self._poll_s() + 2.0
-        wrote = {self.rank}
+        wrote, stopped = {self.rank}, set(stopped_peers())
         while True:
             with contextlib.suppress(OSError):
                 names = set(os.listdir(logs))
-                wrote |= {
-                    r
-                    for r in range(world)
-                    if r not in wrote
-                    and f"hang.rank{r}.json" in names
-                    and self._record(logs / f"hang.rank{r}.json") is not None
-                }
+                for r in range(world):
+                    if r not in wrote and f"hang.rank{r}.json" in names:
+                        record = self._record(logs / f"hang.rank{r}.json")
+                        if record is not None:
+                            wrote.add(r)
+                            stopped |= set(record.get("stopped_peers") or [])
             missing = [r for r in range(world) if r not in wrote]
-            if not missing or time.monotonic() > deadline:
+            if set(missing) <= stopped or time.monotonic() > deadline:
                 return missing
             time.sleep(0.1)
 
@@ -327,7 +329,10 @@ class HangWatchdog:
         if missing and declared_by is None:
             log.error("hang: no record from rank(s) %s: they could not run", missing)
             end_stopped_peers(missing)
-        if declared_by is None and self.record_culprits:
+        # One rank records the verdict: the declaration's last writer (every rank that fired
+        # by its own allowance wrote it). The others exit at once: torchrun restarts the job
+        # only when every rank of the attempt has ended.
+        if declared_by is None and self.record_culprits and self.peer_declaring() is None:
             with contextlib.suppress(Exception):  # the exit and its stacks come first
                 keep_culprits_off(self.run_dir, step, self._started)
         exit_codes.report(exit_codes.HANG)
@@ -352,6 +357,7 @@ class HangWatchdog:
             "idle_s": round(idle, 3),
             "limit_s": round(limit, 3),
             "time": time.time(),
+            "stopped_peers": stopped_peers(),
             "main_stack": [
                 {"file": f.filename, "line": f.lineno, "function": f.name}
                 for f in (traceback.extract_stack(main) if main is not None else [])
@@ -403,6 +409,13 @@ def ended_on_error(rank_log: Path, since: float) -> bool:
         if m and time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) + int(m[2]) / 1e3 >= since:
             return True
     return False
+
+
+def stopped_peers() -> list[int]:
+    """The ranks beside this one (children of its parent: torchrun's agent, or a warm
+    start's fork server) that are stopped: they cannot write a hang record."""
+    found = stopped_workers(children(os.getppid()), exit_codes.rank_of_pid)
+    return sorted(int(r) for pid, r in found.items() if r.isdigit() and pid != os.getpid())
 
 
 def end_stopped_peers(missing: list[int]) -> None:

@@ -359,6 +359,7 @@ def test_stopped_process_is_named_by_its_silence(tmp_path):
     assert (logs / "stacks.rank0.txt").is_file() and not (logs / "stacks.rank1.txt").exists()
     hang = json.loads((logs / "hang.rank0.json").read_text())
     assert hang["step"] == 3 and hang["limit_s"] == 60.0, hang
+    assert hang["stopped_peers"] == [1], hang  # seen stopped beside it: no wait for its record
     last_step = hang["time"] - hang["idle_s"]
     assert ended - last_step < 90, (ended - last_step, explain(proc))
     # The front door kills the frozen rank once rank 0 reported the hang, without

@@ -43,6 +43,9 @@ def test_a_rank_frozen_among_16_is_named_by_its_silence(tmp_path):
     assert sorted(r["rank"] for r in records) == stacks
     declared = [r for r in records if r["idle_s"] >= r["limit_s"]]
     assert declared and all(r["limit_s"] == 10.0 and r["step"] == 3 for r in declared), records
+    # written before anyone ended it: each names the frozen rank stopped, so no rank waits
+    # out the deadline for its record
+    assert all(r["stopped_peers"] == [FROZEN] for r in declared), records
     last_step = min(r["time"] - r["idle_s"] for r in declared)
     assert ended - last_step < 10.0 + 30, (ended - last_step, explain(proc))
     # Ended by whoever saw it first: the front door, or a peer's watchdog (15 of them race

@@ -298,6 +298,24 @@ def test_a_peers_record_of_this_job_makes_a_rank_write_its_own(tmp_path):
     assert dog.await_peers(3) == [] and dog.await_peers(1) == []
 
 
+def test_the_wait_for_peers_ends_once_the_silent_ones_are_named_stopped(tmp_path):
+    """A rank that a peer's record names stopped (SIGSTOP, seen on its node) will never
+    write: the wait for records ends when every rank has written or been named so, not at
+    its deadline (the frozen rank is still returned: the analyser names it by its silence)."""
+    cfg = OmegaConf.structured(WatchdogConfig(enabled=False, min_s=10))
+    dog = HangWatchdog(cfg, rank=0, run_dir=tmp_path, start_step=0, on_hang=lambda step: None)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "hang.rank1.json").write_text(json.dumps({"time": time.time(), "stopped_peers": [2]}))
+    (logs / "hang.rank3.json").write_text(json.dumps({"time": time.time(), "stopped_peers": []}))
+    started = time.monotonic()
+    assert dog.await_peers(4) == [2]
+    assert time.monotonic() - started < 1.0  # the deadline is 3 polls + 2 s = 5 s
+    started = time.monotonic()
+    assert dog.await_peers(5) == [2, 4]  # rank 4 is named by nobody: waited for in full
+    assert time.monotonic() - started >= 5.0
+
+
 def test_a_straggler_is_said_once_per_rank_and_run_however_often_it_flaps(caplog):
     watch = StragglerWatch(OmegaConf.structured(WatchdogConfig), announce=True)
     for excess in [0.5, 0.5, 0.5, 0.1, 0.5, 0.5, 0.5]:  # two streaks of rank 1
