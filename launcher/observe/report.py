@@ -1,6 +1,7 @@
-"""report.png: the run at a glance, drawn by rank 0 at the end of every run from the run
+"""report.png: the run at a glance, drawn by rank 0 at the end of the run from the run
 directory's own files (metrics.jsonl, ranks.jsonl, summary figures), so that an ordinary run
-has a picture without W&B or TensorBoard.
+has a picture without W&B or TensorBoard. An end the run goes on from (a scheduler's stop, a
+failure torchrun restarts) leaves it to the launch that ends the run (`deferred`).
 
 Panels: training and eval loss; tokens/s; step time p50 and max with the slowest rank;
 communication share; data wait; memory; and two rank x interval heatmaps (each rank's mean
@@ -13,7 +14,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from pathlib import Path
+
+from launcher.resilience import exit_codes
 
 log = logging.getLogger("launcher")
 
@@ -169,6 +173,23 @@ def caption(summary: dict) -> str:
     if summary.get("world_size"):
         parts.append(f"{summary['world_size']} ranks")
     return " | ".join(p for p in parts if p)
+
+
+def deferred(code: int, stopped_by: str | None, environ=os.environ) -> str | None:
+    """Why this end of the job draws no report.png, where the run goes on after it (None:
+    draw it). Drawing is a second or more of rank 0's CPU (matplotlib's import and the
+    figure), and every rank of a restart waits for rank 0 to end: a stop a scheduler asked
+    for (a preemption, whose grace time goes to the checkpoint and the exit) and a failure
+    that torchrun restarts in place end without it; the run's last launch draws it. A stop
+    from the terminal (SIGINT, Ctrl-C) is a person who may look at it: drawn."""
+    if code in (exit_codes.STOPPED, exit_codes.STOPPED_NO_CHECKPOINT) and stopped_by != "SIGINT":
+        by = stopped_by or "a stop request"
+        return f"at the run's end (stopped by {by}: the launch that resumes it draws it)"
+    attempt = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    left = int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) - attempt
+    if code != 0 and left > 0:
+        return f"at the run's end (torchrun restarts the job: {left} restart(s) left)"
+    return None
 
 
 def write_report(run_dir: Path, summary: dict) -> dict[str, Path]:

@@ -15,8 +15,9 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from launcher.observe.report import deferred
 from launcher.paths import atomic_write
-from launcher.resilience.preemption import stop_for_full_disk
+from launcher.resilience.preemption import stop_for_full_disk, stopped_by
 from launcher.runtime import disk
 from launcher.runtime.run_history import record_step
 
@@ -215,8 +216,11 @@ class ConsoleSink(Sink):
                 log.info("%s", closing_block(self.run_dir, summary).splitlines()[0])
                 return
             offered = self.what_next(summary) if self.what_next else []
-            picture = self.picture or ("not drawn (the warning above says why)" if self.report
-                                       else "off (run.report=false)")  # fmt: skip
+            picture = self.picture or (
+                "off (run.report=false)" if not self.report
+                else deferred(summary.get("exit_code", 0), stopped_by())
+                or "not drawn (the warning above says why)"
+            )  # fmt: skip
             log.info("%s", closing_block(self.run_dir, summary, offered, picture))
 
 

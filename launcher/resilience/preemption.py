@@ -111,3 +111,9 @@ def job_ended() -> None:
 
 def stop_requested() -> bool:
     return _Request.signal_name is not None
+
+
+def stopped_by() -> str | None:
+    """What asked this process to stop: a signal's name (SIGTERM), or the launcher's own
+    reason (a full disk); None when nothing did."""
+    return _Request.signal_name

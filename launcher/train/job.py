@@ -37,10 +37,11 @@ from launcher.model.build import (
 )
 from launcher.observe.nccl_transport import transport_recorders
 from launcher.observe.recorder import Recorder
-from launcher.observe.report import write_report
+from launcher.observe.report import deferred, write_report
 from launcher.plan import forecast as plan_forecast
 from launcher.resilience import bad_hosts, burnin, exit_codes, first_failure
 from launcher.resilience.faults import FaultInjector, peer_left
+from launcher.resilience.preemption import stopped_by
 from launcher.resilience.watchdog import HangWatchdog
 from launcher.runtime import disk
 from launcher.runtime.launch_clock import wall_seconds
@@ -279,7 +280,8 @@ class Job:
                 self.watchdog.close()  # the loop has, unless the job ended before it
             if summary:  # the plan's forecast beside what the run measured, in every sink
                 summary = {**summary, "exit_code": code, "forecast": self.forecast}
-            drawn = rt.is_main and summary and self.cfg.run.report
+            later = deferred(code, stopped_by()) if self.cfg.run.report else None
+            drawn = rt.is_main and summary and self.cfg.run.report and not later
             images = write_report(rt.run_dir, summary) if drawn else {}
             if summary:  # to the last write: the closing block, W&B, TensorBoard, summary.json
                 summary["wall_time_s"] = wall_seconds(rt.launch.job_started)

@@ -42,6 +42,7 @@ from launch import (
 )
 from reference import cut_at
 from reference_runs import LONG
+from run_dir_tools import not_blank
 
 FRONT_DOOR = "launcher.torchrun"
 
@@ -61,7 +62,7 @@ def test_killed_worker_restarts_and_resumes(reference, tmp_path):
     rank with it on)."""
     output = tmp_path / "out.txt"
     root = tmp_path / "runs"
-    args = [*LONG, "trainer.memory_checkpoint_interval=0", f"run.root={root}"]
+    args = [*LONG, "trainer.memory_checkpoint_interval=0", f"run.root={root}", "run.report=true"]
     proc = start_torchrun(args, output, "--max-restarts=1", runner="torch.distributed.run")
     wait_for(checkpointed(root, 20), proc)
     run_dir = run_dir_of(root)
@@ -70,6 +71,7 @@ def test_killed_worker_restarts_and_resumes(reference, tmp_path):
     assert proc.returncode == 0, out
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert "resumed from step" in log  # the restarted group found the same run directory
+    assert not_blank(run_dir / "report.png") > 0.05  # drawn by the attempt that ended the run
     assert summary(run_dir)["steps"] == 60
     assert losses(run_dir) == reference  # every logged step, including the redone ones
     kept = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
@@ -78,11 +80,14 @@ def test_killed_worker_restarts_and_resumes(reference, tmp_path):
 
 def test_sigterm_checkpoints_then_resume_finishes(reference, tmp_path):
     output = tmp_path / "out.txt"
-    args = [*LONG, f"run.root={tmp_path}", "run.id=preempted"]
+    args = [*LONG, f"run.root={tmp_path}", "run.id=preempted", "run.report=true"]
     code, out = stop_once_checkpointed(args, tmp_path, 20, output)
     assert code == exit_codes.STOPPED, out  # the contract code reaches the caller
     assert "Traceback" not in out and "killed by signal" not in out, out
     run_dir = tmp_path / "preempted"
+    # a scheduler's stop: its grace time goes to the checkpoint, the picture to the resume
+    assert "report: at the run's end (stopped by SIGTERM: the launch that resumes it" in out
+    assert not (run_dir / "report.png").exists()
     s = summary(run_dir)
     assert s["status"] == "stopped", out
     stop_step = s["steps"]
@@ -94,13 +99,15 @@ def test_sigterm_checkpoints_then_resume_finishes(reference, tmp_path):
     assert again.returncode == 0, explain(again)
     assert f"resumed from step {stop_step}" in again.stderr
     assert losses(run_dir) == reference
+    assert not_blank(run_dir / "report.png") > 0.05
 
 
 def test_ctrl_c_to_torchrun_stops_with_a_checkpoint(tmp_path):
     """SIGINT to torchrun (Ctrl-C) is forwarded as SIGINT to every worker's process group,
     DataLoader workers included: the same clean stop as SIGTERM."""
     output = tmp_path / "out.txt"
-    proc = start_torchrun([*LONG, f"run.root={tmp_path}", "run.id=ctrlc"], output)
+    proc = start_torchrun([*LONG, f"run.root={tmp_path}", "run.id=ctrlc", "run.report=true"],
+                          output)  # fmt: skip
     wait_for(lambda: (tmp_path / "ctrlc" / "metrics.jsonl").exists(), proc)
     os.kill(proc.pid, signal.SIGINT)
     out = finish(proc, output)
@@ -110,6 +117,7 @@ def test_ctrl_c_to_torchrun_stops_with_a_checkpoint(tmp_path):
     assert s["status"] == "stopped"
     latest = (tmp_path / "ctrlc" / "checkpoints" / "latest").read_text().strip()
     assert latest == f"step_{s['steps']:08d}"
+    assert not_blank(tmp_path / "ctrlc" / "report.png") > 0.05  # a person stopped it: drawn
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
