@@ -16,9 +16,9 @@ write, its seal and its peer copy share) less two iterations of the loop's media
 without a save (`LoopClock`), and never less than the time in the save's own call. The
 call's time alone missed most of it: on 16 ranks of a 2-core machine a memory save's call
 took 120 ms and the loop lost 420 ms to it (a write thread, a seal and a peer copy beside
-training). The interval is recomputed once the ranks agree on a save's cost, at the next
-agreement a checkpoint writer makes (no gather of its own), and said in one line when it
-changes.
+training). The interval is recomputed once the ranks agree on a save's cost, which rides on
+the stop vote of the next step boundary (no gather of its own), and said in one line when
+it changes.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class Fixed:
         """Between two steps (nothing to follow with a fixed interval)."""
 
     def note(self) -> None:
-        """Nothing for an agreement to carry."""
+        """Nothing for a vote to carry."""
 
 
 class LoopClock:
@@ -150,10 +150,10 @@ class Young:
     """A tier's interval under `auto`: the first save FIRST steps in, then Young's interval
     from the costs measured so far (`LoopClock`). Every rank must save at the same steps,
     so the ranks agree on each save's cost, and they do it without a collective of its own:
-    the cost rides on the next agreement a checkpoint writer makes (`note`, `agree`; the
-    checkpoint manager's gather), where a gather of its own cost every rank 40-100 ms a
-    save on 16 ranks of a 2-core machine. A save's cost so decides the interval from the
-    save after it on."""
+    the cost rides on the stop vote of the next step boundary (`note`, `agree`; the
+    checkpoint manager is the vote's rider), where a gather of its own cost every rank
+    40-100 ms a save on 16 ranks of a 2-core machine. A save's cost so decides the interval
+    from the save after it on."""
 
     def __init__(self, key: str, rt: Runtime, mtbf: tuple[float, str], clock: LoopClock):
         self.key, self.rt, self.clock = key, rt, clock
@@ -168,7 +168,7 @@ class Young:
         self.last = step
         self.next = step + self.every
         self._pending: tuple[int, float] | None = None  # a save whose cost is not known yet
-        self._known: tuple[float, float | None] | None = None  # one no rank agreed on yet
+        self._known: tuple[float, float | None] | None = None  # one no vote carried yet
 
     def due(self, step: int) -> bool:
         return step >= self.next
@@ -182,7 +182,7 @@ class Young:
 
     def settle(self, step: int) -> None:
         """Between two steps: once the pending save's cost is known, it waits for the next
-        agreement (every rank saves, and so settles, at the same steps)."""
+        vote (every rank saves, and so settles, at the same steps)."""
         if self._pending is None or step < self._pending[0] + LoopClock.WINDOW:
             return
         saved, call_s = self._pending
@@ -191,14 +191,14 @@ class Young:
         self._known = (call_s if cost is None else cost, self.clock.pace())
 
     def note(self) -> tuple[float, float | None] | None:
-        """What this rank brings to the next agreement: the cost of a save and the loop's
-        pace (None: nothing new; the same on every rank)."""
-        return self._known
+        """What this rank brings to the next vote, taken (each goes once): the cost of a
+        save and the loop's pace (None: nothing new; the same on every rank)."""
+        known, self._known = self._known, None
+        return known
 
     def agree(self, notes: list[tuple[float, float | None]]) -> None:
         """Every rank's `note`: the slowest rank's cost and the median pace decide the
         interval from the last save on."""
-        self._known = None
         self.writes = [*self.writes[-9:], max(c for c, _ in notes)]  # the recent saves'
         paces = [p for _, p in notes if p is not None]
         if not paces:

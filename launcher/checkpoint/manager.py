@@ -6,6 +6,7 @@ this module says how, so the loop holds no checkpoint state of its own."""
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from launcher.config import ConfigError, TrainConfig
 from launcher.config.batch import BatchPlan
 from launcher.config.schema import TrainerConfig
 from launcher.resilience.decide import decide_on_main
+from launcher.resilience.stop_vote import NOTHING
 from launcher.runtime.placement import ranks_per_node
 from launcher.runtime.process import Runtime
 
@@ -70,6 +72,10 @@ def _rng_state(device: torch.device) -> dict:
     }
 
 
+def _number(value: float | None) -> float:
+    return NOTHING if value is None else value
+
+
 class CheckpointManager:
     """This rank's side of the run's checkpoints, and the data position they record: the
     data window (0-based, one step's sequences) the next step reads, ahead of the step by
@@ -91,14 +97,13 @@ class CheckpointManager:
             barrier=rt.barrier,
             keep=trainer.keep_checkpoints,
             meta=identity,
-            gather=self._agreement,
+            gather=rt.all_gather_objects,
             rank=rt.rank,
             world_size=rt.world_size,
         )
         self.memory = memory  # the memory tier (launcher.checkpoint.memory), when on
         if memory is not None:  # rank 0's lineage, which the durable meta.json records
             memory.follow(rt.broadcast_object(self.writer.meta["lineage"]))
-            memory.agree_with(self._agreement)
         # When each tier saves (launcher.checkpoint.cadence): its interval, or auto from what
         # its saves cost the loop (the clock of the steps' ends)
         self.clock = cadence.LoopClock()
@@ -118,16 +123,30 @@ class CheckpointManager:
         self.skip_windows: set[int] = set()  # windows a rewind skips when it comes to them
         self.rng_file = f"rng_rank{rt.rank}.pt"
 
-    def _agreement(self, obj) -> list:
-        """Every rank's `obj`, in rank order: the gather of either tier's writer agreeing on
-        a save, which carries the auto intervals' measured costs along (`Young.note`)."""
-        tiers = (self.durable_every, self.memory_every)
-        notes = [every.note() for every in tiers]
-        everyone = self.rt.all_gather_objects((obj, notes))
-        for i, every in enumerate(tiers):
-            if notes[i] is not None:  # on every rank alike: the same steps saved and settled
-                every.agree([carried[i] for _, carried in everyone])
-        return [mine for mine, _ in everyone]
+    # -- what rides on the stop vote (launcher.resilience.stop_vote.Rider) ---------------
+    # Each tier's auto interval: a save's measured cost and the loop's pace (`Young.note`);
+    # then the memory tier's newest sealed step and failed write (MemoryTier.payload).
+    width = 2 * 2 + MemoryTier.WIDTH
+
+    def payload(self) -> list[float]:
+        """This rank's numbers for the next vote: no gather of their own between steps."""
+        row = []
+        for every in (self.durable_every, self.memory_every):
+            note = every.note()
+            row += [NOTHING, NOTHING] if note is None else [note[0], _number(note[1])]
+        return row + (self.memory.payload() if self.memory is not None
+                      else [NOTHING] * MemoryTier.WIDTH)  # fmt: skip
+
+    def arrived(self, rows: list[list[float]]) -> None:
+        """Every rank's `payload` of a vote: the intervals follow the slowest rank's cost
+        (the same steps settle on every rank, so all bring a note or none), the memory
+        tier agrees on what every rank sealed."""
+        for i, every in enumerate((self.durable_every, self.memory_every)):
+            notes = [(row[2 * i], row[2 * i + 1]) for row in rows]
+            if not any(math.isnan(cost) for cost, _ in notes):
+                every.agree([(cost, None if math.isnan(pace) else pace) for cost, pace in notes])
+        if self.memory is not None:
+            self.memory.arrived([row[4:] for row in rows])
 
     def _cadence(self, key: str, every, mtbf: tuple[float, str]):
         if every != cadence.AUTO:
@@ -323,12 +342,9 @@ class CheckpointManager:
         every.saved(step, time.perf_counter() - started)
 
     def step_done(self, step: int) -> None:
-        """Between two steps (`step` has ended): the ranks agree on the memory checkpoint of
-        the step before, if one; an auto interval whose save's cost is now known keeps it
-        for the next agreement."""
+        """Between two steps (`step` has ended): an auto interval whose save's cost is now
+        known keeps it for the next vote (`payload`)."""
         self.clock.tick(step)
-        if self.memory is not None:
-            self.memory.complete()
         for every in (self.durable_every, self.memory_every):
             every.settle(step)
 
@@ -343,7 +359,6 @@ class CheckpointManager:
         newer step than the durable ones (trainer.on_nonfinite=rewind goes back to it)."""
         folder = self.last_good()
         if self.memory is not None:
-            self.memory.complete()
             after = checkpoint.step_of(folder) if folder else -1
             folder = self.memory.newest_common(self.memory.lineage, after) or folder
         return folder

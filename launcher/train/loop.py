@@ -111,7 +111,8 @@ class TrainLoop:
         self.strategy, self.open_loader = strategy, open_loader
         self.recorder, self.checkpoints, self.faults = recorder, checkpoints, faults
         self.batch = BatchPlan.of(self.t, rt.world_size)
-        self.stop = StopVote(rt.control_group)
+        # the checkpoints' agreements between steps ride on the vote: no gather of their own
+        self.stop = StopVote(rt.control_group, riders=[checkpoints])
         self.stragglers = StragglerWatch(cfg.watchdog, announce=rt.is_main)
         if cfg.exclude.straggler:  # each rank's host, on rank 0, which names the straggler
             self.stragglers.keep_off(cfg.exclude.straggler_intervals,

@@ -21,11 +21,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import os
 import shutil
 import socket
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch.distributed as dist
@@ -35,6 +36,7 @@ from launcher.checkpoint.memory import node_share, peers, recovery
 from launcher.checkpoint.memory.recovery import Held, Recovery
 from launcher.checkpoint.memory.size import KEEP
 from launcher.checkpoint.resume import differences
+from launcher.resilience.stop_vote import NOTHING
 from launcher.runtime.placement import launch_key, ranks_text
 from launcher.runtime.process import Runtime
 
@@ -65,15 +67,23 @@ def node_key(root: Path) -> str:
 
 class MemoryTier:
     """One rank's memory checkpoints: written and sealed by a thread from a snapshot taken
-    between two steps (every rank its own folder, CheckpointWriter's seal), agreed at the
-    next step in one gather, then copied to the peer (with peer copies) and the older steps
-    dropped. Each collective a save adds costs every rank of a busy node: the write's
-    agreement, the seal's and the peer copy's sizes were three gathers once, the one gather
-    now (on 16 ranks of a 2-core machine a gather between two steps took 80-150 ms).
+    between two steps (every rank its own folder, CheckpointWriter's seal), agreed once
+    every rank has sealed them, then copied to the peer (with peer copies) and the older
+    steps dropped.
 
-    All ranks call `save`, `complete`, `find` and `fetch` at the same steps (each gathers on
-    the control group). A write that fails on any rank (memory full) turns the tier off on
+    The agreement takes no collective of its own: each rank's newest sealed step (and a
+    write that failed) rides on the stop vote of every step boundary (`payload`, `arrived`:
+    launcher.resilience.stop_vote.Rider), and a step every rank has sealed is agreed on
+    every rank at the same boundary. A blocking gather between two steps cost every save
+    80-150 ms on 16 ranks of a 2-core machine. A save that comes before the one before it
+    is agreed (an interval of one step, a write slower than a step) agrees that one first,
+    with a gather, so that the tier never holds more steps than its room allows for.
+
+    All ranks call `save`, `find` and `fetch` at the same steps (each gathers on the control
+    group where it must). A write that fails on any rank (memory full) turns the tier off on
     every rank, with one warning: the durable checkpoints go on as before."""
+
+    WIDTH = 2  # the numbers each rank's tier brings to a vote: its newest sealed step, a failed one
 
     def __init__(self, root: str, every: int, rt: Runtime, identity: dict, peer: bool = False):
         self.every = every
@@ -114,8 +124,10 @@ class MemoryTier:
         )
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="memory-checkpoint")
         self.on = True
-        self._sealing: int | None = None  # the step whose save is in progress
-        self._written: Future | None = None  # its write (its blob for the peer, or None)
+        self._saved = -1  # the newest step saved (its write given to the thread), every rank's
+        self._agreed = -1  # the newest step every rank sealed, agreed alike on every rank
+        self._sealed = NOTHING  # from the writing thread: the newest step it sealed
+        self._failed: tuple[int, tuple[str, bool]] | None = None  # ... the first it could not
         self._kept: set[int] = set()  # other ranks' folders this node keeps (a restore's)
         checkpoint.remove_leftovers(checkpoint.scan(self.folder))  # this launch holds the lock
 
@@ -128,11 +140,6 @@ class MemoryTier:
         self.writer.meta["lineage"] = lineage
         self.writer.prunable = {lineage}
 
-    def agree_with(self, gather: Callable[[object], list]) -> None:
-        """The gather the ranks agree on each save with (the checkpoint manager's, which
-        carries the auto intervals' costs along)."""
-        self.writer.gather = gather
-
     @property
     def lineage(self) -> str:
         return self.writer.meta["lineage"]
@@ -140,48 +147,68 @@ class MemoryTier:
     # -- saves -------------------------------------------------------------------------
     def save(self, step: int, snapshot: Callable[[Path], None], meta: dict) -> None:
         """Start writing `snapshot` (this rank's state, copied already) as step `step`: the
-        thread writes and seals it; the ranks agree on it at the next step (`complete`)."""
-        self.complete()
+        thread writes and seals it; the ranks agree on it at a later boundary (`arrived`)."""
+        if self.on and self._agreed < self._saved:
+            self._agree_now()
         if self.on:
-            self._sealing = step
-            self._written = self.pool.submit(self._write, step, snapshot, meta)
+            self._saved = step
+            self.pool.submit(self._write, step, snapshot, meta)
 
-    def _write(self, step: int, snapshot: Callable[[Path], None], meta: dict):
-        """From the writing thread: this rank's folder of `step`, written and sealed; with
-        peer copies, packed for the peer (None: nothing to send)."""
-        final = self.writer.write_alone(step, snapshot, meta)
-        if not self.ring:
-            return None
+    def _write(self, step: int, snapshot: Callable[[Path], None], meta: dict) -> None:
+        """From the writing thread: this rank's folder of `step`, written and sealed."""
         try:
-            return peers.pack(final)
-        except OSError as exc:
-            log.warning("memory tier: step %d not copied to rank %s (%s)", step, self.peer, exc)
-            return None
-
-    def complete(self) -> None:
-        """The ranks agree that every rank wrote the save in progress, if any (one gather,
-        which tells each rank the size of what its ward sends as well); then, from the
-        writing thread, the older steps go and, with peer copies, the step goes to the peer.
-        A rank that could not write turns the tier off on every rank, the step removed."""
-        step, self._sealing = self._sealing, None
-        if step is None:
+            self.writer.write_alone(step, snapshot, meta)
+        except Exception as exc:  # noqa: BLE001 - every rank learns of it at a vote
+            if self._failed is None:
+                self._failed = (step, checkpoint.write_problem(exc, self.folder))
             return
-        problem, blob = None, None
+        self._sealed = step
+
+    def payload(self) -> list[float]:
+        """What this rank brings to the next vote: its newest sealed step, the step it could
+        not write (NaN: none)."""
+        if not self.on:
+            return [NOTHING, NOTHING]
+        return [self._sealed, NOTHING if self._failed is None else self._failed[0]]
+
+    def arrived(self, rows: list[list[float]]) -> None:
+        """Every rank's `payload` of a vote, alike on every rank: the newest step all sealed
+        is agreed (the older steps go and the peer copy is made, from the writing thread);
+        a step some rank could not write turns the tier off."""
+        if not self.on:
+            return
+        failed = [f for _, f in rows if not math.isnan(f)]
+        if failed:
+            self._give_up(int(min(failed)))
+            return
+        sealed = [s for s, _ in rows]
+        if any(math.isnan(s) for s in sealed) or min(sealed) <= self._agreed:
+            return
+        self._agreed = int(min(sealed))
+        self.pool.submit(self._after_agreement, self._agreed)
+
+    def _agree_now(self) -> None:
+        """The agreement of the last save, at once (a gather): the next save must not begin
+        before the older steps can go."""
+        self.drain()
+        self.arrived(self.rt.all_gather_objects(self.payload()))
+
+    def _give_up(self, step: int) -> None:
+        """Some rank could not write step `step`: the ranks compare why (a gather), that step
+        and any newer one go, the tier is off on every rank."""
+        self.drain()
+        mine = self._failed[1] if self._failed is not None and self._failed[0] == step else None
         try:
-            blob = self._written.result()
-        except Exception as exc:  # noqa: BLE001 - every rank learns of it, below
-            problem = checkpoint.write_problem(exc, self.folder)
-        try:
-            sizes = self.writer.agree(problem, step, 0 if blob is None else blob.numel())
+            self.writer.agree(mine, step)
         except checkpoint.CheckpointNotWritten as exc:  # every rank raised it together
-            shutil.rmtree(self.folder / checkpoint.step_name(step), ignore_errors=True)
+            for path in checkpoint.scan(self.folder).complete:
+                if checkpoint.step_of(path) >= step:
+                    shutil.rmtree(path, ignore_errors=True)
             self._off(exc)
-            return
-        self.pool.submit(self._after_agreement, step, blob, sizes)
 
     def drain(self) -> None:
-        """Wait until the writing thread has done what it was given: an agreed step's
-        pruning and peer copy."""
+        """Wait until the writing thread has done what it was given (writes, an agreed
+        step's pruning and peer copy)."""
         self.pool.submit(lambda: None).result()
 
     def _off(self, exc: checkpoint.CheckpointNotWritten) -> None:
@@ -193,21 +220,26 @@ class MemoryTier:
                 exc, self.node_folder.parent,
             )  # fmt: skip
 
-    def _after_agreement(self, step: int, blob, sizes: list[int]) -> None:
+    def _after_agreement(self, step: int) -> None:
         """From the writing thread, once every rank holds step `step`: the steps before it
         go but the one kept for the peer copy (`keep`), and the copy is made."""
         self.writer.prune(step)
         if self.ring:
-            self._copy(step, blob, sizes)
+            self._copy(step)
 
-    def _copy(self, step: int, blob, sizes: list[int]) -> None:
-        """On every rank: step `step` (`blob`, None: nothing) to the peer, the ward's into
-        its folder (its size in `sizes`, every rank's from the agreement); then, where the
-        peer holds the newer step, the older one goes. Every rank takes part whatever it
+    def _copy(self, step: int) -> None:
+        """On every rank: step `step` to the peer, the ward's into its folder; then, where
+        the peer holds the newer step, the older one goes. Every rank takes part whatever it
         has to send, so that one rank's unreadable folder costs its ward's copy, never the
         others'."""
         name = checkpoint.step_name(step)
-        got = peers.trade(blob, self.peer, self.ward, sizes, self.ward_folder / name, self.group)
+        try:
+            blob = peers.pack(self.folder / name)
+        except OSError as exc:
+            log.warning("memory tier: step %d not copied to rank %s (%s)", step, self.peer, exc)
+            blob = None
+        got = peers.swap(blob, self.peer, self.ward, self.ward_folder / name, self.group,
+                         self.rt.world_size)  # fmt: skip
         received = [False] * self.rt.world_size
         dist.all_gather_object(received, got, group=self.group)
         if received[self.peer]:
@@ -253,7 +285,6 @@ class MemoryTier:
     def find(self, lineage: str | None, after: int) -> Recovery:
         """The newest step past `after` that every rank can load once folders have moved,
         from what every node holds (a collective: every rank calls it alike)."""
-        self.complete()
         self.drain()
         first = self.node_ranks[0] == self.rt.rank
         words = self.rt.all_gather_objects(self.held(lineage) if first else None)

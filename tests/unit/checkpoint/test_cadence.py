@@ -94,10 +94,11 @@ def test_auto_saves_early_then_at_youngs_interval_from_what_it_measured():
     every.settle(cadence.FIRST + 1)  # one step on: not known yet
     assert every.note() is None
     every.settle(cadence.FIRST + 2)
-    assert every.note() == (pytest.approx(0.5), 0.25)  # for the next agreement to carry
+    assert every.note() == (pytest.approx(0.5), 0.25)  # taken by the next vote to carry
+    assert every.note() is None  # once
     assert every.every == cadence.FIRST and every.writes == []  # none made yet
     every.saved(4, call_s=0.1)  # the next save, at the interval so far
-    every.agree([(0.5, 0.25), (0.3, 0.26), (0.4, None)])  # its agreement: every rank's note
+    every.agree([(0.5, 0.25), (0.3, 0.26), (0.4, None)])  # the vote: every rank's note
     assert every.note() is None and every.writes == [0.5]  # the slowest rank's cost
     young = math.sqrt(2 * 0.5 * 3600)  # 60 s at the median pace, 0.255 s a step
     assert every.every == round(young / 0.255) == 235

@@ -13,6 +13,7 @@ import torch
 from launcher.checkpoint.manager import CheckpointManager
 from launcher.config import ConfigError
 from launcher.config.batch import BatchPlan
+from launcher.resilience.stop_vote import StopVote
 from launcher.runtime.process import Runtime
 
 from in_process import CPU, trainer
@@ -109,19 +110,22 @@ def test_the_durable_auto_interval_follows_memory_losses_only_while_the_tier_is_
         tier.close(remove=True)
 
 
-def test_an_auto_intervals_cost_rides_on_the_next_saves_agreement(tmp_path):
-    """No gather of its own: the cost of the save at step 2, known two steps on, reaches
-    every rank in the agreement of the save at step 4, which sets the interval."""
+def test_an_auto_intervals_cost_rides_on_the_stop_vote(tmp_path):
+    """No gather of its own, nor a ride on a writer's: the cost of the save at step 2, known
+    two steps on, goes out with the vote of step 4 and sets the interval when that vote
+    comes back at step 5, from the last save (step 4) on."""
     rt = Runtime(0, 0, 1, CPU, None, run_id="r", run_dir=tmp_path)
     knobs = trainer(checkpoint_interval="auto", memory_checkpoint_interval=0, mtbf_h=1e-4)
     made = CheckpointManager(rt, Engine(), knobs, {"lineage": "L1"})
-    every, gathers = made.durable_every, []
+    every, gathers, vote = made.durable_every, [], StopVote(riders=[made])
     rt.all_gather_objects = lambda obj: gathers.append(obj) or [obj]  # counts, changes nothing
-    for step in range(1, 5):
+    for step in range(1, 6):
         made.step_done(step)
+        vote.poll()
+        if step == 4:
+            assert every.writes == []  # not yet: the vote of step 4 is on its way
         if made.durable_due(step, last=False):
             made.save(step, BATCH)
-    # save 2: the write's and the seal's agreements; save 4: the write's carries the cost
-    assert [g[1][0] is not None for g in gathers] == [False, False, True, False]
+    assert gathers == []  # one rank's writer agrees with nobody: the cadence asked nothing
     assert len(every.writes) == 1 and every.note() is None
     assert every.next == 4 + every.every

@@ -39,10 +39,16 @@ def tier(root: Path, rt: Runtime, lineage: str = "line-a") -> memory.MemoryTier:
     return made
 
 
+def vote(t: memory.MemoryTier) -> None:
+    """A stop vote's ride at one rank: the thread's work done, its numbers back."""
+    t.drain()
+    t.arrived([t.payload()])
+    t.drain()  # the older step goes from the writing thread, once the ranks agreed
+
+
 def write_step(t: memory.MemoryTier, step: int) -> None:
     t.save(step, lambda folder: (folder / "model.pt").write_bytes(b"x"), {"data_step": step})
-    t.complete()
-    t.drain()  # the older step goes from the writing thread, once the ranks agreed
+    vote(t)
 
 
 def test_a_launch_loads_only_its_own_runs_memory_checkpoints(tmp_path, monkeypatch):
@@ -90,9 +96,9 @@ def test_a_memory_checkpoint_the_resume_check_refuses_is_skipped(tmp_path):
 
 
 def test_a_write_that_fails_turns_the_tier_off_and_keeps_the_step_before(tmp_path, caplog):
-    """The thread writes and seals alone; the agreement at the next step hears of the
-    failure: the failed step goes (sealed or not), the one before stays, one warning, and
-    later saves write nothing."""
+    """The thread writes and seals alone; the next vote carries the failure: the failed
+    step goes (sealed or not), the one before stays, one warning, and later saves write
+    nothing."""
     t = tier(tmp_path / "shm", runtime(tmp_path / "runs" / "r"))
     write_step(t, 4)
 
@@ -102,7 +108,7 @@ def test_a_write_that_fails_turns_the_tier_off_and_keeps_the_step_before(tmp_pat
 
     t.save(6, full, {"data_step": 6})
     with caplog.at_level("WARNING", logger="launcher"):
-        t.complete()
+        vote(t)
     assert not t.on and [p.name for p in t.folder.iterdir() if "step" in p.name] == [
         "step_00000004"
     ]

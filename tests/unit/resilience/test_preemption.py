@@ -3,6 +3,7 @@ vote decided one step boundary later on every rank alike."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
@@ -12,7 +13,7 @@ import torch.distributed as dist
 
 from launcher.resilience import preemption
 from launcher.resilience.preemption import install_stop_handlers, stop_requested
-from launcher.resilience.stop_vote import StopVote
+from launcher.resilience.stop_vote import NOTHING, StopVote
 
 
 @pytest.fixture
@@ -91,3 +92,43 @@ def test_vote_is_decided_one_boundary_later(stop_request, gloo_world):
     assert fresh.poll() is False
     assert fresh.poll() is True
     fresh.drain()
+
+
+class Echo:
+    """A rider that numbers its payloads and keeps what comes back."""
+
+    width = 2
+
+    def __init__(self):
+        self.sent, self.got = 0, []
+
+    def payload(self) -> list[float]:
+        self.sent += 1
+        return [float(self.sent), NOTHING]
+
+    def arrived(self, rows: list[list[float]]) -> None:
+        self.got.append([row[0] for row in rows])
+        assert all(math.isnan(row[1]) for row in rows)
+
+
+@pytest.mark.parametrize("grouped", [True, False], ids=["gloo", "alone"])
+def test_a_riders_numbers_come_back_with_the_next_boundarys_poll(stop_request, gloo_world, grouped):
+    """What the checkpoints' agreements ride on: each poll sends the rider's numbers and
+    hands back every rank's from the poll before; the drain at teardown hands the last
+    ones back; the stop flag's column is the vote's own."""
+    rider = Echo()
+    vote = StopVote(gloo_world if grouped else None, riders=[rider])
+    if not grouped:
+        with pytest.MonkeyPatch.context() as patch:  # no process group: each rank alone
+            patch.setattr(dist, "is_initialized", lambda: False)
+            run_three(vote)
+    else:
+        run_three(vote)
+    assert rider.got == [[1.0], [2.0], [3.0]]
+
+
+def run_three(vote: StopVote) -> None:
+    assert vote.poll() is False
+    assert vote.poll() is False
+    assert vote.poll() is False
+    vote.drain()
