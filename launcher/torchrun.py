@@ -23,13 +23,16 @@ import gc
 _COLLECTING = gc.isenabled()
 gc.disable()
 
+import contextlib
 import importlib.util
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
 import threading
+from argparse import Namespace
 from pathlib import Path
 
 from torch.distributed import run as torch_run
@@ -161,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)  # fmt: skip
         return exit_codes.BAD_INPUT
     forward_every_signal(os.environ)
-    with tempfile.TemporaryDirectory(prefix="launcher-outcome-") as folder:
+    with outcome_folder() as folder:
         os.environ[exit_codes.OUTCOME_DIR_ENV] = folder
+        args = agent_args(argv)  # a warm start's fork server forked before any thread below
         succeeded, stopped_by = False, None
         done = threading.Event()
         reaper = threading.Thread(
@@ -172,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         presence = node_presence.NodePresence(Path(folder), node_presence.wait_s())
         presence.start()
         try:
-            run_agent(argv)
+            run_agent(args)
             succeeded = True
         except ChildFailedError:
             pass  # torchrun has printed which rank failed first
@@ -211,18 +215,39 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-@record
-def run_agent(argv: list[str]) -> None:
-    """torchrun's `main`, starting the ranks warm where asked (launcher.warm_start), a lost
-    node dropped from the rendezvous as soon as its silence tells (`prompt_keep_alive`)."""
+@contextlib.contextmanager
+def outcome_folder():
+    """The folder where the ranks report their exit codes (exit_codes.OUTCOME_DIR_ENV),
+    removed by this process alone when it ends: a TemporaryDirectory's exit finalizer would
+    run in every rank forked from the warm start's fork server (a fork of this process,
+    launcher.warm_start) as the rank ran its exit handlers, and remove the folder under
+    the agent."""
+    folder = tempfile.mkdtemp(prefix="launcher-outcome-")
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def agent_args(argv: list[str]) -> Namespace:
+    """torchrun's arguments, the ranks started warm where asked (launcher.warm_start: its
+    fork server started here, a fork of this process, which must have no thread of its own
+    yet), a lost node dropped from the rendezvous as soon as its silence tells
+    (`prompt_keep_alive`)."""
     args = torch_run.parse_args(argv)
     args.rdzv_conf = prompt_keep_alive(args.rdzv_conf)
     if warm_start.wanted(args):
         args = warm_start.warm(args)
         # torchrun's defaults into this environment first (OMP_NUM_THREADS=1 for several
-        # ranks): the fork server imports torch under it, and its OpenMP keeps that count
+        # ranks): each rank sets its OpenMP threads from it (launcher.warm_start.rank_main)
         torch_run.config_from_args(args)
         warm_start.start_server()
+    return args
+
+
+@record
+def run_agent(args: Namespace) -> None:
+    """torchrun's `main` with the arguments of `agent_args`."""
     torch_run.run(args)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import inspect
 import io
 import logging
 import multiprocessing
@@ -29,9 +30,12 @@ import os
 import runpy
 import shlex
 import signal
+import socket
 import sys
 import traceback
+import warnings
 from argparse import Namespace
+from multiprocessing import connection, resource_tracker, spawn, util
 
 from launcher.runtime.process_tree import GROUP_SIGNALS
 from launcher.runtime.process_tree import WARM_COMMAND_ENV as COMMAND_ENV
@@ -85,13 +89,66 @@ def warm(args: Namespace) -> Namespace:
     return args
 
 
+# multiprocessing.forkserver.main's parameters where `start_server` can fork it (3.10-3.13;
+# a later Python's, with its own handshake, gets multiprocessing's own start).
+FORKABLE_MAIN = ("listener_fd", "alive_r", "preload", "main_path", "sys_path")
+
+
 def start_server() -> None:
-    """Start the fork server now, before the rendezvous: it imports while the agent waits
-    there (for the other nodes, or for a lost node to be dropped) instead of after, and the
-    first ranks it forks are ready that much sooner (multiprocessing would start it at the
-    first rank). A rank takes its environment from the agent at its start (torchrun sets it
-    in the child), so a server started early forks the ranks a late one would."""
-    multiprocessing.forkserver.ensure_running()
+    """Start the fork server now, before the rendezvous and before the agent starts any
+    thread: it imports while the agent waits there (for the other nodes, or for a lost node
+    to be dropped) instead of after, and the first ranks it forks are ready that much sooner
+    (multiprocessing would start it at the first rank). A rank takes its environment from
+    the agent at its start (torchrun sets it in the child), so a server started early forks
+    the ranks a late one would.
+
+    The server is a fork of the agent, which has imported torch already, not a new
+    interpreter that imports it again (multiprocessing's way): 2.6 of a node's 3.9 CPU-s of
+    a cold start's server, four nodes' worth on a shared machine at every launch and
+    requeue, and the pages the two share. It is multiprocessing's own server loop
+    (`forkserver.main`, given the agent's `forkserver` the address, the pipe and the pid its
+    own start records), so torchrun's `forkserver` start method forks every rank from it."""
+    server = multiprocessing.forkserver._forkserver
+    if tuple(inspect.signature(multiprocessing.forkserver.main).parameters) != FORKABLE_MAIN:
+        multiprocessing.forkserver.ensure_running()
+        return
+    resource_tracker.ensure_running()
+    # what multiprocessing hands its own server: where __main__ and the imports come from
+    data = spawn.get_preparation_data("ignore")
+    paths = {key: data[key] for key in ("main_path", "sys_path") if key in data}
+    with socket.socket(socket.AF_UNIX) as listener:
+        address = connection.arbitrary_address("AF_UNIX")
+        listener.bind(address)
+        if not util.is_abstract_socket_namespace(address):
+            os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()  # the server ends when the agent's end closes
+        with warnings.catch_warnings():
+            # Python 3.12+ warns of a fork with threads: the one besides this is a native
+            # thread of torch's import, which today's fork server forks its ranks beside too.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            serve(listener.fileno(), alive_r, alive_w, server._preload_modules, paths)
+        os.close(alive_r)
+    server._forkserver_address, server._forkserver_alive_fd = address, alive_w
+    server._forkserver_pid = pid
+
+
+def serve(listener_fd: int, alive_r: int, alive_w: int, preload: list[str], paths: dict):
+    """The fork server's life, in the agent's fork: never back into the agent's code (its
+    `with` blocks and exit handlers are the agent's), whatever ends the loop."""
+    code = 1
+    try:
+        os.close(alive_w)
+        multiprocessing.forkserver.main(listener_fd, alive_r, preload, **paths)
+        code = 0
+    except SystemExit as end:  # the agent's end of the pipe closed: the server's normal end
+        code = end.code if isinstance(end.code, int) else 0
+    except BaseException:  # noqa: BLE001 - said on stderr, then the fork ends
+        traceback.print_exc()
+    finally:
+        os._exit(code)
 
 
 def unbuffered_stdio() -> None:
@@ -106,6 +163,18 @@ def unbuffered_stdio() -> None:
         raw = io.FileIO(fd, "w", closefd=False)
         setattr(sys, name, io.TextIOWrapper(raw, encoding=stream.encoding,
                                             errors=stream.errors, write_through=True))  # fmt: skip
+
+
+def take_thread_count(environ=os.environ) -> None:
+    """The intra-op thread count a cold rank starts with: OpenMP reads OMP_NUM_THREADS when
+    torch loads, and the agent that the fork server was forked from loaded torch before
+    torchrun set it for its ranks (1 each where several share a node and the user set
+    none)."""
+    threads = environ.get("OMP_NUM_THREADS", "").strip()
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
 
 
 def rank_main(argv: list[str]) -> None:
@@ -127,6 +196,7 @@ def rank_main(argv: list[str]) -> None:
     # where the agent keeps its sockets: shared, the agent's exit once found its own files
     # there gone (a traceback after a hang's last line). A rank makes its own, as a cold one.
     multiprocessing.current_process()._config["tempdir"] = None
+    take_thread_count()
     unbuffered_stdio()
     exit_codes.report_pid()
     module, args = argv[0], argv[1:]

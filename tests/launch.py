@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from launcher import warm_start
+from launcher.runtime import process_tree
 
 # Small and fast on 2 CPU cores, while still exercising accumulation (2 micro-steps per
 # rank at world size 2), evaluation and checkpoints. No report.png: drawing it is about a
@@ -285,9 +286,11 @@ def kill_tree(pid: int) -> None:
 
 
 def launch_words(pid: int) -> list[str] | None:
-    """The words of the command a process belongs to: its command line, or for a warm
-    start's fork server and ranks (multiprocessing's command line), the training command in
-    their environment (launcher.warm_start); None once it is gone or a zombie."""
+    """The words of the command a process belongs to: its command line (a warm start's
+    ranks and fork server are forks of their agent: the agent's), and for a fork server
+    that multiprocessing started as an interpreter of its own and its ranks (its command
+    line), the training command in their environment (launcher.warm_start); None once it
+    is gone or a zombie."""
     proc = Path(f"/proc/{pid}")
     try:
         if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
@@ -299,6 +302,28 @@ def launch_words(pid: int) -> list[str] | None:
     prefix = f"{warm_start.COMMAND_ENV}="
     warm = next((v[len(prefix) :] for v in environ if v.startswith(prefix)), "")
     return words + shlex.split(warm)
+
+
+AGENTS = ("launcher.torchrun", "torch.distributed.run", "torchrun")
+
+
+def is_agent(pid: int) -> bool:
+    """A torchrun agent: its command runs torchrun (or the front door), and its parent's
+    does not (a warm start's fork server is a fork of the agent, with its command line)."""
+    words = launch_words(pid) or []
+    parent = launch_words(process_tree.parent_of(pid)) or []
+    return any(a in words or (words and words[0].endswith(a)) for a in AGENTS) and words != parent
+
+
+def is_rank(pid: int) -> bool:
+    """A rank process of a torchrun launch: one of the processes its agent runs (the
+    agent's children, or its fork server's: launcher.runtime.process_tree.workers), never
+    the agent, its fork server, its resource tracker or a rank's loader worker."""
+    parent = process_tree.parent_of(pid)
+    return any(
+        agent and is_agent(agent) and pid in process_tree.workers(agent)
+        for agent in (parent, process_tree.parent_of(parent))
+    )
 
 
 def processes_of(root: Path) -> list[int]:

@@ -55,7 +55,9 @@ def kill_tree(pid: int) -> None:
 # tell which launch a rank belongs to), and the server composes the ranks' config from it.
 WARM_COMMAND_ENV = "LAUNCHER_WARM_COMMAND"
 # The processes multiprocessing starts beside a warm start's ranks (launcher.warm_start): the
-# fork server they are forked from, and the tracker of its semaphores.
+# fork server they are forked from, where multiprocessing starts it as an interpreter of its
+# own (Python 3.14 on: elsewhere it is a fork of the agent, with the agent's command line),
+# and the tracker of its semaphores.
 FORK_SERVER = b"multiprocessing.forkserver"
 RESOURCE_TRACKER = b"multiprocessing.resource_tracker"
 
@@ -75,25 +77,34 @@ def parent_of(pid: int) -> int:
         return 0
 
 
+def _forks_ranks(server: int, agent: int) -> bool:
+    """Whether `server`, a child of `agent`, is a warm start's fork server: multiprocessing's
+    own, or a fork of the agent (the agent's command line; a child that has not yet started
+    the program it runs looks the same for a moment, and has no children)."""
+    line = _cmdline(server)
+    return FORK_SERVER in line or (bool(line) and line == _cmdline(agent))
+
+
 def agent_of(rank: int) -> int:
     """The process that launched rank process `rank`: its parent (torchrun's agent), or
     where that is a warm start's fork server, the server's parent."""
     parent = parent_of(rank)
-    return parent_of(parent) if FORK_SERVER in _cmdline(parent) else parent
+    grandparent = parent_of(parent)
+    return grandparent if grandparent and _forks_ranks(parent, grandparent) else parent
 
 
 def workers(agent: int) -> list[int]:
     """The rank processes torchrun's agent `agent` runs: its children, or where a warm
     start's fork server stands between them, the server's children; never multiprocessing's
-    resource tracker (none while the agent waits in a rendezvous), nor a child that still
-    runs the agent's own command (forked, not yet the program it starts: the fork server a
-    warm start spawns before the rendezvous is one for a moment)."""
-    found, own = [], _cmdline(agent)
+    resource tracker (none while the agent waits in a rendezvous); none once the agent is
+    ending (its command line gone: its fork server would look like a rank)."""
+    found = []
+    if not _cmdline(agent):
+        return found
     for pid in children(agent):
-        line = _cmdline(pid)
-        if FORK_SERVER in line:
+        if _forks_ranks(pid, agent):
             found += children(pid)
-        elif line and line != own and RESOURCE_TRACKER not in line:
+        elif _cmdline(pid) and RESOURCE_TRACKER not in _cmdline(pid):
             found.append(pid)
     return found
 

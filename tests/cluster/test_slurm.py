@@ -36,7 +36,7 @@ from launcher.resilience import bad_hosts
 from launcher.submit.__main__ import main as submit_main
 from launcher.submit.slurm import EXAMPLE_OVERRIDES, render_example
 
-from launch import FAST, launch_words, losses, metrics, summary
+from launch import FAST, is_rank, launch_words, losses, metrics, summary
 from paths import REPO
 
 JOB_TIMEOUT = 420
@@ -519,9 +519,12 @@ def test_cpus_per_task_and_secrets_from_the_submitting_shell(cluster, tmp_path):
     running = wait_until(cluster, job_id, ("RUNNING", "COMPLETED"))
     assert (running["NumNodes"], running["CPUs/Task"], running["NumCPUs"]) == ("2", "2", "4")
     seen: dict[int, tuple[str, str]] = {}
+    rank_pids: set[int] = set()  # the ranks among them (a warm rank has its agent's command)
     listed = []
     while job_state(cluster, job_id).get("JobState") in ("PENDING", "RUNNING"):
-        seen.update(ranks("", job_id))  # every process of the job, on both nodes
+        found = ranks("", job_id)  # every process of the job, on both nodes
+        seen.update(found)
+        rank_pids |= {pid for pid in found if is_rank(pid)}
         if not listed and any("launcher.train" in cmd for cmd, _ in seen.values()):
             for cmd in (["squeue", "-h", "-j", job_id, "-o", "%k %j %o"],
                         ["scontrol", "show", "job", job_id]):  # fmt: skip
@@ -535,8 +538,7 @@ def test_cpus_per_task_and_secrets_from_the_submitting_shell(cluster, tmp_path):
     assert any("launcher-secrets-test" in text for text in listed), listed  # the comment, seen
     for text in listed:
         assert not any(value in text for value in secrets.values()), text
-    workers = {pid: v for pid, v in seen.items() if "launcher.train" in v[0]}
-    workers = {pid: v for pid, v in workers.items() if "launcher.torchrun" not in v[0]}
+    workers = {pid: v for pid, v in seen.items() if pid in rank_pids}
     assert len(workers) >= 2, seen  # the two ranks were read while they ran
     agents = [v[0] for v in seen.values() if v[0].startswith("python -m launcher.torchrun")]
     ports = {int(p) for a in agents for p in re.findall(r"--rdzv-endpoint=n1:(\d+)", a)}

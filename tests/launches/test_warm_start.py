@@ -87,17 +87,19 @@ def test_a_restart_forks_its_ranks_from_the_same_warm_server(long_run, tmp_path,
     assert summary(run_dir)["steps"] == 60
     assert losses(run_dir) == losses(long_run)
     parents = set(watch.ranks.values())
-    assert len(watch.ranks) == 4, watch.ranks  # two attempts of two ranks, no loader worker
+    assert len(watch.ranks) == 4, watch.commands  # two attempts of two ranks, no loader worker
     if warm:
         (server,) = parents  # one fork server for every attempt: torch imported once
         assert server != proc.pid and watch.grandparents[server] == proc.pid, watch.grandparents
     else:
         assert parents == {proc.pid}, watch.ranks
     assert "Traceback" not in out and "RuntimeWarning" not in out, out
-    # which launch a rank belongs to: its command line, or a forked rank's environment
+    # which launch a rank belongs to: its command line (a warm rank's is its agent's: the
+    # fork server it comes from is a fork of the agent, no interpreter of its own)
     for command in watch.commands.values():
         assert "-m launcher.train" in command and f"run.root={root}" in command, command
-        assert (FORK_SERVER.decode() in command) is warm, command
+        assert ("launcher.torchrun" in command) is warm, command
+        assert FORK_SERVER.decode() not in command, command
 
 
 def test_the_fork_servers_imports_touch_no_device_and_start_no_thread():
@@ -145,9 +147,12 @@ def test_the_fork_server_imports_while_the_agent_waits_in_the_rendezvous(tmp_pat
                        endpoint=f"127.0.0.1:{free_port()}", rdzv_id="early", host=True)  # fmt: skip
 
     def server() -> int | None:
+        """The agent's child that is a fork of it, with its command line (the fork server:
+        launcher.warm_start.start_server)."""
+        own = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
         for pid in process_tree.children(proc.pid):
             with contextlib.suppress(OSError):
-                if FORK_SERVER in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if Path(f"/proc/{pid}/cmdline").read_bytes() == own:
                     return pid
         return None
 

@@ -29,13 +29,13 @@ from slurm_cluster import BASE, ClusterUnavailable, SlurmCluster, submit, wait_u
 
 from launcher.resilience import exit_codes
 from launcher.runtime import process_tree
-from launcher.runtime.process_tree import FORK_SERVER, RESOURCE_TRACKER
 
 from launch import (
     FAST_USER_LOADER,
     LAUNCH_TIMEOUT,
     explain,
     finish,
+    is_rank,
     kill_tree,
     launch_words,
     losses,
@@ -191,14 +191,9 @@ def _is_rank_of(pid: int, root: Path) -> bool:
     """A rank (or its loader worker) of the run under `root`: not an agent, nor what
     multiprocessing starts beside a warm start's ranks (the agent's fork server, its
     resource tracker), which live as long as the agent."""
-    words = launch_words(pid) or []
-    if f"run.root={root}" not in words or "launcher.torchrun" in words:
+    if f"run.root={root}" not in (launch_words(pid) or []):
         return False
-    line = " ".join(words)
-    if RESOURCE_TRACKER.decode() in line:
-        return False
-    parent = launch_words(process_tree.parent_of(pid)) or []
-    return not (FORK_SERVER.decode() in line and "launcher.torchrun" in parent)
+    return is_rank(pid) or is_rank(process_tree.parent_of(pid))
 
 
 def lose_node(agents, again, run_dir: Path, node: int, then=lambda: None):

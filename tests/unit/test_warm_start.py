@@ -89,3 +89,21 @@ def test_the_fork_server_composes_the_ranks_config_once(composed_ahead):
 def test_nothing_is_composed_ahead_that_a_rank_would_not_train(composed_ahead, command):
     front_door.compose_ahead({warm_start.COMMAND_ENV: command} if command else {})
     assert composed_ahead == {}
+
+
+def test_a_forked_rank_takes_the_thread_count_torchrun_gave_it():
+    """The agent loaded torch (and OpenMP read its environment) before torchrun set
+    OMP_NUM_THREADS for the ranks: each forked rank sets its own from it, as a cold rank's
+    OpenMP would; without a count it keeps what it has."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        warm_start.take_thread_count({"OMP_NUM_THREADS": "1"})
+        assert torch.get_num_threads() == 1
+        for unset in ({}, {"OMP_NUM_THREADS": ""}, {"OMP_NUM_THREADS": "x"}):
+            warm_start.take_thread_count(unset)
+            assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
