@@ -89,8 +89,8 @@ def warm(args: Namespace) -> Namespace:
     return args
 
 
-# multiprocessing.forkserver.main's parameters where `start_server` can fork it (3.10-3.13;
-# a later Python's, with its own handshake, gets multiprocessing's own start).
+# multiprocessing.forkserver.main's parameters where `start_server` can fork it (Python 3.11's,
+# which 3.10 shares); a Python whose server takes others gets multiprocessing's own start.
 FORKABLE_MAIN = ("listener_fd", "alive_r", "preload", "main_path", "sys_path")
 
 
@@ -125,7 +125,8 @@ def start_server() -> None:
         alive_r, alive_w = os.pipe()  # the server ends when the agent's end closes
         with warnings.catch_warnings():
             # Python 3.12+ warns of a fork with threads: the one besides this is a native
-            # thread of torch's import, which today's fork server forks its ranks beside too.
+            # thread of torch's import, beside which a server that imported torch itself
+            # forked its ranks all the same.
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
         if pid == 0:

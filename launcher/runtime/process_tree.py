@@ -56,8 +56,8 @@ def kill_tree(pid: int) -> None:
 WARM_COMMAND_ENV = "LAUNCHER_WARM_COMMAND"
 # The processes multiprocessing starts beside a warm start's ranks (launcher.warm_start): the
 # fork server they are forked from, where multiprocessing starts it as an interpreter of its
-# own (Python 3.14 on: elsewhere it is a fork of the agent, with the agent's command line),
-# and the tracker of its semaphores.
+# own (a Python whose server launcher.warm_start cannot fork: elsewhere it is a fork of the
+# agent, with the agent's command line), and the tracker of its semaphores.
 FORK_SERVER = b"multiprocessing.forkserver"
 RESOURCE_TRACKER = b"multiprocessing.resource_tracker"
 
