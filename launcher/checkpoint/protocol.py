@@ -488,15 +488,14 @@ class CheckpointWriter:
                 problem = write_problem(exc, tmp)
         self.agree(problem, step)  # the checkpoint is complete, or none is
 
-    def agree(self, problem: tuple[str, bool] | None, step: int, note: object = None) -> list:
+    def agree(self, problem: tuple[str, bool] | None, step: int) -> None:
         """Compare notes (a barrier that carries each rank's problem with the save of
-        `step`, and its `note`): when any rank had one, rank 0 measures the space, removes
-        the temporary folder, and every rank raises CheckpointNotWritten with the same line;
-        else every rank's note, in rank order."""
-        everyone = self.gather((problem, note))
-        problems = [(r, p) for r, (p, _) in enumerate(everyone) if p]
+        `step`): when any rank had one, rank 0 measures the space, removes the temporary
+        folder, and every rank raises CheckpointNotWritten with the same line."""
+        everyone = self.gather(problem)
+        problems = [(r, p) for r, p in enumerate(everyone) if p]
         if not problems:
-            return [n for _, n in everyone]
+            return
         tmp = self.folder / f"{TMP_PREFIX}{step_name(step)}"
         full = any(p[1] for _, p in problems)
         line = ""

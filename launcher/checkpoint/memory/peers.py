@@ -101,12 +101,7 @@ def swap(blob, to: int | None, frm: int | None, dest: Path, group, world: int) -
     came."""
     sizes = [0] * world
     dist.all_gather_object(sizes, 0 if blob is None else blob.numel(), group=group)
-    return trade(blob, to, frm, sizes, dest, group)
-
-
-def trade(blob, to: int | None, frm: int | None, sizes: list[int], dest: Path, group) -> bool:
-    """`swap` once every rank's size is known (`sizes`, by rank; 0: it sends nothing)."""
-    frm = frm if frm is not None and sizes[frm] else None
+    frm = frm if frm is not None and sizes[frm] else None  # 0: it sends nothing
     got = exchange(blob, to if blob is not None else None, sizes, frm, group)
     if got is not None:
         unpack(got, dest)
