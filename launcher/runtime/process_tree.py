@@ -104,7 +104,7 @@ def workers(agent: int) -> list[int]:
     for pid in children(agent):
         if _forks_ranks(pid, agent):
             found += children(pid)
-        elif _cmdline(pid) and RESOURCE_TRACKER not in _cmdline(pid):
+        elif (line := _cmdline(pid)) and RESOURCE_TRACKER not in line:
             found.append(pid)
     return found
 
