@@ -10,6 +10,7 @@ on other nodes (the refused host is recorded in the run directory's `bad_hosts`)
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -84,19 +85,23 @@ def report(code: int, chosen: bool = False) -> None:
 
 
 CHOSEN = ".chosen"
-STARTED = ".started"  # a worker's word that it runs, holding its run directory
+STARTED = ".started"  # a worker's word that it runs: its run directory and pid
 
 
 def report_start(run_dir: Path) -> None:
-    """Tell the launching front door (if any) that this rank of this attempt runs, and in
-    which run directory: what its node's heartbeat says (launcher.resilience.node_presence)."""
+    """Tell the launching front door (if any) that this rank of this attempt runs, in which
+    run directory and as which process: what its node's heartbeat says, and which of the
+    agent's workers are this attempt's (launcher.resilience.node_presence)."""
     folder = os.environ.get(OUTCOME_DIR_ENV)
     if not folder:
         return
     rank = int(os.environ.get("RANK", "0"))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     with contextlib.suppress(OSError):
-        atomic_write(Path(folder) / f"attempt{attempt:04d}.rank{rank:05d}{STARTED}", str(run_dir))
+        atomic_write(
+            Path(folder) / f"attempt{attempt:04d}.rank{rank:05d}{STARTED}",
+            json.dumps({"run_dir": str(run_dir), "pid": os.getpid()}),
+        )
 
 
 PID = ".pid"  # a warm-started rank's pid (launcher.warm_start): its /proc environ lacks RANK
@@ -124,14 +129,14 @@ def rank_of_pid(pid: int) -> str | None:
         return None
 
 
-def read_starts(folder: Path) -> tuple[int | None, dict[int, str]]:
-    """(the latest attempt whose ranks started, {rank: its run directory})."""
-    latest: dict[int, dict[int, str]] = {}
+def read_starts(folder: Path) -> tuple[int | None, dict[int, dict]]:
+    """(the latest attempt whose ranks started, {rank: {"run_dir": ..., "pid": ...}})."""
+    latest: dict[int, dict[int, dict]] = {}
     for path in Path(folder).iterdir():
         match = re.fullmatch(rf"attempt(\d+)\.rank(\d+){re.escape(STARTED)}", path.name)
         if match:
-            with contextlib.suppress(OSError):
-                latest.setdefault(int(match[1]), {})[int(match[2])] = path.read_text()
+            with contextlib.suppress(OSError, ValueError):
+                latest.setdefault(int(match[1]), {})[int(match[2])] = json.loads(path.read_text())
     if not latest:
         return None, {}
     return max(latest), latest[max(latest)]

@@ -8,7 +8,10 @@ one, torchrun's rendezvous waits its join timeout (600 s by default) and then fa
 
 Each node's `python -m launcher.torchrun` therefore keeps a heartbeat in the run directory,
 `logs/nodes/<host>-<pid>.json` (its ranks of the latest attempt, a counter it raises every
-BEAT_S seconds), and watches the others' from the same thread. Once this node's ranks have
+BEAT_S seconds), and watches the others' from the same thread. While this node's ranks of an
+attempt run and a node of that attempt falls silent, they are ended at once (they cannot go on
+without it); a restart's new ranks, which run for a while before they say which attempt they
+are, are not judged by the attempt before theirs. Once this node's ranks have
 all ended and no new attempt has started for `LAUNCHER_LOST_NODE_S` seconds (10 by default)
 while some node's heartbeat has stopped, the node is lost and nothing replaced it: the front
 door says so in one line naming that node's ranks and ends with exit code 8 (node lost),
@@ -206,10 +209,10 @@ class NodePresence(threading.Thread):
         if attempt != self.attempt:  # a new attempt runs: whoever was silent was replaced
             self.attempt, self.ended_since, self.attempt_since = attempt, None, now
             self.stopping = False
-            self.ranks = sorted(starts)
-            self.run_dir = Path(next(iter(starts.values())))
+            self.run_dir = Path(next(iter(starts.values()))["run_dir"])
             self.folder = self.run_dir / "logs" / FOLDER
             forget_old(self.folder)
+        self.ranks = sorted(starts)  # the attempt's ranks as they say they started
         self.beat += 1
         record = {"host": node_name(), "pid": os.getpid(), "ranks": self.ranks, "beat": self.beat}
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -217,8 +220,12 @@ class NodePresence(threading.Thread):
         records = self.beats.look(self.folder, now)
         silent = self.beats.gone(records, now, self.attempt_since, ended_too=True)
         workers = self.workers()
-        if workers and silent and not self.stopping:
-            self.stop_workers(workers, silent)
+        # Only the ranks that said they are this attempt's are judged by its nodes: a
+        # restart's new ranks run before they say so (until their process group forms), and
+        # the rendezvous that started them has already left the silent node out.
+        ours = [pid for pid in workers if pid in {s.get("pid") for s in starts.values()}]
+        if ours and silent and not self.stopping:
+            self.stop_workers(ours, silent)
         if workers or not silent:
             self.ended_since = None
             return

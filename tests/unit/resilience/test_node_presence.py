@@ -17,9 +17,14 @@ from launcher.resilience.node_presence import BEAT_S, SILENT_AFTER_S, NodePresen
 WAIT = 30.0
 
 
-def started(outcome, run_dir, attempt: int, ranks) -> None:
+def started(outcome, run_dir, attempt: int, ranks, first_pid: int = 101) -> None:
+    """Ranks `ranks` of `attempt` say they run (as exit_codes.report_start writes), rank r
+    as pid first_pid + r."""
     for r in ranks:
-        (outcome / f"attempt{attempt:04d}.rank{r:05d}{exit_codes.STARTED}").write_text(str(run_dir))
+        record = {"run_dir": str(run_dir), "pid": first_pid + r}
+        (outcome / f"attempt{attempt:04d}.rank{r:05d}{exit_codes.STARTED}").write_text(
+            json.dumps(record)
+        )
 
 
 def other_node(run_dir, ranks, beat: int, ended: int | None = None) -> None:
@@ -157,3 +162,27 @@ def test_this_nodes_ranks_end_as_soon_as_a_node_of_the_attempt_stops_beating(tmp
     for i in range(1, 20):
         watch.tick(i * BEAT_S)
     assert killed == []
+
+
+def test_a_restarts_ranks_are_not_ended_for_the_node_the_attempt_before_lost(tmp_path):
+    """After a node's loss, torchrun's restart starts this node's new ranks, which say which
+    attempt they are only once their process group forms (seconds later): the node still
+    silent is of the attempt before, which the rendezvous that started them left out. They
+    run on; once they said so, the lost node is no node of theirs. (Seen in the scale tier:
+    the new ranks ended, the restarts used up, the job ended with 8.)"""
+    workers = [101, 102]
+    killed: list[int] = []
+    watch, outcome, run_dir, ends = presence(tmp_path, workers, killed)
+    started(outcome, run_dir, 0, [0, 1])
+    other_node(run_dir, [2, 3], beat=1)
+    watch.tick(0.0)
+    other_node(run_dir, [2, 3], beat=2)
+    watch.tick(BEAT_S)
+    workers[:] = [201, 202]  # the restart's ranks, before they said so
+    for i in range(2, 60):
+        watch.tick(i * BEAT_S)
+    assert killed == [] and not ends
+    started(outcome, run_dir, 1, [0, 1], first_pid=201)
+    for i in range(60, 120):
+        watch.tick(i * BEAT_S)
+    assert killed == [] and not ends and watch.attempt == 1
