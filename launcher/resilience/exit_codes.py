@@ -85,13 +85,14 @@ def report(code: int, chosen: bool = False) -> None:
 
 
 CHOSEN = ".chosen"
-STARTED = ".started"  # a worker's word that it runs: its run directory and pid
+STARTED = ".started"  # a worker's word that it runs: its run directory, pid and attempt
 
 
-def report_start(run_dir: Path) -> None:
+def report_start(run_dir: Path, attempt: str | None) -> None:
     """Tell the launching front door (if any) that this rank of this attempt runs, in which
-    run directory and as which process: what its node's heartbeat says, and which of the
-    agent's workers are this attempt's (launcher.resilience.node_presence)."""
+    run directory, as which process, and the attempt's name (every rank of its process group
+    has the same, runtime.process.attempt_name): what its node's heartbeat says, and which
+    of the agent's workers are this attempt's (launcher.resilience.node_presence)."""
     folder = os.environ.get(OUTCOME_DIR_ENV)
     if not folder:
         return
@@ -100,7 +101,7 @@ def report_start(run_dir: Path) -> None:
     with contextlib.suppress(OSError):
         atomic_write(
             Path(folder) / f"attempt{attempt:04d}.rank{rank:05d}{STARTED}",
-            json.dumps({"run_dir": str(run_dir), "pid": os.getpid()}),
+            json.dumps({"run_dir": str(run_dir), "pid": os.getpid(), "attempt": attempt}),
         )
 
 
@@ -130,7 +131,7 @@ def rank_of_pid(pid: int) -> str | None:
 
 
 def read_starts(folder: Path) -> tuple[int | None, dict[int, dict]]:
-    """(the latest attempt whose ranks started, {rank: {"run_dir": ..., "pid": ...}})."""
+    """(the latest attempt whose ranks started, {rank: {"run_dir", "pid", "attempt"}})."""
     latest: dict[int, dict[int, dict]] = {}
     for path in Path(folder).iterdir():
         match = re.fullmatch(rf"attempt(\d+)\.rank(\d+){re.escape(STARTED)}", path.name)

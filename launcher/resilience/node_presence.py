@@ -7,15 +7,17 @@ replacement (a new pod, a spare) takes the lost node's place and the job resumes
 one, torchrun's rendezvous waits its join timeout (600 s by default) and then fails with 1.
 
 Each node's `python -m launcher.torchrun` therefore keeps a heartbeat in the run directory,
-`logs/nodes/<host>-<pid>.json` (its ranks of the latest attempt, a counter it raises every
-BEAT_S seconds), and watches the others' from the same thread. While this node's ranks of an
+`logs/nodes/<host>-<pid>.json` (the name of the attempt its ranks run, which every node of
+that attempt shares, its ranks of it, a counter it raises every BEAT_S seconds), and watches
+the others' from the same thread. While this node's ranks of an
 attempt run and a node of that attempt falls silent, they are ended at once (they cannot go on
 without it); a restart's new ranks, which run for a while before they say which attempt they
-are, are not judged by the attempt before theirs. Once this node's ranks have
-all ended and no new attempt has started for `LAUNCHER_LOST_NODE_S` seconds (10 by default)
-while some node's heartbeat has stopped, the node is lost and nothing replaced it: the front
-door says so in one line naming that node's ranks and ends with exit code 8 (node lost),
-which a scheduler requeues; the run resumes from its last checkpoint of either tier.
+are, are not judged by the attempt before theirs. Once `LAUNCHER_LOST_NODE_S` seconds (10 by
+default) have passed since a node of the attempt left (its heartbeat's last beat, or its
+front door's end) and this node's ranks have all ended with no new attempt started, the node
+is lost and nothing replaced it: the front door says so in one line naming that node's ranks
+and ends with exit code 8 (node lost), which a scheduler requeues; the run resumes from its
+last checkpoint of either tier.
 
 The wait is for a replacement on its way, and how long one takes is the scheduler's: a spare
 agent already running or a replacement started as the node is lost joins within seconds (4-5
@@ -67,18 +69,18 @@ def wait_s(environ=os.environ) -> float:
         return DEFAULT_WAIT_S
 
 
-NEVER = float("-inf")  # a heartbeat not seen to move yet
-
-
 @dataclass
 class Heartbeats:
     """The other nodes' heartbeats as this node has seen them: each file's counter and when
-    (this node's clock) it last moved, so that no two hosts' clocks are compared; a file is
-    first seen as not moving."""
+    (this node's clock) it last moved, so that no two hosts' clocks are compared; a file
+    counts as moved when first read. Which attempt a record is of, its name says (every
+    rank of one process group has the same, runtime.process.attempt_name): a node stopped
+    before this attempt began is none of its nodes, however recently it beat."""
 
     me: str
     seen: dict[str, tuple[int, float]] = field(default_factory=dict)
     last: dict[str, dict] = field(default_factory=dict)  # each node's last record read
+    ended_at: dict[str, float] = field(default_factory=dict)  # when its end was first read
 
     def look(self, folder: Path, now: float) -> dict[str, dict]:
         """Read every other node's heartbeat; {node: its record}."""
@@ -92,27 +94,31 @@ class Heartbeats:
                 beat = int(record["beat"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            if node not in self.seen:
-                self.seen[node] = (beat, NEVER)
-            elif self.seen[node][0] != beat:
+            if self.seen.get(node, (None,))[0] != beat:
                 self.seen[node] = (beat, now)
+            if record.get("ended") is not None:
+                self.ended_at.setdefault(node, now)
             records[node] = self.last[node] = record
         return records
 
-    def gone(self, records: dict[str, dict], now: float, since: float,
+    def left_at(self, node: str) -> float:
+        """When (this node's clock) a gone node left: its front door's end as first read,
+        else its heartbeat's last beat."""
+        return self.ended_at.get(node, self.seen[node][1])
+
+    def gone(self, records: dict[str, dict], now: float, attempt: str | None,
              ended_too: bool = False) -> dict[str, dict]:  # fmt: skip
-        """The nodes of the attempt begun at `since` (seen to beat since) that are no more:
-        their counter has not moved for SILENT_AFTER_S, or, with `ended_too`, their front
-        door ended (it says so in its last record: it left the job and will not return)."""
+        """The nodes of `attempt` that are no more: their counter has not moved for
+        SILENT_AFTER_S, or, with `ended_too`, their front door ended (it says so in its last
+        record: it left the job and will not return)."""
         out = {}
         for n, record in records.items():
-            moved = self.seen[n][1]
-            if moved < since:
+            if attempt is None or record.get("attempt") != attempt:
                 continue
             if record.get("ended") is not None:
                 if ended_too:
                     out[n] = record
-            elif now - moved > SILENT_AFTER_S:
+            elif now - self.seen[n][1] > SILENT_AFTER_S:
                 out[n] = record
         return out
 
@@ -164,9 +170,7 @@ class NodePresence(threading.Thread):
         self.folder: Path | None = None
         self.ranks: list[int] = []
         self.run_dir: Path | None = None
-        self.attempt: int | None = None
-        self.attempt_since = NEVER  # when this node saw the attempt begin (its clock)
-        self.ended_since: float | None = None
+        self.attempt: str | None = None  # the name of the attempt this node's ranks run
         self.stopping = False  # this attempt's workers were ended for a gone node
         self.lost: str | None = None
         self.stopped = threading.Event()
@@ -203,22 +207,21 @@ class NodePresence(threading.Thread):
                 return
 
     def tick(self, now: float) -> None:
-        attempt, starts = exit_codes.read_starts(self.outcome)
-        if attempt is None:
+        number, starts = exit_codes.read_starts(self.outcome)
+        if number is None:
             return
-        if attempt != self.attempt:  # a new attempt runs: whoever was silent was replaced
-            self.attempt, self.ended_since, self.attempt_since = attempt, None, now
-            self.stopping = False
-            self.run_dir = Path(next(iter(starts.values()))["run_dir"])
+        first = next(iter(starts.values()))
+        if first.get("attempt") != self.attempt or self.folder is None:  # a new attempt runs
+            self.attempt, self.stopping = first.get("attempt"), False
+            self.run_dir = Path(first["run_dir"])
             self.folder = self.run_dir / "logs" / FOLDER
             forget_old(self.folder)
         self.ranks = sorted(starts)  # the attempt's ranks as they say they started
         self.beat += 1
-        record = {"host": node_name(), "pid": os.getpid(), "ranks": self.ranks, "beat": self.beat}
         self.folder.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.folder / f"{self.me}.json", json.dumps(record))
+        atomic_write(self.folder / f"{self.me}.json", json.dumps(self.record()))
         records = self.beats.look(self.folder, now)
-        silent = self.beats.gone(records, now, self.attempt_since, ended_too=True)
+        silent = self.beats.gone(records, now, self.attempt, ended_too=True)
         workers = self.workers()
         # Only the ranks that said they are this attempt's are judged by its nodes: a
         # restart's new ranks run before they say so (until their process group forms), and
@@ -227,11 +230,13 @@ class NodePresence(threading.Thread):
         if ours and silent and not self.stopping:
             self.stop_workers(ours, silent)
         if workers or not silent:
-            self.ended_since = None
             return
-        self.ended_since = self.ended_since or now
-        if now - self.ended_since >= self.wait:
-            self.lost = lost_line(silent, now - self.ended_since)
+        # The wait for a replacement counts from the node's departure, not from this
+        # node's ranks' end (seconds later: its silence must tell first): a replacement
+        # started as the node left joins within the same seconds either way.
+        waited = now - max(self.beats.left_at(n) for n in silent)
+        if waited >= self.wait:
+            self.lost = lost_line(silent, waited)
             self.end()
 
     def silent_at_end(self) -> dict[str, dict]:
@@ -243,7 +248,7 @@ class NodePresence(threading.Thread):
         while self.folder is not None and not self.lost:
             now = time.monotonic()
             records = self.beats.look(self.folder, now)
-            silent = self.beats.gone(records, now, self.attempt_since)
+            silent = self.beats.gone(records, now, self.attempt)
             if silent or not records or now > deadline:
                 return silent
             time.sleep(BEAT_S / 4)
@@ -256,10 +261,16 @@ class NodePresence(threading.Thread):
         if self.is_alive():
             self.join()
         if self.folder is not None:
-            record = {"host": node_name(), "pid": os.getpid(), "ranks": self.ranks,
-                      "beat": self.beat + 1, "ended": code}  # fmt: skip
+            self.beat += 1
             with contextlib.suppress(OSError):
-                atomic_write(self.folder / f"{self.me}.json", json.dumps(record))
+                atomic_write(self.folder / f"{self.me}.json", json.dumps(self.record(code)))
+
+    def record(self, ended: int | None = None) -> dict:
+        """This node's heartbeat: its ranks of the attempt it runs, and the count; `ended`:
+        the code its front door ended with (its last record)."""
+        record = {"host": node_name(), "pid": os.getpid(), "attempt": self.attempt,
+                  "ranks": self.ranks, "beat": self.beat}  # fmt: skip
+        return record if ended is None else {**record, "ended": ended}
 
 
 def record_in_summary(run_dir: Path | None, ranks: list[int], line: str) -> None:

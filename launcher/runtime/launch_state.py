@@ -22,6 +22,7 @@ from launcher.runtime.nccl_capture import Capture
 class LaunchState:
     backend: str | None = None  # the process group's backend, once one exists
     control_group: Any = None  # gloo group for barriers, metric gathers and stop votes
+    attempt: str | None = None  # the process group's own name (runtime.process.attempt_name)
     side_groups: dict[str, Any] = field(default_factory=dict)  # see Runtime.side_group
     sweep_id: str | None = None  # chosen by the first point of a sweep
     nccl_capture: Capture | None = None  # where this process's NCCL writes its INFO log
@@ -40,5 +41,5 @@ class LaunchState:
 
     def forget_process_group(self) -> None:
         """After the group is destroyed: a later job of this process starts afresh."""
-        self.backend = self.control_group = self.sweep_id = None
+        self.backend = self.control_group = self.sweep_id = self.attempt = None
         self.side_groups.clear()

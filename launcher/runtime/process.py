@@ -166,6 +166,7 @@ def start(
         # Control traffic (barriers, metric gathers, stop votes) goes over gloo on the CPU
         # so it never queues behind, or is timed with, gradient communication.
         launch.control_group = dist.new_group(backend="gloo")
+        launch.attempt = attempt_name(launch.control_group)
         log.info("process group created: %s, %d ranks", launch.backend, world, extra=LAUNCH_LINE)
     rt = Runtime(rank, local_rank, world, device, launch.backend, launch=launch)
     rt.control_group = launch.control_group
@@ -178,6 +179,16 @@ def start(
     rt.run_dir = Path(cfg.run.root).expanduser() / rt.run_id
     seed_everything(cfg.seed)
     return rt
+
+
+def attempt_name(group) -> str:
+    """A name that every rank of this process group shares and no other attempt's ranks
+    have (rank 0's host, pid and clock), broadcast once: what tells a node's heartbeat of
+    this attempt from another's (launcher.resilience.node_presence), with no clock of two
+    hosts compared."""
+    box = [f"{node_name()}-{os.getpid()}-{time.time_ns()}" if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
 
 
 def open_run_dir(rt: Runtime) -> None:

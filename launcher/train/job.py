@@ -174,7 +174,7 @@ class Job:
         """Claim the run directory, build, resume, run the loop; the end-of-run summary."""
         cfg, rt = self.cfg, self.rt
         self.lock = claim_run_dir(rt, cfg.run)  # nothing in the run directory is written before
-        exit_codes.report_start(rt.run_dir)  # this node's heartbeat names this rank
+        exit_codes.report_start(rt.run_dir, rt.launch.attempt)  # this node's heartbeat: its ranks
         first_failure.watch(rt.run_dir, rt.rank)
         self.watchdog = HangWatchdog(  # start-up, then the loop's phases (on_hang: the loop's)
             cfg.watchdog,
