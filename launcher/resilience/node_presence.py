@@ -12,12 +12,14 @@ that attempt shares, its ranks of it, a counter it raises every BEAT_S seconds),
 the others' from the same thread. While this node's ranks of an
 attempt run and a node of that attempt falls silent, they are ended at once (they cannot go on
 without it); a restart's new ranks, which run for a while before they say which attempt they
-are, are not judged by the attempt before theirs. Once `LAUNCHER_LOST_NODE_S` seconds (10 by
-default) have passed since a node of the attempt left (its heartbeat's last beat, or its
-front door's end) and this node's ranks have all ended with no new attempt started, the node
-is lost and nothing replaced it: the front door says so in one line naming that node's ranks
-and ends with exit code 8 (node lost), which a scheduler requeues; the run resumes from its
-last checkpoint of either tier.
+are, are not judged by the attempt before theirs. Once this node's ranks have all ended and
+no new attempt has started for `LAUNCHER_LOST_NODE_S` seconds (10 by default) while a node of
+the attempt is gone (its heartbeat stopped, or its front door ended), the node is lost and
+nothing replaced it: the front door says so in one line naming that node's ranks and ends
+with exit code 8 (node lost), which a scheduler requeues; the run resumes from its last
+checkpoint of either tier. The wait counts from the ranks' end, not from the node's
+departure: a replacement shows only once its own ranks start (its agent started, the
+rendezvous met, its process group formed), seconds after its scheduler started it.
 
 The wait is for a replacement on its way, and how long one takes is the scheduler's: a spare
 agent already running or a replacement started as the node is lost joins within seconds (4-5
@@ -80,7 +82,6 @@ class Heartbeats:
     me: str
     seen: dict[str, tuple[int, float]] = field(default_factory=dict)
     last: dict[str, dict] = field(default_factory=dict)  # each node's last record read
-    ended_at: dict[str, float] = field(default_factory=dict)  # when its end was first read
 
     def look(self, folder: Path, now: float) -> dict[str, dict]:
         """Read every other node's heartbeat; {node: its record}."""
@@ -96,15 +97,8 @@ class Heartbeats:
                 continue
             if self.seen.get(node, (None,))[0] != beat:
                 self.seen[node] = (beat, now)
-            if record.get("ended") is not None:
-                self.ended_at.setdefault(node, now)
             records[node] = self.last[node] = record
         return records
-
-    def left_at(self, node: str) -> float:
-        """When (this node's clock) a gone node left: its front door's end as first read,
-        else its heartbeat's last beat."""
-        return self.ended_at.get(node, self.seen[node][1])
 
     def gone(self, records: dict[str, dict], now: float, attempt: str | None,
              ended_too: bool = False) -> dict[str, dict]:  # fmt: skip
@@ -171,6 +165,7 @@ class NodePresence(threading.Thread):
         self.ranks: list[int] = []
         self.run_dir: Path | None = None
         self.attempt: str | None = None  # the name of the attempt this node's ranks run
+        self.ended_since: float | None = None  # since when this node has had no worker
         self.stopping = False  # this attempt's workers were ended for a gone node
         self.lost: str | None = None
         self.stopped = threading.Event()
@@ -212,7 +207,7 @@ class NodePresence(threading.Thread):
             return
         first = next(iter(starts.values()))
         if first.get("attempt") != self.attempt or self.folder is None:  # a new attempt runs
-            self.attempt, self.stopping = first.get("attempt"), False
+            self.attempt, self.stopping, self.ended_since = first.get("attempt"), False, None
             self.run_dir = Path(first["run_dir"])
             self.folder = self.run_dir / "logs" / FOLDER
             forget_old(self.folder)
@@ -230,13 +225,14 @@ class NodePresence(threading.Thread):
         if ours and silent and not self.stopping:
             self.stop_workers(ours, silent)
         if workers or not silent:
+            self.ended_since = None
             return
-        # The wait for a replacement counts from the node's departure, not from this
-        # node's ranks' end (seconds later: its silence must tell first): a replacement
-        # started as the node left joins within the same seconds either way.
-        waited = now - max(self.beats.left_at(n) for n in silent)
-        if waited >= self.wait:
-            self.lost = lost_line(silent, waited)
+        # The wait counts from this node's ranks' end, not from the node's departure: a
+        # replacement shows only once its ranks start (its agent started, the rendezvous
+        # met, its process group formed), seconds after its scheduler started it.
+        self.ended_since = self.ended_since or now
+        if now - self.ended_since >= self.wait:
+            self.lost = lost_line(silent, now - self.ended_since)
             self.end()
 
     def silent_at_end(self) -> dict[str, dict]:
