@@ -42,6 +42,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousError
 
 from launcher import warm_start
 from launcher.resilience import exit_codes, node_presence
+from launcher.runtime.exit_gc import skip_collection_at_exit
 from launcher.runtime.process_tree import stopped_workers, workers
 
 if _COLLECTING:
@@ -157,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         torch_run.get_args_parser().print_help()
         return 0
+    skip_collection_at_exit()  # torch's objects: seconds of a preemption's grace time
     try:
         check_arguments(argv)
     except BadArguments as exc:

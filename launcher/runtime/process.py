@@ -7,7 +7,6 @@ ranks were started.
 
 from __future__ import annotations
 
-import atexit
 import datetime as dt
 import gc
 import hashlib
@@ -302,18 +301,6 @@ def end_job(rt: Runtime) -> None:
         logging.getLogger().removeHandler(rt.log_file)
         rt.log_file.close()
     rt.launch.job_started = time.time()  # the next job's wall time counts from here
-
-
-def skip_collection_at_exit() -> None:
-    """Leave the objects still alive when the interpreter exits to the OS, rather than to a
-    last garbage collection through every object torch, Hydra and the run created: that
-    took 1-1.5 s per rank on a loaded 2-core machine, on the path torchrun waits on (a
-    launch ends when its last rank has gone). Exit handlers still run (logging's flush,
-    W&B's finish); what is skipped is only the finalizers of objects in reference cycles,
-    which Python does not promise to run at exit anyway. Registered once, however often a
-    front door's main runs in one process (the tests)."""
-    atexit.unregister(gc.freeze)
-    atexit.register(gc.freeze)
 
 
 def teardown(launch: LaunchState, collect: bool = True) -> None:

@@ -31,6 +31,7 @@ from launcher.resilience.preemption import install_stop_handlers, job_ended
 from launcher.runtime import placement
 from launcher.runtime import process as runtime
 from launcher.runtime.args_file import with_args_file
+from launcher.runtime.exit_gc import skip_collection_at_exit
 from launcher.runtime.launch_state import LaunchState
 from launcher.runtime.process_tree import WARM_COMMAND_ENV
 from launcher.train.bad_input import check_or_exit, fail_bad_input
@@ -264,7 +265,7 @@ def main(entry: Callable[[], int] = train) -> None:
     """Train (or run another front door's `entry`, launcher.tune's), and leave the exit
     code where `launcher.torchrun` reads it, however it ends."""
     install_stop_handlers()  # before anything slow: a stop while starting up is kept
-    runtime.skip_collection_at_exit()
+    skip_collection_at_exit()
     code = exit_codes.CRASH
     try:
         sys.argv[1:] = with_args_file(sys.argv[1:])  # a cluster job's overrides (Slurm)
