@@ -18,7 +18,9 @@ call's time alone missed most of it: on 16 ranks of a 2-core machine a memory sa
 took 120 ms and the loop lost 420 ms to it (a write thread, a seal and a peer copy beside
 training). The interval is recomputed once the ranks agree on a save's cost, which rides on
 the stop vote of the next step boundary (no gather of its own), and said in one line when
-it changes.
+it changes. What was agreed travels in each checkpoint's meta.json (`state`): a restart at
+the same world size starts at the interval its run measured (`recall`) instead of saving
+FIRST steps in again, which cost every restart two early saves of each tier.
 """
 
 from __future__ import annotations
@@ -98,6 +100,16 @@ class Fixed:
     def note(self) -> None:
         """Nothing for a vote to carry."""
 
+    def state(self) -> None:
+        """Nothing for a restart to recall."""
+
+    def recall(self, state: dict) -> bool:
+        """Nothing to recall: the interval is the user's."""
+        return False
+
+    def opening_line(self) -> None:
+        """Nothing to say at the start: the interval is the user's."""
+
 
 class LoopClock:
     """When each step ended, for what a save cost the loop: the `WINDOW` iterations it
@@ -160,6 +172,8 @@ class Young:
         self.mtbf, self.mtbf_why = mtbf
         self.every = FIRST
         self.writes: list[float] = []
+        self.pace: float | None = None  # the loop's pace the interval was last set at
+        self.recalled = False
         self.begin(0)
 
     def begin(self, step: int) -> None:
@@ -203,22 +217,48 @@ class Young:
         paces = [p for _, p in notes if p is not None]
         if not paces:
             return
-        write, pace = statistics.median(self.writes), statistics.median(paces)
-        every = steps_between(write, self.mtbf, pace)
+        self.pace = statistics.median(paces)
+        every = steps_between(statistics.median(self.writes), self.mtbf, self.pace)
         if every != self.every and self.rt.is_main:
-            log.info(
-                "%s=auto: every %d steps (sqrt(2 x %s a save x %s between failures) = %s at "
-                "%.3g s a step; %s)", self.key, every, seconds_text(write), seconds_text(self.mtbf),
-                seconds_text(young_s(write, self.mtbf)), pace, self.mtbf_why,
-            )  # fmt: skip
+            log.info("%s", self._interval_line(every))
         self.every = every
         self.next = self.last + every
 
-    def first_line(self) -> str:
+    def state(self) -> dict | None:
+        """What a restart of this run recalls (`recall`), the same on every rank: the recent
+        saves' agreed costs and the loop's pace; None before the first agreement."""
+        return {"writes": self.writes, "pace": self.pace} if self.writes and self.pace else None
+
+    def recall(self, state: dict) -> bool:
+        """A restart (a new process) resuming a checkpoint whose meta carries `state`: the
+        interval its run measured, from the first save on. Every rank reads the same state
+        (agreed before it was written), so all save at the same steps. False where there is
+        nothing to recall, or this process has measured its own already."""
+        writes, pace = state.get("writes"), state.get("pace")
+        if self.writes or not writes or not pace:
+            return False
+        self.writes, self.pace = [float(w) for w in writes][-10:], float(pace)
+        self.every = steps_between(statistics.median(self.writes), self.mtbf, self.pace)
+        self.recalled = True
+        return True
+
+    def opening_line(self) -> str:
+        """What the run's first lines say of this tier's interval, once the resume decided."""
+        if self.recalled:
+            return f"{self._interval_line(self.every)}, as this run measured before the restart"
         return (
             f"{self.key}=auto: the first save {FIRST} steps in, then every "
             f"sqrt(2 x its measured cost x {seconds_text(self.mtbf)} between failures) "
             f"({self.mtbf_why})"
+        )
+
+    def _interval_line(self, every: int) -> str:
+        write = statistics.median(self.writes)
+        return (
+            f"{self.key}=auto: every {every} steps (sqrt(2 x {seconds_text(write)} a save x "
+            f"{seconds_text(self.mtbf)} between failures) = "
+            f"{seconds_text(young_s(write, self.mtbf))} at {self.pace:.3g} s a step; "
+            f"{self.mtbf_why})"
         )
 
 

@@ -151,10 +151,7 @@ class CheckpointManager:
     def _cadence(self, key: str, every, mtbf: tuple[float, str]):
         if every != cadence.AUTO:
             return cadence.Fixed(every or 0)
-        chosen = cadence.Young(key, self.rt, mtbf, self.clock)
-        if self.rt.is_main:
-            log.info("%s", chosen.first_line())
-        return chosen
+        return cadence.Young(key, self.rt, mtbf, self.clock)
 
     # -- resume ------------------------------------------------------------------------
     def resume(self, folders: list[Path], auto: bool, batch: BatchPlan) -> int:
@@ -162,14 +159,29 @@ class CheckpointManager:
         newer than the durable ones (resume=auto, see `newer_in_memory`), else the durable
         ones, newest first. Returns the step to continue from (0: a fresh start)."""
         newer = self.newer_in_memory(folders) if auto else None
-        start_step = self._restore_first([newer, *folders] if newer else folders, batch)
+        start_step, restored = self._restore_first([newer, *folders] if newer else folders, batch)
+        self._recall_cadence(restored)
         self.clock.begin()
         for every in (self.durable_every, self.memory_every):
             every.begin(start_step)
+            if self.rt.is_main and (line := every.opening_line()):
+                log.info("%s", line)
         if self.memory is not None:
             held = newer if newer and start_step == checkpoint.step_of(newer) else None
             self.memory.keep_only(held)
         return start_step
+
+    def _recall_cadence(self, restored: Path | None) -> None:
+        """Each auto interval as the run measured it before this restart (the restored
+        checkpoint's meta.json, agreed on every rank before it was written); not across a
+        change of world size, where a save costs another time."""
+        meta = (checkpoint.read_meta(restored) or {}) if restored is not None else {}
+        if meta.get("world_size") != self.rt.world_size:
+            return
+        carried = meta.get("cadence") or {}
+        for name, every in (("durable", self.durable_every), ("memory", self.memory_every)):
+            if isinstance(carried.get(name), dict):
+                every.recall(carried[name])
 
     def newer_in_memory(self, folders: list[Path]) -> Path | None:
         """This rank's memory checkpoint of the newest step every rank holds, when it is newer
@@ -187,17 +199,17 @@ class CheckpointManager:
                      checkpoint.step_of(found), than)  # fmt: skip
         return found
 
-    def _restore_first(self, folders: list[Path], batch: BatchPlan) -> int:
+    def _restore_first(self, folders: list[Path], batch: BatchPlan) -> tuple[int, Path | None]:
         """Each rank tries the same checkpoint and all ranks compare notes: one rank's
         unreadable file makes every rank fall back together, with one warning that names the
         ranks and why. A launch that had checkpoints to resume and could load none stops (a
-        fresh start would overwrite them)."""
+        fresh start would overwrite them). Returns the step and the checkpoint restored."""
         failures = []
         for i, folder in enumerate(folders):
             step, bad = self._try_restore(folder, batch)
             if not bad:
                 log.info("resumed from step %d", step)
-                return step
+                return step, folder
             then = "falling back to the previous one" if i + 1 < len(folders) else "none is left"
             (log.warning if self.rt.is_main else log.info)(
                 "checkpoint %s is unreadable (%s); %s", folder, bad, then
@@ -208,7 +220,7 @@ class CheckpointManager:
                 f"no checkpoint of {folders[0].parent} could be loaded ({' | '.join(failures)}); "
                 f"{resume.fresh_start_hint(self.rt.run_dir)}"
             )
-        return 0
+        return 0, None
 
     def _try_restore(self, folder: Path, batch: BatchPlan) -> tuple[int, str]:
         """(step, '') when every rank loaded `folder`, else (0, every rank's problem).
@@ -294,6 +306,12 @@ class CheckpointManager:
             "micro_batch": batch.micro_batch,  # what ran (micro_batch_size=auto, retry)
             "tokens": step * batch.tokens_per_step,
             "data_step": self.data_step,
+            # what each auto interval measured so far, for a restart (`_recall_cadence`)
+            "cadence": {
+                name: state
+                for name, every in (("durable", self.durable_every), ("memory", self.memory_every))
+                if (state := every.state())
+            },
         }
 
     def durable_due(self, step: int, last: bool) -> bool:

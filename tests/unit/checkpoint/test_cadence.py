@@ -132,3 +132,25 @@ def test_the_durable_tier_follows_the_failures_the_memory_tier_cannot_recover_fr
     assert str(exc.value).startswith("trainer.memory_loss_mtbf_h=1 is below trainer.mtbf_h=2:")
     with pytest.raises(ConfigError, match=r"trainer.memory_loss_mtbf_h=-1.0: must be greater"):
         validate(compose(["trainer.memory_loss_mtbf_h=-1"]), 1)
+
+
+def test_a_restart_recalls_the_measured_interval_once_and_every_rank_alike():
+    """`state` is what the vote agreed (the same on every rank); `recall` in a new process
+    sets the interval from it; a process that measured its own keeps its own."""
+    clock = cadence.LoopClock()
+    first = cadence.Young("trainer.memory_checkpoint_interval", RT, (180.0, "given"), clock)
+    assert first.state() is None  # nothing agreed yet: nothing to carry
+    first.agree([(0.1, 0.3), (0.12, 0.32)])
+    state = first.state()
+    assert state == {"writes": [0.12], "pace": 0.31}
+    again = cadence.Young("trainer.memory_checkpoint_interval", RT, (180.0, "given"), clock)
+    assert "the first save 2 steps in" in again.opening_line()
+    assert again.recall(state) and again.every == first.every == round(
+        math.sqrt(2 * 0.12 * 180) / 0.31
+    )
+    again.begin(100)
+    assert again.next == 100 + again.every  # from the first save on, not FIRST steps in
+    assert again.opening_line().endswith("as this run measured before the restart")
+    assert not again.recall({"writes": [9.0], "pace": 0.3})  # it has its own now
+    assert not cadence.Young("k", RT, (180.0, "g"), clock).recall({"writes": [], "pace": None})
+    assert not cadence.Fixed(5).recall(state) and cadence.Fixed(5).state() is None

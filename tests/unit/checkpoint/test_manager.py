@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from launcher.checkpoint import cadence
 from launcher.checkpoint.manager import CheckpointManager
 from launcher.config import ConfigError
 from launcher.config.batch import BatchPlan
@@ -129,3 +130,33 @@ def test_an_auto_intervals_cost_rides_on_the_stop_vote(tmp_path):
     assert gathers == []  # one rank's writer agrees with nobody: the cadence asked nothing
     assert len(every.writes) == 1 and every.note() is None
     assert every.next == 4 + every.every
+
+
+def test_a_restart_recalls_the_auto_intervals_its_run_measured(tmp_path, caplog):
+    """What the auto intervals agreed travels in the checkpoint's meta.json: a new process
+    resuming it at the same world size saves at that interval from the start (not FIRST
+    steps in), and says so; at another world size it measures afresh."""
+    knobs = trainer(checkpoint_interval="auto", memory_checkpoint_interval=0, mtbf_h=1e-3)
+    rt = Runtime(0, 0, 1, CPU, None, run_id="r", run_dir=tmp_path)
+    made = CheckpointManager(rt, Engine(), knobs, {"lineage": "L1"})
+    made.durable_every.agree([(0.2, 0.05)])  # a save of 0.2 s at 0.05 s a step: 24 steps
+    measured = made.durable_every.every
+    assert measured == round((2 * 0.2 * 3.6) ** 0.5 / 0.05) == 24
+    made.save(30, BATCH, wait=True)
+    folder = made.last_good()
+
+    again = CheckpointManager(rt, Engine(), knobs, {"lineage": "L1"})
+    with caplog.at_level("INFO", logger="launcher"):
+        assert again.resume([folder], auto=True, batch=BATCH) == 30
+    every = again.durable_every
+    assert (every.every, every.next, every.writes, every.pace) == (measured, 54, [0.2], 0.05)
+    assert (
+        "trainer.checkpoint_interval=auto: every 24 steps (sqrt(2 x 200 ms a save x " in caplog.text
+    )
+    assert "as this run measured before the restart" in caplog.text
+
+    wider = Runtime(0, 0, 1, CPU, None, run_id="r", run_dir=tmp_path)
+    wider.world_size = 2  # the checkpoint's world size was 1: a save costs another time here
+    other = CheckpointManager(wider, Engine(), knobs, {"lineage": "L1"})
+    other._recall_cadence(folder)
+    assert other.durable_every.every == cadence.FIRST and other.durable_every.writes == []
