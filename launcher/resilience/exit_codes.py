@@ -97,10 +97,10 @@ def report_start(run_dir: Path, attempt: str | None) -> None:
     if not folder:
         return
     rank = int(os.environ.get("RANK", "0"))
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # this agent's own count
     with contextlib.suppress(OSError):
         atomic_write(
-            Path(folder) / f"attempt{attempt:04d}.rank{rank:05d}{STARTED}",
+            Path(folder) / f"attempt{restart:04d}.rank{rank:05d}{STARTED}",
             json.dumps({"run_dir": str(run_dir), "pid": os.getpid(), "attempt": attempt}),
         )
 

@@ -11,6 +11,7 @@ the launch (agents as nodes, one SIGKILLed and not replaced) is benchmarks/goodp
 from __future__ import annotations
 
 import json
+import os
 
 from launcher.resilience import exit_codes, node_presence
 from launcher.resilience.node_presence import BEAT_S, SILENT_AFTER_S, NodePresence
@@ -209,3 +210,21 @@ def test_a_node_lost_after_its_first_beat_is_lost(tmp_path):
     assert (
         t >= SILENT_AFTER_S + WAIT and "lost node n2 (ranks 1, its heartbeat stopped)" in watch.lost
     )
+
+
+def test_a_ranks_start_record_carries_the_attempts_name_not_its_agents_restart_count(
+    tmp_path, monkeypatch
+):
+    """What the heartbeat reads of a rank (exit_codes.report_start, read_starts): the file
+    is named by this agent's restart count (the latest is the one running), the record holds
+    the run directory, the pid and the attempt's name, which every node of the attempt shares
+    whatever its agent's count (a replacement's is 0 where the others' is 1: seen in the scale
+    tier, the count in the record made every node of another attempt)."""
+    monkeypatch.setenv(exit_codes.OUTCOME_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "5")
+    for count in ("0", "1"):
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", count)
+        exit_codes.report_start(tmp_path / "run", f"vm-7-{count}")
+    number, starts = exit_codes.read_starts(tmp_path)
+    assert number == 1 and list(starts) == [5]
+    assert starts[5] == {"run_dir": str(tmp_path / "run"), "pid": os.getpid(), "attempt": "vm-7-1"}
