@@ -9,10 +9,10 @@ one, torchrun's rendezvous waits its join timeout (600 s by default) and then fa
 Each node's `python -m launcher.torchrun` therefore keeps a heartbeat in the run directory,
 `logs/nodes/<host>-<pid>.json` (the name of the attempt its ranks run, which every node of
 that attempt shares, its ranks of it, a counter it raises every BEAT_S seconds), and watches
-the others' from the same thread. While this node's ranks of an
-attempt run and a node of that attempt falls silent, they are ended at once (they cannot go on
-without it); a restart's new ranks, which run for a while before they say which attempt they
-are, are not judged by the attempt before theirs. Once this node's ranks have all ended and
+the others' from the same thread. While this node's ranks of an attempt run and a node of
+that attempt falls silent, they are ended at once (they cannot go on without it); a
+restart's new ranks, which run for a while before they say which attempt they are, are not
+judged by the attempt before theirs. Once this node's ranks have all ended and
 no new attempt has started for `LAUNCHER_LOST_NODE_S` seconds (10 by default) while a node of
 the attempt is gone (its heartbeat stopped, or its front door ended), the node is lost and
 nothing replaced it: the front door says so in one line naming that node's ranks and ends
