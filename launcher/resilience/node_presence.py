@@ -221,7 +221,8 @@ class NodePresence(threading.Thread):
         # Only the ranks that said they are this attempt's are judged by its nodes: a
         # restart's new ranks run before they say so (until their process group forms), and
         # the rendezvous that started them has already left the silent node out.
-        ours = [pid for pid in workers if pid in {s.get("pid") for s in starts.values()}]
+        said = {start.get("pid") for start in starts.values()}
+        ours = [pid for pid in workers if pid in said]
         if ours and silent and not self.stopping:
             self.stop_workers(ours, silent)
         if workers or not silent:
