@@ -38,6 +38,7 @@ from pathlib import Path
 from torch.distributed import run as torch_run
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+from torch.distributed.elastic.rendezvous import registry as rendezvous_registry
 from torch.distributed.elastic.rendezvous.api import RendezvousError
 
 from launcher import warm_start
@@ -250,7 +251,40 @@ def agent_args(argv: list[str]) -> Namespace:
 @record
 def run_agent(args: Namespace) -> None:
     """torchrun's `main` with the arguments of `agent_args`."""
-    torch_run.run(args)
+    with keep_alive_stopped_by_this_thread():
+        torch_run.run(args)
+
+
+@contextlib.contextmanager
+def keep_alive_stopped_by_this_thread():
+    """The rendezvous handlers torchrun makes inside, held until their keep-alive timers
+    are stopped from this thread as the agent ends, however it ends.
+
+    On a stop signal torchrun leaves its handler open (so that a replacement may still join
+    the rendezvous) and lets it go with the exception's frames. The handler's keep-alive
+    timer (a beat a second here, KEEP_ALIVE) is stopped by a weakref finalizer that joins
+    the timer's thread; when that thread held the handler's last reference at that moment
+    (in the middle of a beat), the finalizer ran in the timer's own thread and printed
+    "RuntimeError: cannot join current thread" with a traceback into the job's output.
+    The rendezvous is not closed here: only the timer is stopped, by the thread that
+    lets the handler go."""
+    made = []
+    create = rendezvous_registry.get_rendezvous_handler
+
+    def held(params):
+        handler = create(params)
+        made.append(handler)
+        return handler
+
+    rendezvous_registry.get_rendezvous_handler = held
+    try:
+        yield made
+    finally:
+        rendezvous_registry.get_rendezvous_handler = create
+        for handler in made:
+            stop = getattr(handler, "_stop_heartbeats", None)  # torch's dynamic rendezvous
+            if stop is not None:
+                stop()
 
 
 def lost_at_end(presence, ranks: dict[int, int], succeeded: bool, chosen: dict) -> str | None:

@@ -102,3 +102,34 @@ def test_torchruns_rendezvous_handler_takes_the_keep_alive():
         assert settings.keep_alive_max_attempt == 4
     finally:
         handler.shutdown()
+
+
+def test_a_stopped_agent_stops_its_keep_alive_from_its_own_thread_and_leaves_it_open():
+    """After a stop signal torchrun lets its rendezvous handler go unclosed, and its
+    keep-alive timer's finalizer could run in the timer's own thread ("cannot join current
+    thread", a traceback in the job's output). The front door's hold stops the timer from
+    the agent's thread as the agent ends, and leaves the rendezvous open for a replacement."""
+    import signal
+    import threading
+
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, registry
+
+    from launcher.torchrun import keep_alive_stopped_by_this_thread
+
+    def beating():
+        return [t for t in threading.enumerate() if t.name.startswith("RendezvousKeepAlive")]
+
+    params = RendezvousParameters(
+        backend="c10d", endpoint="127.0.0.1:0", run_id="stopped", min_nodes=1, max_nodes=1,
+        is_host=True, keep_alive_interval=1,
+    )  # fmt: skip
+    with pytest.raises(SignalException), keep_alive_stopped_by_this_thread() as made:
+        handler = registry.get_rendezvous_handler(params)
+        handler.next_rendezvous()
+        assert beating(), "torch's rendezvous beats in a thread of its own"
+        raise SignalException("stopped", sigval=signal.SIGTERM)
+    assert made == [handler] and not beating()
+    assert registry.get_rendezvous_handler.__name__ == "get_rendezvous_handler"
+    assert not handler.is_closed()  # a replacement may still join
+    handler.shutdown()
