@@ -91,17 +91,19 @@ STARTED = ".started"  # a worker's word that it runs: its run directory, pid and
 def report_start(run_dir: Path, attempt: str | None) -> None:
     """Tell the launching front door (if any) that this rank of this attempt runs, in which
     run directory, as which process, and the attempt's name (every rank of its process group
-    has the same, runtime.process.attempt_name): what its node's heartbeat says, and which
-    of the agent's workers are this attempt's (launcher.resilience.node_presence)."""
+    has the same, runtime.process.attempt_name) and its world size: what its node's
+    heartbeat says, which of the agent's workers are this attempt's, and which of the
+    attempt's ranks no node's heartbeat names (launcher.resilience.node_presence)."""
     folder = os.environ.get(OUTCOME_DIR_ENV)
     if not folder:
         return
     rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # this agent's own count
+    record = {"run_dir": str(run_dir), "pid": os.getpid(), "attempt": attempt, "world": world}
     with contextlib.suppress(OSError):
         atomic_write(
-            Path(folder) / f"attempt{restart:04d}.rank{rank:05d}{STARTED}",
-            json.dumps({"run_dir": str(run_dir), "pid": os.getpid(), "attempt": attempt}),
+            Path(folder) / f"attempt{restart:04d}.rank{rank:05d}{STARTED}", json.dumps(record)
         )
 
 
@@ -131,7 +133,8 @@ def rank_of_pid(pid: int) -> str | None:
 
 
 def read_starts(folder: Path) -> tuple[int | None, dict[int, dict]]:
-    """(the latest attempt whose ranks started, {rank: {"run_dir", "pid", "attempt"}})."""
+    """(the latest attempt whose ranks started, {rank: {"run_dir", "pid", "attempt",
+    "world"}})."""
     latest: dict[int, dict[int, dict]] = {}
     for path in Path(folder).iterdir():
         match = re.fullmatch(rf"attempt(\d+)\.rank(\d+){re.escape(STARTED)}", path.name)

@@ -14,7 +14,8 @@ that attempt falls silent, they are ended at once (they cannot go on without it)
 restart's new ranks, which run for a while before they say which attempt they are, are not
 judged by the attempt before theirs. Once this node's ranks have all ended and
 no new attempt has started for `LAUNCHER_LOST_NODE_S` seconds (10 by default) while a node of
-the attempt is gone (its heartbeat stopped, or its front door ended), the node is lost and
+the attempt is gone (its heartbeat stopped, its front door ended, or it never beat: ranks
+of the attempt that no heartbeat names), the node is lost and
 nothing replaced it: the front door says so in one line naming that node's ranks and ends
 with exit code 8 (node lost), which a scheduler requeues; the run resumes from its last
 checkpoint of either tier. The wait counts from the ranks' end, not from the node's
@@ -61,6 +62,7 @@ BEAT_S = 1.0
 SILENT_AFTER_S = 4 * BEAT_S  # a heartbeat that has not moved for this long has stopped
 WAIT_ENV = "LAUNCHER_LOST_NODE_S"
 DEFAULT_WAIT_S = 10.0
+UNHEARD = "(no heartbeat)"  # the gone node of the ranks no heartbeat names (`never_heard`)
 
 
 def wait_s(environ=os.environ) -> float:
@@ -117,6 +119,25 @@ class Heartbeats:
         return out
 
 
+def never_heard(records: dict[str, dict], attempt: str | None, mine: list[int],
+                world: int | None) -> dict[str, dict]:  # fmt: skip
+    """The ranks of `attempt` that neither this node (`mine`) nor any heartbeat of the
+    attempt names, as one gone node's record: a node lost before its first beat (within a
+    second of its ranks' start) leaves no file to fall silent, and without this the others
+    waited for it in the rendezvous until its timeout (seen in a launch). {} when every rank
+    is heard of, or the world size is not known."""
+    if attempt is None or not world:
+        return {}
+    heard = set(mine)
+    for record in records.values():
+        if record.get("attempt") == attempt:
+            heard.update(record.get("ranks", []))
+    missing = sorted(set(range(world)) - heard)
+    if not missing:
+        return {}
+    return {UNHEARD: {"host": "never heard from", "ranks": missing, "attempt": attempt}}
+
+
 def forget_old(folder: Path) -> None:
     """Remove the heartbeats that stopped long ago (a node replaced at an earlier attempt, an
     earlier launch's): as the run directory's lock judges a holder, by the file's age."""
@@ -130,9 +151,7 @@ def lost_line(silent: dict[str, dict], waited: float | None = None) -> str:
     """The one line: which node's ranks left and how, and what the job does (`waited`: how
     long this node waited for a replacement; None: torchrun ended without waiting)."""
     named = "; ".join(
-        f"node {r.get('host', n)} (ranks {ranks_text(r.get('ranks', []))}, "
-        + ("its heartbeat stopped)" if r.get("ended") is None else
-           f"its launcher.torchrun ended with {r['ended']})")
+        f"node {r.get('host', n)} (ranks {ranks_text(r.get('ranks', []))}, " + how_it_left(n, r)
         for n, r in silent.items()
     )  # fmt: skip
     why = (
@@ -146,6 +165,14 @@ def lost_line(silent: dict[str, dict], waited: float | None = None) -> str:
         f"{exit_codes.NODE_LOST} (node lost): a requeue or restart on a full set of nodes "
         "resumes from the last checkpoint"
     )
+
+
+def how_it_left(node: str, record: dict) -> str:
+    if node == UNHEARD:
+        return f"no heartbeat from it in {SILENT_AFTER_S:.0f} s of its attempt)"
+    if record.get("ended") is None:
+        return "its heartbeat stopped)"
+    return f"its launcher.torchrun ended with {record['ended']})"
 
 
 class NodePresence(threading.Thread):
@@ -165,6 +192,8 @@ class NodePresence(threading.Thread):
         self.ranks: list[int] = []
         self.run_dir: Path | None = None
         self.attempt: str | None = None  # the name of the attempt this node's ranks run
+        self.attempt_since = 0.0  # when this node first saw that attempt's ranks start
+        self.world: int | None = None  # the attempt's world size, as its ranks say
         self.ended_since: float | None = None  # since when this node has had no worker
         self.stopping = False  # this attempt's workers were ended for a gone node
         self.lost: str | None = None
@@ -208,6 +237,7 @@ class NodePresence(threading.Thread):
         first = next(iter(starts.values()))
         if first.get("attempt") != self.attempt or self.folder is None:  # a new attempt runs
             self.attempt, self.stopping, self.ended_since = first.get("attempt"), False, None
+            self.attempt_since, self.world = now, first.get("world")
             self.run_dir = Path(first["run_dir"])
             self.folder = self.run_dir / "logs" / FOLDER
             forget_old(self.folder)
@@ -225,6 +255,9 @@ class NodePresence(threading.Thread):
         ours = [pid for pid in workers if pid in said]
         if ours and silent and not self.stopping:
             self.stop_workers(ours, silent)
+        if not silent and now - self.attempt_since > SILENT_AFTER_S:
+            # judged only once this node's ranks have ended (below), never a reason to end them
+            silent = never_heard(records, self.attempt, self.ranks, self.world)
         if workers or not silent:
             self.ended_since = None
             return

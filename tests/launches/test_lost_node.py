@@ -3,9 +3,11 @@
 rank each as two nodes, one restart allowed; node 1's whole tree is SIGKILLed and nothing
 takes its place. Node 0's rank fails in its next collective, its agent waits in the
 rendezvous for a second node, and its front door ends the job once LAUNCHER_LOST_NODE_S
-have passed since node 1's last beat: the contract's exit code, the line, summary.json, and
-the last checkpoint whole. (At 16 ranks and with the wait's default, benchmarks/goodput.py's
-`lost` case times the same end.)"""
+have passed since its rank ended: the contract's exit code, the line, summary.json, and
+the last checkpoint whole. Node 1 may die before its first heartbeat (its rank trains for
+a second or two before the kill): then the line names its rank as never heard from. (At
+16 ranks and with the wait's default, benchmarks/goodput.py's `lost` case times the same
+end.)"""
 
 from __future__ import annotations
 
@@ -51,12 +53,13 @@ def test_a_lost_node_not_replaced_ends_the_job_with_8_naming_its_ranks(tmp_path,
     assert agents[0].returncode == exit_codes.NODE_LOST, out[-3000:]
     (line,) = [ln for ln in out.splitlines() if ln.startswith("launcher.torchrun: lost node")]
     waited = re.fullmatch(
-        r"launcher\.torchrun: lost node \S+ \(ranks 1, its heartbeat stopped\): no node took "
+        r"launcher\.torchrun: lost node (\S+ \(ranks 1, its heartbeat stopped|never heard "
+        r"from \(ranks 1, no heartbeat from it in 4 s of its attempt)\): no node took "
         r"its place within (\d+) s \(LAUNCHER_LOST_NODE_S\); exit code 8 \(node lost\): a "
         r"requeue or restart on a full set of nodes resumes from the last checkpoint",
         line,
     )
-    assert waited and int(waited[1]) >= WAIT_S, line
+    assert waited and int(waited[2]) >= WAIT_S, line
     assert took <= 60, took  # the issue's bound: the job ends within a minute of the loss
     s = summary(run_dir)
     assert s["exit_code"] == exit_codes.NODE_LOST and s["status"].startswith("failed: lost node")

@@ -19,11 +19,12 @@ from launcher.resilience.node_presence import BEAT_S, SILENT_AFTER_S, NodePresen
 WAIT = 30.0
 
 
-def started(outcome, run_dir, attempt: int, ranks, first_pid: int = 101) -> None:
-    """Ranks `ranks` of `attempt` (named a<attempt>) say they run (as exit_codes.report_start
-    writes), rank r as pid first_pid + r."""
+def started(outcome, run_dir, attempt: int, ranks, first_pid: int = 101, world=None) -> None:
+    """Ranks `ranks` of `attempt` (named a<attempt>, of `world` ranks: None, not said) say
+    they run (as exit_codes.report_start writes), rank r as pid first_pid + r."""
     for r in ranks:
-        record = {"run_dir": str(run_dir), "pid": first_pid + r, "attempt": f"a{attempt}"}
+        record = {"run_dir": str(run_dir), "pid": first_pid + r, "attempt": f"a{attempt}",
+                  "world": world}  # fmt: skip
         (outcome / f"attempt{attempt:04d}.rank{r:05d}{exit_codes.STARTED}").write_text(
             json.dumps(record)
         )
@@ -212,6 +213,47 @@ def test_a_node_lost_after_its_first_beat_is_lost(tmp_path):
     )
 
 
+def test_a_node_lost_before_its_first_beat_is_lost_once_this_nodes_ranks_ended(tmp_path):
+    """A node killed within a second of its ranks' start leaves no heartbeat to fall silent
+    (seen in a launch: the other node waited in the rendezvous for its timeout). The ranks
+    of the attempt that no heartbeat names are a gone node: never a reason to end this
+    node's running ranks (a slow first beat), but once they have ended, the wait runs and
+    the job ends naming those ranks."""
+    workers, killed = [101], []
+    watch, outcome, run_dir, ends = presence(tmp_path, workers, killed)
+    started(outcome, run_dir, 0, [0, 1], world=4)
+    t = 0.0
+    for _ in range(10):
+        watch.tick(t)
+        t += BEAT_S
+    assert killed == [] and not ends  # running: the broken collective says it, not this
+    workers.clear()
+    while not ends:
+        watch.tick(t)
+        t += BEAT_S
+        assert t <= 10 * BEAT_S + WAIT + 2 * BEAT_S
+    assert t >= 10 * BEAT_S + WAIT
+    assert watch.lost.startswith(
+        "launcher.torchrun: lost node never heard from (ranks 2-3, no heartbeat from it in 4 s "
+        "of its attempt): no node took its place within 30 s"
+    )
+
+
+def test_a_node_whose_first_beat_comes_late_is_heard(tmp_path):
+    """The ranks a late heartbeat names are heard of from then on: a crash's restart whose
+    other node beat only after this node's ranks had ended is waited for, not lost."""
+    workers = [101]
+    watch, outcome, run_dir, ends = presence(tmp_path, workers)
+    started(outcome, run_dir, 0, [0, 1], world=4)
+    watch.tick(0.0)
+    workers.clear()
+    for i in range(1, 60):
+        if i >= 3:
+            other_node(run_dir, [2, 3], beat=i)  # its first beat, 3 s in, then on
+        watch.tick(i * BEAT_S)
+    assert not ends
+
+
 def test_a_ranks_start_record_carries_the_attempts_name_not_its_agents_restart_count(
     tmp_path, monkeypatch
 ):
@@ -222,9 +264,11 @@ def test_a_ranks_start_record_carries_the_attempts_name_not_its_agents_restart_c
     tier, the count in the record made every node of another attempt)."""
     monkeypatch.setenv(exit_codes.OUTCOME_DIR_ENV, str(tmp_path))
     monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "16")
     for count in ("0", "1"):
         monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", count)
         exit_codes.report_start(tmp_path / "run", f"vm-7-{count}")
     number, starts = exit_codes.read_starts(tmp_path)
     assert number == 1 and list(starts) == [5]
-    assert starts[5] == {"run_dir": str(tmp_path / "run"), "pid": os.getpid(), "attempt": "vm-7-1"}
+    assert starts[5] == {"run_dir": str(tmp_path / "run"), "pid": os.getpid(), "attempt": "vm-7-1",
+                         "world": 16}  # fmt: skip
