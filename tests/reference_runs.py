@@ -45,8 +45,10 @@ PROFILE = ["profiler=steps", "profiler.skip_first=3", "profiler.warmup=1", "prof
 PROFILED = [5, 6, 7, 8, 9]
 LOGGERS = ["logger=[wandb,tensorboard]", "logger.mode=offline"]
 
-# The DDP run: the defaults on 2 ranks for 24 steps, eval every 6, checkpoints at 12 and 24,
-# W&B offline (with a recognisable fake API key in the environment) and TensorBoard. The
+# The DDP run: the defaults on 2 ranks for 24 steps under plain torchrun (the README's
+# command; the other references start through launcher.torchrun), eval every 6, checkpoints
+# at 12 and 24, W&B offline (with a recognisable fake API key in the environment) and
+# TensorBoard. The
 # reference of tests/launches/test_train.py (layout, world size 1 = 2, exact resume),
 # tests/launches/test_wandb.py and test_tensorboard.py (a resumed run shows every step once).
 DDP_RUN_STEPS = 24
@@ -120,7 +122,7 @@ def ddp_run(shared_root):
         env = base_env(WANDB_API_KEY=FAKE_KEY, **private_wandb_env(shared_root / "ddp_run-wandb"))
         loggers = ["logger=[wandb,tensorboard]", "logger.mode=offline", "logger.tags=[ci,offline]"]
         run = [f"run.root={path.parent}", f"run.id={path.name}"]
-        return torchrun([*DDP_RUN, *loggers, *run], env=env)
+        return torchrun([*DDP_RUN, *loggers, *run], env=env, runner="torch.distributed.run")
 
     return reference.reference(shared_root, DDP_RUN_ID, launch)
 
