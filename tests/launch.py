@@ -103,8 +103,8 @@ def torchrun(
     its ranks from one warm fork server: 5 CPU-seconds a 2-rank launch where plain torchrun
     takes 10-12 (each rank imports torch again), measured; the suite's cost is its number
     of launches. Plain torchrun, the README's own command, is `runner="torch.distributed.run"`
-    (the DDP reference run, the README's default job in CI, a restart without the warm
-    start)."""
+    (the DDP and strategy reference runs, the README's default job in CI, a restart
+    without the warm start)."""
     refuse_in_unit_tier()
     cmd = torchrun_cmd(overrides, nproc=nproc, extra_args=extra_args, runner=runner)
     return subprocess.run(
