@@ -135,7 +135,7 @@ def never_heard(records: dict[str, dict], attempt: str | None, mine: list[int],
     missing = sorted(set(range(world)) - heard)
     if not missing:
         return {}
-    return {UNHEARD: {"host": "never heard from", "ranks": missing, "attempt": attempt}}
+    return {UNHEARD: {"host": "never heard from", "ranks": missing}}
 
 
 def forget_old(folder: Path) -> None:
@@ -255,8 +255,8 @@ class NodePresence(threading.Thread):
         ours = [pid for pid in workers if pid in said]
         if ours and silent and not self.stopping:
             self.stop_workers(ours, silent)
-        if not silent and now - self.attempt_since > SILENT_AFTER_S:
-            # judged only once this node's ranks have ended (below), never a reason to end them
+        if not silent and not workers and now - self.attempt_since > SILENT_AFTER_S:
+            # judged only once this node's ranks have ended, never a reason to end them
             silent = never_heard(records, self.attempt, self.ranks, self.world)
         if workers or not silent:
             self.ended_since = None
