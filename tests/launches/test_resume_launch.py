@@ -127,6 +127,20 @@ def kill_launch(proc: subprocess.Popen, run_dir: Path) -> None:
     proc.wait()
 
 
+def newest_resumable(folder: Path) -> int:
+    """The step a relaunch resumes from after a kill: the newest complete checkpoint (a kill
+    between sealing one and moving `latest` to it leaves `latest` a step behind), or a save
+    whose every rank had written its files when the kill came before its seal (the relaunch
+    seals it first)."""
+    found = checkpoint.scan(folder)
+    sealable = [
+        checkpoint.parse_step(p.name.removeprefix(checkpoint.TMP_PREFIX))
+        for p in found.leftovers
+        if p.is_dir() and checkpoint.unsealed_problem(p) is None
+    ]
+    return max([checkpoint.step_of(found.complete[0]), *sealable])
+
+
 def test_one_launch_per_run_directory(tmp_path):
     """A second launch on a run directory in use stops with one line naming the holder;
     once the holder is killed, its stale lock is taken over with one warning."""
@@ -147,9 +161,7 @@ def test_one_launch_per_run_directory(tmp_path):
     finally:  # a crash of the whole launch: the lock stays behind
         kill_launch(holder, run_dir)
     assert (run_dir / ".lock").exists()
-    # The newest complete checkpoint: a kill between sealing one and moving `latest` to it
-    # leaves `latest` a step behind, and resume takes the newest complete one.
-    step = checkpoint.step_of(checkpoint.scan(run_dir / "checkpoints").complete[0])
+    step = newest_resumable(run_dir / "checkpoints")
     after = torchrun([*args, f"trainer.max_steps={step + 2}"])
     assert after.returncode == 0, explain(after)
     (warning,) = warnings_about(after, "took over the lock")
