@@ -125,7 +125,7 @@ class CheckpointManager:
 
     # -- what rides on the stop vote (launcher.resilience.stop_vote.Rider) ---------------
     # Each tier's auto interval: a save's measured cost and the loop's pace (`Young.note`);
-    # then the memory tier's newest sealed step and failed write (MemoryTier.payload).
+    # then the memory tier's newest sealed step, failed write and ward copy (MemoryTier.payload).
     width = 2 * 2 + MemoryTier.WIDTH
 
     def payload(self) -> list[float]:

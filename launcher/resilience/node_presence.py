@@ -258,14 +258,15 @@ class NodePresence(threading.Thread):
         if not silent and not workers and now - self.attempt_since > SILENT_AFTER_S:
             # judged only once this node's ranks have ended, never a reason to end them
             silent = never_heard(records, self.attempt, self.ranks, self.world)
-        if workers or not silent:
+        if workers:
             self.ended_since = None
             return
-        # The wait counts from this node's ranks' end, not from the node's departure: a
-        # replacement shows only once its ranks start (its agent started, the rendezvous
-        # met, its process group formed), seconds after its scheduler started it.
+        # The wait counts from this node's ranks' end, not from the node's departure (a
+        # replacement shows only once its ranks start: its agent started, the rendezvous
+        # met, its process group formed, seconds after its scheduler started it), nor from
+        # the moment the node's silence is long enough to tell: that is part of the wait.
         self.ended_since = self.ended_since or now
-        if now - self.ended_since >= self.wait:
+        if silent and now - self.ended_since >= self.wait:
             self.lost = lost_line(silent, now - self.ended_since)
             self.end()
 

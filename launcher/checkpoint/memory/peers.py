@@ -7,11 +7,12 @@ most one memory interval, not everything since the durable checkpoint. Nodes for
 the order of their first rank; a rank's peer is the rank at the same place on the next node,
 and the rank it keeps a copy for (its ward) the one at that place on the node before. After
 each memory checkpoint is sealed, every rank sends its folder's files to its peer and
-receives its ward's into `<node folder>/peer/rank<ward>/`, on a gloo group of the tier's,
-from the tier's writing thread while training goes on; the rank's older step is removed
-only once every peer holds the newer one, so a node lost in between still finds the older
-step whole. A restart moves folders the same way, in rounds where each rank sends and
-receives at most one.
+receives its ward's into `<node folder>/peer/rank<ward>/`, point to point on a gloo group
+of the tier's, from the tier's writing thread while training goes on; the rank's older
+step is removed only once every peer holds the newer one (each says which copy it holds at
+a later step's stop vote), so a node lost in between still finds the older step whole. A
+restart moves folders the same way, in rounds where each rank sends and receives at most
+one.
 """
 
 from __future__ import annotations
@@ -79,38 +80,45 @@ def duplicate(folder: Path, final: Path) -> None:
     os.replace(tmp, final)
 
 
-def exchange(send: torch.Tensor | None, to: int | None, sizes: list[int], frm: int | None,
-             group) -> torch.Tensor | None:  # fmt: skip
-    """Send `send` to rank `to` and receive from rank `frm` (whose size is in `sizes`, every
-    rank's, by rank) at once: a ring of sends, so none may wait for its own to finish."""
-    ops, got = [], None
+def exchange(send: torch.Tensor | None, to: int | None, recv: torch.Tensor | None,
+             frm: int | None, group) -> None:  # fmt: skip
+    """Send `send` to rank `to` while receiving into `recv` from rank `frm`, at once: a ring
+    of sends, so none may wait for its own to finish. None (or no rank): that half is not
+    done; each rank's halves match its partners' (the ring, or a restart's moves, is the
+    same list on every rank)."""
+    ops = []
     if send is not None and to is not None:
         ops.append(dist.P2POp(dist.isend, send, to, group))
-    if frm is not None:
-        got = torch.empty(sizes[frm], dtype=torch.uint8)
-        ops.append(dist.P2POp(dist.irecv, got, frm, group))
+    if recv is not None and frm is not None:
+        ops.append(dist.P2POp(dist.irecv, recv, frm, group))
     if ops:
         for request in dist.batch_isend_irecv(ops):
             request.wait()
-    return got
 
 
-def swap(blob, to: int | None, frm: int | None, dest: Path, group, world: int) -> bool:
+def swap(blob: torch.Tensor | None, to: int | None, frm: int | None, dest: Path, group) -> bool:
     """Send `blob` (None: nothing) to rank `to` while receiving from rank `frm` into the
-    folder `dest` (a collective of `group`: every rank tells its size first); whether one
-    came."""
-    sizes = [0] * world
-    dist.all_gather_object(sizes, 0 if blob is None else blob.numel(), group=group)
-    frm = frm if frm is not None and sizes[frm] else None  # 0: it sends nothing
-    got = exchange(blob, to if blob is not None else None, sizes, frm, group)
-    if got is not None:
+    folder `dest`; whether one came. Point to point only: the sizes first (0: nothing
+    follows), then the bytes. No rank waits for any but its two partners: a gather of every
+    rank's size (two collectives of the whole group) had made each peer copy cost the
+    training loop twice what writing the checkpoint does (docs/checkpoints.md)."""
+    size = torch.tensor([0 if blob is None else blob.numel()], dtype=torch.int64)
+    coming = torch.zeros(1, dtype=torch.int64)
+    exchange(size, to, coming, frm, group)
+    got = torch.empty(int(coming), dtype=torch.uint8) if frm is not None and coming else None
+    exchange(blob, to, got, frm, group)
+    if got is None:
+        return False
+    try:
         unpack(got, dest)
-    return got is not None
+    except OSError:  # this node's memory is full: the ward keeps its own older step
+        return False
+    return True
 
 
-def move(moves: list[Move], rank: int, step: int, node_folder: Path, group, world: int) -> None:
-    """Carry out a restart's moves between nodes (a collective: every rank calls it with the
-    same list), in rounds where each rank sends and receives at most one folder."""
+def move(moves: list[Move], rank: int, step: int, node_folder: Path, group) -> None:
+    """Carry out a restart's moves between nodes (every rank calls it with the same list),
+    in rounds where each rank sends and receives at most one folder."""
     name = checkpoint.step_name(step)
     for batch in rounds(moves):
         out = next((m for m in batch if m.src == rank), None)
@@ -120,7 +128,7 @@ def move(moves: list[Move], rank: int, step: int, node_folder: Path, group, worl
             held = node_folder / PEER if out.copy else node_folder
             blob = pack(held / f"rank{out.rank}" / name)
         dest = node_folder / f"rank{into.rank}" / name if into else node_folder
-        swap(blob, out and out.dst, into and into.src, dest, group, world)
+        swap(blob, out and out.dst, into and into.src, dest, group)
 
 
 def keep_newest(folder: Path, step: int) -> None:

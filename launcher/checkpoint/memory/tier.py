@@ -29,8 +29,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import torch.distributed as dist
-
 from launcher.checkpoint import protocol as checkpoint
 from launcher.checkpoint.memory import node_share, peers, recovery
 from launcher.checkpoint.memory.recovery import Held, Recovery
@@ -83,7 +81,9 @@ class MemoryTier:
     group where it must). A write that fails on any rank (memory full) turns the tier off on
     every rank, with one warning: the durable checkpoints go on as before."""
 
-    WIDTH = 2  # the numbers each rank's tier brings to a vote: its newest sealed step, a failed one
+    # The numbers each rank's tier brings to a vote: its newest sealed step, a step it could
+    # not write, the newest step of its ward's it holds a copy of (launcher.checkpoint.memory.peers)
+    WIDTH = 3
 
     def __init__(self, root: str, every: int, rt: Runtime, identity: dict, peer: bool = False):
         self.every = every
@@ -128,6 +128,8 @@ class MemoryTier:
         self._agreed = -1  # the newest step every rank sealed, agreed alike on every rank
         self._sealed = NOTHING  # from the writing thread: the newest step it sealed
         self._failed: tuple[int, tuple[str, bool]] | None = None  # ... the first it could not
+        self._holds_for_ward = NOTHING  # from the writing thread: the ward's newest copy here
+        self._peers_hold = -1  # the newest step every rank's peer said it holds a copy of
         self._kept: set[int] = set()  # other ranks' folders this node keeps (a restore's)
         checkpoint.remove_leftovers(checkpoint.scan(self.folder))  # this launch holds the lock
 
@@ -166,10 +168,11 @@ class MemoryTier:
 
     def payload(self) -> list[float]:
         """What this rank brings to the next vote: its newest sealed step, the step it could
-        not write (NaN: none)."""
+        not write, the newest step of its ward's it holds a copy of (NaN: none)."""
         if not self.on:
-            return [NOTHING, NOTHING]
-        return [self._sealed, NOTHING if self._failed is None else self._failed[0]]
+            return [NOTHING] * self.WIDTH
+        failed = NOTHING if self._failed is None else self._failed[0]
+        return [self._sealed, failed, self._holds_for_ward]
 
     def arrived(self, rows: list[list[float]]) -> None:
         """Every rank's `payload` of a vote, alike on every rank: the newest step all sealed
@@ -177,15 +180,27 @@ class MemoryTier:
         a step some rank could not write turns the tier off."""
         if not self.on:
             return
-        failed = [f for _, f in rows if not math.isnan(f)]
+        failed = [f for _, f, _ in rows if not math.isnan(f)]
         if failed:
             self._give_up(int(min(failed)))
             return
-        sealed = [s for s, _ in rows]
+        if self.ring:
+            self._copied_everywhere([held for _, _, held in rows])
+        sealed = [s for s, _, _ in rows]
         if any(math.isnan(s) for s in sealed) or min(sealed) <= self._agreed:
             return
         self._agreed = int(min(sealed))
         self.pool.submit(self._after_agreement, self._agreed)
+
+    def _copied_everywhere(self, held: list[float]) -> None:
+        """Every rank's peer holds its copy of a step at least as new as `min(held)` (each
+        rank's payload says which of its ward's it holds): the older steps of this rank's
+        own folder go, from the writing thread. Not before: a node lost while some copy is
+        on its way leaves the older step whole on every other node."""
+        if any(math.isnan(h) for h in held) or min(held) <= self._peers_hold:
+            return
+        self._peers_hold = int(min(held))
+        self.pool.submit(peers.keep_newest, self.folder, self._peers_hold)
 
     def _agree_now(self) -> None:
         """The agreement of the last save, at once (a gather): the next save must not begin
@@ -228,24 +243,20 @@ class MemoryTier:
             self._copy(step)
 
     def _copy(self, step: int) -> None:
-        """On every rank: step `step` to the peer, the ward's into its folder; then, where
-        the peer holds the newer step, the older one goes. Every rank takes part whatever it
-        has to send, so that one rank's unreadable folder costs its ward's copy, never the
-        others'."""
+        """On every rank: step `step` to the peer, the ward's into its folder, the ward's
+        older copy gone once the newer one is whole. Every rank takes part whatever it has
+        to send, so that one rank's unreadable folder costs its ward's copy, never the
+        others'. This rank's own older step goes once every peer says, at a later vote,
+        that it holds the newer one (`_copied_everywhere`): no collective of every rank here."""
         name = checkpoint.step_name(step)
         try:
             blob = peers.pack(self.folder / name)
         except OSError as exc:
             log.warning("memory tier: step %d not copied to rank %s (%s)", step, self.peer, exc)
             blob = None
-        got = peers.swap(blob, self.peer, self.ward, self.ward_folder / name, self.group,
-                         self.rt.world_size)  # fmt: skip
-        received = [False] * self.rt.world_size
-        dist.all_gather_object(received, got, group=self.group)
-        if received[self.peer]:
-            peers.keep_newest(self.folder, step)
-        if got:
+        if peers.swap(blob, self.peer, self.ward, self.ward_folder / name, self.group):
             peers.keep_newest(self.ward_folder, step)
+            self._holds_for_ward = step
 
     # -- a restart ---------------------------------------------------------------------
     def usable(self, lineage: str | None, folder: Path | None = None,
@@ -304,8 +315,7 @@ class MemoryTier:
                 copied = self.node_folder / peers.PEER / f"rank{rank}" / name
                 peers.duplicate(copied, self.node_folder / f"rank{rank}" / name)
         if found.moves:
-            peers.move(found.moves, self.rt.rank, found.step, self.node_folder, self.group,
-                       self.rt.world_size)  # fmt: skip
+            peers.move(found.moves, self.rt.rank, found.step, self.node_folder, self.group)
         self._kept = found.keep.get(node, set())
         self.rt.barrier()  # every folder is where its node's ranks will read it
         return self.folder / name

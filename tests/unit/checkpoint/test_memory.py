@@ -8,6 +8,7 @@ tests/launches/test_memory_tier.py.
 
 from __future__ import annotations
 
+import math
 from collections import namedtuple
 from dataclasses import replace
 from pathlib import Path
@@ -118,6 +119,27 @@ def test_a_write_that_fails_turns_the_tier_off_and_keeps_the_step_before(tmp_pat
     write_step(t, 8)  # off: nothing written
     assert not (t.folder / "step_00000008").exists()
     t.close(remove=True)
+
+
+def test_a_ranks_older_step_goes_only_once_every_peer_holds_the_newer(tmp_path):
+    """With peer copies each rank keeps its older step until every rank's peer holds a copy
+    of the newer one, as each says at a vote (the third number of its payload, the ward's
+    newest copy it holds, NaN for none): a node lost while one copy is on its way still
+    finds the older step whole on every other node."""
+    t = tier(tmp_path / "shm", runtime(tmp_path / "runs" / "r"))
+    t.ring, t.writer.keep = {0: 0}, 2  # as with peers: the older step kept for the copies
+    t._after_agreement = t.writer.prune  # the copy itself is a launch's (test_memory_tier.py)
+    for step in (4, 6):
+        write_step(t, step)
+    for held in ([6.0, math.nan], [6.0, 4.0]):  # one peer holds no copy yet, or the older
+        t._copied_everywhere(held)
+        t.drain()
+        assert [p.name for p in sorted(t.folder.glob("step_*"))] == [
+            "step_00000004", "step_00000006"], held  # fmt: skip
+    t._copied_everywhere([6.0, 6.0])
+    t.drain()
+    assert [p.name for p in t.folder.glob("step_*")] == ["step_00000006"]
+    assert math.isnan(t.payload()[2])  # this rank holds no copy of its ward's
 
 
 def test_the_interval_default_follows_torchruns_restarts():
