@@ -73,6 +73,7 @@ JOB = [
 # does (each restarts from memory), so the benchmark says one failure in ten would.
 MEMORY_LOSS = 10
 FAULT_RANK = 5  # the frozen rank and the device error's (on node 1)
+INJECTED = "fault.kind=device_error: injecting at step"  # the rank's line as it raises it
 REACTIONS = ("lost a peer rank", "stopping: rank", "hang: ", "error: rank", "received SIGTERM")
 # A rank log's line: "2026-12-06 03:33:50,655 [rank 0] INFO launcher: ..."
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \[rank (\d+)\]")
@@ -142,6 +143,7 @@ class Job:
         self.generation = [0] * nodes  # a replaced node gets a new (empty) memory folder
         self.agents: list[subprocess.Popen | None] = [None] * nodes
         self.launches = 0
+        self.launched_at = 0.0
         self.extra: list[str] = []
         self.endpoint = ""
 
@@ -165,6 +167,7 @@ class Job:
     def launch(self) -> None:
         """Every node's agent (a first launch or a requeue: a fresh rendezvous)."""
         self.launches += 1
+        self.launched_at = time.time()
         self.endpoint = f"127.0.0.1:{free_port()}"
         for node in range(self.nodes):
             self.start(node)
@@ -259,12 +262,21 @@ def inject(kind: str, job: Job, steps: Steps, every: float) -> Fault:
         for agent in job.agents:
             agent.send_signal(signal.SIGTERM)
     elif kind == "device_error":  # armed at the launch before: fires at its step by itself
+        # When the rank raised it, from its log: the step it was armed at comes when the
+        # pace says, which may be before this slot (the requeue ran faster than the pace
+        # that armed it) or after.
         armed = int(re.search(r"fault.step=(\d+)", " ".join(job.extra))[1])
-        wait_until(lambda: steps.last_step() >= armed - 1, every * 2)
-        fault.at, fault.last_step = steps.seen[-1][0], steps.last_step()
+        wait_until(lambda: injected_at(job) is not None, every * 2)
+        fault.at, fault.last_step = injected_at(job) or time.time(), armed - 1
     elif kind == "lost":
         job.kill(3)
     return fault
+
+
+def injected_at(job: Job) -> float | None:
+    """When a rank of the job's last launch logged that it raised the armed device error."""
+    lines = log_lines(job.run_dir, job.launched_at)
+    return next((when for when, _, line in lines if INJECTED in line), None)
 
 
 def measure(fault: Fault, job: Job, steps: Steps, timeout: float) -> None:

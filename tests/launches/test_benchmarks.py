@@ -81,6 +81,29 @@ CASES = {
         ],  # fmt: skip
         (0,),
     ),
+    "peer_copy": (
+        script(
+            "peer_copy.py",
+            "--nodes",
+            "2",
+            "--per-node",
+            "1",
+            "--pairs",
+            "1",
+            "--steps",
+            "12",
+            "--interval",
+            "3",
+            "--skip",
+            "2",
+        ),  # fmt: skip
+        [
+            "2 agents x 1 ranks, a memory checkpoint every 3 steps, steps 3-12",
+            "| 1 | saves then peers |",
+            "median of 1 pair(s): a save ",
+        ],
+        (0,),
+    ),
     "plan_check": (
         script(
             "plan_check.py",
