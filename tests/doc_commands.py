@@ -58,6 +58,10 @@ DECISIONS: dict[tuple[str, str], tuple[str, str]] = {
     ): ("skip", "a usage line (options in brackets); tests/launches/test_benchmarks.py runs it"),
     (
         "docs/benchmarks.md",
+        "python benchmarks/peer_copy.py [--nodes 4] [--per-node 4] [--pairs 2] [--steps 160] [--interval 10] [--skip 20] [--out FILE] [overrides...]",
+    ): ("skip", "a usage line (options in brackets); tests/launches/test_benchmarks.py runs it"),
+    (
+        "docs/benchmarks.md",
         "python benchmarks/goodput.py [--minutes 15] [--every 180] [--nodes 4] [--per-node 4] [--out FILE] [overrides...]",
     ): ("skip", "a usage line; 16 ranks for 15 minutes under faults: a benchmark, never a test"),
     (

@@ -231,17 +231,23 @@ def back_at_sixteen(preempted, at_four, root):
 
     agents, outputs, again = agents_run(args, root, "back", ["--max-restarts=2"], memory_of)
     first = first_kill_step(resumed)
-    second = first + 2 * MEMORY
-    while second % DURABLE == 0:  # a durable step: the tier does not write it
-        second += MEMORY
-    assert second < STEPS, f"the 4-rank leg ended at {resumed}: too late for two losses"
+    assert first + 3 * MEMORY < STEPS, f"the 4-rank leg ended at {resumed}: too late for two losses"
     with no_leftovers(agents):  # the list holds the replacements too
         # The peer copies the restore reads: node 1's (lost) and node 2's (its ranks rerun on
-        # node 3, which holds their copies). Each rank seals its own folder before the ranks
-        # agree and its copy travels after: a sealed folder says nothing of the copies.
+        # node 3, which holds their copies). Each rank seals its own folder, then its copy
+        # travels: a sealed folder says nothing of the copies.
         copied = range(RANKS // NODES, 3 * RANKS // NODES)
         wait_for(held_everywhere(shm, first, copied), agents[0], timeout=LAUNCH_TIMEOUT)
         lose_node(agents, again, run_dir, 1, replaced(1))
+        # The step it restored: `first`, or a step after it whose copies had all arrived too
+        # in the moment between the look above and the kill (a copy leaves as soon as its
+        # rank has sealed the step). The second loss comes two saves past it.
+        wait_for(lambda: restored_step(run_dir) is not None, agents[0], timeout=LAUNCH_TIMEOUT)
+        restored = restored_step(run_dir)
+        second = restored + 2 * MEMORY
+        while second % DURABLE == 0:  # a durable step: the tier does not write it
+            second += MEMORY
+        assert second < STEPS, f"restored step {restored}: too late for a second loss"
         wait_for(held_everywhere(shm, second), agents[0], timeout=LAUNCH_TIMEOUT)
 
         def every_nodes_memory_gone():
@@ -255,9 +261,18 @@ def back_at_sixteen(preempted, at_four, root):
         "run_dir": run_dir,
         "resumed": resumed,
         "first": first,
+        "restored": restored,
         "second": second,
         "log": (run_dir / "logs" / "rank0.log").read_text(),
     }
+
+
+def restored_step(run_dir: Path) -> int | None:
+    """The step the restart after node 1's loss restored from the peers' copies, once rank 0
+    has said it."""
+    log = run_dir / "logs" / "rank0.log"
+    found = re.search(r"memory tier: step (\d+) restored for rank\(s\) 4-11", log.read_text())
+    return int(found[1]) if found else None
 
 
 def test_sixteen_processes_train_into_one_run_directory(plain):
@@ -330,23 +345,24 @@ def test_a_lost_node_whose_replacement_comes_last_resumes_from_the_memory_tier(b
     4-7 and 8-11, so no rank but 0-3 finds its folder where it was written. The restart
     still resumes from the tier's newer step: 4-11 from the peer copies their new nodes
     hold, 12-15 moved from the node that wrote them."""
-    first, log = back_at_sixteen["first"], back_at_sixteen["log"]
-    durable = max(s for s in (back_at_sixteen["resumed"], first // DURABLE * DURABLE))
-    line = f"memory tier: step {first} is newer than the durable step_{durable:08d}"
+    first, step, log = (back_at_sixteen[k] for k in ("first", "restored", "log"))
+    assert first <= step <= first + 2 * MEMORY and (step - first) % MEMORY == 0, (first, step)
+    durable = max(s for s in (back_at_sixteen["resumed"], step // DURABLE * DURABLE))
+    line = f"memory tier: step {step} is newer than the durable step_{durable:08d}"
     assert line in log, log[-3000:]
     restored = (
-        f"memory tier: step {first} restored for rank(s) 4-11 from their peers' copies and "
+        f"memory tier: step {step} restored for rank(s) 4-11 from their peers' copies and "
         "rank(s) 12-15 from the node that held them"
     )
     assert restored in log.split(line, 1)[0], log[-3000:]
-    assert f"resumed from step {first}" in log.split(line, 1)[1]
+    assert f"resumed from step {step}" in log.split(line, 1)[1]
 
 
 def test_a_lost_nodes_memory_gone_falls_back_to_the_durable_checkpoint(back_at_sixteen):
     """The tier's folder removed with the node: the restart finds no step newer than the
     durable checkpoint, resumes from it, and redoes the steps since (the losses are still
     the uninterrupted run's, above)."""
-    first, second, log = (back_at_sixteen[k] for k in ("first", "second", "log"))
+    first, second, log = (back_at_sixteen[k] for k in ("restored", "second", "log"))
     after_first = log.split(f"resumed from step {first}", 1)[1]
     durable = max(first // DURABLE * DURABLE, back_at_sixteen["resumed"])
     durable = max(durable, second // DURABLE * DURABLE)

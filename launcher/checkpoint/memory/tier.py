@@ -157,14 +157,20 @@ class MemoryTier:
             self.pool.submit(self._write, step, snapshot, meta)
 
     def _write(self, step: int, snapshot: Callable[[Path], None], meta: dict) -> None:
-        """From the writing thread: this rank's folder of `step`, written and sealed."""
+        """From the writing thread: this rank's folder of `step`, written and sealed, then
+        copied to its peer at once (not after the ranks agree on the step: a node lost in
+        between would cost the restart that much more than one interval)."""
         try:
             self.writer.write_alone(step, snapshot, meta)
         except Exception as exc:  # noqa: BLE001 - every rank learns of it at a vote
             if self._failed is None:
                 self._failed = (step, checkpoint.write_problem(exc, self.folder))
+            if self.ring:
+                self._copy(step, written=False)
             return
         self._sealed = step
+        if self.ring:
+            self._copy(step)
 
     def payload(self) -> list[float]:
         """What this rank brings to the next vote: its newest sealed step, the step it could
@@ -176,8 +182,8 @@ class MemoryTier:
 
     def arrived(self, rows: list[list[float]]) -> None:
         """Every rank's `payload` of a vote, alike on every rank: the newest step all sealed
-        is agreed (the older steps go and the peer copy is made, from the writing thread);
-        a step some rank could not write turns the tier off."""
+        is agreed (the older steps go, from the writing thread); a step some rank could not
+        write turns the tier off."""
         if not self.on:
             return
         failed = [f for _, f, _ in rows if not math.isnan(f)]
@@ -195,12 +201,14 @@ class MemoryTier:
     def _copied_everywhere(self, held: list[float]) -> None:
         """Every rank's peer holds its copy of a step at least as new as `min(held)` (each
         rank's payload says which of its ward's it holds): the older steps of this rank's
-        own folder go, from the writing thread. Not before: a node lost while some copy is
-        on its way leaves the older step whole on every other node."""
+        own folder and of its ward's copies go, from the writing thread. Not before: a node
+        lost while some copy is on its way leaves the older step whole on every other
+        node, and its own ranks' older step in their peers' copies."""
         if any(math.isnan(h) for h in held) or min(held) <= self._peers_hold:
             return
         self._peers_hold = int(min(held))
-        self.pool.submit(peers.keep_newest, self.folder, self._peers_hold)
+        for folder in (self.folder, self.ward_folder):
+            self.pool.submit(peers.keep_newest, folder, self._peers_hold)
 
     def _agree_now(self) -> None:
         """The agreement of the last save, at once (a gather): the next save must not begin
@@ -222,8 +230,8 @@ class MemoryTier:
             self._off(exc)
 
     def drain(self) -> None:
-        """Wait until the writing thread has done what it was given (writes, an agreed
-        step's pruning and peer copy)."""
+        """Wait until the writing thread has done what it was given (writes and their peer
+        copies, the older steps' pruning)."""
         self.pool.submit(lambda: None).result()
 
     def _off(self, exc: checkpoint.CheckpointNotWritten) -> None:
@@ -237,25 +245,23 @@ class MemoryTier:
 
     def _after_agreement(self, step: int) -> None:
         """From the writing thread, once every rank holds step `step`: the steps before it
-        go but the one kept for the peer copy (`keep`), and the copy is made."""
+        go but the one kept for the peer copies (`keep`)."""
         self.writer.prune(step)
-        if self.ring:
-            self._copy(step)
 
-    def _copy(self, step: int) -> None:
-        """On every rank: step `step` to the peer, the ward's into its folder, the ward's
-        older copy gone once the newer one is whole. Every rank takes part whatever it has
-        to send, so that one rank's unreadable folder costs its ward's copy, never the
-        others'. This rank's own older step goes once every peer says, at a later vote,
-        that it holds the newer one (`_copied_everywhere`): no collective of every rank here."""
+    def _copy(self, step: int, written: bool = True) -> None:
+        """On every rank, from the writing thread: step `step` to the peer (nothing where
+        this rank could not write it), the ward's into its folder. Every rank takes part
+        whatever it has to send, so that one rank's failed or unreadable folder costs its
+        ward's copy, never the others'. The older steps, this rank's and its ward's copies,
+        go once every rank says at a later vote that it holds the newer copy
+        (`_copied_everywhere`): no collective of every rank here."""
         name = checkpoint.step_name(step)
+        blob = None
         try:
-            blob = peers.pack(self.folder / name)
+            blob = peers.pack(self.folder / name) if written else None
         except OSError as exc:
             log.warning("memory tier: step %d not copied to rank %s (%s)", step, self.peer, exc)
-            blob = None
         if peers.swap(blob, self.peer, self.ward, self.ward_folder / name, self.group):
-            peers.keep_newest(self.ward_folder, step)
             self._holds_for_ward = step
 
     # -- a restart ---------------------------------------------------------------------

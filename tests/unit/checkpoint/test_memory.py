@@ -9,6 +9,7 @@ tests/launches/test_memory_tier.py.
 from __future__ import annotations
 
 import math
+import shutil
 from collections import namedtuple
 from dataclasses import replace
 from pathlib import Path
@@ -121,25 +122,29 @@ def test_a_write_that_fails_turns_the_tier_off_and_keeps_the_step_before(tmp_pat
     t.close(remove=True)
 
 
-def test_a_ranks_older_step_goes_only_once_every_peer_holds_the_newer(tmp_path):
-    """With peer copies each rank keeps its older step until every rank's peer holds a copy
-    of the newer one, as each says at a vote (the third number of its payload, the ward's
-    newest copy it holds, NaN for none): a node lost while one copy is on its way still
-    finds the older step whole on every other node."""
+def test_the_older_steps_go_only_once_every_peer_holds_the_newer(tmp_path):
+    """With peer copies a rank keeps its older step, and its ward's older copy, until every
+    rank's peer holds a copy of the newer one, as each says at a vote (the third number of
+    its payload, the ward's newest copy it holds, NaN for none): a node lost while one copy
+    is on its way still finds the older step whole, on the other nodes and in its own
+    ranks' peer copies. (The copies themselves are a launch's: test_memory_tier.py.)"""
     t = tier(tmp_path / "shm", runtime(tmp_path / "runs" / "r"))
-    t.ring, t.writer.keep = {0: 0}, 2  # as with peers: the older step kept for the copies
-    t._after_agreement = t.writer.prune  # the copy itself is a launch's (test_memory_tier.py)
+    t.writer.keep, t.ward = 2, 0  # as with peers: the older step kept for the copies
     for step in (4, 6):
         write_step(t, step)
+        name = f"step_{step:08d}"
+        shutil.copytree(t.folder / name, t.ward_folder / name)  # as a copy arrives
+    both = ["step_00000004", "step_00000006"]
     for held in ([6.0, math.nan], [6.0, 4.0]):  # one peer holds no copy yet, or the older
         t._copied_everywhere(held)
         t.drain()
-        assert [p.name for p in sorted(t.folder.glob("step_*"))] == [
-            "step_00000004", "step_00000006"], held  # fmt: skip
+        for folder in (t.folder, t.ward_folder):
+            assert [p.name for p in sorted(folder.glob("step_*"))] == both, (held, folder)
     t._copied_everywhere([6.0, 6.0])
     t.drain()
-    assert [p.name for p in t.folder.glob("step_*")] == ["step_00000006"]
-    assert math.isnan(t.payload()[2])  # this rank holds no copy of its ward's
+    for folder in (t.folder, t.ward_folder):
+        assert [p.name for p in folder.glob("step_*")] == ["step_00000006"], folder
+    assert math.isnan(t.payload()[2])  # this rank received no copy of its ward's
 
 
 def test_the_interval_default_follows_torchruns_restarts():
