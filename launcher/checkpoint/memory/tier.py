@@ -254,7 +254,9 @@ class MemoryTier:
         whatever it has to send, so that one rank's failed or unreadable folder costs its
         ward's copy, never the others'. The older steps, this rank's and its ward's copies,
         go once every rank says at a later vote that it holds the newer copy
-        (`_copied_everywhere`): no collective of every rank here."""
+        (`_copied_everywhere`): no collective of every rank here. A ward's copies older than
+        the one before go at once: where some pair's copies keep failing (its node's memory
+        full), the others' would otherwise pile up until theirs is full too."""
         name = checkpoint.step_name(step)
         blob = None
         try:
@@ -262,7 +264,9 @@ class MemoryTier:
         except OSError as exc:
             log.warning("memory tier: step %d not copied to rank %s (%s)", step, self.peer, exc)
         if peers.swap(blob, self.peer, self.ward, self.ward_folder / name, self.group):
-            self._holds_for_ward = step
+            previous, self._holds_for_ward = self._holds_for_ward, step
+            if not math.isnan(previous):  # the copy before this one stays, none older
+                peers.keep_newest(self.ward_folder, int(previous))
 
     # -- a restart ---------------------------------------------------------------------
     def usable(self, lineage: str | None, folder: Path | None = None,
