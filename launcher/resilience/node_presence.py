@@ -255,12 +255,12 @@ class NodePresence(threading.Thread):
         ours = [pid for pid in workers if pid in said]
         if ours and silent and not self.stopping:
             self.stop_workers(ours, silent)
-        if not silent and not workers and now - self.attempt_since > SILENT_AFTER_S:
-            # judged only once this node's ranks have ended, never a reason to end them
-            silent = never_heard(records, self.attempt, self.ranks, self.world)
         if workers:
             self.ended_since = None
             return
+        if not silent and now - self.attempt_since > SILENT_AFTER_S:
+            # judged only once this node's ranks have ended, never a reason to end them
+            silent = never_heard(records, self.attempt, self.ranks, self.world)
         # The wait counts from this node's ranks' end, not from the node's departure (a
         # replacement shows only once its ranks start: its agent started, the rendezvous
         # met, its process group formed, seconds after its scheduler started it), nor from
