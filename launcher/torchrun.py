@@ -43,6 +43,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousError
 
 from launcher import warm_start
 from launcher.resilience import exit_codes, node_presence
+from launcher.runtime import rendezvous_poll
 from launcher.runtime.exit_gc import skip_collection_at_exit
 from launcher.runtime.process_tree import stopped_workers, workers
 
@@ -250,8 +251,11 @@ def agent_args(argv: list[str]) -> Namespace:
 
 @record
 def run_agent(args: Namespace) -> None:
-    """torchrun's `main` with the arguments of `agent_args`."""
-    with keep_alive_stopped_by_this_thread():
+    """torchrun's `main` with the arguments of `agent_args`, its rendezvous polled as often
+    as the job's size allows (launcher.runtime.rendezvous_poll)."""
+    _, nodes = torch_run.parse_min_max_nnodes(args.nnodes)
+    poll = rendezvous_poll.poll_s(nodes)
+    with keep_alive_stopped_by_this_thread(), rendezvous_poll.polled_every(poll):
         torch_run.run(args)
 
 

@@ -46,6 +46,7 @@ ENTRIES: tuple[tuple[str, str], ...] = (
     ("logs/hang.declared", FILE),
     ("logs/fault.rank{r}", FILE),
     ("logs/failure.rank{r}.json", FILE),
+    ("logs/peer_lost.rank{r}.json", FILE),
     ("logs/fr", FOLDER),
     ("logs/fr/rank_{r}", FILE),
     ("logs/node_codes", FOLDER),

@@ -70,6 +70,27 @@ def test_a_peer_lost_without_a_record_is_not_this_ranks_fault(tmp_path):
     assert not first_failure.records(tmp_path)  # it left no record: it is not the cause
 
 
+def test_after_one_rank_waited_in_vain_the_others_do_not_wait(tmp_path, monkeypatch):
+    """A SIGKILLed peer leaves no record: the first rank to lose it waits the whole bound
+    and says so in logs/peer_lost.rank<r>.json; the ranks that lose it after (one hop
+    later each) end at once, where each used to wait the bound again."""
+    (tmp_path / "logs").mkdir()
+    monkeypatch.setattr(first_failure, "PEER_RECORD_WAIT_S", 0.3)
+    as_rank(tmp_path, 6)
+    began = time.monotonic()
+    first = first_failure.settle(RuntimeError(RESET), 9, is_main=False)
+    assert time.monotonic() - began >= 0.3  # the first waited for a record
+    assert [r["rank"] for r in first_failure.records(tmp_path, "peer_lost")] == [6]
+    monkeypatch.setattr(first_failure, "PEER_RECORD_WAIT_S", 60.0)
+    for rank in (7, 0):
+        as_rank(tmp_path, rank)
+        began = time.monotonic()
+        later = first_failure.settle(RuntimeError(RESET), 9, is_main=rank == 0)
+        assert time.monotonic() - began < 30.0  # not the 60 s bound
+        assert later == first  # the same status: a lost peer, no rank to blame
+    assert not first_failure.records(tmp_path)  # no failure record: none of them is the cause
+
+
 def test_an_earlier_launchs_record_is_not_this_ones(tmp_path):
     (tmp_path / "logs").mkdir()
     as_rank(tmp_path, 1)
