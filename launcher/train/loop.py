@@ -29,7 +29,7 @@ from launcher.config.schema import (
     TrainerConfig,
     WatchdogConfig,
 )
-from launcher.data.loader import stop_signals_held
+from launcher.data.loader import end_workers, stop_signals_held
 from launcher.model.build import LossFunction
 from launcher.observe import memory_snapshot
 from launcher.observe.metrics import Interval, StepTimer, local_figures, reset_host_peak
@@ -173,14 +173,15 @@ class TrainLoop:
         watchdog.begin_steps(start_step)
 
     def _end(self, profiler) -> None:
-        """Whatever happened: the watchdog closed, the loader's workers ended."""
+        """Whatever happened: the loader's workers ended first (nothing below needs them,
+        and after a failed step the vote's drain below raises too), the watchdog closed."""
+        self._close_batches()
         self.checkpoints.close_memory(remove=False)  # kept for the restart that resumes from it
         self.watchdog.close()
         snapshots = profiler is not None and self.cfg.profiler.memory_snapshot
         if snapshots and self.rt.device.type == "cuda":
             memory_snapshot.stop_history()
         self.stop.drain()
-        del self.batches, self.loader
 
     @contextlib.contextmanager
     def _phase(self, name: str, **allowance):
@@ -232,7 +233,7 @@ class TrainLoop:
         while losses is None:  # trainer.on_oom=retry: a rank ran out of memory; all redo it
             self._resize(self.micro.smaller(self.batch, step + 1))
             self.recorder.oom_retries += 1
-            del self.batches, self.loader  # its workers end before the new loader's start
+            self._close_batches()  # its workers end before the new loader's start
             self._open_batches()  # at the same data window: the same sequences
             window = next(self.windows)
             losses = self.micro.accumulate(step + 1, self.batch, self.batches, self.interval)
@@ -277,11 +278,17 @@ class TrainLoop:
         with stop_signals_held():  # workers start deaf to a stop meant for the trainer
             self.batches = iter(self.loader)
 
+    def _close_batches(self) -> None:
+        """The loader's workers ended now (launcher.data.loader.end_workers), and the loader
+        let go."""
+        end_workers(self.loader, self.batches)
+        del self.batches, self.loader
+
     def _rewind(self, step: int, ranks: list[int]) -> Rewound:
         """Restore the newest complete checkpoint and go on from it, past the data window
         that made step `step` bad."""
         folder, window = self.nonfinite.rewind_target(step, ranks)
-        del self.batches, self.loader  # its workers end before the new loader's start
+        self._close_batches()  # its workers end before the new loader's start
         back_to = self.checkpoints.restore(folder, self.batch)
         self.timer.drain()
         self.interval = Interval()
