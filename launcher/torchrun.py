@@ -255,14 +255,15 @@ def run_agent(args: Namespace) -> None:
     as the job's size allows (launcher.runtime.rendezvous_poll)."""
     _, nodes = torch_run.parse_min_max_nnodes(args.nnodes)
     poll = rendezvous_poll.poll_s(nodes)
-    with keep_alive_stopped_by_this_thread(), rendezvous_poll.polled_every(poll):
+    with keep_alive_stopped_by_this_thread(poll), rendezvous_poll.polled_every(poll):
         torch_run.run(args)
 
 
 @contextlib.contextmanager
-def keep_alive_stopped_by_this_thread():
-    """The rendezvous handlers torchrun makes inside, held until their keep-alive timers
-    are stopped from this thread as the agent ends, however it ends.
+def keep_alive_stopped_by_this_thread(poll_s: float):
+    """The rendezvous handlers torchrun makes inside, their state read again after `poll_s`
+    (launcher.runtime.rendezvous_poll), held until their keep-alive timers are stopped from
+    this thread as the agent ends, however it ends.
 
     On a stop signal torchrun leaves its handler open (so that a replacement may still join
     the rendezvous) and lets it go with the exception's frames. The handler's keep-alive
@@ -277,6 +278,7 @@ def keep_alive_stopped_by_this_thread():
 
     def held(params):
         handler = create(params)
+        rendezvous_poll.cache_for(handler, poll_s)
         made.append(handler)
         return handler
 

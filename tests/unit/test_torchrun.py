@@ -124,8 +124,9 @@ def test_a_stopped_agent_stops_its_keep_alive_from_its_own_thread_and_leaves_it_
         backend="c10d", endpoint="127.0.0.1:0", run_id="stopped", min_nodes=1, max_nodes=1,
         is_host=True, keep_alive_interval=1,
     )  # fmt: skip
-    with pytest.raises(SignalException), keep_alive_stopped_by_this_thread() as made:
+    with pytest.raises(SignalException), keep_alive_stopped_by_this_thread(0.1) as made:
         handler = registry.get_rendezvous_handler(params)
+        assert handler._state_holder._cache_duration == 0.1  # read again after the poll's 0.1 s
         handler.next_rendezvous()
         assert beating(), "torch's rendezvous beats in a thread of its own"
         raise SignalException("stopped", sigval=signal.SIGTERM)
