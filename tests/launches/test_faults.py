@@ -13,6 +13,7 @@ import math
 import os
 import signal
 import socket
+import statistics
 import sys
 import time
 
@@ -388,6 +389,11 @@ def test_straggler_is_named_in_metrics(trained_through):
     named = [r["step"] for r in records if r["straggler/rank"] == 1]
     assert named and named[0] <= 3 + 3  # three intervals after it starts (log_interval=1)
     assert all(r["straggler/rank"] in (None, 1) for r in records)
-    assert all(r["compute_s/excess_frac"] > 1.0 for r in records if r["step"] >= 4)
+    # From its start on, rank 1 is the slowest in every step, and its compute's excess
+    # over the others' is large (the median of the steps: one step where a neighbour on a
+    # loaded machine slowed the other rank too came out at 0.88, in CI's parallel part).
+    slowed = [r for r in records if r["step"] >= 4]
+    assert all(r["compute_s/slowest_rank"] == 1 for r in slowed)
+    assert statistics.median(r["compute_s/excess_frac"] for r in slowed) > 1.0
     warnings = [ln for ln in log.splitlines() if "straggler: rank 1" in ln]
     assert len(warnings) == 1, log  # once, on rank 0's console
